@@ -1,0 +1,14 @@
+//! Foresight's parameter server: delay-compensated asynchronous SGD over HTTP/2.
+//!
+//! - [`optimizer`]: the update rules, pure maths over slices.
+//! - [`store`]: the versioned, sharded model, per-worker backups, `sync` rounds, checkpoints.
+//! - [`wire`]: safetensors bodies and their validation, shared with clients.
+//! - [`server`]: the axum HTTP/2 service, auth, limits and metrics.
+//! - [`client`]: the async client workers use (feature `client`).
+
+#[cfg(feature = "client")]
+pub mod client;
+pub mod optimizer;
+pub mod server;
+pub mod store;
+pub mod wire;

@@ -1,0 +1,216 @@
+//! Hyperparameters of an update rule and their validation.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The update rule a job trains with (`spec.optimizer.algorithm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Algorithm {
+    /// One gradient per worker for the same version, combined and applied once.
+    #[serde(rename = "sync")]
+    Sync,
+    /// Plain asynchronous SGD: w ← w − η·g.
+    #[serde(rename = "asgd")]
+    Asgd,
+    /// DC-ASGD with a constant λ.
+    #[serde(rename = "dc-asgd-c")]
+    DcAsgdC,
+    /// DC-ASGD with the adaptive λ_t = λ0/√(MeanSquare+ε).
+    #[serde(rename = "dc-asgd-a")]
+    DcAsgdA,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 4] = [Self::Sync, Self::Asgd, Self::DcAsgdC, Self::DcAsgdA];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sync => "sync",
+            Self::Asgd => "asgd",
+            Self::DcAsgdC => "dc-asgd-c",
+            Self::DcAsgdA => "dc-asgd-a",
+        }
+    }
+
+    /// Whether the rule needs the model each worker last pulled (w_bak(m)).
+    pub fn is_delay_compensated(self) -> bool {
+        matches!(self, Self::DcAsgdC | Self::DcAsgdA)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = HyperError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|a| a.as_str() == s).ok_or_else(|| {
+            HyperError(format!("unknown algorithm {s:?}: expected one of sync, asgd, dc-asgd-c, dc-asgd-a"))
+        })
+    }
+}
+
+/// How `sync` combines the M gradients of one round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Combine {
+    #[default]
+    Mean,
+    Sum,
+}
+
+impl FromStr for Combine {
+    type Err = HyperError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "mean" => Ok(Self::Mean),
+            "sum" => Ok(Self::Sum),
+            _ => Err(HyperError(format!("unknown combine {s:?}: expected mean or sum"))),
+        }
+    }
+}
+
+/// Step decay: η(epoch) = η0 · factor^(number of milestones ≤ epoch).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LrSchedule {
+    pub base: f32,
+    pub factor: f32,
+    /// Epochs at which the rate is multiplied by `factor`, ascending.
+    pub milestones: Vec<f64>,
+}
+
+impl LrSchedule {
+    pub fn constant(base: f32) -> Self {
+        Self { base, factor: 1.0, milestones: Vec::new() }
+    }
+
+    pub fn at(&self, epoch: f64) -> f32 {
+        let passed = self.milestones.iter().filter(|&&m| m <= epoch).count();
+        self.base * self.factor.powi(passed as i32)
+    }
+}
+
+/// Everything that parameterises an update rule. Validated once at start-up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hyper {
+    pub algorithm: Algorithm,
+    pub lr: LrSchedule,
+    /// λ0: the constant λ of dc-asgd-c, the scale of λ_t for dc-asgd-a.
+    pub lambda0: f32,
+    /// μ in MeanSquare ← μ·MeanSquare + (1−μ)·g² (dc-asgd-a).
+    pub mean_square_decay: f32,
+    pub epsilon: f32,
+    /// Coupled L2 weight decay: the gradient becomes g + wd·w.
+    pub weight_decay: f32,
+    /// Heavy-ball momentum; 0 disables it (and its state).
+    pub momentum: f32,
+    /// Refuse gradients staler than this many versions.
+    pub max_staleness: Option<u64>,
+    pub combine: Combine,
+}
+
+impl Hyper {
+    /// Defaults from the paper's CIFAR-10 settings for the given rule.
+    pub fn new(algorithm: Algorithm, lr: f32) -> Self {
+        Self {
+            algorithm,
+            lr: LrSchedule::constant(lr),
+            lambda0: match algorithm {
+                Algorithm::DcAsgdC => 0.04,
+                Algorithm::DcAsgdA => 2.0,
+                _ => 0.0,
+            },
+            mean_square_decay: 0.95,
+            epsilon: 1e-7,
+            weight_decay: 0.0,
+            momentum: 0.0,
+            max_staleness: None,
+            combine: Combine::Mean,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), HyperError> {
+        let lr = &self.lr;
+        check(lr.base.is_finite() && lr.base > 0.0, || {
+            format!("learning rate must be > 0, got {}", lr.base)
+        })?;
+        check(lr.factor.is_finite() && lr.factor > 0.0 && lr.factor <= 1.0, || {
+            format!("learning-rate decay factor must be in (0, 1], got {}", lr.factor)
+        })?;
+        check(lr.milestones.iter().all(|m| m.is_finite() && *m >= 0.0), || {
+            "learning-rate milestones must be finite epochs ≥ 0".to_string()
+        })?;
+        check(lr.milestones.windows(2).all(|w| w[0] < w[1]), || {
+            "learning-rate milestones must be strictly ascending".to_string()
+        })?;
+        check(self.lambda0.is_finite() && self.lambda0 >= 0.0, || {
+            format!("lambda0 must be ≥ 0, got {}", self.lambda0)
+        })?;
+        check(!(self.lambda0 > 0.0 && !self.algorithm.is_delay_compensated()), || {
+            format!("lambda0 only applies to dc-asgd-c and dc-asgd-a, not {}", self.algorithm)
+        })?;
+        check((0.0..1.0).contains(&self.mean_square_decay), || {
+            format!("meanSquareDecay must be in [0, 1), got {}", self.mean_square_decay)
+        })?;
+        check(self.epsilon.is_finite() && self.epsilon > 0.0, || {
+            format!("epsilon must be > 0, got {}", self.epsilon)
+        })?;
+        check(self.weight_decay.is_finite() && self.weight_decay >= 0.0, || {
+            format!("weight decay must be ≥ 0, got {}", self.weight_decay)
+        })?;
+        check((0.0..1.0).contains(&self.momentum), || {
+            format!("momentum must be in [0, 1), got {}", self.momentum)
+        })?;
+        Ok(())
+    }
+}
+
+fn check(ok: bool, msg: impl FnOnce() -> String) -> Result<(), HyperError> {
+    if ok { Ok(()) } else { Err(HyperError(msg())) }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct HyperError(pub String);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.as_str().parse::<Algorithm>().unwrap(), a);
+        }
+        assert!("dcasgd".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn step_decay_divides_at_each_milestone() {
+        let s = LrSchedule { base: 0.5, factor: 0.1, milestones: vec![80.0, 120.0] };
+        assert_eq!(s.at(0.0), 0.5);
+        assert_eq!(s.at(79.9), 0.5);
+        assert!((s.at(80.0) - 0.05).abs() < 1e-7);
+        assert!((s.at(150.0) - 0.005).abs() < 1e-8);
+    }
+
+    #[test]
+    fn validation_names_the_bad_field() {
+        let mut h = Hyper::new(Algorithm::Asgd, 0.1);
+        h.validate().unwrap();
+        h.lambda0 = 0.5;
+        assert!(h.validate().unwrap_err().0.contains("lambda0 only applies"));
+        let mut h = Hyper::new(Algorithm::DcAsgdA, 0.1);
+        h.mean_square_decay = 1.0;
+        assert!(h.validate().unwrap_err().0.contains("meanSquareDecay"));
+        let mut h = Hyper::new(Algorithm::DcAsgdA, 0.0);
+        assert!(h.validate().unwrap_err().0.contains("learning rate"));
+        h.lr.base = f32::NAN;
+        assert!(h.validate().is_err());
+    }
+}

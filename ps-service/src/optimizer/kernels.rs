@@ -1,0 +1,199 @@
+//! The update kernels: one pass over a slice of parameters.
+//!
+//! Each kernel is written once as an `#[inline(always)]` body over 8-lane chunks (so the
+//! compiler vectorises it, reductions included, without fast-math) and instantiated twice:
+//! a baseline build and an AVX2 build picked at run time. Neither uses FMA contraction, and
+//! sqrt and division are exact in IEEE arithmetic, so both builds give bit-identical results.
+
+use super::UpdateStats;
+
+pub(crate) const LANES: usize = 8;
+
+/// Scalars for one pass of a rule.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scalars {
+    pub lr: f32,
+    pub weight_decay: f32,
+    pub momentum: f32,
+    pub lambda0: f32,
+    pub decay: f32,
+    pub epsilon: f32,
+}
+
+/// Which rule a pass computes; `bak` and the state slices must be as long as `w` when used.
+pub(crate) enum Pass<'a> {
+    /// d = g + wd·w
+    Sgd,
+    /// d = g + λ0·g⊙g⊙(w − bak) + wd·w
+    DcConstant { bak: &'a [f32] },
+    /// ms ← μ·ms + (1−μ)·g²; d = g + λ0/√(ms+ε)·g⊙g⊙(w − bak) + wd·w
+    DcAdaptive { bak: &'a [f32], mean_square: &'a mut [f32] },
+}
+
+/// Applies `pass` to `w` with gradient `g`; with `momentum` (a state slice), heavy-ball momentum.
+pub(crate) fn run(
+    s: Scalars,
+    w: &mut [f32],
+    g: &[f32],
+    pass: Pass<'_>,
+    momentum: Option<&mut [f32]>,
+) -> UpdateStats {
+    assert_eq!(w.len(), g.len(), "gradient and parameters differ in length");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { run_avx2(s, w, g, pass, momentum) };
+    }
+    run_baseline(s, w, g, pass, momentum)
+}
+
+/// The build for CPUs without AVX2.
+pub(crate) fn run_baseline(
+    s: Scalars,
+    w: &mut [f32],
+    g: &[f32],
+    pass: Pass<'_>,
+    m: Option<&mut [f32]>,
+) -> UpdateStats {
+    dispatch(s, w, g, pass, m)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn run_avx2(
+    s: Scalars,
+    w: &mut [f32],
+    g: &[f32],
+    pass: Pass<'_>,
+    m: Option<&mut [f32]>,
+) -> UpdateStats {
+    dispatch(s, w, g, pass, m)
+}
+
+const SGD: u8 = 0;
+const DC_CONSTANT: u8 = 1;
+const DC_ADAPTIVE: u8 = 2;
+
+#[inline(always)]
+fn dispatch(s: Scalars, w: &mut [f32], g: &[f32], pass: Pass<'_>, m: Option<&mut [f32]>) -> UpdateStats {
+    match (pass, m) {
+        (Pass::Sgd, None) => kernel::<SGD, false>(s, w, g, &[], &mut [], &mut []),
+        (Pass::Sgd, Some(m)) => kernel::<SGD, true>(s, w, g, &[], &mut [], m),
+        (Pass::DcConstant { bak }, None) => kernel::<DC_CONSTANT, false>(s, w, g, bak, &mut [], &mut []),
+        (Pass::DcConstant { bak }, Some(m)) => kernel::<DC_CONSTANT, true>(s, w, g, bak, &mut [], m),
+        (Pass::DcAdaptive { bak, mean_square }, None) => {
+            kernel::<DC_ADAPTIVE, false>(s, w, g, bak, mean_square, &mut [])
+        }
+        (Pass::DcAdaptive { bak, mean_square }, Some(m)) => {
+            kernel::<DC_ADAPTIVE, true>(s, w, g, bak, mean_square, m)
+        }
+    }
+}
+
+/// Running sums of one pass, kept per lane so the loop vectorises.
+#[derive(Default)]
+struct Acc {
+    grad_sq: [f32; LANES],
+    comp_sq: [f32; LANES],
+    lambda: [f32; LANES],
+}
+
+/// One element of rule `KIND`; `ms` and `mom` are ignored unless the rule/momentum uses them.
+#[inline(always)]
+fn element<const KIND: u8, const MOM: bool>(
+    s: &Scalars,
+    acc: &mut Acc,
+    lane: usize,
+    w: &mut f32,
+    g: f32,
+    bak: f32,
+    ms: &mut f32,
+    mom: &mut f32,
+) {
+    let g2 = g * g;
+    acc.grad_sq[lane] += g2;
+    let mut d = g + s.weight_decay * *w;
+    if KIND != SGD {
+        let lambda = if KIND == DC_ADAPTIVE {
+            *ms = s.decay * *ms + (1.0 - s.decay) * g2;
+            s.lambda0 / (*ms + s.epsilon).sqrt()
+        } else {
+            s.lambda0
+        };
+        let comp = lambda * g2 * (*w - bak);
+        acc.comp_sq[lane] += comp * comp;
+        acc.lambda[lane] += lambda;
+        d += comp;
+    }
+    if MOM {
+        *mom = s.momentum * *mom + d;
+        d = *mom;
+    }
+    *w -= s.lr * d;
+}
+
+#[inline(always)]
+fn kernel<const KIND: u8, const MOM: bool>(
+    s: Scalars,
+    w: &mut [f32],
+    g: &[f32],
+    bak: &[f32],
+    ms: &mut [f32],
+    mom: &mut [f32],
+) -> UpdateStats {
+    let n = w.len();
+    if KIND != SGD {
+        assert_eq!(bak.len(), n, "backup and parameters differ in length");
+    }
+    if KIND == DC_ADAPTIVE {
+        assert_eq!(ms.len(), n, "MeanSquare and parameters differ in length");
+    }
+    if MOM {
+        assert_eq!(mom.len(), n, "momentum and parameters differ in length");
+    }
+    let mut acc = Acc::default();
+    let (mut ms_dummy, mut mom_dummy) = ([0f32; LANES], [0f32; LANES]);
+    let bak_dummy = [0f32; LANES];
+    let body = n - n % LANES;
+    for c in (0..body).step_by(LANES) {
+        let r = c..c + LANES;
+        let wv: &mut [f32; LANES] = (&mut w[r.clone()]).try_into().unwrap();
+        let gv: &[f32; LANES] = g[r.clone()].try_into().unwrap();
+        let bv: &[f32; LANES] = if KIND != SGD { bak[r.clone()].try_into().unwrap() } else { &bak_dummy };
+        let msv: &mut [f32; LANES] =
+            if KIND == DC_ADAPTIVE { (&mut ms[r.clone()]).try_into().unwrap() } else { &mut ms_dummy };
+        let mv: &mut [f32; LANES] = if MOM { (&mut mom[r]).try_into().unwrap() } else { &mut mom_dummy };
+        for l in 0..LANES {
+            element::<KIND, MOM>(&s, &mut acc, l, &mut wv[l], gv[l], bv[l], &mut msv[l], &mut mv[l]);
+        }
+    }
+    for i in body..n {
+        let (mut msd, mut md) = (0f32, 0f32);
+        let b = if KIND != SGD { bak[i] } else { 0.0 };
+        let msi = if KIND == DC_ADAPTIVE { &mut ms[i] } else { &mut msd };
+        let mi = if MOM { &mut mom[i] } else { &mut md };
+        element::<KIND, MOM>(&s, &mut acc, i - body, &mut w[i], g[i], b, msi, mi);
+    }
+    let fold = |a: [f32; LANES]| a.iter().map(|&x| f64::from(x)).sum::<f64>();
+    UpdateStats {
+        grad_sq: fold(acc.grad_sq),
+        compensation_sq: fold(acc.comp_sq),
+        lambda_sum: fold(acc.lambda),
+        elements: n as u64,
+    }
+}
+
+/// Adds `g` into `acc` (the `sync` round's running sum).
+pub(crate) fn accumulate(acc: &mut [f32], g: &[f32]) {
+    assert_eq!(acc.len(), g.len());
+    for (a, x) in acc.iter_mut().zip(g) {
+        *a += x;
+    }
+}
+
+/// Divides `v` by `k` in place (a division, not a multiply by 1/k, so the mean is exact).
+pub(crate) fn divide(v: &mut [f32], k: f32) {
+    for x in v {
+        *x /= k;
+    }
+}

@@ -1,0 +1,210 @@
+//! The update rules against hand-computed vectors, and their algebraic properties.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn hyper(algorithm: Algorithm, lr: f32) -> Hyper {
+    Hyper::new(algorithm, lr)
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+/// Runs one rule on fresh state and returns the new weights and stats.
+fn step(
+    h: &Hyper,
+    w: &[f32],
+    g: &[f32],
+    bak: Option<&[f32]>,
+    st: &mut OptimizerState,
+) -> (Vec<f32>, UpdateStats) {
+    let mut w = w.to_vec();
+    let stats = apply(h, h.lr.base, &mut w, g, bak, &mut st.mean_square, &mut st.momentum);
+    (w, stats)
+}
+
+#[test]
+fn asgd_hand_computed() {
+    let h = hyper(Algorithm::Asgd, 0.1);
+    let mut st = OptimizerState::new(&h, 2);
+    let (w, stats) = step(&h, &[1.0, 2.0], &[0.5, -1.0], None, &mut st);
+    assert!(close(&w, &[0.95, 2.1], 1e-7), "{w:?}");
+    assert_eq!(stats.compensation_ratio(), 0.0);
+    assert!((stats.grad_sq - 1.25).abs() < 1e-9);
+}
+
+#[test]
+fn dc_asgd_c_hand_computed() {
+    let mut h = hyper(Algorithm::DcAsgdC, 0.1);
+    h.lambda0 = 0.5;
+    let mut st = OptimizerState::new(&h, 2);
+    // comp = λ·g²·(w − bak) = 0.5·4·0.5 = 1 and 0.5·1·(−1) = −0.5
+    let (w, stats) = step(&h, &[1.0, 2.0], &[2.0, -1.0], Some(&[0.5, 3.0]), &mut st);
+    assert!(close(&w, &[0.7, 2.15], 1e-7), "{w:?}");
+    assert!((stats.mean_lambda() - 0.5).abs() < 1e-9);
+    // |comp| / |g| = √(1 + 0.25) / √5 = 0.5
+    assert!((stats.compensation_ratio() - 0.5).abs() < 1e-7);
+}
+
+#[test]
+fn dc_asgd_a_hand_computed_with_lambda_t() {
+    let mut h = hyper(Algorithm::DcAsgdA, 0.1);
+    h.mean_square_decay = 0.5;
+    let mut st = OptimizerState::new(&h, 2);
+    // MeanSquare = 0.5·g² = [2, 0.5]; λ_t = 2/√MS = [√2, 2√2]
+    let (w, stats) = step(&h, &[1.0, 2.0], &[2.0, -1.0], Some(&[0.5, 3.0]), &mut st);
+    let (l1, l2) = (2f32.sqrt(), 2.0 * 2f32.sqrt());
+    assert!(close(&st.mean_square, &[2.0, 0.5], 1e-7));
+    let expect = [1.0 - 0.1 * (2.0 + l1 * 4.0 * 0.5), 2.0 - 0.1 * (-1.0 + l2 * -1.0)];
+    assert!(close(&w, &expect, 1e-6), "{w:?} vs {expect:?}");
+    assert!((stats.mean_lambda() - f64::from(l1 + l2) / 2.0).abs() < 1e-5);
+    // A second push decays MeanSquare: 0.5·2 + 0.5·0 = 1 for a zero gradient.
+    let (_, _) = step(&h, &w, &[0.0, 0.0], Some(&w), &mut st);
+    assert!(close(&st.mean_square, &[1.0, 0.25], 1e-7));
+}
+
+#[test]
+fn weight_decay_and_momentum() {
+    let mut h = hyper(Algorithm::Asgd, 0.5);
+    h.weight_decay = 0.1;
+    let mut st = OptimizerState::new(&h, 1);
+    assert!(st.momentum.is_empty());
+    let (w, _) = step(&h, &[1.0], &[0.0], None, &mut st);
+    assert!(close(&w, &[0.95], 1e-7));
+
+    let mut h = hyper(Algorithm::Asgd, 0.1);
+    h.momentum = 0.9;
+    let mut st = OptimizerState::new(&h, 1);
+    let (w, _) = step(&h, &[0.0], &[1.0], None, &mut st);
+    assert!(close(&w, &[-0.1], 1e-7));
+    let (w, _) = step(&h, &w, &[1.0], None, &mut st);
+    assert!(close(&w, &[-0.29], 1e-6), "{w:?}");
+    assert!(close(&st.momentum, &[1.9], 1e-7));
+}
+
+/// The paper's synchronous fix on two workers: round 1 applies g1 and h1 combined, round 2
+/// g2 and h2 — the mean by default, or the sum.
+#[test]
+fn two_worker_sync_example() {
+    let (g1, h1, g2, h2) = ([1.0, 2.0], [3.0, -2.0], [0.0, 1.0], [2.0, 1.0]);
+    for (combine, expect) in [(Combine::Mean, [-1.5, -0.5]), (Combine::Sum, [-3.0, -1.0])] {
+        let mut h = hyper(Algorithm::Sync, 0.5);
+        h.combine = combine;
+        let mut st = OptimizerState::new(&h, 2);
+        let mut w = vec![0.0, 0.0];
+        for (a, b) in [(g1, h1), (g2, h2)] {
+            let mut sum = vec![0.0; 2];
+            accumulate(&mut sum, &a);
+            accumulate(&mut sum, &b);
+            finish_combined(&h, &mut sum, 2);
+            apply(&h, 0.5, &mut w, &sum, None, &mut st.mean_square, &mut st.momentum);
+        }
+        assert_eq!(w, expect, "{combine:?}");
+    }
+}
+
+/// A straightforward per-element implementation of every rule, to check the vectorised kernels
+/// on lengths that are not a multiple of the lane count.
+fn reference(h: &Hyper, w: &mut [f32], g: &[f32], bak: &[f32], st: &mut OptimizerState) {
+    for i in 0..w.len() {
+        let mut d = g[i] + h.weight_decay * w[i];
+        if h.algorithm.is_delay_compensated() {
+            let lambda = if h.algorithm == Algorithm::DcAsgdA {
+                let ms = &mut st.mean_square[i];
+                *ms = h.mean_square_decay * *ms + (1.0 - h.mean_square_decay) * g[i] * g[i];
+                h.lambda0 / (*ms + h.epsilon).sqrt()
+            } else {
+                h.lambda0
+            };
+            d += lambda * g[i] * g[i] * (w[i] - bak[i]);
+        }
+        if h.momentum > 0.0 {
+            st.momentum[i] = h.momentum * st.momentum[i] + d;
+            d = st.momentum[i];
+        }
+        w[i] -= h.lr.base * d;
+    }
+}
+
+fn vec_of(len: usize) -> impl Strategy<Value = Vec<f32>> {
+    proptest::collection::vec(-4.0f32..4.0, len)
+}
+
+proptest! {
+    #[test]
+    fn kernels_match_the_reference(
+        (w, g, bak) in (1usize..40).prop_flat_map(|n| (vec_of(n), vec_of(n), vec_of(n))),
+        algo in prop::sample::select(Algorithm::ALL.to_vec()),
+        momentum in prop::sample::select(vec![0.0f32, 0.9]),
+        wd in prop::sample::select(vec![0.0f32, 1e-3]),
+    ) {
+        let mut h = hyper(algo, 0.05);
+        h.momentum = momentum;
+        h.weight_decay = wd;
+        let mut st = OptimizerState::new(&h, w.len());
+        let mut st_ref = st.clone();
+        let mut w_ref = w.clone();
+        for _ in 0..3 {
+            let (w2, _) = step(&h, &w_ref, &g, Some(&bak), &mut st);
+            reference(&h, &mut w_ref, &g, &bak, &mut st_ref);
+            prop_assert!(close(&w2, &w_ref, 1e-5), "{:?} vs {:?}", w2, w_ref);
+        }
+    }
+
+    /// DC-ASGD with λ = 0 is ASGD, bit for bit.
+    #[test]
+    fn dc_asgd_with_zero_lambda_is_asgd(
+        (w, g, bak) in (1usize..40).prop_flat_map(|n| (vec_of(n), vec_of(n), vec_of(n))),
+        adaptive in any::<bool>(),
+    ) {
+        let mut dc = hyper(if adaptive { Algorithm::DcAsgdA } else { Algorithm::DcAsgdC }, 0.1);
+        dc.lambda0 = 0.0;
+        let asgd = hyper(Algorithm::Asgd, 0.1);
+        let (a, _) = step(&dc, &w, &g, Some(&bak), &mut OptimizerState::new(&dc, w.len()));
+        let (b, _) = step(&asgd, &w, &g, None, &mut OptimizerState::new(&asgd, w.len()));
+        prop_assert_eq!(a, b);
+    }
+
+    /// When the worker's backup is the current model (τ = 0), the compensation vanishes.
+    #[test]
+    fn dc_asgd_without_delay_is_asgd(
+        (w, g) in (1usize..40).prop_flat_map(|n| (vec_of(n), vec_of(n))),
+        adaptive in any::<bool>(),
+    ) {
+        let dc = hyper(if adaptive { Algorithm::DcAsgdA } else { Algorithm::DcAsgdC }, 0.1);
+        let asgd = hyper(Algorithm::Asgd, 0.1);
+        let (a, stats) = step(&dc, &w, &g, Some(&w), &mut OptimizerState::new(&dc, w.len()));
+        let (b, _) = step(&asgd, &w, &g, None, &mut OptimizerState::new(&asgd, w.len()));
+        prop_assert_eq!(a, b);
+        prop_assert_eq!(stats.compensation_sq, 0.0);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_and_baseline_builds_agree_bit_for_bit() {
+    use kernels::{Pass, Scalars};
+    let n = 1003;
+    let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+    let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+    let bak: Vec<f32> = (0..n).map(|i| (i as f32 * 0.05).sin()).collect();
+    let s = Scalars { lr: 0.1, weight_decay: 1e-4, momentum: 0.9, lambda0: 2.0, decay: 0.95, epsilon: 1e-7 };
+    let (mut w1, mut w2) = (w0.clone(), w0.clone());
+    let (mut ms1, mut ms2) = (vec![0.1; n], vec![0.1; n]);
+    let (mut m1, mut m2) = (vec![0.0; n], vec![0.0; n]);
+    let a =
+        kernels::run(s, &mut w1, &g, Pass::DcAdaptive { bak: &bak, mean_square: &mut ms1 }, Some(&mut m1));
+    let b = kernels::run_baseline(
+        s,
+        &mut w2,
+        &g,
+        Pass::DcAdaptive { bak: &bak, mean_square: &mut ms2 },
+        Some(&mut m2),
+    );
+    assert_eq!(w1, w2);
+    assert_eq!(ms1, ms2);
+    assert_eq!(a, b);
+    assert_ne!(w1, w0);
+}

@@ -1,0 +1,263 @@
+//! Checkpoints: the model and optimizer state as one safetensors file, written atomically.
+//!
+//! File `ckpt-<version, 12 digits>.safetensors` holds the model's tensors under their own names
+//! and the optimizer state as `optimizer.mean_square.<name>` and `optimizer.momentum.<name>`.
+//! The metadata records the format, version, epoch, algorithm and hyperparameters (JSON).
+//! Writes go to a temporary file that is fsynced, renamed into place, and the directory
+//! fsynced, so a crash leaves either the old set of files or the new one.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::optimizer::{Hyper, OptimizerState};
+use crate::wire::{self, Layout, TensorSpec, WireError};
+
+pub const FORMAT: &str = "foresight-checkpoint/1";
+const MS_PREFIX: &str = "optimizer.mean_square.";
+const MOM_PREFIX: &str = "optimizer.momentum.";
+
+/// A consistent copy of the model and optimizer state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointData {
+    pub version: u64,
+    pub epoch: f64,
+    pub params: Vec<f32>,
+    pub state: OptimizerState,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not a valid checkpoint: {why}")]
+    Invalid { path: PathBuf, why: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+}
+
+/// Encodes a checkpoint (or, with empty optimizer state, a plain model file).
+pub fn encode(layout: &Layout, hyper: &Hyper, data: &CheckpointData) -> Vec<u8> {
+    let mut specs: Vec<TensorSpec> = layout.tensors().to_vec();
+    let mut values = data.params.clone();
+    for (prefix, state) in [(MS_PREFIX, &data.state.mean_square), (MOM_PREFIX, &data.state.momentum)] {
+        if !state.is_empty() {
+            specs.extend(
+                layout
+                    .tensors()
+                    .iter()
+                    .map(|t| TensorSpec { name: format!("{prefix}{}", t.name), ..t.clone() }),
+            );
+            values.extend_from_slice(state);
+        }
+    }
+    let composite = Layout::new(specs).expect("prefixed names of a valid layout are valid");
+    let meta = BTreeMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("version".to_string(), data.version.to_string()),
+        ("epoch".to_string(), data.epoch.to_string()),
+        ("algorithm".to_string(), hyper.algorithm.to_string()),
+        ("hyperparameters".to_string(), serde_json::to_string(hyper).expect("plain data")),
+        ("model_tensors".to_string(), layout.tensors().len().to_string()),
+    ]);
+    wire::encode_f32(&composite, &values, &meta)
+}
+
+/// Decodes a checkpoint into the model layout, its data and the hyperparameters it was written with.
+pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
+    let (composite, values, meta) = wire::decode_model(bytes).map_err(|e: WireError| e.to_string())?;
+    if meta.get("format").map(String::as_str) != Some(FORMAT) {
+        return Err(format!("metadata format is {:?}, expected {FORMAT:?}", meta.get("format")));
+    }
+    let field = |k: &str| meta.get(k).ok_or_else(|| format!("metadata lacks {k:?}"));
+    let version: u64 = field("version")?.parse().map_err(|e| format!("bad version: {e}"))?;
+    let epoch: f64 = field("epoch")?.parse().map_err(|e| format!("bad epoch: {e}"))?;
+    let hyper: Hyper =
+        serde_json::from_str(field("hyperparameters")?).map_err(|e| format!("bad hyperparameters: {e}"))?;
+    let n_model: usize = field("model_tensors")?.parse().map_err(|e| format!("bad model_tensors: {e}"))?;
+    let tensors = composite.tensors();
+    if n_model == 0 || n_model > tensors.len() {
+        return Err(format!("model_tensors {n_model} does not fit {} tensors", tensors.len()));
+    }
+    let layout = Layout::new(tensors[..n_model].to_vec()).map_err(|e| e.to_string())?;
+    let n = layout.len();
+    let mut rest = &values[n..];
+    let mut state = OptimizerState::default();
+    let mut extra = &tensors[n_model..];
+    for (prefix, slot) in [(MS_PREFIX, &mut state.mean_square), (MOM_PREFIX, &mut state.momentum)] {
+        if extra.first().is_some_and(|t| t.name.starts_with(prefix)) {
+            let names_match = extra.len() >= n_model
+                && extra[..n_model]
+                    .iter()
+                    .zip(layout.tensors())
+                    .all(|(s, t)| s.name == format!("{prefix}{}", t.name));
+            if !names_match || rest.len() < n {
+                return Err(format!("optimizer state {prefix}* does not match the model's tensors"));
+            }
+            *slot = rest[..n].to_vec();
+            rest = &rest[n..];
+            extra = &extra[n_model..];
+        }
+    }
+    if !extra.is_empty() {
+        return Err(format!("unexpected tensor {:?}", extra[0].name));
+    }
+    Ok((layout, CheckpointData { version, epoch, params: values[..n].to_vec(), state }, hyper))
+}
+
+/// A directory of checkpoints, newest kept.
+pub struct CheckpointDir {
+    dir: PathBuf,
+    keep: usize,
+}
+
+impl CheckpointDir {
+    pub fn new(dir: impl Into<PathBuf>, keep: usize) -> Result<Self, CheckpointError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(io(&dir))?;
+        Ok(Self { dir, keep: keep.max(1) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn file_for(&self, version: u64) -> PathBuf {
+        self.dir.join(format!("ckpt-{version:012}.safetensors"))
+    }
+
+    /// Checkpoint files, newest version first.
+    pub fn list(&self) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(io(&self.dir))? {
+            let entry = entry.map_err(io(&self.dir))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(v) = name.strip_prefix("ckpt-").and_then(|s| s.strip_suffix(".safetensors")) {
+                if let Ok(v) = v.parse::<u64>() {
+                    out.push((v, entry.path()));
+                }
+            }
+        }
+        out.sort_by(|a, b| b.0.cmp(&a.0));
+        Ok(out)
+    }
+
+    /// Writes a checkpoint atomically and prunes all but the newest `keep`.
+    pub fn write(
+        &self,
+        layout: &Layout,
+        hyper: &Hyper,
+        data: &CheckpointData,
+    ) -> Result<PathBuf, CheckpointError> {
+        let path = self.file_for(data.version);
+        write_atomic(&path, &encode(layout, hyper, data))?;
+        for (_, old) in self.list()?.into_iter().skip(self.keep) {
+            fs::remove_file(&old).map_err(io(&old))?;
+        }
+        Ok(path)
+    }
+
+    /// The newest checkpoint that decodes; each one that does not is logged and skipped.
+    pub fn load_newest(&self) -> Result<Option<(PathBuf, Layout, CheckpointData, Hyper)>, CheckpointError> {
+        for (_, path) in self.list()? {
+            let bytes = fs::read(&path).map_err(io(&path))?;
+            match decode(&bytes) {
+                Ok((layout, data, hyper)) => return Ok(Some((path, layout, data, hyper))),
+                Err(why) => {
+                    tracing::error!(path = %path.display(), %why, "skipping corrupt checkpoint, trying the previous one")
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Writes `bytes` to `path` via a temporary file, fsync and rename, then fsyncs the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(io(path))?;
+    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optimizer::Algorithm;
+
+    fn sample(momentum: bool) -> (Layout, Hyper, CheckpointData) {
+        let layout = Layout::new(vec![
+            TensorSpec { name: "a".into(), shape: vec![3] },
+            TensorSpec { name: "b".into(), shape: vec![2, 2] },
+        ])
+        .unwrap();
+        let mut hyper = Hyper::new(Algorithm::DcAsgdA, 0.1);
+        hyper.momentum = if momentum { 0.9 } else { 0.0 };
+        let mut state = OptimizerState::new(&hyper, 7);
+        state.mean_square.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
+        state.momentum.iter_mut().for_each(|x| *x = -1.0);
+        let data = CheckpointData {
+            version: 42,
+            epoch: 1.5,
+            params: (0..7).map(|i| i as f32 * 0.1).collect(),
+            state,
+        };
+        (layout, hyper, data)
+    }
+
+    #[test]
+    fn round_trips_model_state_and_hyperparameters() {
+        for momentum in [false, true] {
+            let (layout, hyper, data) = sample(momentum);
+            let (l2, d2, h2) = decode(&encode(&layout, &hyper, &data)).unwrap();
+            assert_eq!((l2, d2, h2), (layout.clone(), data.clone(), hyper.clone()));
+        }
+    }
+
+    #[test]
+    fn keeps_the_newest_and_falls_back_past_corrupt_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path(), 2).unwrap();
+        let (layout, hyper, mut data) = sample(false);
+        for v in [1, 2, 3] {
+            data.version = v;
+            dir.write(&layout, &hyper, &data).unwrap();
+        }
+        let versions: Vec<u64> = dir.list().unwrap().into_iter().map(|(v, _)| v).collect();
+        assert_eq!(versions, [3, 2]);
+        // Truncate the newest: the previous one is restored.
+        let newest = dir.list().unwrap()[0].1.clone();
+        let bytes = fs::read(&newest).unwrap();
+        fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
+        let (_, _, restored, _) = dir.load_newest().unwrap().unwrap();
+        assert_eq!(restored.version, 2);
+        // No temporary files are left behind.
+        assert!(
+            fs::read_dir(tmp.path()).unwrap().all(|e| !e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp"))
+        );
+    }
+
+    #[test]
+    fn refuses_files_that_are_not_checkpoints() {
+        let (layout, _, data) = sample(false);
+        let plain = wire::encode_f32(&layout, &data.params, &BTreeMap::new());
+        assert!(decode(&plain).unwrap_err().contains("format"));
+    }
+}

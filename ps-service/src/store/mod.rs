@@ -1,0 +1,637 @@
+//! Parameter storage: the model, its version, per-worker backups and the `sync` round.
+//!
+//! # Concurrency
+//! The flat parameter vector is cut into shards, each behind its own lock. Every operation
+//! that touches the whole model (a push's update, a pull's snapshot, a checkpoint's copy)
+//! takes a ticket from the sequencer and then walks the shards in order, entering each shard
+//! only when the previous ticket has left it. Updates from different workers therefore run
+//! concurrently on disjoint shards (push k+1 works on shard 3 while push k is on shard 4),
+//! every shard sees them in ticket order, each update is atomic per shard, and a snapshot
+//! taken at version v holds exactly the first v updates. Tickets are taken only after every
+//! check has passed, so a refused request never holds up or changes anything.
+//!
+//! # Memory
+//! A pull returns an `Arc<Snapshot>` whose buffer is the encoded safetensors body. Workers
+//! that pull the same version share it, and under the delay-compensated rules the same Arc is
+//! w_bak(m): M workers hold at most as many model copies as distinct versions they pulled.
+
+pub mod checkpoint;
+mod staleness;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::optimizer::{self, Algorithm, Hyper, OptimizerState, UpdateStats};
+use crate::wire::{self, Layout, WireDtype};
+
+pub use checkpoint::CheckpointData;
+pub use staleness::{StalenessCounts, StalenessSummary};
+
+/// Elements per shard: 256 KiB of f32, so a shard's slices stay in L2 while a kernel runs.
+pub const DEFAULT_SHARD_LEN: usize = 1 << 16;
+
+/// A model version as a ready-to-send safetensors body.
+pub struct Snapshot {
+    version: u64,
+    /// Header bytes, then the parameters; a `Vec<f32>` so the parameters are aligned.
+    buf: Vec<f32>,
+    header_words: usize,
+}
+
+impl Snapshot {
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn params(&self) -> &[f32] {
+        &self.buf[self.header_words..]
+    }
+
+    /// The whole safetensors body.
+    pub fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.buf)
+    }
+}
+
+impl AsRef<[u8]> for Snapshot {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+/// A push, after its body has been decoded and validated against the layout.
+#[derive(Clone, Copy, Debug)]
+pub struct Push {
+    pub worker: usize,
+    /// The model version the gradient was computed on.
+    pub version: u64,
+    pub seq: u64,
+    /// The worker's epoch (fractional), which drives the learning-rate schedule.
+    pub epoch: Option<f64>,
+}
+
+/// What a push did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PushOutcome {
+    /// Model version after this push (for a `sync` contribution still waiting, the current one).
+    pub version: u64,
+    /// τ = version at apply − version the gradient was computed on.
+    pub staleness: u64,
+    /// False for a `sync` contribution that waits for the rest of its round.
+    pub applied: bool,
+    /// True when this answers a retry of an already-applied (worker, seq).
+    pub replayed: bool,
+    pub stats: UpdateStats,
+    pub lr: f32,
+}
+
+/// Why a push or pull was refused. Nothing changed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    #[error("worker {worker} is out of range: this job has {workers} workers (0..{workers})")]
+    UnknownWorker { worker: usize, workers: usize },
+    #[error("the job is finalized; the model is read-only")]
+    Finalized,
+    #[error("seq {seq} is older than worker {worker}'s last applied seq {last}")]
+    StaleSeq { worker: usize, seq: u64, last: u64 },
+    #[error("worker {worker} already has a push in flight; retry when it has been answered")]
+    InFlight { worker: usize },
+    #[error("version {got} is from the future: the model is at version {current}")]
+    FutureVersion { got: u64, current: u64 },
+    #[error("gradient staleness {staleness} exceeds maxStaleness {max}; pull the model again")]
+    TooStale { staleness: u64, max: u64 },
+    #[error(
+        "worker {worker} pushed a gradient for version {got} but last pulled {pulled:?}; pull the model again"
+    )]
+    PullRequired { worker: usize, got: u64, pulled: Option<u64> },
+    #[error("worker {worker} already contributed to the sync round for version {version}")]
+    AlreadyContributed { worker: usize, version: u64 },
+}
+
+impl StoreError {
+    /// Bounded label for metrics and the JSON error's `reason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::UnknownWorker { .. } => "unknown_worker",
+            Self::Finalized => "finalized",
+            Self::StaleSeq { .. } => "stale_seq",
+            Self::InFlight { .. } => "in_flight",
+            Self::FutureVersion { .. } => "future_version",
+            Self::TooStale { .. } => "too_stale",
+            Self::PullRequired { .. } => "pull_required",
+            Self::AlreadyContributed { .. } => "already_contributed",
+        }
+    }
+}
+
+/// Per-worker bookkeeping, visible in `/v1/status`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct WorkerStatus {
+    pub pulled_version: Option<u64>,
+    pub pushes: u64,
+    pub last_staleness: Option<u64>,
+    pub mean_staleness: f64,
+    #[serde(skip)]
+    staleness_sum: u64,
+    #[serde(skip)]
+    last: Option<(u64, PushOutcome)>,
+    #[serde(skip)]
+    in_flight: bool,
+}
+
+/// A consistent view for `/v1/status`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StoreStatus {
+    pub algorithm: Algorithm,
+    pub parameters: usize,
+    pub version: u64,
+    pub epoch: f64,
+    pub learning_rate: f32,
+    pub finalized: bool,
+    pub staleness: StalenessSummary,
+    pub workers: Vec<WorkerStatus>,
+}
+
+struct ShardData {
+    next_op: u64,
+    w: Vec<f32>,
+    state: OptimizerState,
+}
+
+struct Shard {
+    range: Range<usize>,
+    data: Mutex<ShardData>,
+    turn: Condvar,
+}
+
+type PendingSnapshot = Arc<OnceLock<Arc<Snapshot>>>;
+
+struct Sequencer {
+    next_op: u64,
+    /// Updates issued so far: the version every later operation sees.
+    version: u64,
+    epoch: f64,
+    finalized: bool,
+    cached: Option<Arc<Snapshot>>,
+    pending: Option<(u64, PendingSnapshot)>,
+    /// w_bak(m), kept only by the delay-compensated rules.
+    backups: Vec<Option<Arc<Snapshot>>>,
+    workers: Vec<WorkerStatus>,
+    staleness: StalenessCounts,
+}
+
+/// The `sync` rule's round: one gradient per worker for `version`.
+struct SyncRound {
+    version: u64,
+    sum: Vec<f32>,
+    contributed: Vec<bool>,
+    count: usize,
+}
+
+/// Called with the new model version after each update completes.
+pub type VersionListener = Box<dyn Fn(u64) + Send + Sync>;
+
+pub struct Store {
+    layout: Layout,
+    hyper: Hyper,
+    workers: usize,
+    header: Vec<u8>,
+    shards: Vec<Shard>,
+    seq: Mutex<Sequencer>,
+    round: Mutex<SyncRound>,
+    listener: Option<VersionListener>,
+}
+
+impl Store {
+    /// A new model at version 0 with the given initial values; w_bak(m) = w_0 for every m.
+    pub fn new(layout: Layout, init: Vec<f32>, hyper: Hyper, workers: usize) -> Self {
+        Self::with_shard_len(layout, init, hyper, workers, DEFAULT_SHARD_LEN)
+    }
+
+    /// A model restored from a checkpoint. Backups are not checkpointed: each worker's first
+    /// push after a restart is refused with `pull_required` until it has pulled.
+    pub fn restore(layout: Layout, mut data: CheckpointData, hyper: Hyper, workers: usize) -> Self {
+        let fresh = OptimizerState::new(&hyper, layout.len());
+        // State the configured rule needs but the checkpoint lacks starts from zero.
+        if data.state.mean_square.len() != fresh.mean_square.len() {
+            data.state.mean_square = fresh.mean_square;
+        }
+        if data.state.momentum.len() != fresh.momentum.len() {
+            data.state.momentum = fresh.momentum;
+        }
+        Self::build(layout, hyper, workers, DEFAULT_SHARD_LEN, data)
+    }
+
+    /// Like [`Store::new`] with a chosen shard length (tests use small shards to exercise the
+    /// pipeline).
+    pub fn with_shard_len(
+        layout: Layout,
+        init: Vec<f32>,
+        hyper: Hyper,
+        workers: usize,
+        shard_len: usize,
+    ) -> Self {
+        let state = OptimizerState::new(&hyper, layout.len());
+        let data = CheckpointData { version: 0, epoch: 0.0, params: init, state };
+        let store = Self::build(layout, hyper, workers, shard_len, data);
+        if store.hyper.algorithm.is_delay_compensated() {
+            let w0 = store.snapshot_now();
+            store.seq.lock().backups.fill(Some(w0));
+        }
+        store
+    }
+
+    fn build(layout: Layout, hyper: Hyper, workers: usize, shard_len: usize, data: CheckpointData) -> Self {
+        assert_eq!(data.params.len(), layout.len(), "initial values do not match the layout");
+        assert!(workers > 0 && shard_len > 0);
+        let n = layout.len();
+        let shards = (0..n)
+            .step_by(shard_len)
+            .map(|start| {
+                let range = start..(start + shard_len).min(n);
+                let slice = |v: &Vec<f32>| if v.is_empty() { Vec::new() } else { v[range.clone()].to_vec() };
+                let state = OptimizerState {
+                    mean_square: slice(&data.state.mean_square),
+                    momentum: slice(&data.state.momentum),
+                };
+                let w = data.params[range.clone()].to_vec();
+                Shard { range, data: Mutex::new(ShardData { next_op: 0, w, state }), turn: Condvar::new() }
+            })
+            .collect();
+        let header = wire::header(&layout, WireDtype::F32, &BTreeMap::new());
+        let round = SyncRound {
+            version: data.version,
+            sum: if hyper.algorithm == Algorithm::Sync { vec![0.0; n] } else { Vec::new() },
+            contributed: vec![false; workers],
+            count: 0,
+        };
+        let seq = Sequencer {
+            next_op: 0,
+            version: data.version,
+            epoch: data.epoch,
+            finalized: false,
+            cached: None,
+            pending: None,
+            backups: vec![None; workers],
+            workers: vec![WorkerStatus::default(); workers],
+            staleness: StalenessCounts::default(),
+        };
+        Self {
+            layout,
+            hyper,
+            workers,
+            header,
+            shards,
+            seq: Mutex::new(seq),
+            round: Mutex::new(round),
+            listener: None,
+        }
+    }
+
+    /// Registers a callback for completed updates (the server wakes long-polling pulls with it).
+    pub fn set_listener(&mut self, listener: VersionListener) {
+        self.listener = Some(listener);
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn hyper(&self) -> &Hyper {
+        &self.hyper
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    pub fn version(&self) -> u64 {
+        self.seq.lock().version
+    }
+
+    pub fn is_finalized(&self) -> bool {
+        self.seq.lock().finalized
+    }
+
+    fn check_worker(&self, worker: usize) -> Result<(), StoreError> {
+        if worker < self.workers {
+            Ok(())
+        } else {
+            Err(StoreError::UnknownWorker { worker, workers: self.workers })
+        }
+    }
+
+    /// Pull: the current model, recorded as w_bak(worker).
+    pub fn pull(&self, worker: usize) -> Result<Arc<Snapshot>, StoreError> {
+        self.check_worker(worker)?;
+        let snap = self.current_snapshot();
+        let mut seq = self.seq.lock();
+        if self.hyper.algorithm.is_delay_compensated() {
+            seq.backups[worker] = Some(snap.clone());
+        }
+        seq.workers[worker].pulled_version = Some(snap.version);
+        Ok(snap)
+    }
+
+    /// The current model without recording a backup (status readers, finalize, tests).
+    pub fn snapshot_now(&self) -> Arc<Snapshot> {
+        self.current_snapshot()
+    }
+
+    fn current_snapshot(&self) -> Arc<Snapshot> {
+        enum Role {
+            Ready(Arc<Snapshot>),
+            Wait(PendingSnapshot),
+            Take(u64, u64, PendingSnapshot),
+        }
+        let role = {
+            let mut seq = self.seq.lock();
+            let version = seq.version;
+            match (&seq.cached, &seq.pending) {
+                (Some(s), _) if s.version == version => Role::Ready(s.clone()),
+                (_, Some((v, p))) if *v == version => Role::Wait(p.clone()),
+                _ => {
+                    let op = seq.next_op;
+                    seq.next_op += 1;
+                    let p: PendingSnapshot = Arc::default();
+                    seq.pending = Some((version, p.clone()));
+                    Role::Take(op, version, p)
+                }
+            }
+        };
+        match role {
+            Role::Ready(s) => s,
+            Role::Wait(p) => p.wait().clone(),
+            Role::Take(op, version, pending) => {
+                let header_words = self.header.len() / 4;
+                let mut buf = vec![0f32; header_words + self.layout.len()];
+                bytemuck::cast_slice_mut::<f32, u8>(&mut buf[..header_words]).copy_from_slice(&self.header);
+                self.walk(op, |shard, d| {
+                    let r = header_words + shard.range.start..header_words + shard.range.end;
+                    buf[r].copy_from_slice(&d.w);
+                });
+                let snap = Arc::new(Snapshot { version, buf, header_words });
+                let _ = pending.set(snap.clone());
+                let mut seq = self.seq.lock();
+                if seq.pending.as_ref().is_some_and(|(v, _)| *v == version) {
+                    seq.pending = None;
+                }
+                if seq.cached.as_ref().is_none_or(|c| c.version < version) {
+                    seq.cached = Some(snap.clone());
+                }
+                snap
+            }
+        }
+    }
+
+    /// Runs `f` on every shard in order as operation `op`.
+    fn walk(&self, op: u64, mut f: impl FnMut(&Shard, &mut ShardData)) {
+        for shard in &self.shards {
+            let mut d = shard.data.lock();
+            while d.next_op != op {
+                shard.turn.wait(&mut d);
+            }
+            f(shard, &mut d);
+            d.next_op += 1;
+            drop(d);
+            shard.turn.notify_all();
+        }
+    }
+
+    /// Applies (or, under `sync`, contributes) one decoded gradient.
+    pub fn push(&self, p: Push, grad: &[f32]) -> Result<PushOutcome, StoreError> {
+        assert_eq!(grad.len(), self.layout.len(), "gradient decoded against another layout");
+        self.check_worker(p.worker)?;
+        let ticket = match self.admit(p)? {
+            Admission::Replay(outcome) => return Ok(outcome),
+            Admission::Ticket(t) => t,
+        };
+        let result = match ticket {
+            None => self.contribute(p, grad),
+            Some(t) => {
+                let stats = self.apply_op(t.op, t.lr, grad, t.backup.as_deref().map(Snapshot::params));
+                self.notify(t.version);
+                Ok(PushOutcome {
+                    version: t.version,
+                    staleness: t.staleness,
+                    applied: true,
+                    replayed: false,
+                    stats,
+                    lr: t.lr,
+                })
+            }
+        };
+        let mut seq = self.seq.lock();
+        let seq = &mut *seq;
+        let w = &mut seq.workers[p.worker];
+        w.in_flight = false;
+        if let Ok(o) = &result {
+            w.last = Some((p.seq, *o));
+            w.pushes += 1;
+            w.last_staleness = Some(o.staleness);
+            w.staleness_sum += o.staleness;
+            w.mean_staleness = w.staleness_sum as f64 / w.pushes as f64;
+            seq.staleness.record(o.staleness);
+        }
+        result
+    }
+
+    /// Every check that can refuse a push, made under the sequencer lock; on success the
+    /// worker's push is marked in flight and, for the asynchronous rules, a ticket issued.
+    fn admit(&self, p: Push) -> Result<Admission, StoreError> {
+        let mut seq = self.seq.lock();
+        let w = &seq.workers[p.worker];
+        if w.in_flight {
+            return Err(StoreError::InFlight { worker: p.worker });
+        }
+        if let Some((last, outcome)) = w.last {
+            if p.seq == last {
+                return Ok(Admission::Replay(PushOutcome { replayed: true, ..outcome }));
+            }
+            if p.seq < last {
+                return Err(StoreError::StaleSeq { worker: p.worker, seq: p.seq, last });
+            }
+        }
+        if seq.finalized {
+            return Err(StoreError::Finalized);
+        }
+        if p.version > seq.version {
+            return Err(StoreError::FutureVersion { got: p.version, current: seq.version });
+        }
+        let staleness = seq.version - p.version;
+        let max = if self.hyper.algorithm == Algorithm::Sync { Some(0) } else { self.hyper.max_staleness };
+        if let Some(max) = max.filter(|&m| staleness > m) {
+            return Err(StoreError::TooStale { staleness, max });
+        }
+        let backup = if self.hyper.algorithm.is_delay_compensated() {
+            match &seq.backups[p.worker] {
+                Some(b) if b.version == p.version => Some(b.clone()),
+                other => {
+                    let pulled = other.as_ref().map(|b| b.version);
+                    return Err(StoreError::PullRequired { worker: p.worker, got: p.version, pulled });
+                }
+            }
+        } else {
+            None
+        };
+        // Past this point the push is accepted.
+        if let Some(e) = p.epoch {
+            seq.epoch = seq.epoch.max(e);
+        }
+        seq.workers[p.worker].in_flight = true;
+        if self.hyper.algorithm == Algorithm::Sync {
+            return Ok(Admission::Ticket(None));
+        }
+        let (op, version) = issue_update(&mut seq);
+        let lr = self.hyper.lr.at(seq.epoch);
+        Ok(Admission::Ticket(Some(Ticket { op, version, lr, backup, staleness })))
+    }
+
+    /// Adds a gradient to the `sync` round; the last of the M contributions applies the round.
+    fn contribute(&self, p: Push, grad: &[f32]) -> Result<PushOutcome, StoreError> {
+        let mut round = self.round.lock();
+        debug_assert_eq!(round.version, p.version, "admit() lets only current-version pushes through");
+        if round.contributed[p.worker] {
+            return Err(StoreError::AlreadyContributed { worker: p.worker, version: p.version });
+        }
+        optimizer::accumulate(&mut round.sum, grad);
+        round.contributed[p.worker] = true;
+        round.count += 1;
+        if round.count < self.workers {
+            let lr = self.hyper.lr.at(self.seq.lock().epoch);
+            let stats = UpdateStats::default();
+            return Ok(PushOutcome {
+                version: p.version,
+                staleness: 0,
+                applied: false,
+                replayed: false,
+                stats,
+                lr,
+            });
+        }
+        // The round is complete. It is applied while the round lock is held: the next round's
+        // contributions need the version this produces, so nobody else can use the lock now.
+        let round = &mut *round;
+        optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);
+        let (op, version, lr) = {
+            let mut seq = self.seq.lock();
+            let (op, version) = issue_update(&mut seq);
+            (op, version, self.hyper.lr.at(seq.epoch))
+        };
+        let stats = self.apply_op(op, lr, &round.sum, None);
+        round.sum.fill(0.0);
+        round.contributed.fill(false);
+        round.count = 0;
+        round.version = version;
+        self.notify(version);
+        Ok(PushOutcome { version, staleness: 0, applied: true, replayed: false, stats, lr })
+    }
+
+    fn apply_op(&self, op: u64, lr: f32, grad: &[f32], backup: Option<&[f32]>) -> UpdateStats {
+        let mut stats = UpdateStats::default();
+        self.walk(op, |shard, d| {
+            let r = shard.range.clone();
+            let st = &mut d.state;
+            let bak = backup.map(|b| &b[r.clone()]);
+            let s = optimizer::apply(
+                &self.hyper,
+                lr,
+                &mut d.w,
+                &grad[r],
+                bak,
+                &mut st.mean_square,
+                &mut st.momentum,
+            );
+            stats.merge(s);
+        });
+        stats
+    }
+
+    fn notify(&self, version: u64) {
+        if let Some(l) = &self.listener {
+            l(version);
+        }
+    }
+
+    /// A consistent copy of the model and optimizer state at the current version.
+    pub fn checkpoint(&self) -> CheckpointData {
+        let (op, version, epoch) = {
+            let mut seq = self.seq.lock();
+            let op = seq.next_op;
+            seq.next_op += 1;
+            (op, seq.version, seq.epoch)
+        };
+        let n = self.layout.len();
+        let fresh = OptimizerState::new(&self.hyper, n);
+        let mut data = CheckpointData { version, epoch, params: vec![0.0; n], state: fresh };
+        self.walk(op, |shard, d| {
+            let r = shard.range.clone();
+            data.params[r.clone()].copy_from_slice(&d.w);
+            if !d.state.mean_square.is_empty() {
+                data.state.mean_square[r.clone()].copy_from_slice(&d.state.mean_square);
+            }
+            if !d.state.momentum.is_empty() {
+                data.state.momentum[r].copy_from_slice(&d.state.momentum);
+            }
+        });
+        data
+    }
+
+    /// Makes the model read-only and returns its final state. Idempotent.
+    pub fn finalize(&self) -> CheckpointData {
+        self.seq.lock().finalized = true;
+        self.checkpoint()
+    }
+
+    pub fn status(&self) -> StoreStatus {
+        let seq = self.seq.lock();
+        StoreStatus {
+            algorithm: self.hyper.algorithm,
+            parameters: self.layout.len(),
+            version: seq.version,
+            epoch: seq.epoch,
+            learning_rate: self.hyper.lr.at(seq.epoch),
+            finalized: seq.finalized,
+            staleness: seq.staleness.summary(self.hyper.max_staleness),
+            workers: seq.workers.clone(),
+        }
+    }
+
+    /// Distinct model copies held for backups and the pull cache (for memory accounting).
+    pub fn snapshots_held(&self) -> usize {
+        let seq = self.seq.lock();
+        let mut seen: Vec<*const Snapshot> = seq.backups.iter().flatten().map(Arc::as_ptr).collect();
+        seen.extend(seq.cached.iter().map(Arc::as_ptr));
+        seen.sort();
+        seen.dedup();
+        seen.len()
+    }
+}
+
+enum Admission {
+    Replay(PushOutcome),
+    /// `None` for a `sync` contribution, which takes its ticket when its round completes.
+    Ticket(Option<Ticket>),
+}
+
+struct Ticket {
+    op: u64,
+    version: u64,
+    lr: f32,
+    backup: Option<Arc<Snapshot>>,
+    staleness: u64,
+}
+
+/// Takes the next operation number for an update and advances the version.
+fn issue_update(seq: &mut Sequencer) -> (u64, u64) {
+    let op = seq.next_op;
+    seq.next_op += 1;
+    seq.version += 1;
+    (op, seq.version)
+}
+
+#[cfg(test)]
+mod tests;

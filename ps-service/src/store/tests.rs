@@ -1,0 +1,267 @@
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::optimizer::Combine;
+use crate::wire::TensorSpec;
+
+fn layout(n: usize) -> Layout {
+    Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![n] }]).unwrap()
+}
+
+fn store(algo: Algorithm, lr: f32, init: Vec<f32>, workers: usize, shard: usize) -> Store {
+    Store::with_shard_len(layout(init.len()), init, Hyper::new(algo, lr), workers, shard)
+}
+
+fn push(worker: usize, version: u64, seq: u64) -> Push {
+    Push { worker, version, seq, epoch: None }
+}
+
+#[test]
+fn staleness_follows_a_scripted_interleaving() {
+    let s = store(Algorithm::Asgd, 0.1, vec![0.0; 10], 3, 4);
+    let g = vec![1.0; 10];
+    assert_eq!(s.pull(0).unwrap().version(), 0);
+    assert_eq!(s.pull(1).unwrap().version(), 0);
+    let o = s.push(push(0, 0, 1), &g).unwrap();
+    assert_eq!((o.version, o.staleness), (1, 0));
+    let o = s.push(push(1, 0, 1), &g).unwrap();
+    assert_eq!((o.version, o.staleness), (2, 1));
+    assert_eq!(s.pull(2).unwrap().version(), 2);
+    let o = s.push(push(0, 0, 2), &g).unwrap(); // worker 0 never re-pulled
+    assert_eq!((o.version, o.staleness), (3, 2));
+    let o = s.push(push(2, 2, 1), &g).unwrap();
+    assert_eq!((o.version, o.staleness), (4, 1));
+    let st = s.status();
+    assert_eq!(st.version, 4);
+    assert_eq!((st.staleness.count, st.staleness.max, st.staleness.p50), (4, 2, 1));
+    assert_eq!(st.workers[0].pushes, 2);
+    assert_eq!(st.workers[0].mean_staleness, 1.0);
+    assert_eq!(st.workers[2].pulled_version, Some(2));
+    assert!(s.snapshot_now().params().iter().all(|&x| (x + 0.4).abs() < 1e-6));
+}
+
+/// w_bak(m) is the model worker m pulled — not the previous server weight, not zero.
+#[test]
+fn dc_asgd_compensates_against_the_model_the_worker_pulled() {
+    let mut hyper = Hyper::new(Algorithm::DcAsgdC, 0.1);
+    hyper.lambda0 = 0.5;
+    let s = Store::with_shard_len(layout(3), vec![1.0, 2.0, 3.0], hyper.clone(), 2, 2);
+    let w_pulled_by_1 = s.pull(1).unwrap().params().to_vec();
+    // Worker 0 moves the model twice.
+    for (seq, g) in [(1, [0.5, -0.5, 1.0]), (2, [1.0, 1.0, -1.0])] {
+        let v = s.pull(0).unwrap().version();
+        s.push(push(0, v, seq), &g).unwrap();
+    }
+    let w_now = s.snapshot_now().params().to_vec();
+    let g1 = [2.0, -1.0, 0.5];
+    let o = s.push(push(1, 0, 1), &g1).unwrap();
+    assert_eq!(o.staleness, 2);
+    let mut expect = w_now.clone();
+    for i in 0..3 {
+        expect[i] -= 0.1 * (g1[i] + 0.5 * g1[i] * g1[i] * (w_now[i] - w_pulled_by_1[i]));
+    }
+    let got = s.snapshot_now().params().to_vec();
+    for i in 0..3 {
+        assert!((got[i] - expect[i]).abs() < 1e-6, "{got:?} vs {expect:?}");
+    }
+    assert!(o.stats.compensation_ratio() > 0.0);
+}
+
+#[test]
+fn refusals_change_nothing() {
+    let mut hyper = Hyper::new(Algorithm::DcAsgdA, 0.1);
+    hyper.max_staleness = Some(1);
+    let s = Store::with_shard_len(layout(4), vec![0.5; 4], hyper, 2, 2);
+    let g = [1.0; 4];
+    s.pull(1).unwrap(); // worker 1 keeps version 0
+    s.push(push(0, 0, 5), &g).unwrap();
+    s.pull(0).unwrap();
+    s.push(push(0, 1, 6), &g).unwrap();
+    let state = || {
+        let st = s.status();
+        (s.checkpoint(), st.staleness, st.workers)
+    };
+    let before = state();
+    let cases = [
+        (push(2, 0, 1), "unknown_worker"),
+        (push(0, 2, 4), "stale_seq"),
+        (push(0, 9, 7), "future_version"),
+        (push(1, 0, 1), "too_stale"),     // τ = 2 > maxStaleness 1
+        (push(1, 1, 1), "pull_required"), // worker 1 pulled version 0, not 1
+    ];
+    for (p, reason) in cases {
+        assert_eq!(s.push(p, &g).unwrap_err().reason(), reason, "{p:?}");
+        assert!(state() == before, "{reason} changed the store");
+    }
+}
+
+#[test]
+fn a_retried_push_is_applied_once() {
+    let s = store(Algorithm::Asgd, 1.0, vec![0.0; 5], 1, 2);
+    let first = s.push(push(0, 0, 7), &[1.0; 5]).unwrap();
+    let again = s.push(push(0, 0, 7), &[1.0; 5]).unwrap();
+    assert!(again.replayed && !first.replayed);
+    assert_eq!(again.version, first.version);
+    assert_eq!(s.version(), 1);
+    assert_eq!(s.snapshot_now().params(), &[-1.0; 5]);
+    assert_eq!(s.status().workers[0].pushes, 1);
+}
+
+#[test]
+fn finalize_makes_the_model_read_only() {
+    let s = store(Algorithm::Asgd, 1.0, vec![0.0; 3], 1, 2);
+    s.push(push(0, 0, 1), &[1.0; 3]).unwrap();
+    let data = s.finalize();
+    assert_eq!((data.version, data.params.clone()), (1, vec![-1.0; 3]));
+    assert_eq!(s.push(push(0, 1, 2), &[1.0; 3]).unwrap_err(), StoreError::Finalized);
+    assert_eq!(s.finalize().params, data.params);
+    assert_eq!(s.pull(0).unwrap().version(), 1);
+}
+
+#[test]
+fn sync_applies_once_per_round_and_waits_for_every_worker() {
+    let s = store(Algorithm::Sync, 0.5, vec![0.0, 0.0], 2, 1);
+    // Round 1: g1 = [1, 2], h1 = [3, -2] → mean [2, 0].
+    let o = s.push(push(0, 0, 1), &[1.0, 2.0]).unwrap();
+    assert!(!o.applied && o.version == 0);
+    assert_eq!(s.version(), 0);
+    assert_eq!(s.push(push(0, 0, 2), &[9.0, 9.0]).unwrap_err().reason(), "already_contributed");
+    let o = s.push(push(1, 0, 1), &[3.0, -2.0]).unwrap();
+    assert!(o.applied && o.version == 1);
+    assert_eq!(s.snapshot_now().params(), &[-1.0, 0.0]);
+    // A contribution for the old version is refused; round 2 works.
+    assert_eq!(s.push(push(0, 0, 3), &[1.0, 1.0]).unwrap_err().reason(), "too_stale");
+    s.push(push(1, 1, 2), &[2.0, 1.0]).unwrap();
+    s.push(push(0, 1, 3), &[0.0, 1.0]).unwrap();
+    assert_eq!(s.snapshot_now().params(), &[-1.5, -0.5]);
+    assert_eq!(s.status().staleness.max, 0);
+}
+
+#[test]
+fn listener_sees_every_completed_version() {
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut s = store(Algorithm::Asgd, 1.0, vec![0.0; 3], 1, 1);
+    let sink = seen.clone();
+    s.set_listener(Box::new(move |v| sink.lock().push(v)));
+    for seq in 1..=3 {
+        s.push(push(0, s.version(), seq), &[1.0; 3]).unwrap();
+    }
+    assert_eq!(*seen.lock(), [1, 2, 3]);
+}
+
+/// Many workers push and pull at once over small shards. Every gradient is all ones at rate 1,
+/// so the model at version v is −v in every element: a snapshot that mixed two versions, or an
+/// update that was not atomic per shard, would show up as unequal elements.
+#[test]
+fn concurrent_pushes_are_atomic_and_versions_monotonic() {
+    let n = 1000;
+    let workers = 8;
+    let per_worker = 50;
+    let s = Arc::new(store(Algorithm::Asgd, 1.0, vec![0.0; n], workers, 64));
+    let handles: Vec<_> = (0..workers)
+        .map(|m| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut versions = Vec::new();
+                for seq in 1..=per_worker {
+                    let snap = s.pull(m).unwrap();
+                    let p = snap.params();
+                    assert!(
+                        p.iter().all(|&x| x == -(snap.version() as f32)),
+                        "torn snapshot at {}",
+                        snap.version()
+                    );
+                    let o = s.push(push(m, snap.version(), seq), &vec![1.0; n]).unwrap();
+                    versions.push(o.version);
+                }
+                versions
+            })
+        })
+        .collect();
+    let mut all: Vec<u64> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    all.sort();
+    let total = (workers * per_worker as usize) as u64;
+    assert_eq!(all, (1..=total).collect::<Vec<_>>());
+    assert!(s.snapshot_now().params().iter().all(|&x| x == -(total as f32)));
+}
+
+#[test]
+fn workers_that_pull_the_same_version_share_one_snapshot() {
+    let s = store(Algorithm::DcAsgdA, 0.1, vec![0.0; 100], 64, 16);
+    let snaps: Vec<_> = (0..64).map(|m| s.pull(m).unwrap()).collect();
+    assert!(snaps.windows(2).all(|w| Arc::ptr_eq(&w[0], &w[1])));
+    assert_eq!(s.snapshots_held(), 1);
+    s.push(push(0, 0, 1), &[1.0; 100]).unwrap();
+    s.pull(0).unwrap();
+    assert_eq!(s.snapshots_held(), 2);
+}
+
+#[test]
+fn restore_requires_a_pull_before_compensated_pushes() {
+    let hyper = Hyper::new(Algorithm::DcAsgdA, 0.1);
+    let a = Store::with_shard_len(layout(4), vec![1.0; 4], hyper.clone(), 2, 2);
+    a.push(push(0, 0, 1), &[1.0; 4]).unwrap();
+    let data = a.checkpoint();
+    let b = Store::restore(layout(4), data.clone(), hyper, 2);
+    assert_eq!(b.checkpoint(), data);
+    assert_eq!(b.push(push(0, 1, 1), &[1.0; 4]).unwrap_err().reason(), "pull_required");
+    b.pull(0).unwrap();
+    b.push(push(0, 1, 1), &[1.0; 4]).unwrap();
+}
+
+fn vec_of(len: usize) -> impl Strategy<Value = Vec<f32>> {
+    proptest::collection::vec(-2.0f32..2.0, len)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `sync` with M workers equals one sequential SGD step on the combined gradient.
+    #[test]
+    fn sync_equals_one_sgd_step_on_the_combined_gradient(
+        (w0, grads) in (1usize..30, 1usize..6).prop_flat_map(|(n, m)| (vec_of(n), proptest::collection::vec(vec_of(n), m))),
+        sum in any::<bool>(),
+    ) {
+        let m = grads.len();
+        let mut hyper = Hyper::new(Algorithm::Sync, 0.1);
+        hyper.combine = if sum { Combine::Sum } else { Combine::Mean };
+        let s = Store::with_shard_len(layout(w0.len()), w0.clone(), hyper.clone(), m, 7);
+        for (k, g) in grads.iter().enumerate() {
+            s.push(push(k, 0, 1), g).unwrap();
+        }
+        let mut combined = vec![0.0; w0.len()];
+        for g in &grads {
+            crate::optimizer::accumulate(&mut combined, g);
+        }
+        crate::optimizer::finish_combined(&hyper, &mut combined, m);
+        let asgd = Hyper::new(Algorithm::Asgd, 0.1);
+        let mut expect = w0.clone();
+        crate::optimizer::apply(&asgd, 0.1, &mut expect, &combined, None, &mut [], &mut []);
+        let got = s.snapshot_now();
+        prop_assert_eq!(got.params(), &expect[..]);
+        prop_assert_eq!(s.version(), 1);
+    }
+
+    /// With every worker pulling right before its push (τ = 0), DC-ASGD equals ASGD.
+    #[test]
+    fn dc_asgd_with_fresh_pulls_equals_asgd(
+        (w0, grads) in (1usize..30, 1usize..8).prop_flat_map(|(n, k)| (vec_of(n), proptest::collection::vec(vec_of(n), k))),
+        adaptive in any::<bool>(),
+    ) {
+        let dc = Store::with_shard_len(layout(w0.len()), w0.clone(),
+            Hyper::new(if adaptive { Algorithm::DcAsgdA } else { Algorithm::DcAsgdC }, 0.1), 3, 5);
+        let asgd = Store::with_shard_len(layout(w0.len()), w0.clone(), Hyper::new(Algorithm::Asgd, 0.1), 3, 5);
+        for (k, g) in grads.iter().enumerate() {
+            let worker = k % 3;
+            for s in [&dc, &asgd] {
+                let v = s.pull(worker).unwrap().version();
+                let o = s.push(push(worker, v, k as u64 + 1), g).unwrap();
+                prop_assert_eq!(o.staleness, 0);
+            }
+        }
+        let (a, b) = (dc.snapshot_now(), asgd.snapshot_now());
+        prop_assert_eq!(a.params(), b.params());
+    }
+}

@@ -1,0 +1,304 @@
+//! The wire format: safetensors bodies, the model layout they must match, and their validation.
+//!
+//! Every tensor body on the wire is a safetensors file. Models travel as F32; gradients may be
+//! F32, BF16 or F16 and are widened to f32 on arrival. The PS writes its own bodies with the
+//! tensors in layout order and contiguous, so the data region of a model body *is* the flat
+//! parameter vector, and the header is padded to 8 bytes so that region is aligned.
+
+use std::collections::BTreeMap;
+
+use safetensors::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("safetensors is little-endian; the PS maps it onto f32 slices directly");
+
+/// Longest tensor name accepted.
+pub const MAX_NAME_LEN: usize = 512;
+/// Most tensors a layout may hold.
+pub const MAX_TENSORS: usize = 100_000;
+
+/// One named tensor of the model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// The registered model: named tensors, in order, laid end to end in one flat f32 vector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    tensors: Vec<TensorSpec>,
+    offsets: Vec<usize>,
+    total: usize,
+}
+
+impl Layout {
+    pub fn new(tensors: Vec<TensorSpec>) -> Result<Self, WireError> {
+        if tensors.is_empty() {
+            return Err(WireError::Malformed("the model has no tensors".into()));
+        }
+        if tensors.len() > MAX_TENSORS {
+            return Err(WireError::Malformed(format!("more than {MAX_TENSORS} tensors")));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut offsets = Vec::with_capacity(tensors.len());
+        let mut total = 0usize;
+        for t in &tensors {
+            if t.name.is_empty() || t.name.len() > MAX_NAME_LEN || t.name.chars().any(char::is_control) {
+                return Err(WireError::Malformed(format!("invalid tensor name {:?}", t.name)));
+            }
+            if t.name == "__metadata__" || !seen.insert(t.name.as_str()) {
+                return Err(WireError::Malformed(format!("duplicate or reserved tensor name {:?}", t.name)));
+            }
+            let n = t.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            let n = n.filter(|&n| n > 0).ok_or_else(|| {
+                WireError::Malformed(format!(
+                    "tensor {:?} has an empty or overflowing shape {:?}",
+                    t.name, t.shape
+                ))
+            })?;
+            offsets.push(total);
+            total = total.checked_add(n).ok_or_else(|| WireError::Malformed("model too large".into()))?;
+        }
+        Ok(Self { tensors, offsets, total })
+    }
+
+    pub fn tensors(&self) -> &[TensorSpec] {
+        &self.tensors
+    }
+
+    /// Number of f32 parameters.
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// (spec, range in the flat vector) for each tensor, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&TensorSpec, std::ops::Range<usize>)> {
+        self.tensors.iter().zip(&self.offsets).map(|(t, &o)| (t, o..o + t.numel()))
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        // Layouts are small (tens to thousands of tensors); a linear scan keeps this simple.
+        self.tensors.iter().position(|t| t.name == name)
+    }
+}
+
+/// Element types accepted on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl WireDtype {
+    fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::Bf16 => "BF16",
+            Self::F16 => "F16",
+        }
+    }
+
+    fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 | Self::F16 => 2,
+        }
+    }
+
+    fn from_safetensors(d: Dtype) -> Option<Self> {
+        match d {
+            Dtype::F32 => Some(Self::F32),
+            Dtype::BF16 => Some(Self::Bf16),
+            Dtype::F16 => Some(Self::F16),
+            _ => None,
+        }
+    }
+}
+
+/// What was wrong with a body. [`WireError::reason`] is the bounded label used in metrics and
+/// in the JSON error's `reason`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WireError {
+    #[error("malformed safetensors body: {0}")]
+    Malformed(String),
+    #[error("tensor {0:?} is not in the registered model")]
+    UnknownTensor(String),
+    #[error("tensor {0:?} of the registered model is missing")]
+    MissingTensor(String),
+    #[error("tensor {name:?} has shape {got:?}, the registered model has {want:?}")]
+    Shape { name: String, got: Vec<usize>, want: Vec<usize> },
+    #[error("tensor {name:?} has dtype {got}, expected {allowed}")]
+    Dtype { name: String, got: String, allowed: &'static str },
+    #[error("tensor {name:?} holds a non-finite value ({value}) at element {index}")]
+    NonFinite { name: String, index: usize, value: f32 },
+}
+
+impl WireError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Malformed(_) => "malformed_body",
+            Self::UnknownTensor(_) | Self::MissingTensor(_) => "layout_mismatch",
+            Self::Shape { .. } => "shape_mismatch",
+            Self::Dtype { .. } => "dtype_mismatch",
+            Self::NonFinite { .. } => "non_finite",
+        }
+    }
+}
+
+/// A parsed safetensors body: tensor views in file order and the metadata.
+pub struct Parsed<'a> {
+    pub tensors: Vec<(String, Dtype, Vec<usize>, &'a [u8])>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Parses and structurally validates a safetensors body (header, offsets, sizes).
+pub fn parse(body: &[u8]) -> Result<Parsed<'_>, WireError> {
+    let (n, meta) = SafeTensors::read_metadata(body).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let data = &body[8 + n..];
+    let tensors = meta
+        .offset_keys()
+        .into_iter()
+        .map(|name| {
+            let info = meta.info(&name).expect("offset_keys lists known names");
+            let (s, e) = info.data_offsets;
+            (name, info.dtype, info.shape.clone(), &data[s..e])
+        })
+        .collect();
+    let metadata = meta.metadata().clone().unwrap_or_default().into_iter().collect();
+    Ok(Parsed { tensors, metadata })
+}
+
+/// Reads a model body (`PUT /v1/model`, checkpoints): F32 tensors, layout in file order.
+pub fn decode_model(body: &[u8]) -> Result<(Layout, Vec<f32>, BTreeMap<String, String>), WireError> {
+    let parsed = parse(body)?;
+    let specs = parsed.tensors.iter().map(|(n, _, s, _)| TensorSpec { name: n.clone(), shape: s.clone() });
+    let layout = Layout::new(specs.collect())?;
+    let mut values = vec![0f32; layout.len()];
+    fill(&layout, &parsed, false, &mut values)?;
+    Ok((layout, values, parsed.metadata))
+}
+
+/// Decodes a gradient body against `layout` into `out` (whose length is the layout's):
+/// every registered tensor exactly once, right shape, F32/BF16/F16, all values finite.
+pub fn decode_gradient(body: &[u8], layout: &Layout, out: &mut [f32]) -> Result<(), WireError> {
+    let parsed = parse(body)?;
+    fill(layout, &parsed, true, out)
+}
+
+fn fill(layout: &Layout, parsed: &Parsed<'_>, allow_half: bool, out: &mut [f32]) -> Result<(), WireError> {
+    assert_eq!(out.len(), layout.len());
+    let mut present = vec![false; layout.tensors.len()];
+    for (name, dtype, shape, bytes) in &parsed.tensors {
+        let idx = layout.position(name).ok_or_else(|| WireError::UnknownTensor(name.clone()))?;
+        let spec = &layout.tensors[idx];
+        if *shape != spec.shape {
+            return Err(WireError::Shape {
+                name: name.clone(),
+                got: shape.clone(),
+                want: spec.shape.clone(),
+            });
+        }
+        let allowed = if allow_half { "F32, BF16 or F16" } else { "F32" };
+        let dt = WireDtype::from_safetensors(*dtype)
+            .filter(|d| allow_half || *d == WireDtype::F32)
+            .ok_or_else(|| WireError::Dtype { name: name.clone(), got: format!("{dtype:?}"), allowed })?;
+        let o = layout.offsets[idx];
+        widen(dt, bytes, &mut out[o..o + spec.numel()]).map_err(|(index, value)| WireError::NonFinite {
+            name: name.clone(),
+            index,
+            value,
+        })?;
+        present[idx] = true;
+    }
+    if let Some(i) = present.iter().position(|p| !p) {
+        return Err(WireError::MissingTensor(layout.tensors[i].name.clone()));
+    }
+    Ok(())
+}
+
+/// Converts little-endian `bytes` of `dtype` into `out`, failing on the first non-finite value.
+fn widen(dtype: WireDtype, bytes: &[u8], out: &mut [f32]) -> Result<(), (usize, f32)> {
+    debug_assert_eq!(bytes.len(), out.len() * dtype.size());
+    match dtype {
+        WireDtype::F32 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        WireDtype::Bf16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        WireDtype::F16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+    }
+    // A separate pass: `all(is_finite)` vectorises, the conversion loops above stay branch-free.
+    if out.iter().all(|x| x.is_finite()) {
+        return Ok(());
+    }
+    let i = out.iter().position(|x| !x.is_finite()).expect("a non-finite value exists");
+    Err((i, out[i]))
+}
+
+/// The safetensors header (length prefix + JSON, padded to 8 bytes) for `layout` in `dtype`.
+pub fn header(layout: &Layout, dtype: WireDtype, metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut map = serde_json::Map::new();
+    if !metadata.is_empty() {
+        map.insert("__metadata__".into(), serde_json::to_value(metadata).expect("string map"));
+    }
+    for (t, r) in layout.iter() {
+        let entry = serde_json::json!({
+            "dtype": dtype.name(),
+            "shape": t.shape,
+            "data_offsets": [r.start * dtype.size(), r.end * dtype.size()],
+        });
+        map.insert(t.name.clone(), entry);
+    }
+    let mut json = serde_json::to_vec(&map).expect("JSON of strings and numbers");
+    while (8 + json.len()) % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len());
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out
+}
+
+/// Encodes a flat f32 vector in `layout` as a safetensors body.
+pub fn encode_f32(layout: &Layout, values: &[f32], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    assert_eq!(values.len(), layout.len());
+    let mut out = header(layout, WireDtype::F32, metadata);
+    out.extend_from_slice(bytemuck::cast_slice(values));
+    out
+}
+
+/// Encodes a flat f32 vector as BF16 (round to nearest even), halving a gradient's bytes.
+pub fn encode_bf16(layout: &Layout, values: &[f32]) -> Vec<u8> {
+    assert_eq!(values.len(), layout.len());
+    let mut out = header(layout, WireDtype::Bf16, &BTreeMap::new());
+    out.reserve(values.len() * 2);
+    for v in values {
+        out.extend_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+use std::collections::BTreeMap;
+
+use super::*;
+
+fn layout() -> Layout {
+    Layout::new(vec![
+        TensorSpec { name: "fc.weight".into(), shape: vec![2, 3] },
+        TensorSpec { name: "fc.bias".into(), shape: vec![2] },
+    ])
+    .unwrap()
+}
+
+#[test]
+fn model_round_trips_and_data_region_is_aligned() {
+    let l = layout();
+    let values: Vec<f32> = (0..8).map(|i| i as f32 * 0.5).collect();
+    let meta = BTreeMap::from([("version".to_string(), "7".to_string())]);
+    let body = encode_f32(&l, &values, &meta);
+    let header_len = u64::from_le_bytes(body[..8].try_into().unwrap()) as usize;
+    assert_eq!((8 + header_len) % 8, 0);
+    let (l2, v2, m2) = decode_model(&body).unwrap();
+    assert_eq!(l2, l);
+    assert_eq!(v2, values);
+    assert_eq!(m2, meta);
+    // The official parser reads it too.
+    let st = safetensors::SafeTensors::deserialize(&body).unwrap();
+    assert_eq!(st.tensor("fc.bias").unwrap().shape(), &[2]);
+}
+
+#[test]
+fn bf16_gradient_is_widened() {
+    let l = layout();
+    let g = [1.0, -2.0, 0.5, 3.0, 0.25, -1.0, 8.0, 1.5];
+    let body = encode_bf16(&l, &g);
+    let mut out = vec![0.0; 8];
+    decode_gradient(&body, &l, &mut out).unwrap();
+    assert_eq!(out, g); // all exactly representable in bf16
+}
+
+#[test]
+fn f16_gradient_is_accepted() {
+    let l = layout();
+    let mut tensors = Vec::new();
+    let w: Vec<u8> = (0..6).flat_map(|i| half::f16::from_f32(i as f32).to_le_bytes()).collect();
+    let b: Vec<u8> = [1.5f32, 2.5].iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+    tensors.push(("fc.weight", safetensors::tensor::TensorView::new(Dtype::F16, vec![2, 3], &w).unwrap()));
+    tensors.push(("fc.bias", safetensors::tensor::TensorView::new(Dtype::F16, vec![2], &b).unwrap()));
+    let body = safetensors::serialize(tensors, None).unwrap();
+    let mut out = vec![0.0; 8];
+    decode_gradient(&body, &l, &mut out).unwrap();
+    assert_eq!(out, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 1.5, 2.5]);
+}
+
+#[test]
+fn every_mismatch_is_named() {
+    let l = layout();
+    let mut out = vec![0.0; 8];
+    let other = Layout::new(vec![
+        TensorSpec { name: "fc.weight".into(), shape: vec![3, 2] },
+        TensorSpec { name: "fc.bias".into(), shape: vec![2] },
+    ])
+    .unwrap();
+    let e = decode_gradient(&encode_f32(&other, &[0.0; 8], &BTreeMap::new()), &l, &mut out).unwrap_err();
+    assert_eq!(e.reason(), "shape_mismatch");
+    assert!(e.to_string().contains("fc.weight"));
+
+    let renamed = Layout::new(vec![
+        TensorSpec { name: "fc.w".into(), shape: vec![2, 3] },
+        TensorSpec { name: "fc.bias".into(), shape: vec![2] },
+    ])
+    .unwrap();
+    let e = decode_gradient(&encode_f32(&renamed, &[0.0; 8], &BTreeMap::new()), &l, &mut out).unwrap_err();
+    assert_eq!(e, WireError::UnknownTensor("fc.w".into()));
+
+    let partial = Layout::new(vec![TensorSpec { name: "fc.bias".into(), shape: vec![2] }]).unwrap();
+    let e = decode_gradient(&encode_f32(&partial, &[0.0; 2], &BTreeMap::new()), &l, &mut out).unwrap_err();
+    assert_eq!(e, WireError::MissingTensor("fc.weight".into()));
+
+    let w = vec![0u8; 6 * 8];
+    let b = vec![0u8; 2 * 8];
+    let body = safetensors::serialize(
+        vec![
+            ("fc.weight", safetensors::tensor::TensorView::new(Dtype::F64, vec![2, 3], &w).unwrap()),
+            ("fc.bias", safetensors::tensor::TensorView::new(Dtype::F64, vec![2], &b).unwrap()),
+        ],
+        None,
+    )
+    .unwrap();
+    assert_eq!(decode_gradient(&body, &l, &mut out).unwrap_err().reason(), "dtype_mismatch");
+    // A model body must be F32: half precision is only for gradients.
+    assert_eq!(decode_model(&encode_bf16(&l, &[0.0; 8])).unwrap_err().reason(), "dtype_mismatch");
+}
+
+#[test]
+fn non_finite_values_are_refused_with_their_place() {
+    let l = layout();
+    let mut out = vec![0.0; 8];
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut g = [0.0f32; 8];
+        g[7] = bad;
+        let e = decode_gradient(&encode_f32(&l, &g, &BTreeMap::new()), &l, &mut out).unwrap_err();
+        assert!(matches!(e, WireError::NonFinite { ref name, index: 1, .. } if name == "fc.bias"), "{e}");
+    }
+    // bf16 overflow to infinity is caught after widening too.
+    let g = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, f32::MAX, 0.0];
+    let e = decode_gradient(&encode_bf16(&l, &g), &l, &mut out).unwrap_err();
+    assert_eq!(e.reason(), "non_finite");
+}
+
+#[test]
+fn truncated_and_garbled_bodies_are_malformed() {
+    let l = layout();
+    let body = encode_f32(&l, &[1.0; 8], &BTreeMap::new());
+    let mut out = vec![0.0; 8];
+    for cut in [0, 4, 8, 20, body.len() - 1] {
+        let e = decode_gradient(&body[..cut], &l, &mut out).unwrap_err();
+        assert_eq!(e.reason(), "malformed_body", "cut at {cut}");
+    }
+    let mut garbled = body.clone();
+    garbled[8] = b'#'; // the JSON header's opening brace
+    assert_eq!(decode_gradient(&garbled, &l, &mut out).unwrap_err().reason(), "malformed_body");
+    let mut extra = body.clone();
+    extra.extend_from_slice(&[0; 4]);
+    assert_eq!(decode_gradient(&extra, &l, &mut out).unwrap_err().reason(), "malformed_body");
+    assert_eq!(
+        decode_gradient(b"not safetensors at all", &l, &mut out).unwrap_err().reason(),
+        "malformed_body"
+    );
+}
+
+#[test]
+fn layouts_refuse_bad_names_and_shapes() {
+    let t = |n: &str, s: Vec<usize>| TensorSpec { name: n.into(), shape: s };
+    assert!(Layout::new(vec![]).is_err());
+    assert!(Layout::new(vec![t("a", vec![2]), t("a", vec![2])]).is_err());
+    assert!(Layout::new(vec![t("a", vec![0])]).is_err());
+    assert!(Layout::new(vec![t("a\n", vec![1])]).is_err());
+    assert!(Layout::new(vec![t("a", vec![usize::MAX, 2])]).is_err());
+    let l = Layout::new(vec![t("a", vec![]), t("b", vec![2, 2])]).unwrap(); // scalars are fine
+    assert_eq!(l.len(), 5);
+}
