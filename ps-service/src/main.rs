@@ -1,1 +1,221 @@
-fn main() {}
+//! `foresight-ps`: the parameter server binary.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use foresight_ps::optimizer::{Algorithm, Combine, Hyper, LrSchedule};
+use foresight_ps::server::{AppState, Listener, PsConfig, TlsFiles, router, serve};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Foresight parameter server: applies gradients from asynchronous workers with
+/// delay-compensated SGD (DC-ASGD), plain ASGD or synchronous SGD, over HTTP/2.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on (h2c with prior knowledge and HTTP/1.1; TLS with --tls-cert).
+    #[arg(long, env = "FORESIGHT_PS_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: String,
+
+    /// Bearer token workers must send on /v1/*.
+    #[arg(long, env = "FORESIGHT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the bearer token (e.g. a mounted Secret); surrounding whitespace is ignored.
+    #[arg(long, env = "FORESIGHT_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<PathBuf>,
+    /// Serve /v1/* without a token. Only for local experiments.
+    #[arg(long)]
+    allow_unauthenticated: bool,
+
+    /// Number of workers in the job; worker ids are 0..workers.
+    #[arg(long, env = "FORESIGHT_WORKERS")]
+    workers: usize,
+
+    /// Update rule.
+    #[arg(long, env = "FORESIGHT_ALGORITHM", default_value = "dc-asgd-a", value_parser = parse_algorithm)]
+    algorithm: Algorithm,
+    /// Learning rate η.
+    #[arg(long, env = "FORESIGHT_LEARNING_RATE", default_value_t = 0.1)]
+    learning_rate: f32,
+    /// Multiply the learning rate by this at each milestone.
+    #[arg(long, env = "FORESIGHT_LR_DECAY_FACTOR", default_value_t = 0.1)]
+    lr_decay_factor: f32,
+    /// Comma-separated epochs at which the learning rate decays, e.g. 80,120.
+    #[arg(long, env = "FORESIGHT_LR_MILESTONES", value_delimiter = ',')]
+    lr_milestones: Vec<f64>,
+    /// λ0 (dc-asgd-c: the constant λ, default 0.04; dc-asgd-a: the scale, default 2).
+    #[arg(long, env = "FORESIGHT_LAMBDA0")]
+    lambda0: Option<f32>,
+    /// μ of MeanSquare ← μ·MeanSquare + (1−μ)·g² (dc-asgd-a).
+    #[arg(long, env = "FORESIGHT_MEAN_SQUARE_DECAY", default_value_t = 0.95)]
+    mean_square_decay: f32,
+    /// ε in λ_t = λ0/√(MeanSquare + ε).
+    #[arg(long, env = "FORESIGHT_EPSILON", default_value_t = 1e-7)]
+    epsilon: f32,
+    /// L2 weight decay added to every gradient.
+    #[arg(long, env = "FORESIGHT_WEIGHT_DECAY", default_value_t = 0.0)]
+    weight_decay: f32,
+    /// Heavy-ball momentum (0 disables).
+    #[arg(long, env = "FORESIGHT_MOMENTUM", default_value_t = 0.0)]
+    momentum: f32,
+    /// Refuse gradients staler than this many versions (bounded staleness).
+    #[arg(long, env = "FORESIGHT_MAX_STALENESS")]
+    max_staleness: Option<u64>,
+    /// How `sync` combines a round's gradients.
+    #[arg(long, env = "FORESIGHT_COMBINE", default_value = "mean", value_parser = parse_combine)]
+    combine: Combine,
+
+    /// Directory for checkpoints; the newest valid one is restored at start.
+    #[arg(long, env = "FORESIGHT_CHECKPOINT_DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Seconds between periodic checkpoints (0 disables; SIGTERM and finalize always write one).
+    #[arg(long, env = "FORESIGHT_CHECKPOINT_INTERVAL", default_value_t = 60)]
+    checkpoint_interval: u64,
+    /// How many checkpoints to keep.
+    #[arg(long, env = "FORESIGHT_KEEP_CHECKPOINTS", default_value_t = 3)]
+    keep_checkpoints: usize,
+    /// Where finalize writes model-final.safetensors (default: the checkpoint directory).
+    #[arg(long, env = "FORESIGHT_OUTPUT_DIR")]
+    output_dir: Option<PathBuf>,
+
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "FORESIGHT_BODY_LIMIT", default_value_t = 1 << 30)]
+    body_limit: usize,
+    /// Longest a pull may wait for a version (long-poll), in seconds.
+    #[arg(long, env = "FORESIGHT_MAX_LONG_POLL", default_value_t = 60)]
+    max_long_poll: u64,
+
+    /// TrainingJob name, the `job` label on every metric.
+    #[arg(long, env = "FORESIGHT_JOB_NAME", default_value = "local")]
+    job_name: String,
+    /// Namespace, the `namespace` label on every metric.
+    #[arg(long, env = "FORESIGHT_NAMESPACE", default_value = "default")]
+    namespace: String,
+
+    /// PEM certificate chain: serve HTTPS (h2 via ALPN) instead of h2c.
+    #[arg(long, env = "FORESIGHT_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "FORESIGHT_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// Log format.
+    #[arg(long, env = "FORESIGHT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    s.parse().map_err(|e: foresight_ps::optimizer::HyperError| e.0)
+}
+
+fn parse_combine(s: &str) -> Result<Combine, String> {
+    s.parse().map_err(|e: foresight_ps::optimizer::HyperError| e.0)
+}
+
+impl Args {
+    fn hyper(&self) -> Hyper {
+        let mut h = Hyper::new(self.algorithm, self.learning_rate);
+        h.lr = LrSchedule {
+            base: self.learning_rate,
+            factor: self.lr_decay_factor,
+            milestones: self.lr_milestones.clone(),
+        };
+        if let Some(l) = self.lambda0 {
+            h.lambda0 = l;
+        }
+        h.mean_square_decay = self.mean_square_decay;
+        h.epsilon = self.epsilon;
+        h.weight_decay = self.weight_decay;
+        h.momentum = self.momentum;
+        h.max_staleness = self.max_staleness;
+        h.combine = self.combine;
+        h
+    }
+
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), _) => Some(t.trim().to_string()),
+            (None, Some(f)) => {
+                let t = std::fs::read_to_string(f)
+                    .with_context(|| format!("reading --token-file {}", f.display()))?;
+                Some(t.trim().to_string())
+            }
+            (None, None) => None,
+        };
+        match token {
+            Some(t) if t.is_empty() => anyhow::bail!("the token is empty"),
+            Some(t) => Ok(Some(t)),
+            None if self.allow_unauthenticated => Ok(None),
+            None => anyhow::bail!(
+                "no token: pass --token, FORESIGHT_TOKEN or --token-file (or --allow-unauthenticated for local experiments)"
+            ),
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let mut config = PsConfig::new(args.hyper(), args.workers);
+    config.token = args.token()?;
+    config.body_limit = args.body_limit;
+    config.checkpoint_dir = args.checkpoint_dir.clone();
+    config.checkpoint_interval =
+        (args.checkpoint_interval > 0).then(|| Duration::from_secs(args.checkpoint_interval));
+    config.keep_checkpoints = args.keep_checkpoints;
+    config.output_dir = args.output_dir.clone();
+    config.job = args.job_name.clone();
+    config.namespace = args.namespace.clone();
+    config.max_long_poll = Duration::from_secs(args.max_long_poll);
+
+    let state = AppState::new(config)?;
+    let tls = args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| TlsFiles { cert, key });
+    let listener = Listener::bind(&args.listen, tls.as_ref()).await?;
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        algorithm = %args.algorithm,
+        workers = args.workers,
+        tls = tls.is_some(),
+        "parameter server listening"
+    );
+    state.spawn_checkpointer();
+    serve(listener, router(state.clone()), shutdown_signal()).await;
+    match state.checkpoint().await {
+        Ok(Some(path)) => tracing::info!(path = %path.display(), "final checkpoint written on shutdown"),
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "checkpoint on shutdown failed");
+            std::process::exit(1);
+        }
+    }
+    tracing::info!("parameter server stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}

@@ -1,1 +1,199 @@
+//! The async HTTP/2 client workers use to talk to the PS (h2c with prior knowledge).
 
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde::Deserialize;
+
+use crate::server::Report;
+use crate::wire::{self, Layout, WireError};
+
+const VERSION_HEADER: &str = "x-foresight-version";
+
+/// Element type a gradient is sent in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GradDtype {
+    F32,
+    /// Half the bytes; the PS widens it back to f32.
+    Bf16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("request to the parameter server failed: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("the parameter server refused the request ({status}, {reason}): {message}")]
+    Refused { status: StatusCode, reason: String, message: String },
+    #[error("the parameter server sent an invalid model: {0}")]
+    Wire(#[from] WireError),
+    #[error("the parameter server answered without a valid {VERSION_HEADER} header")]
+    MissingVersion,
+}
+
+impl ClientError {
+    /// Worth retrying: the PS was unreachable, restarting or overloaded.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Transport(_) => true,
+            Self::Refused { status, reason, .. } => status.is_server_error() || reason == "in_flight",
+            _ => false,
+        }
+    }
+
+    /// The PS's reason label, for refusals.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Refused { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// A pulled model.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub version: u64,
+    pub layout: Layout,
+    pub values: Vec<f32>,
+}
+
+/// The PS's answer to a push.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct PushReply {
+    pub version: u64,
+    pub staleness: u64,
+    pub applied: bool,
+    pub replayed: bool,
+    pub learning_rate: f32,
+}
+
+#[derive(Clone)]
+pub struct PsClient {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl PsClient {
+    /// `base` is like `http://ps:8080`.
+    pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .http2_initial_stream_window_size(64 << 20)
+            .http2_initial_connection_window_size(128 << 20)
+            .http2_max_frame_size(16_777_215)
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Self { http, base: base.trim_end_matches('/').to_string(), token })
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    async fn check(resp: reqwest::Response) -> Result<reqwest::Response, ClientError> {
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+        let text = |k: &str| body.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        Err(ClientError::Refused { status, reason: text("reason"), message: text("error") })
+    }
+
+    fn version_of(resp: &reqwest::Response) -> Result<u64, ClientError> {
+        resp.headers()
+            .get(VERSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or(ClientError::MissingVersion)
+    }
+
+    /// Registers the model; `Ok(false)` when another worker registered it first.
+    pub async fn register(&self, layout: &Layout, values: &[f32]) -> Result<bool, ClientError> {
+        let body = wire::encode_f32(layout, values, &Default::default());
+        let resp = self.req(reqwest::Method::PUT, "/v1/model").body(body).send().await?;
+        if resp.status() == StatusCode::CONFLICT {
+            return Ok(false);
+        }
+        Self::check(resp).await?;
+        Ok(true)
+    }
+
+    /// Pulls the model as `worker` (recording it as that worker's backup). With `min_version`,
+    /// waits up to `wait` for that version; `Ok(None)` if it did not arrive in time.
+    pub async fn pull(
+        &self,
+        worker: usize,
+        min_version: Option<u64>,
+        wait: Duration,
+    ) -> Result<Option<Model>, ClientError> {
+        let mut path = format!("/v1/model?worker={worker}");
+        if let Some(v) = min_version {
+            path += &format!("&min_version={v}&wait_ms={}", wait.as_millis());
+        }
+        let resp = Self::check(self.req(reqwest::Method::GET, &path).send().await?).await?;
+        if resp.status() == StatusCode::NO_CONTENT {
+            return Ok(None);
+        }
+        let version = Self::version_of(&resp)?;
+        let bytes = resp.bytes().await?;
+        let (layout, values, _) = wire::decode_model(&bytes)?;
+        Ok(Some(Model { version, layout, values }))
+    }
+
+    /// Pushes a gradient computed on `version`. Reusing `seq` for a retry is safe: the PS
+    /// applies a (worker, seq) once.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn push(
+        &self,
+        worker: usize,
+        version: u64,
+        seq: u64,
+        epoch: Option<f64>,
+        layout: &Layout,
+        grad: &[f32],
+        dtype: GradDtype,
+    ) -> Result<PushReply, ClientError> {
+        let body = match dtype {
+            GradDtype::F32 => wire::encode_f32(layout, grad, &Default::default()),
+            GradDtype::Bf16 => wire::encode_bf16(layout, grad),
+        };
+        self.push_encoded(worker, version, seq, epoch, body).await
+    }
+
+    /// Pushes an already encoded safetensors gradient.
+    pub async fn push_encoded(
+        &self,
+        worker: usize,
+        version: u64,
+        seq: u64,
+        epoch: Option<f64>,
+        body: Vec<u8>,
+    ) -> Result<PushReply, ClientError> {
+        let mut path = format!("/v1/gradients?worker={worker}&version={version}&seq={seq}");
+        if let Some(e) = epoch {
+            path += &format!("&epoch={e}");
+        }
+        let resp = self.req(reqwest::Method::POST, &path).body(body).send().await?;
+        Ok(Self::check(resp).await?.json().await?)
+    }
+
+    pub async fn report(&self, report: &Report) -> Result<(), ClientError> {
+        Self::check(self.req(reqwest::Method::POST, "/v1/report").json(report).send().await?).await?;
+        Ok(())
+    }
+
+    pub async fn status(&self) -> Result<serde_json::Value, ClientError> {
+        Ok(Self::check(self.req(reqwest::Method::GET, "/v1/status").send().await?).await?.json().await?)
+    }
+
+    pub async fn finalize(&self) -> Result<serde_json::Value, ClientError> {
+        Ok(Self::check(self.req(reqwest::Method::POST, "/v1/finalize").send().await?).await?.json().await?)
+    }
+}

@@ -151,7 +151,7 @@ impl Hyper {
         check(self.lambda0.is_finite() && self.lambda0 >= 0.0, || {
             format!("lambda0 must be ≥ 0, got {}", self.lambda0)
         })?;
-        check(!(self.lambda0 > 0.0 && !self.algorithm.is_delay_compensated()), || {
+        check(self.lambda0 == 0.0 || self.algorithm.is_delay_compensated(), || {
             format!("lambda0 only applies to dc-asgd-c and dc-asgd-a, not {}", self.algorithm)
         })?;
         check((0.0..1.0).contains(&self.mean_square_decay), || {

@@ -99,6 +99,8 @@ struct Acc {
 }
 
 /// One element of rule `KIND`; `ms` and `mom` are ignored unless the rule/momentum uses them.
+// The hot loop's body: inlined into `kernel`, so its arguments cost nothing.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn element<const KIND: u8, const MOM: bool>(
     s: &Scalars,

@@ -1,1 +1,250 @@
+//! The HTTP/2 service: routes, auth, limits, metrics, checkpoints and serving.
+//!
+//! Handlers parse, call the store, and map errors to responses in one place ([`ApiError`]);
+//! shared state lives behind one `Arc<AppState>`.
 
+mod auth;
+mod body;
+mod error;
+mod handlers;
+pub mod metrics;
+mod serve;
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::optimizer::Hyper;
+use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
+use crate::store::{CheckpointData, Store};
+
+pub use error::ApiError;
+pub use handlers::{Report, router};
+pub use serve::{Listener, TlsFiles, serve};
+
+/// Everything the PS is configured with (the binary fills it from flags and environment).
+#[derive(Clone, Debug)]
+pub struct PsConfig {
+    pub hyper: Hyper,
+    pub workers: usize,
+    /// Bearer token for `/v1/*`; `None` only when the operator of the PS said so explicitly.
+    pub token: Option<String>,
+    pub body_limit: usize,
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_interval: Option<Duration>,
+    pub keep_checkpoints: usize,
+    /// Where `POST /v1/finalize` writes `model-final.safetensors` (default: the checkpoint dir).
+    pub output_dir: Option<PathBuf>,
+    pub job: String,
+    pub namespace: String,
+    /// Upper bound on a pull's `wait_ms`.
+    pub max_long_poll: Duration,
+}
+
+impl PsConfig {
+    pub fn new(hyper: Hyper, workers: usize) -> Self {
+        Self {
+            hyper,
+            workers,
+            token: None,
+            body_limit: 1 << 30,
+            checkpoint_dir: None,
+            checkpoint_interval: None,
+            keep_checkpoints: 3,
+            output_dir: None,
+            job: "local".into(),
+            namespace: "default".into(),
+            max_long_poll: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Shared state of the running PS.
+pub struct AppState {
+    pub config: PsConfig,
+    store: OnceLock<Arc<Store>>,
+    pub metrics: metrics::Metrics,
+    version_tx: watch::Sender<u64>,
+    reports: Mutex<Vec<Option<Report>>>,
+    last_seen: Mutex<Vec<Option<Instant>>>,
+    checkpoints: Option<CheckpointDir>,
+    last_checkpoint: Mutex<Instant>,
+    /// One checkpoint write at a time (periodic, shutdown and finalize may race).
+    checkpoint_lock: tokio::sync::Mutex<()>,
+    bodies: body::Pool<u8>,
+    grads: body::Pool<f32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid hyperparameters: {0}")]
+    Hyper(#[from] crate::optimizer::HyperError),
+    #[error("checkpoint directory: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    #[error("the job needs at least one worker")]
+    NoWorkers,
+}
+
+impl AppState {
+    /// Builds the state and restores the newest valid checkpoint, if there is one.
+    pub fn new(config: PsConfig) -> Result<Arc<Self>, StartError> {
+        config.hyper.validate()?;
+        if config.workers == 0 {
+            return Err(StartError::NoWorkers);
+        }
+        let checkpoints = match &config.checkpoint_dir {
+            Some(d) => Some(CheckpointDir::new(d, config.keep_checkpoints)?),
+            None => None,
+        };
+        let metrics = metrics::Metrics::new(&config.job, &config.namespace);
+        let (version_tx, _) = watch::channel(0);
+        let workers = config.workers;
+        let state = Arc::new(Self {
+            config,
+            store: OnceLock::new(),
+            metrics,
+            version_tx,
+            reports: Mutex::new(vec![None; workers]),
+            last_seen: Mutex::new(vec![None; workers]),
+            checkpoints,
+            last_checkpoint: Mutex::new(Instant::now()),
+            checkpoint_lock: tokio::sync::Mutex::new(()),
+            bodies: body::Pool::new(8),
+            grads: body::Pool::new(8),
+        });
+        if let Some(dir) = &state.checkpoints
+            && let Some((path, layout, data, saved)) = dir.load_newest()?
+        {
+            if saved.algorithm != state.config.hyper.algorithm {
+                tracing::warn!(saved = %saved.algorithm, configured = %state.config.hyper.algorithm,
+                    "checkpoint was written by another algorithm; continuing with the configured one");
+            }
+            tracing::info!(path = %path.display(), version = data.version, "restored checkpoint");
+            let store = Store::restore(layout, data, state.config.hyper.clone(), workers);
+            state.install(store);
+        }
+        Ok(state)
+    }
+
+    /// The registered model, if any.
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.get()
+    }
+
+    /// Makes `store` the model; false when one was registered first.
+    fn install(self: &Arc<Self>, mut store: Store) -> bool {
+        let tx = self.version_tx.clone();
+        let version = store.version();
+        store.set_listener(Box::new(move |v| {
+            tx.send_if_modified(|cur| {
+                let newer = v > *cur;
+                if newer {
+                    *cur = v;
+                }
+                newer
+            });
+        }));
+        let ok = self.store.set(Arc::new(store)).is_ok();
+        if ok {
+            self.version_tx.send_replace(version);
+            self.metrics.model_version.set(version as i64);
+        }
+        ok
+    }
+
+    fn saw(&self, worker: usize) {
+        let now = Instant::now();
+        let mut seen = self.last_seen.lock();
+        if let Some(slot) = seen.get_mut(worker) {
+            *slot = Some(now);
+        }
+        let active =
+            seen.iter().flatten().filter(|t| now.duration_since(**t) < Duration::from_secs(60)).count();
+        self.metrics.workers.set(active as i64);
+    }
+
+    /// Writes a checkpoint now, if a directory is configured and a model registered.
+    pub async fn checkpoint(self: &Arc<Self>) -> Result<Option<PathBuf>, CheckpointError> {
+        let (Some(store), Some(_)) = (self.store().cloned(), &self.checkpoints) else {
+            return Ok(None);
+        };
+        let _guard = self.checkpoint_lock.lock().await;
+        let state = self.clone();
+        let path = tokio::task::spawn_blocking(move || {
+            let data = store.checkpoint();
+            state.write_checkpoint(&store, &data)
+        })
+        .await
+        .expect("checkpoint task panicked")?;
+        Ok(Some(path))
+    }
+
+    fn write_checkpoint(&self, store: &Store, data: &CheckpointData) -> Result<PathBuf, CheckpointError> {
+        let dir = self.checkpoints.as_ref().expect("caller checked");
+        let path = dir.write(store.layout(), store.hyper(), data)?;
+        *self.last_checkpoint.lock() = Instant::now();
+        tracing::info!(path = %path.display(), version = data.version, "checkpoint written");
+        Ok(path)
+    }
+
+    /// Finalizes: the model becomes read-only, a last checkpoint and the final model are written.
+    pub async fn finalize(self: &Arc<Self>) -> Result<(u64, Option<PathBuf>), ApiError> {
+        let store = self.store().cloned().ok_or_else(ApiError::not_registered)?;
+        let _guard = self.checkpoint_lock.lock().await;
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let data = store.finalize();
+            if state.checkpoints.is_some() {
+                state.write_checkpoint(&store, &data).map_err(internal)?;
+            }
+            let dir = state.config.output_dir.as_ref().or(state.config.checkpoint_dir.as_ref());
+            let path = match dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir).map_err(internal)?;
+                    let path = dir.join("model-final.safetensors");
+                    let model = CheckpointData { state: Default::default(), ..data.clone() };
+                    let bytes = checkpoint::encode(store.layout(), store.hyper(), &model);
+                    checkpoint::write_atomic(&path, &bytes).map_err(internal)?;
+                    tracing::info!(path = %path.display(), version = data.version, "final model written");
+                    Some(path)
+                }
+                None => None,
+            };
+            Ok((data.version, path))
+        })
+        .await
+        .expect("finalize task panicked")
+    }
+
+    /// Runs periodic checkpoints until the process ends.
+    pub fn spawn_checkpointer(self: &Arc<Self>) {
+        let Some(every) = self.config.checkpoint_interval.filter(|_| self.checkpoints.is_some()) else {
+            return;
+        };
+        let state = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            let mut written = None;
+            loop {
+                tick.tick().await;
+                let version = state.store().map(|s| s.version());
+                if version.is_none() || version == written || state.store().is_some_and(|s| s.is_finalized())
+                {
+                    continue;
+                }
+                match state.checkpoint().await {
+                    Ok(_) => written = version,
+                    Err(e) => tracing::error!(error = %e, "periodic checkpoint failed"),
+                }
+            }
+        });
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+}

@@ -136,13 +136,13 @@ impl CheckpointDir {
             let entry = entry.map_err(io(&self.dir))?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if let Some(v) = name.strip_prefix("ckpt-").and_then(|s| s.strip_suffix(".safetensors")) {
-                if let Ok(v) = v.parse::<u64>() {
-                    out.push((v, entry.path()));
-                }
+            if let Some(v) = name.strip_prefix("ckpt-").and_then(|s| s.strip_suffix(".safetensors"))
+                && let Ok(v) = v.parse::<u64>()
+            {
+                out.push((v, entry.path()));
             }
         }
-        out.sort_by(|a, b| b.0.cmp(&a.0));
+        out.sort_by_key(|(v, _)| std::cmp::Reverse(*v));
         Ok(out)
     }
 

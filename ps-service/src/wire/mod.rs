@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 #[cfg(not(target_endian = "little"))]
 compile_error!("safetensors is little-endian; the PS maps it onto f32 slices directly");
 
+/// A safetensors file's `__metadata__` map.
+pub type Metadata = BTreeMap<String, String>;
+
 /// Longest tensor name accepted.
 pub const MAX_NAME_LEN: usize = 512;
 /// Most tensors a layout may hold.
@@ -182,7 +185,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, WireError> {
 }
 
 /// Reads a model body (`PUT /v1/model`, checkpoints): F32 tensors, layout in file order.
-pub fn decode_model(body: &[u8]) -> Result<(Layout, Vec<f32>, BTreeMap<String, String>), WireError> {
+pub fn decode_model(body: &[u8]) -> Result<(Layout, Vec<f32>, Metadata), WireError> {
     let parsed = parse(body)?;
     let specs = parsed.tensors.iter().map(|(n, _, s, _)| TensorSpec { name: n.clone(), shape: s.clone() });
     let layout = Layout::new(specs.collect())?;
@@ -272,7 +275,7 @@ pub fn header(layout: &Layout, dtype: WireDtype, metadata: &BTreeMap<String, Str
         map.insert(t.name.clone(), entry);
     }
     let mut json = serde_json::to_vec(&map).expect("JSON of strings and numbers");
-    while (8 + json.len()) % 8 != 0 {
+    while !(8 + json.len()).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + json.len());

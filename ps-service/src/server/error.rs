@@ -1,0 +1,73 @@
+//! One error type for every refused request, rendered as `{"error": ..., "reason": ...}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::store::StoreError;
+use crate::wire::WireError;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// A bounded label: the JSON `reason` and the metrics' `reason`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { status, reason, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token")
+    }
+
+    pub fn not_registered() -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "not_registered",
+            "no model is registered yet: the first worker registers it with PUT /v1/model",
+        )
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
+    }
+}
+
+impl From<WireError> for ApiError {
+    fn from(e: WireError) -> Self {
+        let status = match e {
+            WireError::Malformed(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        Self::new(status, e.reason(), e.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        let status = match e {
+            StoreError::UnknownWorker { .. } | StoreError::FutureVersion { .. } => StatusCode::BAD_REQUEST,
+            _ => StatusCode::CONFLICT,
+        };
+        Self::new(status, e.reason(), e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.message, "reason": self.reason });
+        (self.status, Json(body)).into_response()
+    }
+}

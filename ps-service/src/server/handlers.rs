@@ -1,0 +1,349 @@
+//! Route handlers: parse, call the store, answer.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router, middleware};
+use serde::{Deserialize, Serialize};
+
+use super::body::read_limited;
+use super::{ApiError, AppState, auth};
+use crate::store::{Push, Store};
+use crate::wire;
+
+pub const VERSION_HEADER: &str = "x-foresight-version";
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/model", put(register).get(pull))
+        .route("/v1/gradients", post(push))
+        .route("/v1/report", post(report))
+        .route("/v1/status", get(status))
+        .route("/v1/finalize", post(finalize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+    Router::new()
+        .merge(v1)
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ready" }))
+        // Bodies are read by the handlers under the PS's own limit.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// Query parameters, parsed by hand so that every mistake gets a message naming the field.
+struct Params(HashMap<String, String>);
+
+impl Params {
+    fn get<T: FromStr>(&self, key: &str) -> Result<Option<T>, ApiError> {
+        self.0
+            .get(key)
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| ApiError::bad_request(format!("query parameter {key}={v:?} is not valid")))
+            })
+            .transpose()
+    }
+
+    fn require<T: FromStr>(&self, key: &str) -> Result<T, ApiError> {
+        self.get(key)?.ok_or_else(|| ApiError::bad_request(format!("query parameter {key} is required")))
+    }
+}
+
+fn registered(state: &AppState) -> Result<Arc<Store>, ApiError> {
+    state.store().cloned().ok_or_else(ApiError::not_registered)
+}
+
+fn worker_in_range(state: &AppState, worker: usize) -> Result<(), ApiError> {
+    let workers = state.config.workers;
+    if worker >= workers {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unknown_worker",
+            format!("worker {worker} is out of range: this job has {workers} workers (0..{workers})"),
+        ));
+    }
+    Ok(())
+}
+
+async fn register(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    if state.store().is_some() {
+        return Err(already_registered());
+    }
+    let mut buf = state.bodies.take();
+    let result = read_limited(&headers, body, state.config.body_limit, &mut buf).await;
+    state.metrics.received_bytes.inc_by(buf.len() as u64);
+    result?;
+    let config = state.config.clone();
+    let (buf, built) = tokio::task::spawn_blocking(move || {
+        let built = wire::decode_model(&buf)
+            .map(|(layout, values, _)| Store::new(layout, values, config.hyper.clone(), config.workers));
+        (buf, built)
+    })
+    .await
+    .expect("decode task panicked");
+    state.bodies.give(buf);
+    let store = built?;
+    let (params, tensors) = (store.layout().len(), store.layout().tensors().len());
+    if !state.install(store) {
+        return Err(already_registered());
+    }
+    tracing::info!(params, tensors, "model registered");
+    let body = serde_json::json!({ "version": 0, "parameters": params, "tensors": tensors });
+    Ok((StatusCode::CREATED, [(VERSION_HEADER, HeaderValue::from(0))], Json(body)).into_response())
+}
+
+fn already_registered() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "already_registered",
+        "a model is already registered: pull it with GET /v1/model",
+    )
+}
+
+async fn pull(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let q = Params(q);
+    let worker: usize = q.require("worker")?;
+    let min_version: Option<u64> = q.get("min_version")?;
+    let wait_ms: u64 = q.get("wait_ms")?.unwrap_or(0);
+    worker_in_range(&state, worker)?;
+    let store = registered(&state)?;
+    state.saw(worker);
+    if let Some(min) = min_version {
+        let wait = Duration::from_millis(wait_ms).min(state.config.max_long_poll);
+        let mut rx = state.version_tx.subscribe();
+        let reached = tokio::time::timeout(wait, rx.wait_for(|v| *v >= min)).await;
+        if !matches!(reached, Ok(Ok(_))) {
+            let current = store.version();
+            return Ok(
+                (StatusCode::NO_CONTENT, [(VERSION_HEADER, HeaderValue::from(current))]).into_response()
+            );
+        }
+    }
+    let started = Instant::now();
+    let snap = tokio::task::spawn_blocking(move || store.pull(worker)).await.expect("pull task panicked")?;
+    state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
+    state.metrics.sent_bytes.inc_by(snap.bytes().len() as u64);
+    let version = snap.version();
+    let headers = [
+        (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
+        (header::HeaderName::from_static(VERSION_HEADER), HeaderValue::from(version)),
+    ];
+    Ok((headers, Body::from(bytes::Bytes::from_owner(SnapshotBody(snap)))).into_response())
+}
+
+/// Lets the response body borrow the shared snapshot instead of copying it.
+struct SnapshotBody(Arc<crate::store::Snapshot>);
+
+impl AsRef<[u8]> for SnapshotBody {
+    fn as_ref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+#[derive(Serialize)]
+struct PushResponse {
+    version: u64,
+    staleness: u64,
+    applied: bool,
+    replayed: bool,
+    learning_rate: f32,
+}
+
+async fn push(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    match push_inner(&state, Params(q), &headers, body).await {
+        Ok(r) => {
+            state.metrics.push_seconds.observe(started.elapsed().as_secs_f64());
+            r
+        }
+        Err(e) => {
+            state.metrics.reject(e.reason);
+            tracing::debug!(reason = e.reason, error = %e.message, "push refused");
+            e.into_response()
+        }
+    }
+}
+
+async fn push_inner(
+    state: &Arc<AppState>,
+    q: Params,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let worker: usize = q.require("worker")?;
+    let version: u64 = q.require("version")?;
+    let seq: u64 = q.require("seq")?;
+    let epoch: Option<f64> = q.get("epoch")?;
+    if epoch.is_some_and(|e| !(e.is_finite() && (0.0..=1e9).contains(&e))) {
+        return Err(ApiError::bad_request("epoch must be a finite number ≥ 0"));
+    }
+    worker_in_range(state, worker)?;
+    let store = registered(state)?;
+    state.saw(worker);
+    let mut buf = state.bodies.take();
+    let read = read_limited(headers, body, state.config.body_limit, &mut buf).await;
+    state.metrics.received_bytes.inc_by(buf.len() as u64);
+    if let Err(e) = read {
+        state.bodies.give(buf);
+        return Err(e);
+    }
+    let mut grad = state.grads.take();
+    let s2 = store.clone();
+    let (buf, grad, result) = tokio::task::spawn_blocking(move || {
+        grad.resize(s2.layout().len(), 0.0);
+        let result =
+            wire::decode_gradient(&buf, s2.layout(), &mut grad).map_err(ApiError::from).and_then(|()| {
+                let applying = Instant::now();
+                let p = Push { worker, version, seq, epoch };
+                let outcome = s2.push(p, &grad).map_err(ApiError::from)?;
+                Ok((outcome, applying.elapsed()))
+            });
+        (buf, grad, result)
+    })
+    .await
+    .expect("push task panicked");
+    state.bodies.give(buf);
+    state.grads.give(grad);
+    let (o, apply_time) = result?;
+    let m = &state.metrics;
+    if !o.replayed {
+        m.staleness.observe(o.staleness as f64);
+        if o.applied {
+            m.apply_seconds.observe(apply_time.as_secs_f64());
+            m.updates.inc();
+            m.model_version.set(store.version() as i64);
+            if store.hyper().algorithm.is_delay_compensated() {
+                m.compensation_ratio.set(o.stats.compensation_ratio());
+                m.lambda.set(o.stats.mean_lambda());
+            }
+        }
+    }
+    let body = PushResponse {
+        version: o.version,
+        staleness: o.staleness,
+        applied: o.applied,
+        replayed: o.replayed,
+        learning_rate: o.lr,
+    };
+    Ok(([(VERSION_HEADER, HeaderValue::from(o.version))], Json(body)).into_response())
+}
+
+/// What a worker reports about its training (`POST /v1/report`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    pub worker: usize,
+    pub step: u64,
+    pub epoch: f64,
+    pub loss: f64,
+    #[serde(default)]
+    pub accuracy: Option<f64>,
+    #[serde(default)]
+    pub samples_per_second: Option<f64>,
+}
+
+impl Report {
+    fn validate(&self) -> Result<(), String> {
+        let finite_nonneg = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a finite number ≥ 0, got {v}"))
+            }
+        };
+        finite_nonneg("epoch", self.epoch)?;
+        finite_nonneg("loss", self.loss)?;
+        if let Some(a) = self.accuracy
+            && !(0.0..=1.0).contains(&a)
+        {
+            return Err(format!("accuracy must be in [0, 1], got {a}"));
+        }
+        if let Some(s) = self.samples_per_second {
+            finite_nonneg("samples_per_second", s)?;
+        }
+        Ok(())
+    }
+}
+
+async fn report(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let mut buf = Vec::new();
+    read_limited(&headers, body, 64 * 1024, &mut buf).await?;
+    let r: Report = serde_json::from_slice(&buf)
+        .map_err(|e| ApiError::bad_request(format!("invalid report JSON: {e}")))?;
+    worker_in_range(&state, r.worker)?;
+    r.validate().map_err(ApiError::bad_request)?;
+    state.saw(r.worker);
+    let w = r.worker;
+    state.reports.lock()[w] = Some(r);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn status(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let reports = state.reports.lock().clone();
+    let reported: Vec<&Report> = reports.iter().flatten().collect();
+    let mean = |f: &dyn Fn(&Report) -> Option<f64>| {
+        let v: Vec<f64> = reported.iter().filter_map(|r| f(r)).collect();
+        if v.is_empty() { None } else { Some(v.iter().sum::<f64>() / v.len() as f64) }
+    };
+    let step = reported.iter().map(|r| r.step).max().unwrap_or(0);
+    let epoch = reported.iter().map(|r| r.epoch).fold(0.0, f64::max);
+    let mut body = serde_json::json!({
+        "job": state.config.job,
+        "namespace": state.config.namespace,
+        "registered": state.store().is_some(),
+        "algorithm": state.config.hyper.algorithm,
+        "workers_expected": state.config.workers,
+        "step": step,
+        "epoch": epoch,
+        "loss": mean(&|r| Some(r.loss)),
+        "accuracy": mean(&|r| r.accuracy),
+        "samples_per_second": reported.iter().filter_map(|r| r.samples_per_second).sum::<f64>(),
+        "reports": reports,
+    });
+    if let Some(store) = state.store() {
+        let st = store.status();
+        body["version"] = st.version.into();
+        body["finalized"] = st.finalized.into();
+        body["parameters"] = st.parameters.into();
+        body["learning_rate"] = st.learning_rate.into();
+        body["staleness"] = serde_json::to_value(&st.staleness).expect("plain data");
+        body["workers"] = serde_json::to_value(&st.workers).expect("plain data");
+    }
+    Json(body)
+}
+
+async fn finalize(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let (version, path) = state.finalize().await?;
+    Ok(Json(serde_json::json!({ "version": version, "path": path })))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let age = state.last_checkpoint.lock().elapsed().as_secs_f64();
+    state.metrics.checkpoint_age.set(age);
+    let content_type = HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8");
+    ([(header::CONTENT_TYPE, content_type)], state.metrics.encode())
+}

@@ -1,0 +1,117 @@
+//! The PS's Prometheus metrics (names are a contract: DESIGN.md §5).
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// Staleness buckets: exact at small τ, then roughly ×1.5 up to the hundreds.
+pub const STALENESS_BUCKETS: &[f64] = &[
+    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0,
+    512.0, 1024.0,
+];
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub staleness: Histogram,
+    pub updates: IntCounter,
+    pub model_version: IntGauge,
+    pub rejected: IntCounterVec,
+    pub push_seconds: Histogram,
+    pub pull_seconds: Histogram,
+    pub apply_seconds: Histogram,
+    pub received_bytes: IntCounter,
+    pub sent_bytes: IntCounter,
+    pub compensation_ratio: Gauge,
+    pub lambda: Gauge,
+    pub workers: IntGauge,
+    pub checkpoint_age: Gauge,
+}
+
+impl Metrics {
+    /// Every series carries the job's `job` and `namespace` labels.
+    pub fn new(job: &str, namespace: &str) -> Self {
+        let labels = [("job".to_string(), job.to_string()), ("namespace".to_string(), namespace.to_string())];
+        let registry = Registry::new_custom(None, Some(labels.into_iter().collect())).expect("valid labels");
+        let hist = |name: &str, help: &str, buckets: &[f64]| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+                .expect("valid");
+            registry.register(Box::new(h.clone())).expect("unique");
+            h
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid");
+            registry.register(Box::new(c.clone())).expect("unique");
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = Gauge::new(name, help).expect("valid");
+            registry.register(Box::new(g.clone())).expect("unique");
+            g
+        };
+        let int_gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid");
+            registry.register(Box::new(g.clone())).expect("unique");
+            g
+        };
+        let rejected = IntCounterVec::new(
+            Opts::new("foresight_ps_gradients_rejected_total", "Gradient pushes refused, by reason."),
+            &["reason"],
+        )
+        .expect("valid");
+        registry.register(Box::new(rejected.clone())).expect("unique");
+        Self {
+            staleness: hist(
+                "foresight_ps_gradient_staleness",
+                "Staleness τ of applied gradients: model version at apply minus the version they were computed on.",
+                STALENESS_BUCKETS,
+            ),
+            updates: counter("foresight_ps_updates_total", "Model updates applied (version increments)."),
+            model_version: int_gauge("foresight_ps_model_version", "Current model version."),
+            rejected,
+            push_seconds: hist(
+                "foresight_ps_push_seconds",
+                "Time to receive, decode and apply a push.",
+                LATENCY_BUCKETS,
+            ),
+            pull_seconds: hist(
+                "foresight_ps_pull_seconds",
+                "Time to serve a pull, long-poll wait excluded.",
+                LATENCY_BUCKETS,
+            ),
+            apply_seconds: hist(
+                "foresight_ps_apply_seconds",
+                "Time the update rule took on the whole model.",
+                LATENCY_BUCKETS,
+            ),
+            received_bytes: counter("foresight_ps_received_bytes_total", "Request body bytes received."),
+            sent_bytes: counter("foresight_ps_sent_bytes_total", "Model bytes sent to workers."),
+            compensation_ratio: gauge(
+                "foresight_ps_compensation_ratio",
+                "|λ·g⊙g⊙(w − w_bak)| / |g| of the last delay-compensated update.",
+            ),
+            lambda: gauge(
+                "foresight_ps_lambda",
+                "Mean λ_t over the parameters in the last delay-compensated update.",
+            ),
+            workers: int_gauge("foresight_ps_workers", "Workers seen (pull or push) in the last 60 seconds."),
+            checkpoint_age: gauge(
+                "foresight_ps_checkpoint_age_seconds",
+                "Seconds since the last checkpoint was written (since start when none has been).",
+            ),
+            registry,
+        }
+    }
+
+    pub fn reject(&self, reason: &str) {
+        self.rejected.with_label_values(&[reason]).inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}
