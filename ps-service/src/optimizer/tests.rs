@@ -57,7 +57,7 @@ fn dc_asgd_a_hand_computed_with_lambda_t() {
     let (w, stats) = step(&h, &[1.0, 2.0], &[2.0, -1.0], Some(&[0.5, 3.0]), &mut st);
     let (l1, l2) = (2f32.sqrt(), 2.0 * 2f32.sqrt());
     assert!(close(&st.mean_square, &[2.0, 0.5], 1e-7));
-    let expect = [1.0 - 0.1 * (2.0 + l1 * 4.0 * 0.5), 2.0 - 0.1 * (-1.0 + l2 * -1.0)];
+    let expect = [1.0 - 0.1 * (2.0 + l1 * 4.0 * 0.5), 2.0 - 0.1 * (-1.0 - l2)];
     assert!(close(&w, &expect, 1e-6), "{w:?} vs {expect:?}");
     assert!((stats.mean_lambda() - f64::from(l1 + l2) / 2.0).abs() < 1e-5);
     // A second push decays MeanSquare: 0.5·2 + 0.5·0 = 1 for a zero gradient.
