@@ -1,0 +1,36 @@
+# Foresight: the two commands are `make demo` and `make test`; both set up what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+CARGO ?= cargo
+OUT ?= out
+
+.PHONY: help setup build test lint fmt bench demo clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+setup: ## Install what builds and tests need (idempotent)
+	@scripts/setup.sh
+
+build: setup ## Build the release binaries
+	$(CARGO) build --release --locked --bins
+
+lint: setup ## rustfmt and clippy, warnings are errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+
+test: lint ## Lint, then every test (unit, property, integration over loopback HTTP/2)
+	$(CARGO) test --locked --workspace
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+bench: setup ## Criterion benchmarks (figures: docs/benchmarks.md)
+	$(CARGO) bench --locked -p foresight-ps
+
+demo: build ## Run the parameter server against simulated workers
+	@scripts/demo.sh $(OUT)/demo
+
+clean: ## Remove build outputs and demo output
+	$(CARGO) clean
+	rm -rf $(OUT)

@@ -1,0 +1,458 @@
+//! The PS over real HTTP/2 on loopback: many concurrent clients, staleness, metrics, sync
+//! rounds, and every kind of bad input.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use foresight_ps::client::{GradDtype, PsClient};
+use foresight_ps::optimizer::Algorithm;
+use foresight_ps::wire::{self, Layout, TensorSpec};
+use reqwest::StatusCode;
+use support::*;
+
+fn client(ps: &Ps) -> PsClient {
+    PsClient::new(&ps.url, Some(TOKEN.into())).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_over_http2_see_monotonic_versions() {
+    let workers = 16;
+    let steps = 15u64;
+    let ps = start(config(Algorithm::DcAsgdA, workers)).await;
+    let l = layout();
+    assert!(client(&ps).register(&l, &init(&l)).await.unwrap());
+    assert!(!client(&ps).register(&l, &init(&l)).await.unwrap(), "second registration must be refused");
+
+    let tasks: Vec<_> = (0..workers)
+        .map(|m| {
+            let (c, l) = (client(&ps), l.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                for seq in 1..=steps {
+                    let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
+                    assert_eq!(model.layout, l);
+                    let dtype = if seq % 2 == 0 { GradDtype::Bf16 } else { GradDtype::F32 };
+                    let r = c.push(m, model.version, seq, None, &l, &grad(&l, m), dtype).await.unwrap();
+                    assert!(r.applied && !r.replayed);
+                    assert!(r.version > model.version);
+                    assert_eq!(r.staleness, r.version - 1 - model.version);
+                    seen.push(r.version);
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        let seen = t.await.unwrap();
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "a worker saw versions go backwards: {seen:?}");
+        all.extend(seen);
+    }
+    all.sort();
+    let total = workers as u64 * steps;
+    assert_eq!(all, (1..=total).collect::<Vec<_>>(), "every update got its own version");
+
+    // The protocol really is HTTP/2 (prior knowledge), not a fallback to HTTP/1.1.
+    let http2 = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let r = http2.get(format!("{}/healthz", ps.url)).send().await.unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+
+    let m = scrape(&ps.url).await;
+    let job = ["job=\"it\"", "namespace=\"tests\""];
+    assert_eq!(metric(&m, "foresight_ps_updates_total", &job), total as f64);
+    assert_eq!(metric(&m, "foresight_ps_model_version", &job), total as f64);
+    assert_eq!(metric(&m, "foresight_ps_gradient_staleness_count", &job), total as f64);
+    assert_eq!(metric(&m, "foresight_ps_push_seconds_count", &job), total as f64);
+    assert_eq!(metric(&m, "foresight_ps_workers", &job), workers as f64);
+    assert!(metric(&m, "foresight_ps_received_bytes_total", &job) > 0.0);
+    assert!(metric(&m, "foresight_ps_sent_bytes_total", &job) > 0.0);
+    let lambda = metric(&m, "foresight_ps_lambda", &job);
+    assert!(lambda > 0.0 && lambda.is_finite(), "λ_t = {lambda}");
+    let status = client(&ps).status().await.unwrap();
+    assert_eq!(status["version"], total);
+    assert_eq!(status["staleness"]["count"], total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staleness_of_a_scripted_interleaving() {
+    let ps = start(config(Algorithm::DcAsgdC, 3)).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    let g = grad(&l, 0);
+    let pull = |m| {
+        let c = c.clone();
+        async move { c.pull(m, None, Duration::ZERO).await.unwrap().unwrap().version }
+    };
+    assert_eq!((pull(0).await, pull(1).await, pull(2).await), (0, 0, 0));
+    let r = c.push(0, 0, 1, None, &l, &g, GradDtype::F32).await.unwrap();
+    assert_eq!((r.version, r.staleness), (1, 0));
+    let r = c.push(1, 0, 1, None, &l, &g, GradDtype::F32).await.unwrap();
+    assert_eq!((r.version, r.staleness), (2, 1));
+    let r = c.push(2, 0, 1, None, &l, &g, GradDtype::F32).await.unwrap();
+    assert_eq!((r.version, r.staleness), (3, 2));
+    assert_eq!(pull(1).await, 3);
+    let r = c.push(1, 3, 2, None, &l, &g, GradDtype::F32).await.unwrap();
+    assert_eq!((r.version, r.staleness), (4, 0));
+    // Retrying the same (worker, seq) answers the same and applies nothing.
+    let again = c.push(1, 3, 2, None, &l, &g, GradDtype::F32).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!((again.version, again.staleness), (4, 0));
+    let m = scrape(&ps.url).await;
+    assert_eq!(metric(&m, "foresight_ps_updates_total", &[]), 4.0);
+    assert_eq!(metric(&m, "foresight_ps_gradient_staleness_sum", &[]), 3.0);
+    assert_eq!(metric(&m, "foresight_ps_gradient_staleness_bucket", &["le=\"0\""]), 2.0);
+    assert_eq!(metric(&m, "foresight_ps_gradient_staleness_bucket", &["le=\"1\""]), 3.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_rounds_long_poll_instead_of_spinning() {
+    let ps = start(config(Algorithm::Sync, 3)).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    for m in 0..2 {
+        let r = c.push(m, 0, 1, None, &l, &grad(&l, m), GradDtype::F32).await.unwrap();
+        assert!(!r.applied);
+        assert_eq!(r.version, 0);
+    }
+    // Version 1 does not exist yet: a bounded wait answers 204 with the current version.
+    let started = std::time::Instant::now();
+    assert!(c.pull(0, Some(1), Duration::from_millis(300)).await.unwrap().is_none());
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // A waiting pull is woken by the round's last contribution.
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move { c.pull(0, Some(1), Duration::from_secs(20)).await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished());
+    let r = c.push(2, 0, 1, None, &l, &grad(&l, 2), GradDtype::F32).await.unwrap();
+    assert!(r.applied && r.version == 1);
+    let model = waiter.await.unwrap().expect("woken with version 1");
+    assert_eq!(model.version, 1);
+    // The applied step is the mean of the three gradients.
+    let mut expect = init(&l);
+    for (i, w) in expect.iter_mut().enumerate() {
+        let mean = (0..3).map(|m| grad(&l, m)[i]).sum::<f32>() / 3.0;
+        *w -= 0.1 * mean;
+    }
+    for (a, b) in model.values.iter().zip(&expect) {
+        assert!((a - b).abs() < 1e-6);
+    }
+    let m = scrape(&ps.url).await;
+    assert_eq!(metric(&m, "foresight_ps_updates_total", &[]), 1.0);
+}
+
+/// One malformed or out-of-policy request, with what the PS must answer.
+struct Case {
+    what: &'static str,
+    token: Option<&'static str>,
+    query: String,
+    body: Vec<u8>,
+    status: StatusCode,
+    reason: &'static str,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_input_is_refused_counted_and_changes_nothing() {
+    let mut cfg = config(Algorithm::DcAsgdA, 2);
+    cfg.hyper.max_staleness = Some(1);
+    cfg.body_limit = 64 * 1024;
+    let ps = start(cfg).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    // Worker 1 pulls version 0 and then falls 2 versions behind.
+    c.pull(1, None, Duration::ZERO).await.unwrap();
+    for seq in 1..=2 {
+        let v = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap().version;
+        c.push(0, v, seq, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap();
+    }
+    let store = ps.state.store().unwrap().clone();
+    let before = (store.checkpoint(), store.status().workers);
+
+    let good = wire::encode_f32(&l, &grad(&l, 1), &BTreeMap::new());
+    let with = |mutate: &dyn Fn(&mut Vec<f32>)| {
+        let mut g = grad(&l, 1);
+        mutate(&mut g);
+        wire::encode_f32(&l, &g, &BTreeMap::new())
+    };
+    let other_layout = |specs: Vec<TensorSpec>| {
+        let o = Layout::new(specs).unwrap();
+        wire::encode_f32(&o, &vec![0.0; o.len()], &BTreeMap::new())
+    };
+    let spec = |n: &str, s: Vec<usize>| TensorSpec { name: n.into(), shape: s };
+    let f64_body = {
+        let bytes: Vec<Vec<u8>> = l.tensors().iter().map(|t| vec![0u8; t.numel() * 8]).collect();
+        let views: Vec<_> = l
+            .tensors()
+            .iter()
+            .zip(&bytes)
+            .map(|(t, b)| {
+                (
+                    t.name.clone(),
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::F64, t.shape.clone(), b)
+                        .unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    };
+    let q = |worker: usize, version: u64, seq: u64| format!("worker={worker}&version={version}&seq={seq}");
+    let cases = vec![
+        Case {
+            what: "no token",
+            token: None,
+            query: q(1, 2, 1),
+            body: good.clone(),
+            status: StatusCode::UNAUTHORIZED,
+            reason: "unauthorized",
+        },
+        Case {
+            what: "wrong token",
+            token: Some("nope"),
+            query: q(1, 2, 1),
+            body: good.clone(),
+            status: StatusCode::UNAUTHORIZED,
+            reason: "unauthorized",
+        },
+        Case {
+            what: "worker out of range",
+            token: Some(TOKEN),
+            query: q(2, 2, 1),
+            body: good.clone(),
+            status: StatusCode::BAD_REQUEST,
+            reason: "unknown_worker",
+        },
+        Case {
+            what: "missing seq",
+            token: Some(TOKEN),
+            query: "worker=1&version=2".into(),
+            body: good.clone(),
+            status: StatusCode::BAD_REQUEST,
+            reason: "bad_request",
+        },
+        Case {
+            what: "non-numeric version",
+            token: Some(TOKEN),
+            query: "worker=1&version=x&seq=1".into(),
+            body: good.clone(),
+            status: StatusCode::BAD_REQUEST,
+            reason: "bad_request",
+        },
+        Case {
+            what: "unknown tensor name",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: other_layout(vec![
+                spec("conv.weight", vec![4, 3, 3, 3]),
+                spec("fc.w", vec![10, 100]),
+                spec("fc.bias", vec![10]),
+            ]),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "layout_mismatch",
+        },
+        Case {
+            what: "missing tensor",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: other_layout(vec![spec("conv.weight", vec![4, 3, 3, 3]), spec("fc.weight", vec![10, 100])]),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "layout_mismatch",
+        },
+        Case {
+            what: "wrong shape",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: other_layout(vec![
+                spec("conv.weight", vec![4, 3, 3, 3]),
+                spec("fc.weight", vec![100, 10]),
+                spec("fc.bias", vec![10]),
+            ]),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "shape_mismatch",
+        },
+        Case {
+            what: "f64 dtype",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: f64_body,
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "dtype_mismatch",
+        },
+        Case {
+            what: "truncated body",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: good[..good.len() - 10].to_vec(),
+            status: StatusCode::BAD_REQUEST,
+            reason: "malformed_body",
+        },
+        Case {
+            what: "garbage body",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}".to_vec(),
+            status: StatusCode::BAD_REQUEST,
+            reason: "malformed_body",
+        },
+        Case {
+            what: "empty body",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: Vec::new(),
+            status: StatusCode::BAD_REQUEST,
+            reason: "malformed_body",
+        },
+        Case {
+            what: "NaN",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: with(&|g| g[5] = f32::NAN),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "non_finite",
+        },
+        Case {
+            what: "+Inf",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: with(&|g| g[1000] = f32::INFINITY),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "non_finite",
+        },
+        Case {
+            what: "version from the future",
+            token: Some(TOKEN),
+            query: q(1, 3, 1),
+            body: good.clone(),
+            status: StatusCode::BAD_REQUEST,
+            reason: "future_version",
+        },
+        Case {
+            what: "staler than maxStaleness",
+            token: Some(TOKEN),
+            query: q(1, 0, 1),
+            body: good.clone(),
+            status: StatusCode::CONFLICT,
+            reason: "too_stale",
+        },
+        Case {
+            what: "not the version it pulled",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: good.clone(),
+            status: StatusCode::CONFLICT,
+            reason: "pull_required",
+        },
+        Case {
+            what: "body over the limit",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: vec![0u8; 65 * 1024],
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            reason: "body_too_large",
+        },
+        Case {
+            what: "negative epoch",
+            token: Some(TOKEN),
+            query: q(1, 2, 1) + "&epoch=-1",
+            body: good.clone(),
+            status: StatusCode::BAD_REQUEST,
+            reason: "bad_request",
+        },
+    ];
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    for case in cases {
+        let before_count = metric(
+            &scrape(&ps.url).await,
+            "foresight_ps_gradients_rejected_total",
+            &[&format!("reason=\"{}\"", case.reason)],
+        );
+        let mut req = http.post(format!("{}/v1/gradients?{}", ps.url, case.query)).body(case.body);
+        if let Some(t) = case.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), case.status, "{}", case.what);
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["reason"], case.reason, "{}: {body}", case.what);
+        assert!(
+            body["error"].as_str().is_some_and(|e| e.len() > 10),
+            "{}: the error says what is wrong",
+            case.what
+        );
+        let after = metric(
+            &scrape(&ps.url).await,
+            "foresight_ps_gradients_rejected_total",
+            &[&format!("reason=\"{}\"", case.reason)],
+        );
+        assert_eq!(after, before_count + 1.0, "{}: counted under its reason", case.what);
+        assert!((store.checkpoint(), store.status().workers) == before, "{}: changed the model", case.what);
+    }
+    // The same worker's valid push still goes through afterwards.
+    c.pull(1, None, Duration::ZERO).await.unwrap();
+    let r = c.push(1, 2, 1, None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap();
+    assert_eq!(r.version, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_endpoints_validate_their_input() {
+    let ps = start(config(Algorithm::Asgd, 2)).await;
+    let (c, l) = (client(&ps), layout());
+    let err = c.pull(0, None, Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.reason(), Some("not_registered"));
+    let err = c.finalize().await.unwrap_err();
+    assert_eq!(err.reason(), Some("not_registered"));
+    // A model must be F32 and well-formed.
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let put = |body: Vec<u8>| http.put(format!("{}/v1/model", ps.url)).bearer_auth(TOKEN).body(body).send();
+    let r = put(wire::encode_bf16(&l, &init(&l))).await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let r = put(b"garbage".to_vec()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(ps.state.store().is_none(), "a refused registration registers nothing");
+    c.register(&l, &init(&l)).await.unwrap();
+    let r = put(wire::encode_f32(&l, &init(&l), &BTreeMap::new())).await.unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "already_registered");
+
+    let post = |body: &str| {
+        http.post(format!("{}/v1/report", ps.url))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    for bad in [
+        r#"{"worker": 0, "step": 1, "epoch": 0.5, "loss": -1}"#,
+        r#"{"worker": 0, "step": 1, "epoch": 0.5, "loss": 1, "accuracy": 1.5}"#,
+        r#"{"worker": 9, "step": 1, "epoch": 0.5, "loss": 1}"#,
+        r#"{"worker": 0, "step": 1, "epoch": 0.5, "loss": 1, "extra": true}"#,
+        r#"{"worker": 0"#,
+    ] {
+        let r = post(bad).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let r = post(
+        r#"{"worker": 1, "step": 7, "epoch": 0.5, "loss": 0.25, "accuracy": 0.9, "samples_per_second": 100}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let status = c.status().await.unwrap();
+    assert_eq!(status["step"], 7);
+    assert_eq!(status["loss"], 0.25);
+    assert_eq!(status["accuracy"], 0.9);
+    // Pull parameters are validated too, and health endpoints need no token.
+    let r = http.get(format!("{}/v1/model?worker=abc", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert!(http.get(format!("{}{path}", ps.url)).send().await.unwrap().status().is_success(), "{path}");
+    }
+    for path in ["/v1/status", "/v1/model?worker=0"] {
+        assert_eq!(
+            http.get(format!("{}{path}", ps.url)).send().await.unwrap().status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+}

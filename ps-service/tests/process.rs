@@ -1,0 +1,200 @@
+//! The real `foresight-ps` binary: checkpoints across SIGTERM and SIGKILL, restart, TLS.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use foresight_ps::client::{GradDtype, PsClient};
+use foresight_ps::store::checkpoint;
+use support::*;
+
+async fn train(c: &PsClient, workers: usize, steps: u64, seq0: u64) {
+    let l = layout();
+    for seq in seq0..seq0 + steps {
+        for m in 0..workers {
+            let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
+            c.push(m, model.version, seq, None, &l, &grad(&l, m + seq as usize), GradDtype::F32)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn newest_checkpoint(dir: &std::path::Path) -> checkpoint::CheckpointData {
+    let name = checkpoints(dir).pop().expect("a checkpoint exists");
+    checkpoint::decode(&std::fs::read(dir.join(name)).unwrap()).unwrap().1
+}
+
+/// SIGTERM writes a checkpoint and exits 0; a restart restores the same model and optimizer
+/// state (MeanSquare and momentum), and training continues from that version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_checkpoint_then_restart_restores_model_and_optimizer_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let args = ["--workers", "2", "--algorithm", "dc-asgd-a", "--momentum", "0.9", "--checkpoint-dir"];
+    let port = free_port();
+    let mut ps = PsProcess::spawn(
+        port,
+        &[&args[..], &[ckpt.to_str().unwrap(), "--checkpoint-interval", "0"]].concat(),
+    );
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    c.register(&l, &init(&l)).await.unwrap();
+    train(&c, 2, 5, 1).await;
+    let model_before = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(model_before.version, 10);
+
+    ps.signal("TERM");
+    assert!(ps.wait_exit().success(), "SIGTERM must exit 0");
+    let saved = newest_checkpoint(&ckpt);
+    assert_eq!(saved.version, 10);
+    assert_eq!(saved.params, model_before.values);
+    assert!(saved.state.mean_square.iter().any(|&x| x > 0.0), "MeanSquare is checkpointed");
+    assert!(saved.state.momentum.iter().any(|&x| x != 0.0), "momentum is checkpointed");
+
+    let port = free_port();
+    let mut ps = PsProcess::spawn(
+        port,
+        &[&args[..], &[ckpt.to_str().unwrap(), "--checkpoint-interval", "0"]].concat(),
+    );
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let status = c.status().await.unwrap();
+    assert_eq!(status["version"], 10);
+    assert!(!c.register(&l, &init(&l)).await.unwrap(), "the restored model counts as registered");
+    // Backups are not checkpointed: a push without a fresh pull is refused, not mis-compensated.
+    let err = c.push(0, 10, 100, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap_err();
+    assert_eq!(err.reason(), Some("pull_required"));
+    let model_after = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!((model_after.version, &model_after.values), (10, &model_before.values));
+    // Checkpointing the restored PS again yields exactly the same optimizer state.
+    ps.signal("TERM");
+    assert!(ps.wait_exit().success());
+    assert_eq!(newest_checkpoint(&ckpt), saved);
+
+    // And training goes on from there.
+    let port = free_port();
+    let ps = PsProcess::spawn(port, &[&args[..], &[ckpt.to_str().unwrap()]].concat());
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    train(&c, 2, 1, 200).await;
+    assert_eq!(c.status().await.unwrap()["version"], 12);
+}
+
+/// After SIGKILL nothing runs on the way out: the newest periodic checkpoint is what survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_loses_only_what_came_after_the_last_periodic_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let args =
+        ["--workers", "1", "--algorithm", "asgd", "--checkpoint-interval", "1", "--keep-checkpoints", "2"];
+    let port = free_port();
+    let mut ps = PsProcess::spawn(port, &[&args[..], &["--checkpoint-dir", ckpt.to_str().unwrap()]].concat());
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    c.register(&l, &init(&l)).await.unwrap();
+    train(&c, 1, 3, 1).await;
+    // Wait for a periodic checkpoint of version 3.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !checkpoints(&ckpt).iter().any(|n| n.contains("000000000003")) {
+        assert!(std::time::Instant::now() < deadline, "no periodic checkpoint appeared");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let at_3 = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    ps.signal("KILL");
+    ps.wait_exit();
+
+    let port = free_port();
+    let ps = PsProcess::spawn(port, &[&args[..], &["--checkpoint-dir", ckpt.to_str().unwrap()]].concat());
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let restored = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!((restored.version, restored.values), (3, at_3.values));
+    assert!(checkpoints(&ckpt).len() <= 2, "keeps the newest 2: {:?}", checkpoints(&ckpt));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_to_start_with_bad_configuration() {
+    let bin = env!("CARGO_BIN_EXE_foresight-ps");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--workers", "2"], "no token"),
+        (&["--workers", "2", "--token", "t", "--algorithm", "hogwild"], "unknown algorithm"),
+        (
+            &["--workers", "2", "--token", "t", "--algorithm", "asgd", "--lambda0", "0.5"],
+            "lambda0 only applies",
+        ),
+        (&["--workers", "2", "--token", "t", "--mean-square-decay", "1.5"], "meanSquareDecay"),
+        (&["--workers", "0", "--token", "t"], "at least one worker"),
+        (&["--workers", "2", "--token-file", "/nonexistent/token"], "/nonexistent/token"),
+    ];
+    for (args, expect) in cases {
+        let out = Command::new(bin).args(*args).args(["--listen", "127.0.0.1:0"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(stderr.contains(expect), "{args:?}: expected {expect:?} in {stderr}");
+    }
+}
+
+/// With --tls-cert the same API is served over TLS, HTTP/2 negotiated by ALPN (checked with curl).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_http2_negotiated_by_alpn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+        ])
+        .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (make setup installs it)");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let port = free_port();
+    let ps = PsProcess::spawn(
+        port,
+        &["--workers", "1", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+    );
+    let url = format!("https://127.0.0.1:{port}");
+    let curl = |path: &str, token: Option<&str>| {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-s",
+            "--http2",
+            "--cacert",
+            cert.to_str().unwrap(),
+            "-w",
+            "\n%{http_version} %{http_code}",
+        ]);
+        if let Some(t) = token {
+            cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        let out = cmd.arg(format!("{url}{path}")).output().expect("curl (make setup installs it)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !curl("/healthz", None).ends_with("2 200") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "TLS endpoint never answered: {}",
+            curl("/healthz", None)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(curl("/v1/status", Some(TOKEN)).ends_with("2 200"));
+    assert!(curl("/v1/status", None).ends_with("2 401"));
+    drop(ps);
+}

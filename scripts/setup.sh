@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what `make build` and `make test` need. Safe to run again: each step checks first.
+set -euo pipefail
+
+need_apt=()
+command -v curl >/dev/null || need_apt+=(curl)        # TLS test talks HTTP/2 over TLS with curl
+command -v openssl >/dev/null || need_apt+=(openssl)  # …and makes its certificate with openssl
+command -v python3 >/dev/null || need_apt+=(python3)  # protocol test: a client written from docs/protocol.md
+if ((${#need_apt[@]})); then
+  echo "setup: installing ${need_apt[*]}" >&2
+  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# The toolchain is pinned in rust-toolchain.toml; rustfmt and clippy come with it.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+
+cargo fetch --locked >/dev/null
