@@ -70,6 +70,10 @@ async fn concurrent_clients_over_http2_see_monotonic_versions() {
     assert!(metric(&m, "foresight_ps_sent_bytes_total", &job) > 0.0);
     let lambda = metric(&m, "foresight_ps_lambda", &job);
     assert!(lambda > 0.0 && lambda.is_finite(), "λ_t = {lambda}");
+    // Stale gradients were compensated: the ratio is positive once any τ > 0 was applied.
+    let ratio = metric(&m, "foresight_ps_compensation_ratio", &job);
+    let stale = metric(&m, "foresight_ps_gradient_staleness_sum", &job) > 0.0;
+    assert_eq!(ratio > 0.0, stale, "compensation ratio {ratio}, stale gradients: {stale}");
     let status = client(&ps).status().await.unwrap();
     assert_eq!(status["version"], total);
     assert_eq!(status["staleness"]["count"], total);

@@ -233,8 +233,7 @@ async fn push_inner(
             m.updates.inc();
             m.model_version.set(store.version() as i64);
             if store.hyper().algorithm.is_delay_compensated() {
-                m.compensation_ratio.set(o.stats.compensation_ratio());
-                m.lambda.set(o.stats.mean_lambda());
+                m.observe_compensation(o.stats.compensation_ratio(), o.stats.mean_lambda());
             }
         }
     }

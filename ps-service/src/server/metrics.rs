@@ -28,7 +28,12 @@ pub struct Metrics {
     pub lambda: Gauge,
     pub workers: IntGauge,
     pub checkpoint_age: Gauge,
+    /// Running means behind the compensation-ratio and λ gauges.
+    compensation: parking_lot::Mutex<Option<(f64, f64)>>,
 }
+
+/// Weight of the newest update in the compensation gauges: about the last 20 updates count.
+const COMPENSATION_EWMA: f64 = 0.05;
 
 impl Metrics {
     /// Every series carries the job's `job` and `namespace` labels.
@@ -90,11 +95,11 @@ impl Metrics {
             sent_bytes: counter("foresight_ps_sent_bytes_total", "Model bytes sent to workers."),
             compensation_ratio: gauge(
                 "foresight_ps_compensation_ratio",
-                "|λ·g⊙g⊙(w − w_bak)| / |g| of the last delay-compensated update.",
+                "|λ·g⊙g⊙(w − w_bak)| / |g|, exponentially weighted mean over the last ~20 delay-compensated updates.",
             ),
             lambda: gauge(
                 "foresight_ps_lambda",
-                "Mean λ_t over the parameters in the last delay-compensated update.",
+                "Mean λ_t over the parameters, exponentially weighted over the last ~20 delay-compensated updates.",
             ),
             workers: int_gauge("foresight_ps_workers", "Workers seen (pull or push) in the last 60 seconds."),
             checkpoint_age: gauge(
@@ -102,7 +107,22 @@ impl Metrics {
                 "Seconds since the last checkpoint was written (since start when none has been).",
             ),
             registry,
+            compensation: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// Folds one delay-compensated update into the compensation-ratio and λ gauges. A single
+    /// update's values swing with its staleness (τ = 0 gives 0), so the gauges hold an
+    /// exponentially weighted mean over recent updates rather than the last value.
+    pub fn observe_compensation(&self, ratio: f64, lambda: f64) {
+        let mut ewma = self.compensation.lock();
+        let (r, l) = match *ewma {
+            None => (ratio, lambda),
+            Some((r, l)) => (r + COMPENSATION_EWMA * (ratio - r), l + COMPENSATION_EWMA * (lambda - l)),
+        };
+        *ewma = Some((r, l));
+        self.compensation_ratio.set(r);
+        self.lambda.set(l);
     }
 
     pub fn reject(&self, reason: &str) {
