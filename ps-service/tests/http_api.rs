@@ -453,6 +453,12 @@ async fn other_endpoints_validate_their_input() {
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert!(http.get(format!("{}{path}", ps.url)).send().await.unwrap().status().is_success(), "{path}");
     }
+    let r = http.get(format!("{}/v2/nothing", ps.url)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "not_found");
+    let r = http.delete(format!("{}/v1/status", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "method_not_allowed");
     for path in ["/v1/status", "/v1/model?worker=0"] {
         assert_eq!(
             http.get(format!("{}{path}", ps.url)).send().await.unwrap().status(),

@@ -33,6 +33,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this endpoint",
+            )
+        })
         // Bodies are read by the handlers under the PS's own limit.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
@@ -126,9 +134,10 @@ async fn pull(
     if let Some(min) = min_version {
         let wait = Duration::from_millis(wait_ms).min(state.config.max_long_poll);
         let mut rx = state.version_tx.subscribe();
-        let reached = tokio::time::timeout(wait, rx.wait_for(|v| *v >= min)).await;
-        if !matches!(reached, Ok(Ok(_))) {
-            let current = store.version();
+        let reached = matches!(tokio::time::timeout(wait, rx.wait_for(|v| *v >= min)).await, Ok(Ok(_)));
+        if !reached {
+            // The newest *completed* version, which is what the wait was watching.
+            let current = *rx.borrow();
             return Ok(
                 (StatusCode::NO_CONTENT, [(VERSION_HEADER, HeaderValue::from(current))]).into_response()
             );
@@ -195,7 +204,7 @@ async fn push_inner(
     let seq: u64 = q.require("seq")?;
     let epoch: Option<f64> = q.get("epoch")?;
     if epoch.is_some_and(|e| !(e.is_finite() && (0.0..=1e9).contains(&e))) {
-        return Err(ApiError::bad_request("epoch must be a finite number ≥ 0"));
+        return Err(ApiError::bad_request("epoch must be a number in [0, 1e9]"));
     }
     worker_in_range(state, worker)?;
     let store = registered(state)?;
@@ -320,7 +329,7 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         "epoch": epoch,
         "loss": mean(&|r| Some(r.loss)),
         "accuracy": mean(&|r| r.accuracy),
-        "samples_per_second": reported.iter().filter_map(|r| r.samples_per_second).sum::<f64>(),
+        "samples_per_second": reported.iter().filter_map(|r| r.samples_per_second).fold(0.0, |a, b| a + b),
         "reports": reports,
     });
     if let Some(store) = state.store() {
@@ -328,7 +337,9 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         body["version"] = st.version.into();
         body["finalized"] = st.finalized.into();
         body["parameters"] = st.parameters.into();
-        body["learning_rate"] = st.learning_rate.into();
+        // Through the shortest decimal form, so 0.1f32 reads 0.1 rather than 0.10000000149.
+        body["learning_rate"] = st.learning_rate.to_string().parse::<f64>().unwrap_or(0.0).into();
+        body["optimizer_epoch"] = st.epoch.into();
         body["staleness"] = serde_json::to_value(&st.staleness).expect("plain data");
         body["workers"] = serde_json::to_value(&st.workers).expect("plain data");
     }

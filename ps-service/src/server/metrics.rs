@@ -70,7 +70,7 @@ impl Metrics {
         Self {
             staleness: hist(
                 "foresight_ps_gradient_staleness",
-                "Staleness τ of applied gradients: model version at apply minus the version they were computed on.",
+                "Staleness τ of accepted gradients: model version at apply minus the version they were computed on (sync contributions: 0).",
                 STALENESS_BUCKETS,
             ),
             updates: counter("foresight_ps_updates_total", "Model updates applied (version increments)."),
@@ -101,7 +101,10 @@ impl Metrics {
                 "foresight_ps_lambda",
                 "Mean λ_t over the parameters, exponentially weighted over the last ~20 delay-compensated updates.",
             ),
-            workers: int_gauge("foresight_ps_workers", "Workers seen (pull or push) in the last 60 seconds."),
+            workers: int_gauge(
+                "foresight_ps_workers",
+                "Workers seen (pull, push or report) in the last 60 seconds.",
+            ),
             checkpoint_age: gauge(
                 "foresight_ps_checkpoint_age_seconds",
                 "Seconds since the last checkpoint was written (since start when none has been).",

@@ -19,12 +19,17 @@ const MS_PREFIX: &str = "optimizer.mean_square.";
 const MOM_PREFIX: &str = "optimizer.momentum.";
 
 /// A consistent copy of the model and optimizer state.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CheckpointData {
     pub version: u64,
     pub epoch: f64,
     pub params: Vec<f32>,
     pub state: OptimizerState,
+    /// The job was finalized: a restored PS stays read-only.
+    pub finalized: bool,
+    /// Per worker, the seq of its newest update contained in `params`: a retry of it after a
+    /// restart is answered as a replay instead of being applied twice.
+    pub worker_seqs: Vec<Option<u64>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +67,8 @@ pub fn encode(layout: &Layout, hyper: &Hyper, data: &CheckpointData) -> Vec<u8> 
         ("algorithm".to_string(), hyper.algorithm.to_string()),
         ("hyperparameters".to_string(), serde_json::to_string(hyper).expect("plain data")),
         ("model_tensors".to_string(), layout.tensors().len().to_string()),
+        ("finalized".to_string(), data.finalized.to_string()),
+        ("worker_seqs".to_string(), serde_json::to_string(&data.worker_seqs).expect("plain data")),
     ]);
     wire::encode_f32(&composite, &values, &meta)
 }
@@ -77,6 +84,13 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     let epoch: f64 = field("epoch")?.parse().map_err(|e| format!("bad epoch: {e}"))?;
     let hyper: Hyper =
         serde_json::from_str(field("hyperparameters")?).map_err(|e| format!("bad hyperparameters: {e}"))?;
+    // Both were added after the first checkpoints were written: absent means "not finalized,
+    // no seqs known".
+    let finalized = meta.get("finalized").is_some_and(|v| v == "true");
+    let worker_seqs: Vec<Option<u64>> = match meta.get("worker_seqs") {
+        Some(s) => serde_json::from_str(s).map_err(|e| format!("bad worker_seqs: {e}"))?,
+        None => Vec::new(),
+    };
     let n_model: usize = field("model_tensors")?.parse().map_err(|e| format!("bad model_tensors: {e}"))?;
     let tensors = composite.tensors();
     if n_model == 0 || n_model > tensors.len() {
@@ -105,7 +119,8 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     if !extra.is_empty() {
         return Err(format!("unexpected tensor {:?}", extra[0].name));
     }
-    Ok((layout, CheckpointData { version, epoch, params: values[..n].to_vec(), state }, hyper))
+    let data = CheckpointData { version, epoch, params: values[..n].to_vec(), state, finalized, worker_seqs };
+    Ok((layout, data, hyper))
 }
 
 /// A directory of checkpoints, newest kept.
@@ -214,6 +229,8 @@ mod tests {
             epoch: 1.5,
             params: (0..7).map(|i| i as f32 * 0.1).collect(),
             state,
+            finalized: momentum,
+            worker_seqs: vec![Some(3), None],
         };
         (layout, hyper, data)
     }

@@ -103,12 +103,19 @@ pub enum StoreError {
     FutureVersion { got: u64, current: u64 },
     #[error("gradient staleness {staleness} exceeds maxStaleness {max}; pull the model again")]
     TooStale { staleness: u64, max: u64 },
-    #[error(
-        "worker {worker} pushed a gradient for version {got} but last pulled {pulled:?}; pull the model again"
-    )]
+    #[error("worker {worker} pushed a gradient for version {got} but {}; pull the model again", pulled_text(*pulled))]
     PullRequired { worker: usize, got: u64, pulled: Option<u64> },
+    #[error("the sync round for version {got} is closed: the model is at version {current}; pull it")]
+    RoundClosed { got: u64, current: u64 },
     #[error("worker {worker} already contributed to the sync round for version {version}")]
     AlreadyContributed { worker: usize, version: u64 },
+}
+
+fn pulled_text(pulled: Option<u64>) -> String {
+    match pulled {
+        Some(v) => format!("last pulled version {v}"),
+        None => "has not pulled since the PS started".into(),
+    }
 }
 
 impl StoreError {
@@ -120,7 +127,7 @@ impl StoreError {
             Self::StaleSeq { .. } => "stale_seq",
             Self::InFlight { .. } => "in_flight",
             Self::FutureVersion { .. } => "future_version",
-            Self::TooStale { .. } => "too_stale",
+            Self::TooStale { .. } | Self::RoundClosed { .. } => "too_stale",
             Self::PullRequired { .. } => "pull_required",
             Self::AlreadyContributed { .. } => "already_contributed",
         }
@@ -140,6 +147,9 @@ pub struct WorkerStatus {
     last: Option<(u64, PushOutcome)>,
     #[serde(skip)]
     in_flight: bool,
+    /// Seq of this worker's newest update that has a place in the model's order (see `admit`).
+    #[serde(skip)]
+    durable_seq: Option<u64>,
 }
 
 /// A consistent view for `/v1/status`.
@@ -187,7 +197,8 @@ struct Sequencer {
 struct SyncRound {
     version: u64,
     sum: Vec<f32>,
-    contributed: Vec<bool>,
+    /// Each worker's contributing seq, if it has contributed.
+    contributed: Vec<Option<u64>>,
     count: usize,
 }
 
@@ -222,7 +233,28 @@ impl Store {
         if data.state.momentum.len() != fresh.momentum.len() {
             data.state.momentum = fresh.momentum;
         }
-        Self::build(layout, hyper, workers, DEFAULT_SHARD_LEN, data)
+        let (finalized, seqs) = (data.finalized, std::mem::take(&mut data.worker_seqs));
+        let (version, epoch) = (data.version, data.epoch);
+        let store = Self::build(layout, hyper, workers, DEFAULT_SHARD_LEN, data);
+        {
+            let mut seq = store.seq.lock();
+            seq.finalized = finalized;
+            let lr = store.hyper.lr.at(epoch);
+            for (w, s) in seq.workers.iter_mut().zip(seqs) {
+                // A retry of this seq was applied before the restart: answer it as a replay.
+                let outcome = PushOutcome {
+                    version,
+                    staleness: 0,
+                    applied: true,
+                    replayed: false,
+                    stats: UpdateStats::default(),
+                    lr,
+                };
+                w.last = s.map(|s| (s, outcome));
+                w.durable_seq = s;
+            }
+        }
+        store
     }
 
     /// Like [`Store::new`] with a chosen shard length (tests use small shards to exercise the
@@ -235,7 +267,8 @@ impl Store {
         shard_len: usize,
     ) -> Self {
         let state = OptimizerState::new(&hyper, layout.len());
-        let data = CheckpointData { version: 0, epoch: 0.0, params: init, state };
+        let data =
+            CheckpointData { version: 0, epoch: 0.0, params: init, state, ..CheckpointData::default() };
         let store = Self::build(layout, hyper, workers, shard_len, data);
         if store.hyper.algorithm.is_delay_compensated() {
             let w0 = store.snapshot_now();
@@ -265,7 +298,7 @@ impl Store {
         let round = SyncRound {
             version: data.version,
             sum: if hyper.algorithm == Algorithm::Sync { vec![0.0; n] } else { Vec::new() },
-            contributed: vec![false; workers],
+            contributed: vec![None; workers],
             count: 0,
         };
         let seq = Sequencer {
@@ -405,23 +438,30 @@ impl Store {
     pub fn push(&self, p: Push, grad: &[f32]) -> Result<PushOutcome, StoreError> {
         assert_eq!(grad.len(), self.layout.len(), "gradient decoded against another layout");
         self.check_worker(p.worker)?;
-        let ticket = match self.admit(p)? {
-            Admission::Replay(outcome) => return Ok(outcome),
-            Admission::Ticket(t) => t,
-        };
-        let result = match ticket {
-            None => self.contribute(p, grad),
-            Some(t) => {
-                let stats = self.apply_op(t.op, t.lr, grad, t.backup.as_deref().map(Snapshot::params));
-                self.notify(t.version);
-                Ok(PushOutcome {
-                    version: t.version,
-                    staleness: t.staleness,
-                    applied: true,
-                    replayed: false,
-                    stats,
-                    lr: t.lr,
-                })
+        let result = if self.hyper.algorithm == Algorithm::Sync {
+            // The round lock is held from the checks to the contribution, so the round cannot
+            // complete in between (lock order: round, then sequencer).
+            let mut round = self.round.lock();
+            if let Admission::Replay(outcome) = self.admit(p, Some(&round))? {
+                return Ok(outcome);
+            }
+            Ok(self.contribute(p, grad, &mut round))
+        } else {
+            match self.admit(p, None)? {
+                Admission::Replay(outcome) => return Ok(outcome),
+                Admission::Ticket(t) => {
+                    let stats = self.apply_op(t.op, t.lr, grad, t.backup.as_deref().map(Snapshot::params));
+                    self.notify(t.version);
+                    Ok(PushOutcome {
+                        version: t.version,
+                        staleness: t.staleness,
+                        applied: true,
+                        replayed: false,
+                        stats,
+                        lr: t.lr,
+                    })
+                }
+                Admission::Contribution => unreachable!("only sync contributes"),
             }
         };
         let mut seq = self.seq.lock();
@@ -441,7 +481,7 @@ impl Store {
 
     /// Every check that can refuse a push, made under the sequencer lock; on success the
     /// worker's push is marked in flight and, for the asynchronous rules, a ticket issued.
-    fn admit(&self, p: Push) -> Result<Admission, StoreError> {
+    fn admit(&self, p: Push, round: Option<&SyncRound>) -> Result<Admission, StoreError> {
         let mut seq = self.seq.lock();
         let w = &seq.workers[p.worker];
         if w.in_flight {
@@ -462,8 +502,14 @@ impl Store {
             return Err(StoreError::FutureVersion { got: p.version, current: seq.version });
         }
         let staleness = seq.version - p.version;
-        let max = if self.hyper.algorithm == Algorithm::Sync { Some(0) } else { self.hyper.max_staleness };
-        if let Some(max) = max.filter(|&m| staleness > m) {
+        if let Some(round) = round {
+            if staleness > 0 {
+                return Err(StoreError::RoundClosed { got: p.version, current: seq.version });
+            }
+            if round.contributed[p.worker].is_some() {
+                return Err(StoreError::AlreadyContributed { worker: p.worker, version: p.version });
+            }
+        } else if let Some(max) = self.hyper.max_staleness.filter(|&m| staleness > m) {
             return Err(StoreError::TooStale { staleness, max });
         }
         let backup = if self.hyper.algorithm.is_delay_compensated() {
@@ -482,52 +528,54 @@ impl Store {
             seq.epoch = seq.epoch.max(e);
         }
         seq.workers[p.worker].in_flight = true;
-        if self.hyper.algorithm == Algorithm::Sync {
-            return Ok(Admission::Ticket(None));
+        if round.is_some() {
+            return Ok(Admission::Contribution);
         }
         let (op, version) = issue_update(&mut seq);
+        // Tickets are issued in model order: once this one is, the update is in every later
+        // snapshot and checkpoint, so its seq is what a restored PS must remember.
+        seq.workers[p.worker].durable_seq = Some(p.seq);
         let lr = self.hyper.lr.at(seq.epoch);
-        Ok(Admission::Ticket(Some(Ticket { op, version, lr, backup, staleness })))
+        Ok(Admission::Ticket(Ticket { op, version, lr, backup, staleness }))
     }
 
-    /// Adds a gradient to the `sync` round; the last of the M contributions applies the round.
-    fn contribute(&self, p: Push, grad: &[f32]) -> Result<PushOutcome, StoreError> {
-        let mut round = self.round.lock();
+    /// Adds a gradient to the `sync` round, with the round lock held and after `admit` has
+    /// accepted it; the last of the M contributions applies the round.
+    fn contribute(&self, p: Push, grad: &[f32], round: &mut SyncRound) -> PushOutcome {
         debug_assert_eq!(round.version, p.version, "admit() lets only current-version pushes through");
-        if round.contributed[p.worker] {
-            return Err(StoreError::AlreadyContributed { worker: p.worker, version: p.version });
-        }
         optimizer::accumulate(&mut round.sum, grad);
-        round.contributed[p.worker] = true;
+        round.contributed[p.worker] = Some(p.seq);
         round.count += 1;
         if round.count < self.workers {
             let lr = self.hyper.lr.at(self.seq.lock().epoch);
             let stats = UpdateStats::default();
-            return Ok(PushOutcome {
+            return PushOutcome {
                 version: p.version,
                 staleness: 0,
                 applied: false,
                 replayed: false,
                 stats,
                 lr,
-            });
+            };
         }
         // The round is complete. It is applied while the round lock is held: the next round's
         // contributions need the version this produces, so nobody else can use the lock now.
-        let round = &mut *round;
         optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);
         let (op, version, lr) = {
             let mut seq = self.seq.lock();
             let (op, version) = issue_update(&mut seq);
+            for (w, contributed) in seq.workers.iter_mut().zip(&round.contributed) {
+                w.durable_seq = *contributed;
+            }
             (op, version, self.hyper.lr.at(seq.epoch))
         };
         let stats = self.apply_op(op, lr, &round.sum, None);
         round.sum.fill(0.0);
-        round.contributed.fill(false);
+        round.contributed.fill(None);
         round.count = 0;
         round.version = version;
         self.notify(version);
-        Ok(PushOutcome { version, staleness: 0, applied: true, replayed: false, stats, lr })
+        PushOutcome { version, staleness: 0, applied: true, replayed: false, stats, lr }
     }
 
     fn apply_op(&self, op: u64, lr: f32, grad: &[f32], backup: Option<&[f32]>) -> UpdateStats {
@@ -558,15 +606,21 @@ impl Store {
 
     /// A consistent copy of the model and optimizer state at the current version.
     pub fn checkpoint(&self) -> CheckpointData {
-        let (op, version, epoch) = {
+        let n = self.layout.len();
+        let (op, mut data) = {
             let mut seq = self.seq.lock();
             let op = seq.next_op;
             seq.next_op += 1;
-            (op, seq.version, seq.epoch)
+            let data = CheckpointData {
+                version: seq.version,
+                epoch: seq.epoch,
+                params: vec![0.0; n],
+                state: OptimizerState::new(&self.hyper, n),
+                finalized: seq.finalized,
+                worker_seqs: seq.workers.iter().map(|w| w.durable_seq).collect(),
+            };
+            (op, data)
         };
-        let n = self.layout.len();
-        let fresh = OptimizerState::new(&self.hyper, n);
-        let mut data = CheckpointData { version, epoch, params: vec![0.0; n], state: fresh };
         self.walk(op, |shard, d| {
             let r = shard.range.clone();
             data.params[r.clone()].copy_from_slice(&d.w);
@@ -613,8 +667,9 @@ impl Store {
 
 enum Admission {
     Replay(PushOutcome),
-    /// `None` for a `sync` contribution, which takes its ticket when its round completes.
-    Ticket(Option<Ticket>),
+    Ticket(Ticket),
+    /// A `sync` contribution, which takes its ticket when its round completes.
+    Contribution,
 }
 
 struct Ticket {

@@ -206,9 +206,9 @@ fn restore_requires_a_pull_before_compensated_pushes() {
     let data = a.checkpoint();
     let b = Store::restore(layout(4), data.clone(), hyper, 2);
     assert_eq!(b.checkpoint(), data);
-    assert_eq!(b.push(push(0, 1, 1), &[1.0; 4]).unwrap_err().reason(), "pull_required");
+    assert_eq!(b.push(push(0, 1, 2), &[1.0; 4]).unwrap_err().reason(), "pull_required");
     b.pull(0).unwrap();
-    b.push(push(0, 1, 1), &[1.0; 4]).unwrap();
+    assert!(!b.push(push(0, 1, 2), &[1.0; 4]).unwrap().replayed);
 }
 
 fn vec_of(len: usize) -> impl Strategy<Value = Vec<f32>> {
@@ -264,4 +264,48 @@ proptest! {
         let (a, b) = (dc.snapshot_now(), asgd.snapshot_now());
         prop_assert_eq!(a.params(), b.params());
     }
+}
+
+#[test]
+fn a_refused_sync_push_does_not_move_the_learning_rate() {
+    let mut hyper = Hyper::new(Algorithm::Sync, 0.1);
+    hyper.lr = crate::optimizer::LrSchedule { base: 0.1, factor: 0.1, milestones: vec![6.0] };
+    let s = Store::with_shard_len(layout(2), vec![0.0; 2], hyper, 2, 1);
+    s.push(Push { epoch: Some(1.0), ..push(0, 0, 1) }, &[1.0, 1.0]).unwrap();
+    let refused = s.push(Push { epoch: Some(7.0), ..push(0, 0, 2) }, &[1.0, 1.0]).unwrap_err();
+    assert_eq!(refused.reason(), "already_contributed");
+    assert_eq!(s.status().learning_rate, 0.1);
+    assert_eq!(s.status().epoch, 1.0);
+}
+
+#[test]
+fn restore_remembers_applied_seqs_and_finalization() {
+    let hyper = Hyper::new(Algorithm::Asgd, 1.0);
+    let a = Store::with_shard_len(layout(2), vec![0.0; 2], hyper.clone(), 2, 1);
+    a.push(push(0, 0, 5), &[1.0, 1.0]).unwrap();
+    let data = a.checkpoint();
+    assert_eq!(data.worker_seqs, [Some(5), None]);
+    let b = Store::restore(layout(2), data, hyper.clone(), 2);
+    // The retry of seq 5 was applied before the restart: it is a replay, not a second update.
+    let replay = b.push(push(0, 1, 5), &[1.0, 1.0]).unwrap();
+    assert!(replay.replayed);
+    assert_eq!(b.version(), 1);
+    assert_eq!(b.push(push(0, 1, 4), &[1.0, 1.0]).unwrap_err().reason(), "stale_seq");
+    b.push(push(0, 1, 6), &[1.0, 1.0]).unwrap();
+    b.push(push(1, 2, 1), &[1.0, 1.0]).unwrap();
+    let done = b.finalize();
+    assert!(done.finalized);
+    let c = Store::restore(layout(2), done, hyper, 2);
+    assert!(c.is_finalized());
+    assert_eq!(c.push(push(1, 3, 2), &[1.0, 1.0]).unwrap_err(), StoreError::Finalized);
+}
+
+#[test]
+fn sync_seqs_become_durable_when_their_round_is_applied() {
+    let s = store(Algorithm::Sync, 0.1, vec![0.0; 2], 2, 1);
+    s.push(push(0, 0, 3), &[1.0, 1.0]).unwrap();
+    // Round not applied yet: a restart would lose the contribution, so its seq is not durable.
+    assert_eq!(s.checkpoint().worker_seqs, [None, None]);
+    s.push(push(1, 0, 8), &[1.0, 1.0]).unwrap();
+    assert_eq!(s.checkpoint().worker_seqs, [Some(3), Some(8)]);
 }
