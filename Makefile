@@ -3,6 +3,10 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 OUT ?= out
+# The worker links libtorch from the PyPI torch wheel in .venv (scripts/setup-torch.sh); tch's
+# build finds it through the venv's python.
+export LIBTORCH_USE_PYTORCH := 1
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
 .PHONY: help setup build test lint fmt bench demo clean
 

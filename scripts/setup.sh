@@ -16,4 +16,7 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   rustup component add rustfmt clippy
 fi
 
+# libtorch (PyPI torch) for the worker, hadolint for its Dockerfile, and the demo data.
+"$(dirname "$0")/setup-torch.sh"
+
 cargo fetch --locked >/dev/null

@@ -172,8 +172,15 @@ fn init_logging(format: LogFormat) {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+async fn main() {
+    // Errors end the process with one readable line (no backtrace, whatever RUST_BACKTRACE says).
+    if let Err(e) = run(Args::parse()).await {
+        eprintln!("foresight-ps: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let mut config = PsConfig::new(args.hyper(), args.workers);
     config.token = args.token()?;

@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
+pub mod progress;
+
 #[cfg(not(target_endian = "little"))]
 compile_error!("safetensors is little-endian; the PS maps it onto f32 slices directly");
 

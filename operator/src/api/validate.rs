@@ -1,0 +1,93 @@
+//! The rules a TrainingJob must satisfy, checked before anything starts. `foresight run` and the
+//! operator apply the same function (the CRD's CEL rules mirror it).
+
+use super::{Algorithm, TrainingJobSpec};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("spec.{field}: {message}")]
+pub struct ValidationError {
+    /// Dotted path below `spec`, e.g. `optimizer.lambda0`.
+    pub field: String,
+    pub message: String,
+}
+
+/// Every problem with `spec`, or `Ok` when there is none.
+pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
+    let mut errs = Vec::new();
+    let mut check = |ok: bool, field: &str, message: String| {
+        if !ok {
+            errs.push(ValidationError { field: field.into(), message });
+        }
+    };
+    let m = &spec.model;
+    check(
+        m.name.is_some() != m.torchscript.is_some(),
+        "model",
+        "set exactly one of model.name (mlp, lenet5, resnet20) and model.torchscript.path".into(),
+    );
+    if let Some(ts) = &m.torchscript {
+        check(!ts.path.trim().is_empty(), "model.torchscript.path", "must not be empty".into());
+    }
+    let d = &spec.dataset;
+    check(!d.path.trim().is_empty(), "dataset.path", "must not be empty".into());
+    if let Some(h) = d.holdout {
+        check(h > 0.0 && h < 1.0, "dataset.holdout", format!("must be in (0, 1), got {h}"));
+    }
+    let t = &spec.training;
+    check(t.epochs >= 1, "training.epochs", "must be at least 1".into());
+    check(t.batch_size >= 1, "training.batchSize", "must be at least 1".into());
+    check(
+        t.learning_rate.is_finite() && t.learning_rate > 0.0,
+        "training.learningRate",
+        format!("must be > 0, got {}", t.learning_rate),
+    );
+    if let Some(lr) = &t.lr_decay {
+        check(
+            lr.factor > 0.0 && lr.factor <= 1.0,
+            "training.lrDecay.factor",
+            format!("must be in (0, 1], got {}", lr.factor),
+        );
+        check(
+            lr.milestones.iter().all(|m| m.is_finite() && *m >= 0.0)
+                && lr.milestones.windows(2).all(|w| w[0] < w[1]),
+            "training.lrDecay.milestones",
+            "must be epochs ≥ 0 in strictly ascending order".into(),
+        );
+    }
+    let o = &spec.optimizer;
+    if let Some(l) = o.lambda0 {
+        check(
+            o.algorithm.is_delay_compensated(),
+            "optimizer.lambda0",
+            format!("only applies to dc-asgd-c and dc-asgd-a, not {}", o.algorithm.as_str()),
+        );
+        check(l.is_finite() && l >= 0.0, "optimizer.lambda0", format!("must be ≥ 0, got {l}"));
+    }
+    if let Some(msd) = o.mean_square_decay {
+        check(
+            o.algorithm == Algorithm::DcAsgdA,
+            "optimizer.meanSquareDecay",
+            format!("only applies to dc-asgd-a, not {}", o.algorithm.as_str()),
+        );
+        check(
+            (0.0..1.0).contains(&msd),
+            "optimizer.meanSquareDecay",
+            format!("must be in [0, 1), got {msd}"),
+        );
+    }
+    check(o.pull_every >= 1, "optimizer.pullEvery", "must be at least 1".into());
+    check(o.push_every >= 1, "optimizer.pushEvery", "must be at least 1".into());
+    if let Some(mom) = o.momentum {
+        check((0.0..1.0).contains(&mom), "optimizer.momentum", format!("must be in [0, 1), got {mom}"));
+    }
+    if let Some(wd) = o.weight_decay {
+        check(wd.is_finite() && wd >= 0.0, "optimizer.weightDecay", format!("must be ≥ 0, got {wd}"));
+    }
+    let w = &spec.workers;
+    check(
+        (1..=1024).contains(&w.replicas),
+        "workers.replicas",
+        format!("must be in 1..=1024, got {}", w.replicas),
+    );
+    if errs.is_empty() { Ok(()) } else { Err(errs) }
+}

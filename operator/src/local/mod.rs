@@ -1,0 +1,373 @@
+//! `foresight run`: a TrainingJob as local processes — one parameter server and M workers on
+//! loopback, with the environment the operator would inject — then the final model, a
+//! `summary.json` and a plot in the output directory.
+
+mod plot;
+mod summary;
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use foresight_ps::client::PsClient;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use crate::api::{self, TrainingJob};
+pub use summary::Summary;
+use summary::{History, WorkerEvent};
+
+/// How to run a job locally.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Output directory (final model, summary.json, plot.png, logs/, checkpoints/).
+    pub out: PathBuf,
+    pub ps_bin: PathBuf,
+    pub worker_bin: PathBuf,
+    /// libtorch threads per worker (default: cores / workers, at least 1).
+    pub torch_threads: Option<usize>,
+    /// Extra environment for single workers, e.g. `(2, "FORESIGHT_SLOWDOWN", "3")`.
+    pub worker_overrides: Vec<(usize, String, String)>,
+    pub progress: bool,
+}
+
+impl RunOptions {
+    /// Binaries next to the running `foresight` executable (how `cargo build` lays them out).
+    pub fn beside_current_exe(out: PathBuf) -> Self {
+        let dir =
+            std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_default();
+        Self {
+            out,
+            ps_bin: dir.join("foresight-ps"),
+            worker_bin: dir.join("foresight-worker"),
+            torch_threads: None,
+            worker_overrides: Vec::new(),
+            progress: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("invalid TrainingJob:\n  {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n  "))]
+    Invalid(Vec<api::ValidationError>),
+    #[error("{0}")]
+    Setup(String),
+    #[error("{name} failed ({status}); last lines of {log}:\n{tail}")]
+    ProcessFailed { name: String, status: String, log: String, tail: String },
+    #[error("interrupted: every process was stopped; the parameter server left a checkpoint in {0}")]
+    Interrupted(String),
+}
+
+impl RunError {
+    /// The CLI's exit code: 2 for a bad job, 130 for Ctrl-C, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Invalid(_) | Self::Setup(_) => 2,
+            Self::Interrupted(_) => 130,
+            Self::ProcessFailed { .. } => 1,
+        }
+    }
+}
+
+fn setup(what: impl std::fmt::Display) -> RunError {
+    RunError::Setup(what.to_string())
+}
+
+/// Reads and validates a TrainingJob YAML file.
+pub fn load_job(path: &Path) -> Result<TrainingJob, RunError> {
+    let text = std::fs::read_to_string(path).map_err(|e| setup(format!("{}: {e}", path.display())))?;
+    let value: serde_yaml::Value =
+        serde_yaml::from_str(&text).map_err(|e| setup(format!("{}: not valid YAML: {e}", path.display())))?;
+    let (api_version, kind) =
+        (value.get("apiVersion").and_then(|v| v.as_str()), value.get("kind").and_then(|v| v.as_str()));
+    if api_version != Some("foresight.dev/v1alpha1") || kind != Some("TrainingJob") {
+        return Err(setup(format!(
+            "{}: expected apiVersion foresight.dev/v1alpha1 and kind TrainingJob, found {:?} and {:?}",
+            path.display(),
+            api_version.unwrap_or("none"),
+            kind.unwrap_or("none")
+        )));
+    }
+    let job: TrainingJob =
+        serde_yaml::from_value(value).map_err(|e| setup(format!("{}: {e}", path.display())))?;
+    api::validate(&job.spec).map_err(RunError::Invalid)?;
+    Ok(job)
+}
+
+fn free_port() -> Result<u16, RunError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| setup(format!("no free loopback port: {e}")))?;
+    Ok(l.local_addr().map_err(setup)?.port())
+}
+
+/// A started child process and where its stderr goes.
+struct Proc {
+    name: String,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn signal(&self, sig: &str) {
+        // The process may have exited already; that is fine.
+        let _ = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    fn failed(&self, status: ExitStatus) -> RunError {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(8)..].join("\n");
+        RunError::ProcessFailed {
+            name: self.name.clone(),
+            status: status.to_string(),
+            log: self.log.display().to_string(),
+            tail,
+        }
+    }
+}
+
+fn spawn(
+    name: &str,
+    bin: &Path,
+    env: &[(String, String)],
+    log: PathBuf,
+    stdout: Stdio,
+) -> Result<(Proc, Child), RunError> {
+    let file = std::fs::File::create(&log).map_err(|e| setup(format!("{}: {e}", log.display())))?;
+    let child = Command::new(bin)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            setup(format!(
+                "cannot start {name} ({}): {e}; build it with `cargo build --release`",
+                bin.display()
+            ))
+        })?;
+    let pid = child.id().ok_or_else(|| setup(format!("{name} exited at once")))?;
+    Ok((Proc { name: name.to_string(), pid, log }, child))
+}
+
+enum Msg {
+    Line(usize, String),
+    Exit(usize, ExitStatus),
+}
+
+/// Runs `job` to completion on this machine.
+pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunError> {
+    let spec = &job.spec;
+    let name = job.metadata.name.clone().unwrap_or_else(|| "local".into());
+    let namespace = "local";
+    for (what, p) in [
+        ("dataset.path", Some(&spec.dataset.path)),
+        ("model.torchscript.path", spec.model.torchscript.as_ref().map(|t| &t.path)),
+    ] {
+        if let Some(p) = p.filter(|p| !Path::new(p).exists()) {
+            return Err(setup(format!(
+                "spec.{what} {p:?} does not exist on this machine (for the demo data: make setup)"
+            )));
+        }
+    }
+    let m = spec.workers.replicas as usize;
+    std::fs::create_dir_all(opts.out.join("logs"))
+        .map_err(|e| setup(format!("{}: {e}", opts.out.display())))?;
+    let token: String = {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        (0..32).map(|_| format!("{:x}", rng.random_range(0..16u8))).collect()
+    };
+    let started = Instant::now();
+
+    // The parameter server.
+    let ps_port = free_port()?;
+    let ps_url = format!("http://127.0.0.1:{ps_port}");
+    let mut ps_env = api::ps_env(spec, &name, namespace);
+    ps_env.extend([
+        ("FORESIGHT_PS_LISTEN".into(), format!("127.0.0.1:{ps_port}")),
+        ("FORESIGHT_TOKEN".into(), token.clone()),
+        ("FORESIGHT_CHECKPOINT_DIR".into(), opts.out.join("checkpoints").display().to_string()),
+        ("FORESIGHT_OUTPUT_DIR".into(), opts.out.display().to_string()),
+    ]);
+    let (ps, mut ps_child) =
+        spawn("parameter server", &opts.ps_bin, &ps_env, opts.out.join("logs/ps.log"), Stdio::null())?;
+    let client = PsClient::new(&ps_url, Some(token.clone())).map_err(setup)?;
+    wait_ready(&ps_url, &mut ps_child, &ps).await?;
+
+    // The workers, with the environment the operator would give their pods.
+    let threads = opts.torch_threads.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / m).max(1)
+    });
+    let (tx, mut rx) = mpsc::channel::<Msg>(1024);
+    let mut workers = Vec::with_capacity(m);
+    let mut targets = vec![format!("127.0.0.1:{ps_port}")];
+    for i in 0..m {
+        let metrics_port = free_port()?;
+        targets.push(format!("127.0.0.1:{metrics_port}"));
+        let mut env = api::worker_env(spec, &name, namespace, &ps_url);
+        env.extend([
+            ("FORESIGHT_WORKER_INDEX".into(), i.to_string()),
+            ("FORESIGHT_TOKEN".into(), token.clone()),
+            ("FORESIGHT_TORCH_THREADS".into(), threads.to_string()),
+            ("FORESIGHT_METRICS_ADDR".into(), format!("127.0.0.1:{metrics_port}")),
+        ]);
+        env.extend(
+            opts.worker_overrides.iter().filter(|(w, _, _)| *w == i).map(|(_, k, v)| (k.clone(), v.clone())),
+        );
+        let (proc_, mut child) = spawn(
+            &format!("worker {i}"),
+            &opts.worker_bin,
+            &env,
+            opts.out.join(format!("logs/worker-{i}.log")),
+            Stdio::piped(),
+        )?;
+        let stdout = child.stdout.take().expect("piped");
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = tx.send(Msg::Line(i, line)).await;
+            }
+            let status = child.wait().await;
+            let _ = tx.send(Msg::Exit(i, status.unwrap_or_else(|_| failed_status()))).await;
+        });
+        workers.push(proc_);
+    }
+    drop(tx);
+    write_targets(&opts.out, &name, &targets);
+
+    let bar = progress_bar(opts.progress, spec.training.epochs);
+    let mut history = History::default();
+    let mut done: Vec<Option<WorkerEvent>> = vec![None; m];
+    let mut exited = 0;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let stop_all = |sig: &str| {
+        for w in &workers {
+            w.signal(sig);
+        }
+        ps.signal(sig);
+    };
+    while exited < m {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(Msg::Line(i, line)) => {
+                    if let Ok(ev) = serde_json::from_str::<WorkerEvent>(&line) {
+                        history.record(started.elapsed().as_secs_f64(), &ev);
+                        if matches!(ev, WorkerEvent::Done { .. }) {
+                            done[i] = Some(ev);
+                        }
+                    }
+                }
+                Some(Msg::Exit(i, status)) => {
+                    exited += 1;
+                    if !status.success() {
+                        bar.abandon();
+                        stop_all("TERM");
+                        let _ = tokio::time::timeout(Duration::from_secs(30), ps_child.wait()).await;
+                        return Err(workers[i].failed(status));
+                    }
+                }
+                None => break,
+            },
+            status = ps_child.wait() => {
+                bar.abandon();
+                stop_all("TERM");
+                return Err(ps.failed(status.unwrap_or_else(|_| failed_status())));
+            }
+            _ = tick.tick() => {
+                let status = client.status().await.ok();
+                bar.set_position((history.mean_epoch(m) * 1000.0) as u64);
+                bar.set_message(history.line(status.as_ref()));
+            }
+            _ = tokio::signal::ctrl_c() => {
+                bar.abandon();
+                stop_all("TERM");
+                let _ = tokio::time::timeout(Duration::from_secs(60), ps_child.wait()).await;
+                return Err(RunError::Interrupted(opts.out.join("checkpoints").display().to_string()));
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    // Every worker finished: write the final model, collect the figures, stop the PS.
+    let finalized = client.finalize().await.map_err(|e| setup(format!("finalizing the job: {e}")))?;
+    let status = client.status().await.map_err(|e| setup(format!("reading the PS status: {e}")))?;
+    let metrics = reqwest_text(&format!("{ps_url}/metrics")).await.unwrap_or_default();
+    ps.signal("TERM");
+    match tokio::time::timeout(Duration::from_secs(60), ps_child.wait()).await {
+        Ok(Ok(s)) if s.success() => {}
+        Ok(Ok(s)) => return Err(ps.failed(s)),
+        _ => return Err(setup("the parameter server did not stop within 60 s of SIGTERM")),
+    }
+    let summary = Summary::build(
+        &name,
+        spec,
+        started.elapsed().as_secs_f64(),
+        done.into_iter().flatten().collect(),
+        &status,
+        &metrics,
+        finalized.get("path").and_then(|p| p.as_str()).map(PathBuf::from),
+        &history,
+    );
+    summary.write(&opts.out).map_err(|e| setup(format!("writing the summary: {e}")))?;
+    plot::draw(&opts.out.join("plot.png"), &history, &summary)
+        .map_err(|e| setup(format!("drawing the plot: {e}")))?;
+    Ok(summary)
+}
+
+fn failed_status() -> ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    ExitStatus::from_raw(1 << 8)
+}
+
+async fn wait_ready(url: &str, child: &mut Child, ps: &Proc) -> Result<(), RunError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(ps.failed(status));
+        }
+        if reqwest_text(&format!("{url}/readyz")).await.is_some() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(setup("the parameter server did not become ready within 30 s"))
+}
+
+/// GET `url`, the body on a 200.
+async fn reqwest_text(url: &str) -> Option<String> {
+    let resp = reqwest::get(url).await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    resp.text().await.ok()
+}
+
+/// Prometheus file-based service discovery for the PS and the workers of this run.
+fn write_targets(out: &Path, job: &str, targets: &[String]) {
+    let sd = serde_json::json!([{ "targets": targets, "labels": { "trainingjob": job } }]);
+    let _ =
+        std::fs::write(out.join("prometheus-targets.json"), serde_json::to_vec_pretty(&sd).expect("json"));
+}
+
+fn progress_bar(visible: bool, epochs: u32) -> ProgressBar {
+    let bar = ProgressBar::new(u64::from(epochs) * 1000);
+    if !visible {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] epoch {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}

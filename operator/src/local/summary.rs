@@ -1,0 +1,139 @@
+//! What a local run measured: the time series behind the plot and `summary.json`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use foresight_ps::wire::progress::WorkerEvent;
+use serde::Serialize;
+
+use crate::api::TrainingJobSpec;
+
+/// Per-worker progress over time.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    /// (seconds since start, worker, loss of its last batch)
+    pub loss: Vec<(f64, usize, f64)>,
+    /// (seconds since start, worker, held-out accuracy after an epoch)
+    pub accuracy: Vec<(f64, usize, f64)>,
+    epochs: BTreeMap<usize, f64>,
+    steps: BTreeMap<usize, u64>,
+    last_accuracy: Option<f64>,
+}
+
+impl History {
+    pub fn record(&mut self, t: f64, ev: &WorkerEvent) {
+        match *ev {
+            WorkerEvent::Progress { worker, epoch, step, loss, .. } => {
+                self.loss.push((t, worker, loss));
+                self.epochs.insert(worker, epoch);
+                self.steps.insert(worker, step);
+            }
+            WorkerEvent::Eval { worker, epoch, accuracy, .. } => {
+                self.accuracy.push((t, worker, accuracy));
+                self.epochs.insert(worker, epoch as f64);
+                self.last_accuracy = Some(accuracy);
+            }
+            WorkerEvent::Done { .. } => {}
+        }
+    }
+
+    pub fn mean_epoch(&self, workers: usize) -> f64 {
+        self.epochs.values().sum::<f64>() / workers.max(1) as f64
+    }
+
+    /// The progress bar's message: epoch, step, loss, accuracy, staleness p50/p99.
+    pub fn line(&self, status: Option<&serde_json::Value>) -> String {
+        let loss = self.loss.last().map_or("-".into(), |l| format!("{:.3}", l.2));
+        let acc = self.last_accuracy.map_or("-".into(), |a| format!("{:.1}%", a * 100.0));
+        let steps: u64 = self.steps.values().sum();
+        let (p50, p99) = status
+            .map(|s| {
+                (s["staleness"]["p50"].as_u64().unwrap_or(0), s["staleness"]["p99"].as_u64().unwrap_or(0))
+            })
+            .unwrap_or_default();
+        let epoch = self.epochs.values().cloned().fold(0.0, f64::max);
+        format!("{epoch:.2} step {steps} loss {loss} acc {acc} τ p50/p99 {p50}/{p99}")
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub job: String,
+    pub algorithm: String,
+    pub workers: u32,
+    pub epochs: u32,
+    /// Held-out accuracy of the final model (worker 0's evaluation).
+    pub accuracy: Option<f64>,
+    pub loss: Option<f64>,
+    pub seconds: f64,
+    /// Model updates the parameter server applied.
+    pub updates: u64,
+    pub staleness: serde_json::Value,
+    /// Applied gradients by τ bucket (upper bound, cumulative count), from the PS's histogram.
+    pub staleness_histogram: Vec<(String, u64)>,
+    pub rejected_gradients: BTreeMap<String, u64>,
+    pub model: Option<PathBuf>,
+    pub per_worker: Vec<WorkerEvent>,
+}
+
+impl Summary {
+    #[allow(clippy::too_many_arguments)]
+    pub fn build(
+        job: &str,
+        spec: &TrainingJobSpec,
+        seconds: f64,
+        done: Vec<WorkerEvent>,
+        status: &serde_json::Value,
+        metrics: &str,
+        model: Option<PathBuf>,
+        _history: &History,
+    ) -> Self {
+        let final_eval = done.iter().find_map(|e| match e {
+            WorkerEvent::Done { worker: 0, test_accuracy, test_loss, .. } => {
+                Some((*test_accuracy, *test_loss))
+            }
+            _ => None,
+        });
+        let mut histogram = Vec::new();
+        let mut rejected = BTreeMap::new();
+        for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+            let Some((key, value)) = line.rsplit_once(' ') else { continue };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            if key.starts_with("foresight_ps_gradient_staleness_bucket") {
+                if let Some(le) = label(key, "le") {
+                    histogram.push((le, value as u64));
+                }
+            } else if key.starts_with("foresight_ps_gradients_rejected_total")
+                && let Some(reason) = label(key, "reason")
+            {
+                rejected.insert(reason, value as u64);
+            }
+        }
+        Self {
+            job: job.to_string(),
+            algorithm: spec.optimizer.algorithm.as_str().to_string(),
+            workers: spec.workers.replicas,
+            epochs: spec.training.epochs,
+            accuracy: final_eval.map(|e| e.0),
+            loss: final_eval.map(|e| e.1),
+            seconds,
+            updates: status["version"].as_u64().unwrap_or(0),
+            staleness: status["staleness"].clone(),
+            staleness_histogram: histogram,
+            rejected_gradients: rejected,
+            model,
+            per_worker: done,
+        }
+    }
+
+    pub fn write(&self, out: &Path) -> std::io::Result<()> {
+        std::fs::write(out.join("summary.json"), serde_json::to_vec_pretty(self).expect("plain data"))
+    }
+}
+
+/// The value of `name` in a Prometheus series key like `m{a="x",le="2"}`.
+fn label(key: &str, name: &str) -> Option<String> {
+    let start = key.find(&format!("{name}=\""))? + name.len() + 2;
+    let end = key[start..].find('"')? + start;
+    Some(key[start..end].to_string())
+}

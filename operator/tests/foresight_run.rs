@@ -1,0 +1,147 @@
+//! `foresight run` end to end: the real CLI, parameter server and libtorch workers on MNIST-5k.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_foresight")).parent().unwrap().to_path_buf()
+}
+
+fn foresight(args: &[&str]) -> std::process::Output {
+    let dir = bin_dir();
+    for b in ["foresight-ps", "foresight-worker"] {
+        assert!(
+            dir.join(b).exists(),
+            "{b} is not built next to foresight: run `cargo test --workspace` (make test)"
+        );
+    }
+    Command::new(env!("CARGO_BIN_EXE_foresight"))
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .unwrap()
+}
+
+fn job(dir: &Path, body: &str) -> PathBuf {
+    let p = dir.join("job.yaml");
+    std::fs::write(
+        &p,
+        format!("apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: t}}\n{body}"),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn four_dc_asgd_a_workers_train_and_write_every_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let yaml = job(
+        tmp.path(),
+        "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k}\n  \
+         training: {epochs: 2, batchSize: 32, learningRate: 0.1}\n  \
+         optimizer: {algorithm: dc-asgd-a, lambda0: 2}\n  workers: {replicas: 4}\n",
+    );
+    let o = foresight(&["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "foresight run failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("held-out accuracy"), "{stdout}");
+
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let acc = summary["accuracy"].as_f64().unwrap();
+    assert!(acc > 0.5, "accuracy {acc} is not far above chance (0.1)");
+    assert_eq!(summary["workers"], 4);
+    assert_eq!(summary["algorithm"], "dc-asgd-a");
+    assert!(summary["updates"].as_u64().unwrap() > 0);
+    assert_eq!(summary["staleness"]["count"], summary["updates"]);
+    assert_eq!(summary["per_worker"].as_array().unwrap().len(), 4);
+    assert!(summary["staleness_histogram"].as_array().unwrap().len() > 5);
+
+    let model = std::fs::read(out.join("model-final.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&model).unwrap();
+    assert!(st.names().iter().any(|n| n.contains("fc1")), "{:?}", st.names());
+    let png = std::fs::read(out.join("plot.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(png.len() > 10_000, "the plot is suspiciously small");
+    assert!(out.join("logs/ps.log").exists() && out.join("logs/worker-3.log").exists());
+}
+
+#[test]
+fn a_bad_job_fails_with_a_clear_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k}\n  workers: {replicas: 0}\n",
+            "spec.workers.replicas",
+        ),
+        (
+            "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k}\n  optimizer: {algorithm: asgd, lambda0: 1}\n  workers: {replicas: 1}\n",
+            "spec.optimizer.lambda0",
+        ),
+        (
+            "spec:\n  model: {name: vgg}\n  dataset: {format: csv, path: x}\n  workers: {replicas: 1}\n",
+            "unknown variant",
+        ),
+        (
+            "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: /nonexistent/data}\n  workers: {replicas: 1}\n",
+            "/nonexistent/data",
+        ),
+        ("spec: [not, a, map\n", "not valid YAML"),
+    ];
+    for (body, expect) in cases {
+        let yaml = job(tmp.path(), body);
+        let o = foresight(&[
+            "run",
+            yaml.to_str().unwrap(),
+            "--out",
+            tmp.path().join("o").to_str().unwrap(),
+            "--no-progress",
+        ]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{expect}: {stderr}");
+        assert!(stderr.contains(expect), "expected {expect:?} in: {stderr}");
+    }
+    let other = tmp.path().join("pod.yaml");
+    std::fs::write(&other, "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n").unwrap();
+    let o = foresight(&["run", other.to_str().unwrap(), "--no-progress"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("kind TrainingJob"));
+}
+
+#[test]
+fn a_failing_worker_stops_the_run_and_says_which() {
+    let tmp = tempfile::tempdir().unwrap();
+    // lenet5 needs 28×28 or 32×32 images; a CSV of 10 pixels makes every worker fail at start.
+    let data = tmp.path().join("tiny");
+    std::fs::create_dir_all(&data).unwrap();
+    let rows: String = (0..40)
+        .map(|i| {
+            format!(
+                "{}\n",
+                (0..10)
+                    .map(|p| ((i + p) % 255).to_string())
+                    .chain([(i % 3).to_string()])
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        })
+        .collect();
+    std::fs::write(data.join("d.csv"), rows).unwrap();
+    let yaml = job(
+        tmp.path(),
+        &format!(
+            "spec:\n  model: {{name: lenet5}}\n  dataset: {{format: csv, path: {}}}\n  workers: {{replicas: 2}}\n",
+            data.display()
+        ),
+    );
+    let o = foresight(&[
+        "run",
+        yaml.to_str().unwrap(),
+        "--out",
+        tmp.path().join("o").to_str().unwrap(),
+        "--no-progress",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("worker") && stderr.contains("lenet5 needs 28×28 or 32×32"), "{stderr}");
+}

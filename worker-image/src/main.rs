@@ -1,0 +1,173 @@
+//! `foresight-worker`: trains a model on its shard of the data and exchanges gradients with the
+//! Foresight parameter server over HTTP/2. Configured by the environment the operator (or
+//! `foresight run`) injects, or by flags.
+
+mod data;
+mod metrics;
+mod model;
+mod train;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use foresight_ps::client::GradDtype;
+
+/// Train on a shard of the data against a Foresight parameter server.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Parameter server base URL (h2c).
+    #[arg(long, env = "FORESIGHT_PS_URL")]
+    ps_url: String,
+    /// Bearer token for the PS.
+    #[arg(long, env = "FORESIGHT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the token (a mounted Secret).
+    #[arg(long, env = "FORESIGHT_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<PathBuf>,
+    /// This worker's index, 0..workers (in a cluster: the Indexed Job's completion index).
+    #[arg(long, env = "FORESIGHT_WORKER_INDEX")]
+    worker: usize,
+    /// Number of workers in the job.
+    #[arg(long, env = "FORESIGHT_WORKERS")]
+    workers: usize,
+
+    /// Model: mlp, lenet5, resnet20 or torchscript.
+    #[arg(long, env = "FORESIGHT_MODEL", default_value = "mlp")]
+    model: String,
+    /// TorchScript module file (torch.jit.script(model).save(path)), for --model torchscript.
+    #[arg(long, env = "FORESIGHT_MODEL_PATH")]
+    model_path: Option<PathBuf>,
+    /// Dataset format: mnist (idx files), cifar10 (binary batches) or csv.
+    #[arg(long, env = "FORESIGHT_DATASET_FORMAT", value_parser = parse_format)]
+    dataset_format: data::Format,
+    /// Directory holding the dataset (a mounted volume in a cluster).
+    #[arg(long, env = "FORESIGHT_DATASET_PATH")]
+    dataset_path: PathBuf,
+    /// Fraction held out for evaluation, for formats without a test split (csv).
+    #[arg(long, env = "FORESIGHT_HOLDOUT", default_value_t = 0.2)]
+    holdout: f64,
+
+    #[arg(long, env = "FORESIGHT_EPOCHS", default_value_t = 1)]
+    epochs: usize,
+    #[arg(long, env = "FORESIGHT_BATCH_SIZE", default_value_t = 64)]
+    batch_size: usize,
+    /// Seed for initial weights, shuffling and sharding (the same on every worker).
+    #[arg(long, env = "FORESIGHT_SEED", default_value_t = 1)]
+    seed: u64,
+    /// Pull the model every N steps.
+    #[arg(long, env = "FORESIGHT_PULL_EVERY", default_value_t = 1)]
+    pull_every: u64,
+    /// Push the accumulated gradient every N steps.
+    #[arg(long, env = "FORESIGHT_PUSH_EVERY", default_value_t = 1)]
+    push_every: u64,
+    /// Gradient wire type.
+    #[arg(long, env = "FORESIGHT_GRAD_DTYPE", value_enum, default_value_t = WireType::F32)]
+    grad_dtype: WireType,
+
+    /// Give up after the PS has been unreachable this many seconds.
+    #[arg(long, env = "FORESIGHT_PS_DEADLINE_SECONDS", default_value_t = 300)]
+    ps_deadline_seconds: u64,
+    /// Report progress every N steps.
+    #[arg(long, env = "FORESIGHT_REPORT_EVERY", default_value_t = 20)]
+    report_every: u64,
+    /// Slow this worker down by this factor (straggler experiments).
+    #[arg(long, env = "FORESIGHT_SLOWDOWN", default_value_t = 1.0)]
+    slowdown: f64,
+    /// libtorch intra-op threads (0: libtorch's default).
+    #[arg(long, env = "FORESIGHT_TORCH_THREADS", default_value_t = 0)]
+    torch_threads: i32,
+
+    /// Address for /metrics and /healthz (empty: no metrics server).
+    #[arg(long, env = "FORESIGHT_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    metrics_addr: String,
+    #[arg(long, env = "FORESIGHT_JOB_NAME", default_value = "local")]
+    job_name: String,
+    #[arg(long, env = "FORESIGHT_NAMESPACE", default_value = "default")]
+    namespace: String,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum WireType {
+    F32,
+    Bf16,
+}
+
+fn parse_format(s: &str) -> Result<data::Format, String> {
+    s.parse()
+}
+
+fn main() {
+    // Errors end the process with one readable line (no backtrace, whatever RUST_BACKTRACE says).
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("foresight-worker: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    anyhow::ensure!(args.workers > 0, "workers must be at least 1");
+    anyhow::ensure!(
+        args.worker < args.workers,
+        "worker index {} is out of range 0..{}",
+        args.worker,
+        args.workers
+    );
+    anyhow::ensure!(args.batch_size > 0 && args.epochs > 0, "batch size and epochs must be at least 1");
+    anyhow::ensure!(args.pull_every > 0 && args.push_every > 0, "pullEvery and pushEvery must be at least 1");
+    anyhow::ensure!(args.holdout > 0.0 && args.holdout < 1.0, "holdout must be in (0, 1)");
+    anyhow::ensure!(args.slowdown.is_finite() && args.slowdown >= 1.0, "slowdown must be ≥ 1");
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| anyhow::anyhow!("reading token file {}: {e}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    if args.torch_threads > 0 {
+        tch::set_num_threads(args.torch_threads);
+    }
+    let model =
+        model::ModelSpec::parse(&args.model, args.model_path.as_deref()).map_err(anyhow::Error::msg)?;
+    let cfg = train::TrainConfig {
+        ps_url: args.ps_url.clone(),
+        token,
+        worker: args.worker,
+        workers: args.workers,
+        model,
+        format: args.dataset_format,
+        data_dir: args.dataset_path.clone(),
+        holdout: args.holdout,
+        epochs: args.epochs,
+        batch_size: args.batch_size,
+        seed: args.seed,
+        pull_every: args.pull_every,
+        push_every: args.push_every,
+        grad_dtype: match args.grad_dtype {
+            WireType::F32 => GradDtype::F32,
+            WireType::Bf16 => GradDtype::Bf16,
+        },
+        ps_deadline: Duration::from_secs(args.ps_deadline_seconds),
+        report_every: args.report_every.max(1),
+        slowdown: args.slowdown,
+    };
+    // Network I/O and the metrics server run on one runtime thread; training runs on this one.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let metrics = Arc::new(metrics::WorkerMetrics::new(&args.job_name, &args.namespace, args.worker));
+    if !args.metrics_addr.is_empty() {
+        let addr = rt.block_on(metrics.clone().serve(&args.metrics_addr))?;
+        tracing::info!(%addr, "serving worker metrics");
+    }
+    train::run(&cfg, &rt, &metrics)
+}
