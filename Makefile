@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup build test lint fmt bench demo clean
+.PHONY: help setup build test lint fmt bench demo loadgen convergence clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -17,7 +17,7 @@ setup: ## Install what builds and tests need (idempotent)
 	@scripts/setup.sh
 
 build: setup ## Build the release binaries
-	$(CARGO) build --release --locked --bins
+	$(CARGO) build --release --locked --workspace --bins
 
 lint: setup ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all -- --check
@@ -32,8 +32,14 @@ fmt: ## Format the code
 bench: setup ## Criterion benchmarks (figures: docs/benchmarks.md)
 	$(CARGO) bench --locked -p foresight-ps
 
-demo: build ## Run the parameter server against simulated workers
-	@scripts/demo.sh $(OUT)/demo
+demo: build ## Train MNIST-5k with dc-asgd-a on 4 workers: foresight run examples/mnist-dcasgd.yaml
+	target/release/foresight run examples/mnist-dcasgd.yaml --out $(OUT)/demo
+
+loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-parameter model
+	@scripts/loadgen-demo.sh $(OUT)/loadgen
+
+convergence: build ## Table 1 of the paper on MNIST-5k, rewrites docs/convergence.md (about 15 min)
+	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md
 
 clean: ## Remove build outputs and demo output
 	$(CARGO) clean

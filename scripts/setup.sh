@@ -6,6 +6,7 @@ need_apt=()
 command -v curl >/dev/null || need_apt+=(curl)        # TLS test talks HTTP/2 over TLS with curl
 command -v openssl >/dev/null || need_apt+=(openssl)  # …and makes its certificate with openssl
 command -v python3 >/dev/null || need_apt+=(python3)  # protocol test: a client written from docs/protocol.md
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)  # plot labels
 if ((${#need_apt[@]})); then
   echo "setup: installing ${need_apt[*]}" >&2
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null

@@ -145,3 +145,51 @@ fn a_failing_worker_stops_the_run_and_says_which() {
     assert_eq!(o.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("worker") && stderr.contains("lenet5 needs 28×28 or 32×32"), "{stderr}");
 }
+
+/// Ctrl-C (SIGINT) stops every child, the parameter server leaves a checkpoint, exit code 130.
+#[test]
+fn ctrl_c_stops_every_process_and_leaves_a_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let yaml = job(
+        tmp.path(),
+        "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k}\n  \
+         training: {epochs: 50, batchSize: 32, learningRate: 0.1}\n  workers: {replicas: 2}\n",
+    );
+    let dir = bin_dir();
+    let child = Command::new(env!("CARGO_BIN_EXE_foresight"))
+        .args(["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("FORESIGHT_PS_BIN", dir.join("foresight-ps"))
+        .env("FORESIGHT_WORKER_BIN", dir.join("foresight-worker"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the workers are training (they have reported progress to the PS's log-free
+    // stdout channel; the worker log shows the registration).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let log = out.join("logs/worker-0.log");
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("model layout ready") {
+        assert!(std::time::Instant::now() < deadline, "workers never started");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let targets: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("prometheus-targets.json")).unwrap()).unwrap();
+    let ps_addr = targets[0]["targets"][0].as_str().unwrap().to_string();
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let ckpts: Vec<_> =
+        std::fs::read_dir(out.join("checkpoints")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(ckpts.iter().any(|n| n.to_string_lossy().starts_with("ckpt-")), "no checkpoint in {ckpts:?}");
+    assert!(std::net::TcpStream::connect(&ps_addr).is_err(), "the parameter server is still listening");
+    for t in targets[0]["targets"].as_array().unwrap().iter().skip(1) {
+        assert!(
+            std::net::TcpStream::connect(t.as_str().unwrap()).is_err(),
+            "a worker is still serving metrics at {t}"
+        );
+    }
+}

@@ -69,7 +69,12 @@ impl Retry {
                     std::thread::sleep(wait);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    if retryable(&e) {
+                        tracing::error!(error = %e, "{what}: giving up after {}s without success", self.deadline.as_secs());
+                    }
+                    return Err(e);
+                }
             }
         }
     }

@@ -145,6 +145,9 @@ fn spawn(
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(file)
+        // Own process group: a terminal's Ctrl-C reaches only `foresight run`, which then stops
+        // the children in order (SIGTERM, so the PS writes its checkpoint).
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| {
@@ -164,6 +167,10 @@ enum Msg {
 
 /// Runs `job` to completion on this machine.
 pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunError> {
+    // Installed before any child starts, so a Ctrl-C at any point is handled (and not the
+    // default exit that would orphan the children).
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| setup(format!("cannot handle SIGINT: {e}")))?;
     let spec = &job.spec;
     let name = job.metadata.name.clone().unwrap_or_else(|| "local".into());
     let namespace = "local";
@@ -288,7 +295,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                 bar.set_position((history.mean_epoch(m) * 1000.0) as u64);
                 bar.set_message(history.line(status.as_ref()));
             }
-            _ = tokio::signal::ctrl_c() => {
+            _ = sigint.recv() => {
                 bar.abandon();
                 stop_all("TERM");
                 let _ = tokio::time::timeout(Duration::from_secs(60), ps_child.wait()).await;

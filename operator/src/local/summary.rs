@@ -74,6 +74,8 @@ pub struct Summary {
     pub rejected_gradients: BTreeMap<String, u64>,
     pub model: Option<PathBuf>,
     pub per_worker: Vec<WorkerEvent>,
+    /// Held-out accuracy after each epoch: (seconds since start, worker, accuracy).
+    pub evaluations: Vec<(f64, usize, f64)>,
 }
 
 impl Summary {
@@ -86,7 +88,7 @@ impl Summary {
         status: &serde_json::Value,
         metrics: &str,
         model: Option<PathBuf>,
-        _history: &History,
+        history: &History,
     ) -> Self {
         let final_eval = done.iter().find_map(|e| match e {
             WorkerEvent::Done { worker: 0, test_accuracy, test_loss, .. } => {
@@ -123,6 +125,7 @@ impl Summary {
             rejected_gradients: rejected,
             model,
             per_worker: done,
+            evaluations: history.accuracy.clone(),
         }
     }
 

@@ -306,7 +306,14 @@ async fn report(
     r.validate().map_err(ApiError::bad_request)?;
     state.saw(r.worker);
     let w = r.worker;
-    state.reports.lock()[w] = Some(r);
+    let mut reports = state.reports.lock();
+    // Progress reports carry no accuracy and evaluations no throughput: keep the last known.
+    let mut r = r;
+    if let Some(prev) = &reports[w] {
+        r.accuracy = r.accuracy.or(prev.accuracy);
+        r.samples_per_second = r.samples_per_second.or(prev.samples_per_second);
+    }
+    reports[w] = Some(r);
     Ok(StatusCode::NO_CONTENT)
 }
 
