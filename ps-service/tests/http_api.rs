@@ -466,3 +466,36 @@ async fn other_endpoints_validate_their_input() {
         );
     }
 }
+
+/// Foresight's own F32 bodies are decoded while they stream in; what that path refuses must
+/// read exactly as the general decoder's refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_f32_bodies_are_checked_like_any_other() {
+    let ps = start(config(Algorithm::Asgd, 1)).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let send = |body: Vec<u8>| {
+        http.post(format!("{}/v1/gradients?worker=0&version=0&seq=1", ps.url))
+            .bearer_auth(TOKEN)
+            .body(body)
+            .send()
+    };
+    let mut g = grad(&l, 0);
+    g[1000] = f32::NAN; // conv.weight has 108 elements: this is fc.weight's element 892
+    let r = send(wire::encode_f32(&l, &g, &BTreeMap::new())).await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let msg = r.json::<serde_json::Value>().await.unwrap()["error"].as_str().unwrap().to_string();
+    assert!(msg.contains("\"fc.weight\"") && msg.contains("element 892"), "{msg}");
+    let mut long = wire::encode_f32(&l, &grad(&l, 0), &BTreeMap::new());
+    long.extend_from_slice(&[0; 8]);
+    let r = send(long).await.unwrap();
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "malformed_body");
+    assert_eq!(ps.state.store().unwrap().version(), 0, "nothing refused was applied");
+    // And the accepted push applies exactly the gradient sent.
+    let r = c.push(0, 0, 2, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap();
+    assert_eq!(r.version, 1);
+    let model = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    let expect: Vec<f32> = init(&l).iter().zip(grad(&l, 0)).map(|(w, g)| w - 0.1 * g).collect();
+    assert_eq!(model.values, expect);
+}

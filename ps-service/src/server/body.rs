@@ -34,6 +34,18 @@ impl<T> Pool<T> {
     }
 }
 
+/// The body's declared length, refused at once when over `limit`.
+fn declared_length(headers: &HeaderMap, limit: usize) -> Result<Option<usize>, ApiError> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    match declared {
+        Some(n) if n > limit => Err(ApiError::too_large(limit)),
+        d => Ok(d),
+    }
+}
+
 /// Collects `body` into `buf`, refusing it as soon as it exceeds `limit` bytes.
 pub async fn read_limited(
     headers: &HeaderMap,
@@ -41,14 +53,7 @@ pub async fn read_limited(
     limit: usize,
     buf: &mut Vec<u8>,
 ) -> Result<(), ApiError> {
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if let Some(n) = declared {
-        if n > limit {
-            return Err(ApiError::too_large(limit));
-        }
+    if let Some(n) = declared_length(headers, limit)? {
         buf.reserve(n);
     }
     let mut body = body;
@@ -63,4 +68,87 @@ pub async fn read_limited(
         }
     }
     Ok(())
+}
+
+/// How a gradient body arrived.
+pub enum Gradient {
+    /// The body was the layout's own F32 encoding; its values are in the gradient buffer and
+    /// `first_non_finite` is the flat index of the first NaN or ±Inf, if any.
+    Direct { first_non_finite: Option<usize> },
+    /// Anything else (BF16, F16, other tensor order…): the whole body is in `buf` for the decoder.
+    Collected,
+}
+
+/// Reads a push body. When it starts with `header` — the layout's F32 header, which is what
+/// Foresight's client sends — the tensor bytes are copied into `grad` and checked as they
+/// arrive, so decoding overlaps the transfer instead of following it. Otherwise the body is
+/// collected into `buf`. Either way nothing is applied until the caller has the whole body.
+pub async fn read_gradient(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    header: &[u8],
+    grad: &mut [f32],
+    buf: &mut Vec<u8>,
+) -> Result<(Gradient, usize), ApiError> {
+    declared_length(headers, limit)?;
+    let expected = header.len() + grad.len() * 4;
+    let (mut direct, mut off, mut checked, mut bad) = (None::<bool>, 0usize, 0usize, None);
+    let mut total = 0usize;
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::bad_request(format!("failed to read the request body: {e}")))?;
+        let Ok(chunk) = frame.into_data() else { continue };
+        total += chunk.len();
+        if total > limit {
+            return Err(ApiError::too_large(limit));
+        }
+        let mut data: &[u8] = &chunk;
+        if direct.is_none() {
+            let need = header.len() - buf.len();
+            let take = need.min(data.len());
+            buf.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if buf.len() == header.len() {
+                direct = Some(buf[..] == *header);
+                if direct == Some(true) {
+                    buf.clear();
+                }
+            } else if !header.starts_with(buf) {
+                direct = Some(false);
+            }
+        }
+        match direct {
+            Some(true) => {
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(grad);
+                if off + data.len() > bytes.len() {
+                    // Longer than the tensors: let the general decoder say what is wrong.
+                    direct = Some(false);
+                    buf.extend_from_slice(header);
+                    buf.extend_from_slice(&bytes[..off]);
+                    buf.extend_from_slice(data);
+                    continue;
+                }
+                bytes[off..off + data.len()].copy_from_slice(data);
+                off += data.len();
+                let upto = off / 4;
+                if bad.is_none() && !grad[checked..upto].iter().all(|x| x.is_finite()) {
+                    bad = grad[checked..upto].iter().position(|x| !x.is_finite()).map(|i| checked + i);
+                }
+                checked = upto;
+            }
+            _ => buf.extend_from_slice(data),
+        }
+    }
+    if direct == Some(true) && header.len() + off == expected {
+        return Ok((Gradient::Direct { first_non_finite: bad }, total));
+    }
+    if direct == Some(true) {
+        // Truncated: hand what arrived to the general decoder, which reports it.
+        let bytes: &[u8] = bytemuck::cast_slice(grad);
+        buf.extend_from_slice(header);
+        buf.extend_from_slice(&bytes[..off]);
+    }
+    Ok((Gradient::Collected, total))
 }

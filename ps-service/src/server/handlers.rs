@@ -13,7 +13,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router, middleware};
 use serde::{Deserialize, Serialize};
 
-use super::body::read_limited;
+use super::body::{Gradient, read_gradient, read_limited};
 use super::{ApiError, AppState, auth};
 use crate::store::{Push, Store};
 use crate::wire;
@@ -210,23 +210,34 @@ async fn push_inner(
     let store = registered(state)?;
     state.saw(worker);
     let mut buf = state.bodies.take();
-    let read = read_limited(headers, body, state.config.body_limit, &mut buf).await;
-    state.metrics.received_bytes.inc_by(buf.len() as u64);
-    if let Err(e) = read {
-        state.bodies.give(buf);
-        return Err(e);
-    }
     let mut grad = state.grads.take();
+    grad.resize(store.layout().len(), 0.0);
+    let limit = state.config.body_limit;
+    let read = read_gradient(headers, body, limit, store.f32_header(), &mut grad, &mut buf).await;
+    let received = match read {
+        Ok((how, n)) => {
+            state.metrics.received_bytes.inc_by(n as u64);
+            how
+        }
+        Err(e) => {
+            state.bodies.give(buf);
+            state.grads.give(grad);
+            return Err(e);
+        }
+    };
     let s2 = store.clone();
     let (buf, grad, result) = tokio::task::spawn_blocking(move || {
-        grad.resize(s2.layout().len(), 0.0);
-        let result =
-            wire::decode_gradient(&buf, s2.layout(), &mut grad).map_err(ApiError::from).and_then(|()| {
-                let applying = Instant::now();
-                let p = Push { worker, version, seq, epoch };
-                let outcome = s2.push(p, &grad).map_err(ApiError::from)?;
-                Ok((outcome, applying.elapsed()))
-            });
+        let decoded = match received {
+            Gradient::Direct { first_non_finite: None } => Ok(()),
+            Gradient::Direct { first_non_finite: Some(i) } => Err(wire::non_finite_at(s2.layout(), &grad, i)),
+            Gradient::Collected => wire::decode_gradient(&buf, s2.layout(), &mut grad),
+        };
+        let result = decoded.map_err(ApiError::from).and_then(|()| {
+            let applying = Instant::now();
+            let p = Push { worker, version, seq, epoch };
+            let outcome = s2.push(p, &grad).map_err(ApiError::from)?;
+            Ok((outcome, applying.elapsed()))
+        });
         (buf, grad, result)
     })
     .await

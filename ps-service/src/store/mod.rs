@@ -333,6 +333,12 @@ impl Store {
         &self.layout
     }
 
+    /// The safetensors header of this layout in F32 with no metadata: the exact prefix of a
+    /// pull's body, and of a push from Foresight's client.
+    pub fn f32_header(&self) -> &[u8] {
+        &self.header
+    }
+
     pub fn hyper(&self) -> &Hyper {
         &self.hyper
     }

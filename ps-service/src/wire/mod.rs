@@ -234,6 +234,12 @@ fn fill(layout: &Layout, parsed: &Parsed<'_>, allow_half: bool, out: &mut [f32])
     Ok(())
 }
 
+/// The error for a non-finite value at flat index `i` of a gradient in `layout`.
+pub fn non_finite_at(layout: &Layout, values: &[f32], i: usize) -> WireError {
+    let (spec, range) = layout.iter().find(|(_, r)| r.contains(&i)).expect("index inside the layout");
+    WireError::NonFinite { name: spec.name.clone(), index: i - range.start, value: values[i] }
+}
+
 /// Converts little-endian `bytes` of `dtype` into `out`, failing on the first non-finite value.
 fn widen(dtype: WireDtype, bytes: &[u8], out: &mut [f32]) -> Result<(), (usize, f32)> {
     debug_assert_eq!(bytes.len(), out.len() * dtype.size());
