@@ -33,6 +33,7 @@ bench: setup ## Criterion benchmarks (figures: docs/benchmarks.md)
 	$(CARGO) bench --locked -p foresight-ps
 
 demo: build ## Train MNIST-5k with dc-asgd-a on 4 workers: foresight run examples/mnist-dcasgd.yaml
+	rm -rf $(OUT)/demo
 	target/release/foresight run examples/mnist-dcasgd.yaml --out $(OUT)/demo
 
 loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-parameter model

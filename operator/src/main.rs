@@ -38,6 +38,9 @@ enum Cmd {
         /// No progress bar.
         #[arg(long)]
         no_progress: bool,
+        /// Continue from the checkpoints an interrupted run left in --out.
+        #[arg(long)]
+        resume: bool,
     },
     /// Print the TrainingJob CustomResourceDefinition as YAML.
     Crd,
@@ -68,12 +71,13 @@ async fn main() {
                 serde_yaml::to_string(&foresight_operator::api::TrainingJob::crd()).expect("CRD serializes")
             );
         }
-        Cmd::Run { job, out, ps_bin, worker_bin, torch_threads, slow_worker, no_progress } => {
+        Cmd::Run { job, out, ps_bin, worker_bin, torch_threads, slow_worker, no_progress, resume } => {
             let mut opts = RunOptions::beside_current_exe(out);
             opts.ps_bin = ps_bin.unwrap_or(opts.ps_bin);
             opts.worker_bin = worker_bin.unwrap_or(opts.worker_bin);
             opts.torch_threads = torch_threads;
             opts.progress = !no_progress;
+            opts.resume = resume;
             opts.worker_overrides = slow_worker
                 .into_iter()
                 .map(|(w, f)| (w, "FORESIGHT_SLOWDOWN".into(), f.to_string()))

@@ -192,4 +192,8 @@ fn ctrl_c_stops_every_process_and_leaves_a_checkpoint() {
             "a worker is still serving metrics at {t}"
         );
     }
+    // The checkpoint is not silently picked up by the next run into the same directory.
+    let again = foresight(&["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--resume"));
 }

@@ -239,7 +239,8 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
                 })?;
                 anyhow::ensure!(
                     model_now.layout == layout,
-                    "the registered model's layout differs from this worker's model"
+                    "the parameter server holds a model whose layout differs from this worker's model \
+                     (restored from another job's checkpoint?)"
                 );
                 load_params(&params, &model_now.values);
                 version = Some(model_now.version);

@@ -31,6 +31,8 @@ pub struct RunOptions {
     /// Extra environment for single workers, e.g. `(2, "FORESIGHT_SLOWDOWN", "3")`.
     pub worker_overrides: Vec<(usize, String, String)>,
     pub progress: bool,
+    /// Continue from the checkpoints an earlier (interrupted) run left in `out`.
+    pub resume: bool,
 }
 
 impl RunOptions {
@@ -45,6 +47,7 @@ impl RunOptions {
             torch_threads: None,
             worker_overrides: Vec::new(),
             progress: true,
+            resume: false,
         }
     }
 }
@@ -185,6 +188,14 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         }
     }
     let m = spec.workers.replicas as usize;
+    let ckpt_dir = opts.out.join("checkpoints");
+    let earlier = std::fs::read_dir(&ckpt_dir).map(|d| d.count() > 0).unwrap_or(false);
+    if earlier && !opts.resume {
+        return Err(setup(format!(
+            "{} holds checkpoints of an earlier run: pass --resume to continue from them, or choose another --out",
+            ckpt_dir.display()
+        )));
+    }
     std::fs::create_dir_all(opts.out.join("logs"))
         .map_err(|e| setup(format!("{}: {e}", opts.out.display())))?;
     let token: String = {
