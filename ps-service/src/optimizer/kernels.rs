@@ -70,18 +70,7 @@ unsafe fn run_avx2(
     pass: Pass<'_>,
     m: Option<&mut [f32]>,
 ) -> UpdateStats {
-    match (pass, m) {
-        (Pass::Sgd, None) => kernel_avx2::<SGD, false>(s, w, g, &[], &mut [], &mut []),
-        (Pass::Sgd, Some(m)) => kernel_avx2::<SGD, true>(s, w, g, &[], &mut [], m),
-        (Pass::DcConstant { bak }, None) => kernel_avx2::<DC_CONSTANT, false>(s, w, g, bak, &mut [], &mut []),
-        (Pass::DcConstant { bak }, Some(m)) => kernel_avx2::<DC_CONSTANT, true>(s, w, g, bak, &mut [], m),
-        (Pass::DcAdaptive { bak, mean_square }, None) => {
-            kernel_avx2::<DC_ADAPTIVE, false>(s, w, g, bak, mean_square, &mut [])
-        }
-        (Pass::DcAdaptive { bak, mean_square }, Some(m)) => {
-            kernel_avx2::<DC_ADAPTIVE, true>(s, w, g, bak, mean_square, m)
-        }
-    }
+    select_kernel!(kernel_avx2, s, w, g, pass, m)
 }
 
 /// `kernel` with the 8-lane chunks written in AVX2 intrinsics: the same operations in the same
@@ -157,40 +146,37 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
         _mm256_storeu_ps(acc.comp_sq.as_mut_ptr(), cs);
         _mm256_storeu_ps(acc.lambda.as_mut_ptr(), ls);
     }
-    for i in body..n {
-        let (mut msd, mut md) = (0f32, 0f32);
-        let b = if KIND != SGD { bak[i] } else { 0.0 };
-        let msi = if KIND == DC_ADAPTIVE { &mut ms[i] } else { &mut msd };
-        let mi = if MOM { &mut mom[i] } else { &mut md };
-        element::<KIND, MOM>(&s, &mut acc, i - body, &mut w[i], g[i], b, msi, mi);
-    }
-    let fold = |a: [f32; LANES]| a.iter().map(|&x| f64::from(x)).sum::<f64>();
-    UpdateStats {
-        grad_sq: fold(acc.grad_sq),
-        compensation_sq: fold(acc.comp_sq),
-        lambda_sum: fold(acc.lambda),
-        elements: n as u64,
-    }
+    remainder::<KIND, MOM>(&s, acc, w, g, bak, ms, mom, body)
 }
 
 const SGD: u8 = 0;
 const DC_CONSTANT: u8 = 1;
 const DC_ADAPTIVE: u8 = 2;
 
+/// Calls the monomorphised `$kernel` (`kernel` or `kernel_avx2`) for a pass and momentum.
+macro_rules! select_kernel {
+    ($kernel:ident, $s:expr, $w:expr, $g:expr, $pass:expr, $m:expr) => {
+        match ($pass, $m) {
+            (Pass::Sgd, None) => $kernel::<SGD, false>($s, $w, $g, &[], &mut [], &mut []),
+            (Pass::Sgd, Some(m)) => $kernel::<SGD, true>($s, $w, $g, &[], &mut [], m),
+            (Pass::DcConstant { bak }, None) => {
+                $kernel::<DC_CONSTANT, false>($s, $w, $g, bak, &mut [], &mut [])
+            }
+            (Pass::DcConstant { bak }, Some(m)) => $kernel::<DC_CONSTANT, true>($s, $w, $g, bak, &mut [], m),
+            (Pass::DcAdaptive { bak, mean_square }, None) => {
+                $kernel::<DC_ADAPTIVE, false>($s, $w, $g, bak, mean_square, &mut [])
+            }
+            (Pass::DcAdaptive { bak, mean_square }, Some(m)) => {
+                $kernel::<DC_ADAPTIVE, true>($s, $w, $g, bak, mean_square, m)
+            }
+        }
+    };
+}
+use select_kernel;
+
 #[inline(always)]
 fn dispatch(s: Scalars, w: &mut [f32], g: &[f32], pass: Pass<'_>, m: Option<&mut [f32]>) -> UpdateStats {
-    match (pass, m) {
-        (Pass::Sgd, None) => kernel::<SGD, false>(s, w, g, &[], &mut [], &mut []),
-        (Pass::Sgd, Some(m)) => kernel::<SGD, true>(s, w, g, &[], &mut [], m),
-        (Pass::DcConstant { bak }, None) => kernel::<DC_CONSTANT, false>(s, w, g, bak, &mut [], &mut []),
-        (Pass::DcConstant { bak }, Some(m)) => kernel::<DC_CONSTANT, true>(s, w, g, bak, &mut [], m),
-        (Pass::DcAdaptive { bak, mean_square }, None) => {
-            kernel::<DC_ADAPTIVE, false>(s, w, g, bak, mean_square, &mut [])
-        }
-        (Pass::DcAdaptive { bak, mean_square }, Some(m)) => {
-            kernel::<DC_ADAPTIVE, true>(s, w, g, bak, mean_square, m)
-        }
-    }
+    select_kernel!(kernel, s, w, g, pass, m)
 }
 
 /// Running sums of one pass, kept per lane so the loop vectorises.
@@ -272,12 +258,29 @@ fn kernel<const KIND: u8, const MOM: bool>(
             element::<KIND, MOM>(&s, &mut acc, l, &mut wv[l], gv[l], bv[l], &mut msv[l], &mut mv[l]);
         }
     }
+    remainder::<KIND, MOM>(&s, acc, w, g, bak, ms, mom, body)
+}
+
+/// The elements after the last full chunk, then the per-lane sums folded into the stats.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn remainder<const KIND: u8, const MOM: bool>(
+    s: &Scalars,
+    mut acc: Acc,
+    w: &mut [f32],
+    g: &[f32],
+    bak: &[f32],
+    ms: &mut [f32],
+    mom: &mut [f32],
+    body: usize,
+) -> UpdateStats {
+    let n = w.len();
     for i in body..n {
         let (mut msd, mut md) = (0f32, 0f32);
         let b = if KIND != SGD { bak[i] } else { 0.0 };
         let msi = if KIND == DC_ADAPTIVE { &mut ms[i] } else { &mut msd };
         let mi = if MOM { &mut mom[i] } else { &mut md };
-        element::<KIND, MOM>(&s, &mut acc, i - body, &mut w[i], g[i], b, msi, mi);
+        element::<KIND, MOM>(s, &mut acc, i - body, &mut w[i], g[i], b, msi, mi);
     }
     let fold = |a: [f32; LANES]| a.iter().map(|&x| f64::from(x)).sum::<f64>();
     UpdateStats {
