@@ -419,6 +419,10 @@ async fn other_endpoints_validate_their_input() {
     let r = put(wire::encode_f32(&l, &init(&l), &BTreeMap::new())).await.unwrap();
     assert_eq!(r.status(), StatusCode::CONFLICT);
     assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "already_registered");
+    // HEAD looks at the model without becoming the worker's pull.
+    let r = http.head(format!("{}/v1/model?worker=0", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!((r.status(), r.headers()["x-foresight-version"].to_str().unwrap()), (StatusCode::OK, "0"));
+    assert!(c.status().await.unwrap()["workers"][0]["pulled_version"].is_null());
 
     let post = |body: &str| {
         http.post(format!("{}/v1/report", ps.url))

@@ -122,6 +122,7 @@ fn already_registered() -> ApiError {
 
 async fn pull(
     State(state): State<Arc<AppState>>,
+    method: axum::http::Method,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let q = Params(q);
@@ -144,7 +145,14 @@ async fn pull(
         }
     }
     let started = Instant::now();
-    let snap = tokio::task::spawn_blocking(move || store.pull(worker)).await.expect("pull task panicked")?;
+    // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
+    let look_only = method == axum::http::Method::HEAD;
+    let snap =
+        tokio::task::spawn_blocking(
+            move || if look_only { Ok(store.snapshot_now()) } else { store.pull(worker) },
+        )
+        .await
+        .expect("pull task panicked")?;
     state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
     state.metrics.sent_bytes.inc_by(snap.bytes().len() as u64);
     let version = snap.version();
