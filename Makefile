@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup build test lint fmt bench demo loadgen convergence clean
+.PHONY: help setup build test lint fmt bench demo loadgen convergence crd clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-p
 
 convergence: build ## Table 1 of the paper on MNIST-5k, rewrites docs/convergence.md (about 15 min)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md
+
+crd: ## Regenerate crds/trainingjob.yaml from the TrainingJob types (a test fails when it is stale)
+	$(CARGO) run -q -p foresight-operator --bin foresight -- crd > crds/trainingjob.yaml
 
 clean: ## Remove build outputs and demo output
 	$(CARGO) clean

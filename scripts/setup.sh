@@ -20,4 +20,8 @@ fi
 # libtorch (PyPI torch) for the worker, hadolint for its Dockerfile, and the demo data.
 "$(dirname "$0")/setup-torch.sh"
 
+# kube-apiserver, etcd and kubectl for the operator's tests, built from Go modules (about 20
+# minutes the first time on 2 cores; a stamp makes later runs instant).
+"$(dirname "$0")/../tools/build-control-plane.sh" >/dev/null
+
 cargo fetch --locked >/dev/null

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use foresight_operator::local::{self, RunOptions};
-use kube::CustomResourceExt;
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Foresight: asynchronous distributed training with delay-compensated SGD")]
@@ -66,10 +65,7 @@ async fn main() {
         .init();
     match Cli::parse().command {
         Cmd::Crd => {
-            print!(
-                "{}",
-                serde_yaml::to_string(&foresight_operator::api::TrainingJob::crd()).expect("CRD serializes")
-            );
+            print!("{}", foresight_operator::api::crd_yaml());
         }
         Cmd::Run { job, out, ps_bin, worker_bin, torch_threads, slow_worker, no_progress, resume } => {
             let mut opts = RunOptions::beside_current_exe(out);

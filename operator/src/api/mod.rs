@@ -8,16 +8,52 @@ mod validate;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration, Volume};
-use kube::CustomResource;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use env::{ps_env, worker_env};
-pub use validate::{ValidationError, validate};
+pub use validate::{ValidationError, validate, validate_update};
+
+/// The CustomResourceDefinition of `TrainingJob`, as `foresight crd` prints it and
+/// `crds/trainingjob.yaml` holds it.
+///
+/// It is kube's derived CRD with `nullable` removed everywhere: an optional field is either
+/// set or absent. The API server then prunes an explicit `null` instead of storing it, so a
+/// `lambda0: null` neither trips the CEL rules (`has(self.lambda0)` is false) nor defeats the
+/// defaults (`training: null` becomes the default training block), exactly as serde reads it.
+pub fn crd() -> CustomResourceDefinition {
+    fn strip_nullable(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.remove("nullable");
+                if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
+                    values.retain(|v| !v.is_null());
+                }
+                map.values_mut().for_each(strip_nullable);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip_nullable),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(TrainingJob::crd()).expect("the CRD serializes");
+    strip_nullable(&mut value);
+    serde_json::from_value(value).expect("the CRD deserializes")
+}
+
+/// `crd()` as YAML: the text of `crds/trainingjob.yaml`.
+pub fn crd_yaml() -> String {
+    serde_yaml::to_string(&crd()).expect("the CRD serializes")
+}
 
 /// A distributed training job: a parameter server and `workers.replicas` workers training
 /// `model` on `dataset` with the update rule of `optimizer`.
-#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+///
+/// Validation (the API server's schema and CEL rules; `api::validate` applies the same rules):
+/// see each field. `model` and `optimizer.algorithm` cannot change after creation.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[kube(
     group = "foresight.dev",
     version = "v1alpha1",
@@ -25,11 +61,20 @@ pub use validate::{ValidationError, validate};
     namespaced,
     shortname = "tj",
     category = "foresight",
-    status = "TrainingJobStatus"
+    status = "TrainingJobStatus",
+    doc = "A distributed training job: a parameter server and its workers, trained with synchronous SGD, ASGD or delay-compensated ASGD (DC-ASGD).",
+    printcolumn = r#"{"name":"Phase","type":"string","description":"Created, Running, Restarting, Succeeded, Failed or Suspended.","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Workers","type":"integer","description":"Requested workers (spec.workers.replicas).","jsonPath":".spec.workers.replicas"}"#,
+    printcolumn = r#"{"name":"Algorithm","type":"string","description":"The update rule of the parameter server.","jsonPath":".spec.optimizer.algorithm"}"#,
+    printcolumn = r#"{"name":"Step","type":"integer","description":"Updates applied by the parameter server.","jsonPath":".status.progress.step"}"#,
+    printcolumn = r#"{"name":"Staleness p99","type":"number","description":"99th percentile of gradient staleness, in model versions.","jsonPath":".status.progress.stalenessP99"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
-    /// The model to train.
+    /// The model to train: a built-in `name` or a `torchscript` module, exactly one. Cannot
+    /// change after the job is created.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("model cannot change after the job is created (the parameter server's weights and checkpoints belong to it); create a new TrainingJob"))]
     pub model: ModelSpec,
     /// Where the training data is and how it is stored.
     pub dataset: DatasetSpec,
@@ -50,7 +95,8 @@ pub struct TrainingJobSpec {
 }
 
 /// A built-in model by `name`, or a TorchScript module by `torchscript.path`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.name) != has(self.torchscript)").message("set exactly one of model.name (mlp, lenet5, resnet20) and model.torchscript.path"))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelSpec {
     /// Built-in model: mlp, lenet5 or resnet20.
@@ -61,6 +107,7 @@ pub struct ModelSpec {
     pub torchscript: Option<TorchScriptModel>,
 }
 
+/// Built-in model: mlp, lenet5 or resnet20.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum BuiltinModel {
@@ -79,28 +126,36 @@ impl BuiltinModel {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+/// A TorchScript module saved by `torch.jit.script(model).save(path)`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
 pub struct TorchScriptModel {
     /// Path of the saved module, as the workers see it (inside the dataset volume in a cluster).
+    /// Must not be empty.
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("must not be empty"))]
     pub path: String,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+/// The training data: its format, where it is, and the volume that holds it in a cluster.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DatasetSpec {
     /// mnist (idx files), cifar10 (binary batches) or csv (pixels then label).
     pub format: DatasetFormat,
-    /// Directory holding the files, as the workers see it.
+    /// Directory holding the files, as the workers see it. Must not be empty.
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("must not be empty"))]
     pub path: String,
     /// The volume mounted at `path` in every worker (cluster only; `foresight run` reads `path`
     /// from the local filesystem).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<Volume>,
-    /// Fraction of the examples held out for evaluation when the format has no test split (csv).
+    /// Fraction of the examples held out for evaluation when the format has no test split (csv),
+    /// in (0, 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self < 1.0").message("must be in (0, 1)"))]
     pub holdout: Option<f64>,
 }
 
+/// mnist (idx files), cifar10 (binary batches) or csv (pixels then label).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum DatasetFormat {
@@ -120,19 +175,23 @@ impl DatasetFormat {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+/// How long and how fast to train.
+#[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingSpec {
-    /// Passes over each worker's shard.
+    /// Passes over each worker's shard, ≥ 1.
     #[serde(default = "defaults::epochs")]
+    #[schemars(range(min = 1))]
     pub epochs: u32,
-    /// Examples per local step.
+    /// Examples per local step, ≥ 1.
     #[serde(default = "defaults::batch_size")]
+    #[schemars(range(min = 1))]
     pub batch_size: u32,
-    /// η, applied by the parameter server.
+    /// η, applied by the parameter server, > 0.
     #[serde(default = "defaults::learning_rate")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("must be > 0"))]
     pub learning_rate: f64,
-    /// Step decay of the learning rate.
+    /// Step decay of the learning rate: multiply it by `factor` at each milestone epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lr_decay: Option<LrDecay>,
     /// Seed of the initial weights, the shuffling and the sharding.
@@ -152,15 +211,21 @@ impl Default for TrainingSpec {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+/// Step decay of the learning rate.
+#[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LrDecay {
     /// Multiply the learning rate by this at each milestone, in (0, 1].
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("must be in (0, 1]"))]
     pub factor: f64,
-    /// Epochs at which the rate decays, ascending.
+    /// Epochs at which the rate decays: at most 64, each ≥ 0, strictly ascending.
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(m, m >= 0.0) && self.isSorted() && self.all(m, self.indexOf(m) == self.lastIndexOf(m))").message("must be epochs ≥ 0 in strictly ascending order"))]
     pub milestones: Vec<f64>,
 }
 
+/// The parameter server's update rule: sync (synchronous SGD), asgd, dc-asgd-c (DC-ASGD with a
+/// constant λ) or dc-asgd-a (DC-ASGD with the adaptive λ_t).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 pub enum Algorithm {
     #[serde(rename = "sync")]
@@ -189,32 +254,44 @@ impl Algorithm {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+/// The update rule the parameter server applies, and how often workers talk to it.
+#[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.lambda0) || self.algorithm in ['dc-asgd-c', 'dc-asgd-a']").message("lambda0 only applies to dc-asgd-c and dc-asgd-a").field_path(".lambda0"))]
+#[x_kube(validation = Rule::new("!has(self.meanSquareDecay) || self.algorithm == 'dc-asgd-a'").message("meanSquareDecay only applies to dc-asgd-a").field_path(".meanSquareDecay"))]
 #[serde(rename_all = "camelCase")]
 pub struct OptimizerSpec {
-    /// sync, asgd, dc-asgd-c or dc-asgd-a.
+    /// sync (synchronous SGD), asgd, dc-asgd-c (DC-ASGD, constant λ) or dc-asgd-a (DC-ASGD,
+    /// adaptive λ_t; the default). Cannot change after the job is created.
     #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("algorithm cannot change after the job is created (the parameter server's state and checkpoints belong to it); create a new TrainingJob"))]
     pub algorithm: Algorithm,
-    /// λ0: the constant λ of dc-asgd-c (default 0.04), the scale of λ_t for dc-asgd-a (default 2).
+    /// λ0, ≥ 0, dc-asgd-c and dc-asgd-a only: the constant λ of dc-asgd-c (default 0.04), the
+    /// scale of λ_t for dc-asgd-a (default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
     pub lambda0: Option<f64>,
-    /// μ in MeanSquare ← μ·MeanSquare + (1−μ)·g² (dc-asgd-a), in [0, 1).
+    /// μ in MeanSquare ← μ·MeanSquare + (1−μ)·g², in [0, 1), dc-asgd-a only (default 0.95).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("must be in [0, 1)"))]
     pub mean_square_decay: Option<f64>,
     /// Refuse gradients staler than this many model versions; 0 or absent: no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_staleness: Option<u64>,
-    /// Workers pull the model every this many steps.
+    /// Workers pull the model every this many steps, ≥ 1.
     #[serde(default = "defaults::one")]
+    #[schemars(range(min = 1))]
     pub pull_every: u32,
-    /// Workers push their accumulated gradient every this many steps.
+    /// Workers push their accumulated gradient every this many steps, ≥ 1.
     #[serde(default = "defaults::one")]
+    #[schemars(range(min = 1))]
     pub push_every: u32,
     /// Heavy-ball momentum on the parameter server, in [0, 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("must be in [0, 1)"))]
     pub momentum: Option<f64>,
     /// L2 weight decay, ≥ 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
     pub weight_decay: Option<f64>,
 }
 
@@ -233,56 +310,68 @@ impl Default for OptimizerSpec {
     }
 }
 
+/// The parameter server's pod.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ParameterServerSpec {
     /// Image of the parameter server (default: the operator's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// CPU and memory requests and limits of the parameter server's container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Periodic checkpoints of the model and the optimizer state (absent: only the final one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
 }
 
+/// Periodic checkpoints of the parameter server.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointSpec {
-    /// Seconds between periodic checkpoints.
+    /// Seconds between periodic checkpoints, ≥ 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub interval_seconds: Option<u64>,
     /// Size of the PersistentVolumeClaim for checkpoints (e.g. 1Gi); absent: an emptyDir.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<String>,
 }
 
+/// The workers' pods.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkersSpec {
-    /// Number of workers, ≥ 1.
+    /// Number of workers, 1 to 1024.
+    #[schemars(range(min = 1, max = 1024))]
     pub replicas: u32,
     /// Image of the workers (default: the operator's worker image).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// nvidia.com/gpu per worker.
+    /// nvidia.com/gpu per worker (absent or 0: CPU only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
+    /// CPU and memory requests and limits of each worker's container (GPUs: use `gpus`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Node labels a worker's node must have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the workers tolerate (e.g. those of GPU nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
 }
 
+/// Retries, deadlines, clean-up and suspension.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RunPolicy {
     /// Pod re-creations (and container restarts) allowed before the job fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff_limit: Option<u32>,
-    /// Fail the job after this many seconds.
+    /// Fail the job after this many seconds, ≥ 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub active_deadline_seconds: Option<u64>,
     /// Delete the job this long after it finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -296,10 +385,91 @@ pub struct RunPolicy {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobStatus {
+    /// Created, Running, Restarting, Succeeded, Failed or Suspended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Phase>,
+    /// The latest observations of the job's state, one per type (Created, Running, Restarting,
+    /// Succeeded, Failed, Suspended), with reason, message and lastTransitionTime.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Worker pods by state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<WorkersStatus>,
+    /// The parameter server's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter_server: Option<ParameterServerStatus>,
+    /// Training progress, read from the parameter server while the job runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// When the operator started the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the job succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+}
+
+/// The phase of a TrainingJob.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum Phase {
+    Created,
+    Running,
+    Restarting,
+    Succeeded,
+    Failed,
+    Suspended,
+}
+
+/// Worker pods by state.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkersStatus {
+    /// Worker pods pending or running.
+    #[serde(default)]
+    pub active: u32,
+    /// Workers that finished their epochs.
+    #[serde(default)]
+    pub succeeded: u32,
+    /// Worker pods that failed.
+    #[serde(default)]
+    pub failed: u32,
+}
+
+/// The parameter server's state.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParameterServerStatus {
+    /// Whether the parameter server's pod is ready.
+    #[serde(default)]
+    pub ready: bool,
+}
+
+/// Training progress, read from the parameter server's `/v1/status`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Updates the parameter server applied (its model version).
+    #[serde(default)]
+    pub step: u64,
+    /// The epoch the slowest worker is in.
+    #[serde(default)]
+    pub epoch: u32,
+    /// Latest training loss reported by the workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Latest held-out accuracy, in [0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// Median staleness of the applied gradients, in model versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staleness_p50: Option<f64>,
+    /// 99th percentile staleness of the applied gradients, in model versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staleness_p99: Option<f64>,
 }
 
 mod defaults {

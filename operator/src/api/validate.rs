@@ -1,5 +1,7 @@
 //! The rules a TrainingJob must satisfy, checked before anything starts. `foresight run` and the
-//! operator apply the same function (the CRD's CEL rules mirror it).
+//! operator apply the same function. The CRD (`super::crd`) carries the same rules for the API
+//! server, as OpenAPI bounds and CEL rules (`x-kubernetes-validations`) on the field named here;
+//! `validate_update` adds the transition rules (what cannot change after creation).
 
 use super::{Algorithm, TrainingJobSpec};
 
@@ -89,5 +91,42 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
         "workers.replicas",
         format!("must be in 1..=1024, got {}", w.replicas),
     );
+    if let Some(ckpt) = &spec.parameter_server.checkpoint {
+        check(
+            ckpt.interval_seconds != Some(0),
+            "parameterServer.checkpoint.intervalSeconds",
+            "must be at least 1".into(),
+        );
+    }
+    check(
+        spec.run_policy.active_deadline_seconds != Some(0),
+        "runPolicy.activeDeadlineSeconds",
+        "must be at least 1".into(),
+    );
+    if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
+/// Every problem with changing a job's spec from `old` to `new`: those of `validate(new)`, and
+/// the transition rules. `model` and `optimizer.algorithm` cannot change once the job exists
+/// (the CRD cannot see `status` from a rule on `spec`, and the parameter server's weights,
+/// optimizer state and checkpoints belong to both from the first reconcile on).
+pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
+    let mut errs = validate(new).err().unwrap_or_default();
+    if old.model != new.model {
+        errs.push(ValidationError {
+            field: "model".into(),
+            message: "model cannot change after the job is created".into(),
+        });
+    }
+    if old.optimizer.algorithm != new.optimizer.algorithm {
+        errs.push(ValidationError {
+            field: "optimizer.algorithm".into(),
+            message: format!(
+                "algorithm cannot change after the job is created ({} -> {})",
+                old.optimizer.algorithm.as_str(),
+                new.optimizer.algorithm.as_str()
+            ),
+        });
+    }
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }

@@ -1,0 +1,405 @@
+//! The TrainingJob CRD against a real kube-apiserver (v1.37, with etcd) and the real kubectl:
+//! it installs, `kubectl get tj` shows the printer columns, `kubectl explain` shows the
+//! descriptions, the server applies the defaults, each CEL rule and bound refuses a bad object
+//! naming the field (and `api::validate` refuses the same object for the same field), and the
+//! model and algorithm cannot change once the job exists.
+
+mod support;
+
+use foresight_operator::api::{TrainingJob, validate, validate_update};
+use serde_json::{Value, json};
+use support::control_plane;
+
+/// The smallest valid TrainingJob.
+fn minimal(name: &str) -> Value {
+    json!({
+        "apiVersion": "foresight.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "lenet5"},
+            "dataset": {"format": "mnist", "path": "/data/mnist"},
+            "workers": {"replicas": 2}
+        }
+    })
+}
+
+fn yaml(v: &Value) -> String {
+    serde_yaml::to_string(v).unwrap()
+}
+
+/// Sets `value` at the dotted `path` below the object, creating objects on the way;
+/// `Value::Null` removes the field.
+fn set(obj: &mut Value, path: &str, value: Value) {
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let last = parts.pop().unwrap();
+    let mut cur = obj;
+    for p in parts {
+        cur = cur.as_object_mut().unwrap().entry(p).or_insert_with(|| json!({}));
+    }
+    if value.is_null() {
+        cur.as_object_mut().unwrap().remove(last);
+    } else {
+        cur[last] = value;
+    }
+}
+
+#[test]
+fn the_example_applies_and_get_shows_the_printer_columns() {
+    let cp = control_plane();
+    let ns = cp.namespace("example");
+    let example = support::repo_root().join("examples/mnist-dcasgd.yaml");
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", example.to_str().unwrap()], None);
+
+    let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "PHASE", "WORKERS", "ALGORITHM", "STEP", "STALENESS", "P99", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..2], ["mnist-dcasgd", "4"], "no phase yet: {table}");
+    assert_eq!(row[2], "dc-asgd-a", "{table}");
+
+    // The status subresource takes what the operator will write, and the columns show it.
+    let status = json!({"status": {
+        "phase": "Running",
+        "observedGeneration": 1,
+        "conditions": [{"type": "Running", "status": "True", "reason": "WorkersRunning",
+                        "message": "4 of 4 workers running", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "workers": {"active": 4, "succeeded": 0, "failed": 0},
+        "parameterServer": {"ready": true},
+        "progress": {"step": 1234, "epoch": 2, "loss": 0.31, "accuracy": 0.91,
+                     "stalenessP50": 3.0, "stalenessP99": 7.5},
+        "startTime": "2026-01-01T00:00:00Z"
+    }});
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "tj",
+            "mnist-dcasgd",
+            "-n",
+            &ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ],
+        None,
+    );
+    let table = cp.kubectl_ok(&["get", "tj", "-n", &ns, "--no-headers"], None);
+    let row: Vec<&str> = table.split_whitespace().collect();
+    assert_eq!(row[..6], ["mnist-dcasgd", "Running", "4", "dc-asgd-a", "1234", "7.5"], "{table}");
+
+    // What the server stored reads back as the Rust type.
+    let stored: TrainingJob =
+        serde_json::from_str(&cp.kubectl_ok(&["get", "tj", "mnist-dcasgd", "-n", &ns, "-o", "json"], None))
+            .unwrap();
+    let st = stored.status.expect("status stored");
+    assert_eq!(st.progress.unwrap().step, 1234);
+    assert_eq!(st.conditions[0].reason, "WorkersRunning");
+    assert!(st.parameter_server.unwrap().ready);
+}
+
+#[test]
+fn kubectl_explain_describes_the_optimizer() {
+    let cp = control_plane();
+    let out = cp.kubectl_ok(&["explain", "trainingjob.spec.optimizer"], None);
+    for text in [
+        "The update rule the parameter server applies",
+        "algorithm",
+        "dc-asgd-a",
+        "Cannot change after the job is created",
+        "lambda0",
+        "meanSquareDecay",
+        "in [0, 1), dc-asgd-a only",
+        "pullEvery",
+        "Workers pull the model every this many steps",
+        "momentum",
+        "weightDecay",
+        "maxStaleness",
+    ] {
+        assert!(out.contains(text), "`kubectl explain trainingjob.spec.optimizer` lacks {text:?}:\n{out}");
+    }
+    let out = cp.kubectl_ok(&["explain", "tj.status.progress"], None);
+    assert!(out.contains("stalenessP99") && out.contains("99th percentile"), "{out}");
+}
+
+#[test]
+fn the_server_applies_the_defaults() {
+    let cp = control_plane();
+    let ns = cp.namespace("defaults");
+    let mut obj = minimal("defaults");
+    // An explicit null is pruned like an absent field (the schema has no `nullable`).
+    set(&mut obj, "spec.optimizer", json!({"algorithm": "asgd", "lambda0": null}));
+    cp.kubectl_ok(&["create", "-n", &ns, "-f", "-"], Some(&yaml(&obj)));
+    let got: Value =
+        serde_json::from_str(&cp.kubectl_ok(&["get", "tj", "defaults", "-n", &ns, "-o", "json"], None))
+            .unwrap();
+    let spec = &got["spec"];
+    assert_eq!(spec["training"], json!({"epochs": 10, "batchSize": 64, "learningRate": 0.05, "seed": 1}));
+    assert_eq!(spec["optimizer"], json!({"algorithm": "asgd", "pullEvery": 1, "pushEvery": 1}));
+    assert_eq!(spec["parameterServer"], json!({}));
+    assert_eq!(spec["runPolicy"], json!({}));
+    // The same defaults as serde's.
+    let job: TrainingJob = serde_json::from_value(got).unwrap();
+    let local: TrainingJob = serde_json::from_value(obj).unwrap();
+    assert_eq!(job.spec, local.spec);
+}
+
+/// Every rule of the schema, each with an object that breaks only it: the API server refuses
+/// the object naming the field and the problem, and `api::validate` refuses it for the same
+/// field. (Creations go through `kubectl create --dry-run=server`: validated, never stored.)
+#[test]
+fn each_rule_refuses_a_bad_object_naming_the_field() {
+    let cp = control_plane();
+    let ns = cp.namespace("rules");
+    // (what to change, the field validate() names, what the API server's message contains)
+    type Changes<'a> = &'a [(&'a str, Value)];
+    let cases: &[(Changes, &str, &str)] = &[
+        (&[("spec.model.torchscript", json!({"path": "m.pt"}))], "model", "set exactly one of model.name"),
+        (&[("spec.model.name", Value::Null)], "model", "set exactly one of model.name"),
+        (
+            &[("spec.model.name", Value::Null), ("spec.model.torchscript", json!({"path": "  "}))],
+            "model.torchscript.path",
+            "spec.model.torchscript.path: Invalid value: |must not be empty",
+        ),
+        (&[("spec.model.name", json!("vgg"))], "", "spec.model.name: Unsupported value: \"vgg\""),
+        (
+            &[("spec.dataset.path", json!(""))],
+            "dataset.path",
+            "spec.dataset.path: Invalid value: |must not be empty",
+        ),
+        (
+            &[("spec.dataset.holdout", json!(1.0))],
+            "dataset.holdout",
+            "spec.dataset.holdout: Invalid value: |must be in (0, 1)",
+        ),
+        (
+            &[("spec.dataset.holdout", json!(0))],
+            "dataset.holdout",
+            "spec.dataset.holdout: Invalid value: |must be in (0, 1)",
+        ),
+        (
+            &[("spec.training.epochs", json!(0))],
+            "training.epochs",
+            "spec.training.epochs in body should be greater than or equal to 1",
+        ),
+        (
+            &[("spec.training.batchSize", json!(0))],
+            "training.batchSize",
+            "spec.training.batchSize in body should be greater than or equal to 1",
+        ),
+        (
+            &[("spec.training.learningRate", json!(0))],
+            "training.learningRate",
+            "spec.training.learningRate: Invalid value: |must be > 0",
+        ),
+        (
+            &[("spec.training.learningRate", json!(-0.1))],
+            "training.learningRate",
+            "spec.training.learningRate: Invalid value: |must be > 0",
+        ),
+        (
+            &[("spec.training.lrDecay", json!({"factor": 1.5, "milestones": [10]}))],
+            "training.lrDecay.factor",
+            "spec.training.lrDecay.factor: Invalid value: |must be in (0, 1]",
+        ),
+        (
+            &[("spec.training.lrDecay", json!({"factor": 0, "milestones": [10]}))],
+            "training.lrDecay.factor",
+            "spec.training.lrDecay.factor: Invalid value: |must be in (0, 1]",
+        ),
+        (
+            &[("spec.training.lrDecay", json!({"factor": 0.1, "milestones": [20, 10]}))],
+            "training.lrDecay.milestones",
+            "spec.training.lrDecay.milestones: Invalid value: |must be epochs ≥ 0 in strictly ascending order",
+        ),
+        (
+            &[("spec.training.lrDecay", json!({"factor": 0.1, "milestones": [10, 10]}))],
+            "training.lrDecay.milestones",
+            "strictly ascending",
+        ),
+        (
+            &[("spec.training.lrDecay", json!({"factor": 0.1, "milestones": [-1, 10]}))],
+            "training.lrDecay.milestones",
+            "strictly ascending",
+        ),
+        (
+            &[("spec.optimizer", json!({"algorithm": "asgd", "lambda0": 0.04}))],
+            "optimizer.lambda0",
+            "spec.optimizer.lambda0: Invalid value: |lambda0 only applies to dc-asgd-c and dc-asgd-a",
+        ),
+        (
+            &[("spec.optimizer", json!({"algorithm": "sync", "lambda0": 0.04}))],
+            "optimizer.lambda0",
+            "lambda0 only applies to dc-asgd-c and dc-asgd-a",
+        ),
+        (
+            &[("spec.optimizer.lambda0", json!(-1))],
+            "optimizer.lambda0",
+            "spec.optimizer.lambda0: Invalid value: |must be ≥ 0",
+        ),
+        (
+            &[("spec.optimizer", json!({"algorithm": "dc-asgd-c", "meanSquareDecay": 0.95}))],
+            "optimizer.meanSquareDecay",
+            "spec.optimizer.meanSquareDecay: Invalid value: |meanSquareDecay only applies to dc-asgd-a",
+        ),
+        (
+            &[("spec.optimizer.meanSquareDecay", json!(1))],
+            "optimizer.meanSquareDecay",
+            "spec.optimizer.meanSquareDecay: Invalid value: |must be in [0, 1)",
+        ),
+        (
+            &[("spec.optimizer.algorithm", json!("adam"))],
+            "",
+            "spec.optimizer.algorithm: Unsupported value: \"adam\"",
+        ),
+        (
+            &[("spec.optimizer.pullEvery", json!(0))],
+            "optimizer.pullEvery",
+            "spec.optimizer.pullEvery in body should be greater than or equal to 1",
+        ),
+        (
+            &[("spec.optimizer.pushEvery", json!(0))],
+            "optimizer.pushEvery",
+            "spec.optimizer.pushEvery in body should be greater than or equal to 1",
+        ),
+        (
+            &[("spec.optimizer.momentum", json!(1.0))],
+            "optimizer.momentum",
+            "spec.optimizer.momentum: Invalid value: |must be in [0, 1)",
+        ),
+        (&[("spec.optimizer.momentum", json!(-0.5))], "optimizer.momentum", "must be in [0, 1)"),
+        (
+            &[("spec.optimizer.weightDecay", json!(-0.1))],
+            "optimizer.weightDecay",
+            "spec.optimizer.weightDecay: Invalid value: |must be ≥ 0",
+        ),
+        (
+            &[("spec.workers.replicas", json!(0))],
+            "workers.replicas",
+            "spec.workers.replicas in body should be greater than or equal to 1",
+        ),
+        (
+            &[("spec.workers.replicas", json!(1025))],
+            "workers.replicas",
+            "spec.workers.replicas in body should be less than or equal to 1024",
+        ),
+        (
+            &[("spec.parameterServer.checkpoint.intervalSeconds", json!(0))],
+            "parameterServer.checkpoint.intervalSeconds",
+            "spec.parameterServer.checkpoint.intervalSeconds in body should be greater than or equal to 1",
+        ),
+        (
+            &[("spec.runPolicy.activeDeadlineSeconds", json!(0))],
+            "runPolicy.activeDeadlineSeconds",
+            "spec.runPolicy.activeDeadlineSeconds in body should be greater than or equal to 1",
+        ),
+        (&[("spec.workers", Value::Null)], "", "spec.workers: Required value"),
+    ];
+    let mut failures = Vec::new();
+    for (i, (changes, field, message)) in cases.iter().enumerate() {
+        let mut obj = minimal(&format!("bad-{i}"));
+        for (path, value) in changes.iter() {
+            set(&mut obj, path, value.clone());
+        }
+        let out = cp.kubectl(&["create", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&yaml(&obj)));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !message.split('|').all(|m| stderr.contains(m)) {
+            failures.push(format!(
+                "{changes:?}: expected a refusal containing {message:?}, got {}: {stderr}",
+                out.status
+            ));
+        }
+        // The Rust rules agree (an empty field: serde itself refuses the object).
+        match serde_json::from_value::<TrainingJob>(obj) {
+            Ok(job) => {
+                let errs = validate(&job.spec).err().unwrap_or_default();
+                if field.is_empty() || !errs.iter().any(|e| e.field == *field) {
+                    failures.push(format!("{changes:?}: validate() should name {field:?}, got {errs:?}"));
+                }
+            }
+            Err(e) if !field.is_empty() => failures.push(format!("{changes:?}: serde refused it: {e}")),
+            Err(_) => {}
+        }
+    }
+    // And a valid object with every optional field set is accepted by both.
+    let mut full = minimal("full");
+    set(&mut full, "spec.dataset.holdout", json!(0.2));
+    set(&mut full, "spec.training.lrDecay", json!({"factor": 0.1, "milestones": [0, 80, 120.5]}));
+    set(
+        &mut full,
+        "spec.optimizer",
+        json!({"algorithm": "dc-asgd-a", "lambda0": 0, "meanSquareDecay": 0, "maxStaleness": 0,
+               "momentum": 0, "weightDecay": 0, "pullEvery": 2, "pushEvery": 3}),
+    );
+    set(&mut full, "spec.parameterServer.checkpoint", json!({"intervalSeconds": 1, "storage": "1Gi"}));
+    set(&mut full, "spec.runPolicy", json!({"backoffLimit": 0, "activeDeadlineSeconds": 1, "suspend": true}));
+    set(&mut full, "spec.workers", json!({"replicas": 1024, "gpus": 0}));
+    let out = cp.kubectl(&["create", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&yaml(&full)));
+    if !out.status.success() {
+        failures.push(format!("the full object was refused: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    validate(&serde_json::from_value::<TrainingJob>(full).unwrap().spec).unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn the_model_and_the_algorithm_cannot_change_after_creation() {
+    let cp = control_plane();
+    let ns = cp.namespace("immutable");
+    let mut obj = minimal("fixed");
+    set(&mut obj, "spec.optimizer", json!({"algorithm": "dc-asgd-a", "lambda0": 2}));
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(&obj)));
+    let old: TrainingJob = serde_json::from_value(obj.clone()).unwrap();
+
+    let refusals: &[(&str, Value, &str)] = &[
+        (
+            "spec.optimizer",
+            json!({"algorithm": "asgd"}),
+            "spec.optimizer.algorithm: Invalid value: |algorithm cannot change after the job is created",
+        ),
+        (
+            "spec.model",
+            json!({"name": "resnet20"}),
+            "spec.model: Invalid value: |model cannot change after the job is created",
+        ),
+        (
+            "spec.model",
+            json!({"torchscript": {"path": "/data/m.pt"}}),
+            "model cannot change after the job is created",
+        ),
+    ];
+    for (path, value, message) in refusals {
+        let mut changed = obj.clone();
+        set(&mut changed, path, value.clone());
+        let out = cp.kubectl(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(&changed)));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && message.split('|').all(|m| stderr.contains(m)),
+            "{path}={value}: {stderr}"
+        );
+        let new: TrainingJob = serde_json::from_value(changed).unwrap();
+        let errs = validate_update(&old.spec, &new.spec).unwrap_err();
+        let field = path.trim_start_matches("spec.");
+        assert!(errs.iter().any(|e| e.field.starts_with(field)), "{path}: {errs:?}");
+    }
+    // Everything else may change: more epochs, another λ0, more workers.
+    let mut changed = obj.clone();
+    set(&mut changed, "spec.training", json!({"epochs": 20}));
+    set(&mut changed, "spec.optimizer.lambda0", json!(1));
+    set(&mut changed, "spec.workers.replicas", json!(8));
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(&changed)));
+    validate_update(&old.spec, &serde_json::from_value::<TrainingJob>(changed).unwrap().spec).unwrap();
+    let got =
+        cp.kubectl_ok(&["get", "tj", "fixed", "-n", &ns, "-o", "jsonpath={.spec.training.epochs}"], None);
+    assert_eq!(got, "20");
+}

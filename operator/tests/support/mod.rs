@@ -1,0 +1,337 @@
+//! A real Kubernetes control plane for the operator's integration tests: etcd and
+//! kube-apiserver (v1.37, built from Go modules by `tools/build-control-plane.sh`) on free
+//! loopback ports, with throw-away certificates and token auth, and the TrainingJob CRD
+//! installed. One control plane per test binary (`control_plane()`), one namespace per test
+//! (`ControlPlane::namespace`).
+//!
+//! Teardown. The processes run under a small bash supervisor (`SUPERVISOR` below, the same
+//! steps as `tools/smoke-control-plane.sh`) whose stdin is a pipe held by this process. The
+//! supervisor waits for EOF on it, then stops the apiserver and etcd (TERM, then KILL after
+//! 5 s) and removes the temporary directory. The kernel closes the pipe however this process
+//! ends — tests passing, a test panicking (the test binary exits with 101), a panic during
+//! setup, an abort, even SIGKILL — so nothing outlives the test binary. On an ordinary exit an
+//! `atexit` handler also closes the pipe itself and waits for the supervisor, so the control
+//! plane is gone before `cargo test` moves on; after a crash the supervisor finishes on its own
+//! a few seconds later. The supervisor and the servers stay in the test's process group, so a
+//! Ctrl-C reaches them too. `KEEP_CONTROL_PLANE_TMP=1` keeps the directory (logs) afterwards.
+#![allow(dead_code)] // each test binary uses its own part of the harness
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The running control plane of this test binary.
+pub struct ControlPlane {
+    /// Directory of etcd, kube-apiserver and kubectl.
+    pub bin: PathBuf,
+    /// Temporary directory: certificates, kubeconfig, logs, etcd data.
+    pub dir: PathBuf,
+    /// Admin kubeconfig (token of a `system:masters` user).
+    pub kubeconfig: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// How long starting took, for the test log: control plane ready, CRD established.
+    pub ready_after: Duration,
+    pub crd_established_after: Duration,
+}
+
+/// The supervisor process and the write end of its stdin; taken by the `atexit` handler.
+static SUPERVISOR_HANDLE: Mutex<Option<(Child, ChildStdin)>> = Mutex::new(None);
+static CONTROL_PLANE: OnceLock<ControlPlane> = OnceLock::new();
+
+/// The control plane of this test binary, started on first use (panics when it cannot start;
+/// the message includes the logs).
+pub fn control_plane() -> &'static ControlPlane {
+    CONTROL_PLANE.get_or_init(|| ControlPlane::start().unwrap_or_else(|e| panic!("control plane: {e}")))
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("operator/ has a parent").to_path_buf()
+}
+
+impl ControlPlane {
+    fn start() -> Result<Self, String> {
+        let t0 = Instant::now();
+        let bin = control_plane_bin()?;
+        for b in ["etcd", "kube-apiserver", "kubectl"] {
+            if !bin.join(b).is_file() {
+                return Err(format!("{} missing", bin.join(b).display()));
+            }
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("foresight-cp.")
+            .tempdir()
+            .map_err(|e| format!("temp dir: {e}"))?
+            .keep();
+        let script = dir.join("supervisor.sh");
+        std::fs::write(&script, SUPERVISOR).map_err(|e| format!("{}: {e}", script.display()))?;
+        let ports = free_ports(3);
+        let mut child = Command::new("bash")
+            .arg(&script)
+            .env("BIN", &bin)
+            .env("WORK", &dir)
+            .env("ETCD_PORT", ports[0].to_string())
+            .env("ETCD_PEER_PORT", ports[1].to_string())
+            .env("API_PORT", ports[2].to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("bash {}: {e}", script.display()))?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        *SUPERVISOR_HANDLE.lock().unwrap() = Some((child, stdin));
+        register_atexit();
+
+        // The supervisor prints one line: READY, or FAILED with the reason (logs on stderr).
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map_err(|e| format!("supervisor stdout: {e}"))?;
+        if line.trim() != "READY" {
+            return Err(format!("the supervisor said {:?}; its log is above", line.trim()));
+        }
+        let ready_after = t0.elapsed();
+        let cp = Self {
+            kubeconfig: dir.join("admin.kubeconfig"),
+            server: format!("https://127.0.0.1:{}", ports[2]),
+            bin,
+            dir,
+            ready_after,
+            crd_established_after: Duration::ZERO,
+        };
+        let crd = repo_root().join("crds/trainingjob.yaml");
+        cp.kubectl_ok(&["apply", "-f", crd.to_str().unwrap()], None);
+        cp.kubectl_ok(
+            &["wait", "--for", "condition=Established", "--timeout=60s", "crd/trainingjobs.foresight.dev"],
+            None,
+        );
+        // Established means served; discovery (`kubectl get tj`) and the published OpenAPI
+        // document (`kubectl explain`) trail it by a few seconds.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !(cp.kubectl(&["get", "tj", "-A"], None).status.success()
+            && cp.kubectl(&["explain", "trainingjob.spec"], None).status.success())
+        {
+            if Instant::now() > deadline {
+                return Err("the TrainingJob resource never appeared in discovery and OpenAPI".into());
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let cp = Self { crd_established_after: t0.elapsed(), ..cp };
+        eprintln!(
+            "control plane at {} ({}): ready after {:.1?}, CRD established after {:.1?}",
+            cp.server,
+            cp.dir.display(),
+            cp.ready_after,
+            cp.crd_established_after
+        );
+        Ok(cp)
+    }
+
+    /// A `kubectl` command against this control plane.
+    pub fn kubectl_cmd(&self) -> Command {
+        let mut c = Command::new(self.bin.join("kubectl"));
+        c.env("KUBECONFIG", &self.kubeconfig).env_remove("KUBERNETES_SERVICE_HOST");
+        c
+    }
+
+    /// Runs kubectl with `args`, `stdin` piped in; returns its output whatever the status.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut c = self.kubectl_cmd();
+        c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        let mut child = c.spawn().expect("kubectl starts");
+        if let Some(text) = stdin {
+            child.stdin.take().unwrap().write_all(text.as_bytes()).expect("kubectl stdin");
+        }
+        child.wait_with_output().expect("kubectl runs")
+    }
+
+    /// Runs kubectl and returns its stdout; panics with its stderr when it fails.
+    pub fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.kubectl(args, stdin);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed ({}):\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("kubectl prints UTF-8")
+    }
+
+    /// A new namespace for one test, named after it (`tj-<test>-<n>`).
+    pub fn namespace(&self, test: &str) -> String {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let slug: String = test
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .take(40)
+            .collect();
+        let ns = format!("t-{}-{}", slug.trim_matches('-'), N.fetch_add(1, Ordering::Relaxed));
+        self.kubectl_ok(&["create", "namespace", &ns], None);
+        ns
+    }
+}
+
+/// Runs `tools/build-control-plane.sh` (instant when built, ~20 min cold) unless
+/// `CONTROL_PLANE_BIN` names the directory; the script prints the directory last.
+fn control_plane_bin() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("CONTROL_PLANE_BIN") {
+        return Ok(dir.into());
+    }
+    let script = repo_root().join("tools/build-control-plane.sh");
+    let out = Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("{} failed ({})", script.display(), out.status));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().ok_or_else(|| format!("{} printed nothing", script.display()))?;
+    Ok(PathBuf::from(last.trim()))
+}
+
+/// `n` distinct loopback ports that were free a moment ago.
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<_> =
+        (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port")).collect();
+    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+fn register_atexit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    unsafe extern "C" {
+        fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+    }
+    extern "C" fn stop() {
+        // Never panic or block forever here: this runs during process exit.
+        let Ok(mut guard) = SUPERVISOR_HANDLE.try_lock() else { return };
+        if let Some((mut child, stdin)) = guard.take() {
+            drop(stdin); // EOF: the supervisor stops the servers and removes the directory
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+        }
+    }
+    // SAFETY: `atexit` is the C library's; `stop` is a plain `extern "C" fn` without arguments
+    // that does not unwind.
+    ONCE.call_once(|| unsafe {
+        atexit(stop);
+    });
+}
+
+/// Starts etcd and kube-apiserver in $WORK, prints READY (or FAILED …) on stdout, then waits
+/// for EOF on stdin and tears everything down. Mirrors tools/smoke-control-plane.sh.
+const SUPERVISOR: &str = r#"#!/usr/bin/env bash
+set -uo pipefail
+log() { printf '[control-plane] %s\n' "$*" >&2; }
+pids=()
+names=()
+teardown() {
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill "${pids[i]}" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "${pids[i]}" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "${pids[i]}" 2>/dev/null
+    wait "${pids[i]}" 2>/dev/null
+  done
+  if [[ ${KEEP_CONTROL_PLANE_TMP:-0} == 1 ]]; then log "kept $WORK"; else rm -rf "$WORK"; fi
+}
+fail() {
+  log "FAILED: $*"
+  for n in "${names[@]}"; do log "---- last lines of $n.log ----"; tail -n 30 "$WORK/$n.log" >&2; done
+  echo "FAILED $*"
+  teardown
+  exit 1
+}
+trap 'teardown; exit 143' TERM INT
+start() {
+  local name=$1
+  shift
+  "$@" </dev/null >"$WORK/$name.log" 2>&1 &
+  pids+=("$!")
+  names+=("$name")
+}
+wait_for() { # what timeout_s index command...
+  local what=$1 timeout=$2 idx=$3 t0=$SECONDS
+  shift 3
+  until "$@" >/dev/null 2>&1; do
+    kill -0 "${pids[$idx]}" 2>/dev/null || fail "${names[$idx]} exited early"
+    ((SECONDS - t0 < timeout)) || fail "$what not ready after ${timeout}s"
+    sleep 0.2
+  done
+}
+
+cd "$WORK" || exit 1
+{
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=foresight-test-ca" -keyout ca.key -out ca.crt &&
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout apiserver.key -out apiserver.csr &&
+  printf '%s\n' 'basicConstraints = CA:FALSE' 'keyUsage = digitalSignature, keyEncipherment' \
+    'extendedKeyUsage = serverAuth' \
+    'subjectAltName = IP:127.0.0.1, DNS:localhost, DNS:kubernetes, DNS:kubernetes.default, DNS:kubernetes.default.svc, IP:10.0.0.1' \
+    >apiserver.ext &&
+  openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
+    -extfile apiserver.ext -out apiserver.crt &&
+  openssl genrsa -out sa.key 2048 &&
+  openssl rsa -in sa.key -pubout -out sa.pub
+} 2>openssl.log || fail "openssl: $(cat openssl.log)"
+token=$(openssl rand -hex 16)
+echo "$token,admin,admin,\"system:masters\"" >tokens.csv
+cat >admin.kubeconfig <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $WORK/ca.crt
+users:
+- name: admin
+  user:
+    token: $token
+contexts:
+- name: test
+  context: {cluster: test, user: admin}
+current-context: test
+EOF
+
+start etcd "$BIN/etcd" --name test --data-dir "$WORK/etcd" \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster "test=http://127.0.0.1:$ETCD_PEER_PORT" \
+  --unsafe-no-fsync --log-level warn
+etcd_health() { curl -fsS "http://127.0.0.1:$ETCD_PORT/health" | grep -q '"health":"true"'; }
+wait_for etcd 60 0 etcd_health
+
+start kube-apiserver "$BIN/kube-apiserver" \
+  --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+  --endpoint-reconciler-type none \
+  --cert-dir "$WORK/apiserver-certs" \
+  --tls-cert-file "$WORK/apiserver.crt" --tls-private-key-file "$WORK/apiserver.key" \
+  --client-ca-file "$WORK/ca.crt" \
+  --token-auth-file "$WORK/tokens.csv" \
+  --authorization-mode RBAC \
+  --service-account-issuer https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file "$WORK/sa.pub" \
+  --service-account-signing-key-file "$WORK/sa.key" \
+  --service-cluster-ip-range 10.0.0.0/24
+wait_for kube-apiserver 120 1 "$BIN/kubectl" --kubeconfig "$WORK/admin.kubeconfig" get --raw /readyz
+
+echo READY
+# Until the test binary ends (EOF on stdin, however it ends).
+cat >/dev/null
+teardown
+"#;
