@@ -88,16 +88,7 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
 ) -> UpdateStats {
     use std::arch::x86_64::*;
     let n = w.len();
-    assert_eq!(g.len(), n);
-    if KIND != SGD {
-        assert_eq!(bak.len(), n, "backup and parameters differ in length");
-    }
-    if KIND == DC_ADAPTIVE {
-        assert_eq!(ms.len(), n, "MeanSquare and parameters differ in length");
-    }
-    if MOM {
-        assert_eq!(mom.len(), n, "momentum and parameters differ in length");
-    }
+    check_lengths::<KIND, MOM>(n, g, bak, ms, mom);
     let body = n - n % LANES;
     let (lr, wd, mu) = (_mm256_set1_ps(s.lr), _mm256_set1_ps(s.weight_decay), _mm256_set1_ps(s.momentum));
     let (l0, decay, keep, eps) = (
@@ -233,15 +224,7 @@ fn kernel<const KIND: u8, const MOM: bool>(
     mom: &mut [f32],
 ) -> UpdateStats {
     let n = w.len();
-    if KIND != SGD {
-        assert_eq!(bak.len(), n, "backup and parameters differ in length");
-    }
-    if KIND == DC_ADAPTIVE {
-        assert_eq!(ms.len(), n, "MeanSquare and parameters differ in length");
-    }
-    if MOM {
-        assert_eq!(mom.len(), n, "momentum and parameters differ in length");
-    }
+    check_lengths::<KIND, MOM>(n, g, bak, ms, mom);
     let mut acc = Acc::default();
     let (mut ms_dummy, mut mom_dummy) = ([0f32; LANES], [0f32; LANES]);
     let bak_dummy = [0f32; LANES];
@@ -259,6 +242,21 @@ fn kernel<const KIND: u8, const MOM: bool>(
         }
     }
     remainder::<KIND, MOM>(&s, acc, w, g, bak, ms, mom, body)
+}
+
+/// The slices a rule reads must be as long as the parameters (the vector loops rely on it).
+#[inline(always)]
+fn check_lengths<const KIND: u8, const MOM: bool>(n: usize, g: &[f32], bak: &[f32], ms: &[f32], mom: &[f32]) {
+    assert_eq!(g.len(), n, "gradient and parameters differ in length");
+    if KIND != SGD {
+        assert_eq!(bak.len(), n, "backup and parameters differ in length");
+    }
+    if KIND == DC_ADAPTIVE {
+        assert_eq!(ms.len(), n, "MeanSquare and parameters differ in length");
+    }
+    if MOM {
+        assert_eq!(mom.len(), n, "momentum and parameters differ in length");
+    }
 }
 
 /// The elements after the last full chunk, then the per-lane sums folded into the stats.
