@@ -146,9 +146,20 @@ fn a_failing_worker_stops_the_run_and_says_which() {
     assert!(stderr.contains("worker") && stderr.contains("lenet5 needs 28×28 or 32×32"), "{stderr}");
 }
 
-/// Ctrl-C (SIGINT) stops every child, the parameter server leaves a checkpoint, exit code 130.
+/// Ctrl-C (SIGINT), `kill` (SIGTERM) and a closed terminal (SIGHUP) stop every child, the
+/// parameter server leaves a checkpoint, exit code 130.
 #[test]
 fn ctrl_c_stops_every_process_and_leaves_a_checkpoint() {
+    stop_with("INT");
+}
+
+#[test]
+fn sigterm_and_sighup_stop_every_process_too() {
+    stop_with("TERM");
+    stop_with("HUP");
+}
+
+fn stop_with(signal: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let yaml = job(
@@ -177,7 +188,13 @@ fn ctrl_c_stops_every_process_and_leaves_a_checkpoint() {
     let targets: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("prometheus-targets.json")).unwrap()).unwrap();
     let ps_addr = targets[0]["targets"][0].as_str().unwrap().to_string();
-    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(130), "{stderr}");

@@ -170,10 +170,9 @@ enum Msg {
 
 /// Runs `job` to completion on this machine.
 pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunError> {
-    // Installed before any child starts, so a Ctrl-C at any point is handled (and not the
-    // default exit that would orphan the children).
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .map_err(|e| setup(format!("cannot handle SIGINT: {e}")))?;
+    // Installed before any child starts, so Ctrl-C, `kill` or a closed terminal at any point
+    // stop the run in order, instead of the default exit that would orphan the children.
+    let mut stop = stop_signals()?;
     let spec = &job.spec;
     let name = job.metadata.name.clone().unwrap_or_else(|| "local".into());
     let namespace = "local";
@@ -306,7 +305,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                 bar.set_position((history.mean_epoch(m) * 1000.0) as u64);
                 bar.set_message(history.line(status.as_ref()));
             }
-            _ = sigint.recv() => {
+            _ = stop.changed() => {
                 bar.abandon();
                 stop_all("TERM");
                 let _ = tokio::time::timeout(Duration::from_secs(60), ps_child.wait()).await;
@@ -340,6 +339,24 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     plot::draw(&opts.out.join("plot.png"), &history, &summary)
         .map_err(|e| setup(format!("drawing the plot: {e}")))?;
     Ok(summary)
+}
+
+/// Becomes true on SIGINT, SIGTERM or SIGHUP.
+fn stop_signals() -> Result<tokio::sync::watch::Receiver<bool>, RunError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let listen = |kind: SignalKind| signal(kind).map_err(|e| setup(format!("cannot handle signals: {e}")));
+    let (mut int, mut term, mut hup) =
+        (listen(SignalKind::interrupt())?, listen(SignalKind::terminate())?, listen(SignalKind::hangup())?);
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+        let _ = tx.send(true);
+    });
+    Ok(rx)
 }
 
 fn failed_status() -> ExitStatus {
