@@ -1,8 +1,10 @@
 //! `foresight`: the Foresight CLI.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use foresight_operator::controller::{self, children::ChildDefaults, leader::LeaseConfig, token::TokenKey};
 use foresight_operator::local::{self, RunOptions};
 
 #[derive(Parser, Debug)]
@@ -43,6 +45,75 @@ enum Cmd {
     },
     /// Print the TrainingJob CustomResourceDefinition as YAML.
     Crd,
+    /// Run the Kubernetes operator: reconcile TrainingJobs into a parameter server Deployment
+    /// and Service, a token Secret and an Indexed worker Job, and keep their status.
+    Operator(OperatorArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct OperatorArgs {
+    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the pod's service account).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Watch TrainingJobs in this namespace only (default: all namespaces).
+    #[arg(long, env = "FORESIGHT_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "FORESIGHT_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: String,
+    /// Secret key (≥ 32 bytes) the job tokens are derived from; the same for every replica.
+    #[arg(long, env = "FORESIGHT_TOKEN_KEY", hide_env_values = true)]
+    token_key: Option<String>,
+    /// File holding the token key (instead of --token-key).
+    #[arg(long, env = "FORESIGHT_TOKEN_KEY_FILE", conflicts_with = "token_key")]
+    token_key_file: Option<PathBuf>,
+    /// Parameter server image for jobs that name none.
+    #[arg(long, env = "FORESIGHT_PS_IMAGE", default_value = "ghcr.io/foresight-dev/foresight-ps:0.1.0")]
+    ps_image: String,
+    /// Worker image for jobs that name none.
+    #[arg(
+        long,
+        env = "FORESIGHT_WORKER_IMAGE",
+        default_value = "ghcr.io/foresight-dev/foresight-worker:0.1.0"
+    )]
+    worker_image: String,
+    /// How the operator reaches a job's parameter server ({name}, {namespace} are replaced);
+    /// change it only when the operator runs outside the cluster.
+    #[arg(long, env = "FORESIGHT_PS_URL_TEMPLATE", default_value = "http://{name}-ps.{namespace}.svc:8080")]
+    ps_url: String,
+    /// Seconds between reads of a running job's progress from its parameter server.
+    #[arg(long, env = "FORESIGHT_PROGRESS_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    progress_seconds: u64,
+    /// Seconds to retry writing the final model after the workers finished.
+    #[arg(long, env = "FORESIGHT_FINALIZE_GRACE_SECONDS", default_value_t = 300)]
+    finalize_grace_seconds: u64,
+    /// Elect a leader among the replicas with a Lease (turn off only with one replica).
+    #[arg(long, env = "FORESIGHT_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, env = "FORESIGHT_LEASE_NAME", default_value = "foresight-operator")]
+    lease_name: String,
+    /// Namespace of the Lease (in a cluster: the operator's own, from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's name in the Lease (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Seconds a leader's lease lasts without renewal before another replica may take it.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..))]
+    lease_duration_seconds: u64,
+    /// Log format.
+    #[arg(long, env = "FORESIGHT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log filter (tracing's EnvFilter syntax: info, debug, foresight_operator=debug, ...).
+    #[arg(long, env = "FORESIGHT_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 fn parse_slowdown(s: &str) -> Result<(usize, f64), String> {
@@ -57,13 +128,31 @@ fn parse_slowdown(s: &str) -> Result<(usize, f64), String> {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let (filter, json) = match &cli.command {
+        Cmd::Operator(a) => (a.log_level.clone(), matches!(a.log_format, LogFormat::Json)),
+        _ => (std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()), false),
+    };
+    let filter = match tracing_subscriber::EnvFilter::try_new(&filter) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("foresight: bad log filter {filter:?}: {e}");
+            std::process::exit(2);
+        }
+    };
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        logs.json().init()
+    } else {
+        logs.init()
+    }
+    match cli.command {
+        Cmd::Operator(args) => {
+            if let Err(e) = operator(args).await {
+                eprintln!("foresight operator: {e}");
+                std::process::exit(1);
+            }
+        }
         Cmd::Crd => {
             print!("{}", foresight_operator::api::crd_yaml());
         }
@@ -107,4 +196,51 @@ async fn main() {
             }
         }
     }
+}
+
+async fn operator(a: OperatorArgs) -> Result<(), String> {
+    let key = match (&a.token_key, &a.token_key_file) {
+        (Some(k), _) => k.trim().as_bytes().to_vec(),
+        (None, Some(f)) => std::fs::read(f).map_err(|e| format!("--token-key-file {}: {e}", f.display()))?.trim_ascii().to_vec(),
+        (None, None) => return Err("set FORESIGHT_TOKEN_KEY (or --token-key-file): the key the job tokens are derived from, e.g. `openssl rand -hex 32`".into()),
+    };
+    let token_key = TokenKey::new(&key).map_err(|e| e.to_string())?;
+    let config = match &a.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| format!("no Kubernetes configuration: {e}"))?,
+    };
+    let client = kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))?;
+    let lease_duration = Duration::from_secs(a.lease_duration_seconds);
+    let lease = a.leader_elect.then(|| LeaseConfig {
+        name: a.lease_name.clone(),
+        namespace: a.lease_namespace.clone(),
+        identity: a.identity.clone().unwrap_or_else(hostname),
+        lease_duration,
+        renew_deadline: lease_duration * 2 / 3,
+        retry_period: lease_duration / 5,
+    });
+    let settings = controller::Settings {
+        namespace: a.namespace.clone(),
+        defaults: ChildDefaults { ps_image: a.ps_image.clone(), worker_image: a.worker_image.clone() },
+        token_key,
+        ps_url: a.ps_url.clone(),
+        progress_every: Duration::from_secs(a.progress_seconds),
+        finalize_grace: Duration::from_secs(a.finalize_grace_seconds),
+        lease,
+    };
+    controller::run(client, settings, &a.metrics_addr).await
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("foresight-operator-{}", std::process::id()))
 }

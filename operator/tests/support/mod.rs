@@ -1,7 +1,11 @@
-//! A real Kubernetes control plane for the operator's integration tests: etcd and
-//! kube-apiserver (v1.37, built from Go modules by `tools/build-control-plane.sh`) on free
+//! A real Kubernetes control plane for the operator's integration tests: etcd, kube-apiserver,
+//! kube-controller-manager (Job, Deployment, ReplicaSet, garbage-collector controllers...) and
+//! kube-scheduler (v1.37, built from Go modules by `tools/build-control-plane.sh`) on free
 //! loopback ports, with throw-away certificates and token auth, and the TrainingJob CRD
-//! installed. One control plane per test binary (`control_plane()`), one namespace per test
+//! installed. No kubelet runs: one Node object, `node-1` (32 CPUs, 128 Gi, 4 `nvidia.com/gpu`),
+//! lets the scheduler bind pods, and tests play the kubelet by writing pod status
+//! (`ControlPlane::set_pod_phase`). Its node-lifecycle controller is off, so the silent node is
+//! never tainted or evicted. One control plane per test binary (`control_plane()`), one namespace per test
 //! (`ControlPlane::namespace`).
 //!
 //! Teardown. The processes run under a small bash supervisor (`SUPERVISOR` below, the same
@@ -58,7 +62,7 @@ impl ControlPlane {
     fn start() -> Result<Self, String> {
         let t0 = Instant::now();
         let bin = control_plane_bin()?;
-        for b in ["etcd", "kube-apiserver", "kubectl"] {
+        for b in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"] {
             if !bin.join(b).is_file() {
                 return Err(format!("{} missing", bin.join(b).display()));
             }
@@ -70,7 +74,7 @@ impl ControlPlane {
             .keep();
         let script = dir.join("supervisor.sh");
         std::fs::write(&script, SUPERVISOR).map_err(|e| format!("{}: {e}", script.display()))?;
-        let ports = free_ports(3);
+        let ports = free_ports(5);
         let mut child = Command::new("bash")
             .arg(&script)
             .env("BIN", &bin)
@@ -78,6 +82,8 @@ impl ControlPlane {
             .env("ETCD_PORT", ports[0].to_string())
             .env("ETCD_PEER_PORT", ports[1].to_string())
             .env("API_PORT", ports[2].to_string())
+            .env("KCM_PORT", ports[3].to_string())
+            .env("SCHED_PORT", ports[4].to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -285,9 +291,16 @@ cd "$WORK" || exit 1
   openssl genrsa -out sa.key 2048 &&
   openssl rsa -in sa.key -pubout -out sa.pub
 } 2>openssl.log || fail "openssl: $(cat openssl.log)"
-token=$(openssl rand -hex 16)
-echo "$token,admin,admin,\"system:masters\"" >tokens.csv
-cat >admin.kubeconfig <<EOF
+admin_token=$(openssl rand -hex 16)
+kcm_token=$(openssl rand -hex 16)
+sched_token=$(openssl rand -hex 16)
+cat >tokens.csv <<EOF
+$admin_token,admin,admin,"system:masters"
+$kcm_token,system:kube-controller-manager,kcm,"system:masters"
+$sched_token,system:kube-scheduler,scheduler
+EOF
+kubeconfig() { # file token
+  cat >"$1" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -296,14 +309,18 @@ clusters:
     server: https://127.0.0.1:$API_PORT
     certificate-authority: $WORK/ca.crt
 users:
-- name: admin
+- name: user
   user:
-    token: $token
+    token: $2
 contexts:
 - name: test
-  context: {cluster: test, user: admin}
+  context: {cluster: test, user: user}
 current-context: test
 EOF
+}
+kubeconfig admin.kubeconfig "$admin_token"
+kubeconfig kcm.kubeconfig "$kcm_token"
+kubeconfig scheduler.kubeconfig "$sched_token"
 
 start etcd "$BIN/etcd" --name test --data-dir "$WORK/etcd" \
   --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -330,8 +347,136 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --service-cluster-ip-range 10.0.0.0/24
 wait_for kube-apiserver 120 1 "$BIN/kubectl" --kubeconfig "$WORK/admin.kubeconfig" get --raw /readyz
 
+start kube-controller-manager "$BIN/kube-controller-manager" \
+  --kubeconfig "$WORK/kcm.kubeconfig" \
+  --authentication-kubeconfig "$WORK/kcm.kubeconfig" \
+  --authorization-kubeconfig "$WORK/kcm.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --cert-dir "$WORK/kcm-certs" \
+  --service-account-private-key-file "$WORK/sa.key" \
+  --root-ca-file "$WORK/ca.crt" \
+  --service-cluster-ip-range 10.0.0.0/24 \
+  --controllers '*,-node-lifecycle-controller' \
+  --leader-elect=false
+start kube-scheduler "$BIN/kube-scheduler" \
+  --kubeconfig "$WORK/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$WORK/scheduler.kubeconfig" \
+  --authorization-kubeconfig "$WORK/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" \
+  --leader-elect=false
+wait_for kube-controller-manager 120 2 curl -fsSk "https://127.0.0.1:$KCM_PORT/healthz"
+wait_for kube-scheduler 120 3 curl -fsSk "https://127.0.0.1:$SCHED_PORT/healthz"
+
+# The node the scheduler binds pods to; nothing runs on it.
+k() { "$BIN/kubectl" --kubeconfig "$WORK/admin.kubeconfig" "$@"; }
+k apply -f - >/dev/null <<EOF || fail "creating node-1"
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  labels: {kubernetes.io/hostname: node-1, kubernetes.io/os: linux}
+EOF
+k patch node node-1 --subresource=status --type=merge -p '{"status": {
+  "capacity": {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "4"},
+  "allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "4"},
+  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated"}]}}' \
+  >/dev/null || fail "node-1 status"
+# The TaintNodesByCondition admission plugin marks a new node not-ready; the node-lifecycle
+# controller that would lift it is off.
+k taint node node-1 node.kubernetes.io/not-ready:NoSchedule- >/dev/null || fail "untainting node-1"
+
 echo READY
 # Until the test binary ends (EOF on stdin, however it ends).
 cat >/dev/null
 teardown
 "#;
+
+impl ControlPlane {
+    /// `kubectl get <what> -o json` in `ns`; `None` when it does not exist.
+    pub fn get_json(&self, ns: &str, what: &str) -> Option<serde_json::Value> {
+        let out = self.kubectl(&["get", "-n", ns, what, "-o", "json"], None);
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("NotFound"), "kubectl get {what}: {err}");
+            return None;
+        }
+        Some(serde_json::from_slice(&out.stdout).expect("kubectl prints JSON"))
+    }
+
+    /// The names of the `kind` objects in `ns` matching the label `selector`.
+    pub fn names(&self, ns: &str, kind: &str, selector: &str) -> Vec<String> {
+        let out = self.kubectl_ok(&["get", "-n", ns, kind, "-l", selector, "-o", "name"], None);
+        out.lines().map(|l| l.rsplit('/').next().unwrap().to_string()).collect()
+    }
+
+    /// Plays the kubelet: moves a pod to `phase` (Running: with its Ready condition true;
+    /// Succeeded/Failed: the container terminated with exit code 0/1).
+    pub fn set_pod_phase(&self, ns: &str, pod: &str, phase: &str) {
+        let now = "2026-01-01T00:00:00Z";
+        let ready = if phase == "Running" { "True" } else { "False" };
+        let state = match phase {
+            "Running" => serde_json::json!({"running": {"startedAt": now}}),
+            "Succeeded" => {
+                serde_json::json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}})
+            }
+            _ => {
+                serde_json::json!({"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}})
+            }
+        };
+        let container = self
+            .get_json(ns, &format!("pod/{pod}"))
+            .and_then(|p| p["spec"]["containers"][0]["name"].as_str().map(String::from))
+            .unwrap_or_else(|| panic!("pod {ns}/{pod} not found"));
+        let patch = serde_json::json!({"status": {
+            "phase": phase,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Initialized", "status": "True"},
+                {"type": "ContainersReady", "status": ready},
+                {"type": "Ready", "status": ready},
+            ],
+            "containerStatuses": [{"name": container, "ready": ready == "True", "restartCount": 0,
+                                   "image": "test", "imageID": "", "state": state}],
+        }});
+        self.kubectl_ok(
+            &[
+                "patch",
+                "-n",
+                ns,
+                "pod",
+                pod,
+                "--subresource=status",
+                "--type=strategic",
+                "-p",
+                &patch.to_string(),
+            ],
+            None,
+        );
+    }
+}
+
+/// Polls `f` every 200 ms until it returns `Some`, panicking with `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A child process killed (SIGKILL) when dropped, so a failing test leaves nothing running.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    free_ports(1)[0]
+}

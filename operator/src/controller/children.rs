@@ -1,0 +1,385 @@
+//! The objects a TrainingJob owns, built from its spec alone (no I/O): the token Secret, the
+//! parameter server's Deployment, Service and optional checkpoint PVC, and the workers' Indexed
+//! Job. The reconciler applies them with server-side apply; tests check them field by field.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
+    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+
+use crate::api::{TrainingJob, ps_env, worker_env};
+
+/// The parameter server's port: its API and `/metrics`.
+pub const PS_PORT: i32 = 8080;
+/// The workers' `/metrics` port.
+pub const WORKER_METRICS_PORT: i32 = 9090;
+/// Key of the token in the job's Secret.
+pub const TOKEN_KEY: &str = "token";
+/// Where the parameter server keeps its checkpoints and writes the final model.
+pub const CHECKPOINT_DIR: &str = "/checkpoints";
+
+/// Label keys shared with the Helm chart's PodMonitor and the dashboards.
+pub const LABEL_JOB: &str = "foresight.dev/job";
+pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
+pub const COMPONENT_PS: &str = "parameter-server";
+pub const COMPONENT_WORKER: &str = "worker";
+
+/// Cluster-wide settings of the operator that shape the children.
+#[derive(Clone, Debug)]
+pub struct ChildDefaults {
+    /// Image of the parameter server when the job names none.
+    pub ps_image: String,
+    /// Image of the workers when the job names none.
+    pub worker_image: String,
+}
+
+/// Names of a job's children.
+pub fn secret_name(job: &str) -> String {
+    format!("{job}-token")
+}
+pub fn ps_name(job: &str) -> String {
+    format!("{job}-ps")
+}
+pub fn pvc_name(job: &str) -> String {
+    format!("{job}-ps-checkpoints")
+}
+pub fn workers_name(job: &str) -> String {
+    format!("{job}-workers")
+}
+
+/// The URL the workers reach the parameter server at: its Service's cluster DNS name.
+pub fn ps_cluster_url(job: &str, namespace: &str) -> String {
+    format!("http://{}.{namespace}.svc:{PS_PORT}", ps_name(job))
+}
+
+/// The labels of every child and its pods; `component` tells the PS from the workers.
+pub fn labels(job: &str, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "foresight".into()),
+        ("app.kubernetes.io/managed-by".into(), "foresight-operator".into()),
+        ("app.kubernetes.io/instance".into(), job.into()),
+        (LABEL_COMPONENT.into(), component.into()),
+        (LABEL_JOB.into(), job.into()),
+    ])
+}
+
+/// The label selector of a job's pods of one component, as `kubectl -l` takes it.
+pub fn pod_selector(job: &str, component: &str) -> String {
+    format!("{LABEL_JOB}={job},{LABEL_COMPONENT}={component}")
+}
+
+/// Everything a child needs from its TrainingJob: name, namespace, owner reference.
+pub struct Owner<'a> {
+    pub job: &'a TrainingJob,
+    pub name: String,
+    pub namespace: String,
+    owner_ref: OwnerReference,
+}
+
+impl<'a> Owner<'a> {
+    /// `None` when the job has no namespace or UID yet (never for an object read from the API).
+    pub fn new(job: &'a TrainingJob) -> Option<Self> {
+        Some(Self {
+            name: job.metadata.name.clone()?,
+            namespace: job.metadata.namespace.clone()?,
+            owner_ref: job.controller_owner_ref(&())?,
+            job,
+        })
+    }
+
+    fn meta(&self, name: String, component: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels(&self.name, component)),
+            owner_references: Some(vec![self.owner_ref.clone()]),
+            ..Default::default()
+        }
+    }
+
+    fn suspended(&self) -> bool {
+        self.job.spec.run_policy.suspend == Some(true)
+    }
+
+    fn checkpoint_storage(&self) -> Option<&str> {
+        self.job.spec.parameter_server.checkpoint.as_ref()?.storage.as_deref()
+    }
+
+    /// The Secret holding the job's bearer token.
+    pub fn secret(&self, token: &str) -> Secret {
+        Secret {
+            metadata: self.meta(secret_name(&self.name), COMPONENT_PS),
+            type_: Some("Opaque".into()),
+            data: Some(BTreeMap::from([(TOKEN_KEY.into(), ByteString(token.as_bytes().to_vec()))])),
+            ..Default::default()
+        }
+    }
+
+    /// The checkpoint PVC, when `parameterServer.checkpoint.storage` asks for one.
+    pub fn pvc(&self) -> Option<PersistentVolumeClaim> {
+        let size = self.checkpoint_storage()?;
+        Some(PersistentVolumeClaim {
+            metadata: self.meta(pvc_name(&self.name), COMPONENT_PS),
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([("storage".into(), Quantity(size.into()))])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// Replicas of the parameter server: 1, or 0 while the job is suspended *and* a PVC keeps
+    /// the checkpoint (with an emptyDir, stopping the PS would lose the model, so it stays up).
+    pub fn ps_replicas(&self) -> i32 {
+        if self.suspended() && self.checkpoint_storage().is_some() { 0 } else { 1 }
+    }
+
+    pub fn ps_deployment(&self, defaults: &ChildDefaults) -> Deployment {
+        let spec = &self.job.spec;
+        let pod_labels = labels(&self.name, COMPONENT_PS);
+        let mut env = vars(ps_env(spec, &self.name, &self.namespace));
+        env.push(token_var(&self.name));
+        env.extend(vars([
+            ("FORESIGHT_CHECKPOINT_DIR", CHECKPOINT_DIR.to_string()),
+            ("FORESIGHT_OUTPUT_DIR", CHECKPOINT_DIR.to_string()),
+            ("FORESIGHT_PS_LISTEN", format!("0.0.0.0:{PS_PORT}")),
+            ("FORESIGHT_LOG_FORMAT", "json".to_string()),
+        ]));
+        let checkpoints = match self.checkpoint_storage() {
+            Some(_) => Volume {
+                name: "checkpoints".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: pvc_name(&self.name),
+                    read_only: None,
+                }),
+                ..Default::default()
+            },
+            None => empty_dir("checkpoints"),
+        };
+        let probe = |path: &str, period: i32| Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some(path.into()),
+                port: IntOrString::String("http".into()),
+                ..Default::default()
+            }),
+            period_seconds: Some(period),
+            ..Default::default()
+        };
+        let container = Container {
+            name: "parameter-server".into(),
+            image: Some(spec.parameter_server.image.clone().unwrap_or_else(|| defaults.ps_image.clone())),
+            env: Some(env),
+            ports: Some(vec![ContainerPort {
+                name: Some("http".into()),
+                container_port: PS_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            readiness_probe: Some(probe("/readyz", 5)),
+            liveness_probe: Some(Probe { failure_threshold: Some(6), ..probe("/healthz", 10) }),
+            resources: spec.parameter_server.resources.clone(),
+            security_context: Some(container_security()),
+            volume_mounts: Some(vec![
+                mount("checkpoints", CHECKPOINT_DIR, false),
+                mount("tmp", "/tmp", false),
+            ]),
+            ..Default::default()
+        };
+        Deployment {
+            metadata: self.meta(ps_name(&self.name), COMPONENT_PS),
+            spec: DeploymentSpec {
+                replicas: Some(self.ps_replicas()),
+                selector: LabelSelector { match_labels: Some(pod_labels.clone()), ..Default::default() },
+                // Never two parameter servers at once: each would hold its own model.
+                strategy: Some(DeploymentStrategy { type_: Some("Recreate".into()), ..Default::default() }),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
+                    spec: Some(PodSpec {
+                        containers: vec![container],
+                        security_context: Some(pod_security()),
+                        automount_service_account_token: Some(false),
+                        // Time for the checkpoint it writes on SIGTERM.
+                        termination_grace_period_seconds: Some(60),
+                        volumes: Some(vec![checkpoints, empty_dir("tmp")]),
+                        ..Default::default()
+                    }),
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    pub fn ps_service(&self) -> Service {
+        Service {
+            metadata: self.meta(ps_name(&self.name), COMPONENT_PS),
+            spec: Some(ServiceSpec {
+                selector: Some(labels(&self.name, COMPONENT_PS)),
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    port: PS_PORT,
+                    target_port: Some(IntOrString::String("http".into())),
+                    protocol: Some("TCP".into()),
+                    app_protocol: Some("kubernetes.io/h2c".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The workers: an Indexed Job, one completion per worker, each worker's index its
+    /// completion index. Pods never restart in place (`restartPolicy: Never`), so every failure
+    /// is a new pod and counts against `backoffLimit`.
+    pub fn worker_job(&self, defaults: &ChildDefaults) -> Job {
+        let spec = &self.job.spec;
+        let w = &spec.workers;
+        let pod_labels = labels(&self.name, COMPONENT_WORKER);
+        let mut env =
+            vars(worker_env(spec, &self.name, &self.namespace, &ps_cluster_url(&self.name, &self.namespace)));
+        env.push(EnvVar {
+            name: "FORESIGHT_WORKER_INDEX".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.annotations['batch.kubernetes.io/job-completion-index']".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        env.push(token_var(&self.name));
+        env.extend(vars([
+            ("FORESIGHT_METRICS_ADDR", format!("0.0.0.0:{WORKER_METRICS_PORT}")),
+            ("FORESIGHT_LOG_FORMAT", "json".to_string()),
+        ]));
+        let mut resources = w.resources.clone().unwrap_or_default();
+        if let Some(gpus) = w.gpus.filter(|&g| g > 0) {
+            let q = Quantity(gpus.to_string());
+            resources.limits.get_or_insert_default().insert("nvidia.com/gpu".into(), q);
+        }
+        let mut volumes = vec![empty_dir("tmp")];
+        let mut mounts = vec![mount("tmp", "/tmp", false)];
+        if let Some(v) = &spec.dataset.volume {
+            volumes.push(Volume { name: "dataset".into(), ..v.clone() });
+            mounts.push(mount("dataset", &spec.dataset.path, true));
+        }
+        let container = Container {
+            name: "worker".into(),
+            image: Some(w.image.clone().unwrap_or_else(|| defaults.worker_image.clone())),
+            env: Some(env),
+            ports: Some(vec![ContainerPort {
+                name: Some("metrics".into()),
+                container_port: WORKER_METRICS_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            resources: (resources != ResourceRequirements::default()).then_some(resources),
+            security_context: Some(container_security()),
+            volume_mounts: Some(mounts),
+            ..Default::default()
+        };
+        let replicas = i32::try_from(w.replicas).unwrap_or(i32::MAX);
+        Job {
+            metadata: self.meta(workers_name(&self.name), COMPONENT_WORKER),
+            spec: Some(JobSpec {
+                completion_mode: Some("Indexed".into()),
+                completions: Some(replicas),
+                parallelism: Some(replicas),
+                backoff_limit: spec.run_policy.backoff_limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX)),
+                active_deadline_seconds: spec.run_policy.active_deadline_seconds.map(|s| s as i64),
+                suspend: Some(self.suspended()),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
+                    spec: Some(PodSpec {
+                        restart_policy: Some("Never".into()),
+                        containers: vec![container],
+                        security_context: Some(pod_security()),
+                        automount_service_account_token: Some(false),
+                        node_selector: w.node_selector.clone(),
+                        tolerations: w.tolerations.clone(),
+                        volumes: Some(volumes),
+                        ..Default::default()
+                    }),
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+fn vars<K: Into<String>>(env: impl IntoIterator<Item = (K, String)>) -> Vec<EnvVar> {
+    env.into_iter().map(|(k, v)| EnvVar { name: k.into(), value: Some(v), ..Default::default() }).collect()
+}
+
+fn token_var(job: &str) -> EnvVar {
+    EnvVar {
+        name: "FORESIGHT_TOKEN".into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret_name(job),
+                key: TOKEN_KEY.into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+/// Non-root (the images' user 10001), no privilege escalation, no capabilities, the runtime's
+/// seccomp profile; the root filesystem is read-only and /tmp an emptyDir.
+fn container_security() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+        ..Default::default()
+    }
+}
+
+fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(10001),
+        run_as_group: Some(10001),
+        fs_group: Some(10001),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

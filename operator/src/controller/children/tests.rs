@@ -1,0 +1,123 @@
+use super::*;
+use crate::api::TrainingJob;
+
+fn job(yaml: &str) -> TrainingJob {
+    let mut j: TrainingJob = serde_yaml::from_str(yaml).unwrap();
+    j.metadata.namespace = Some("team-a".into());
+    j.metadata.uid = Some("uid-1".into());
+    j
+}
+
+const BASE: &str = r#"
+apiVersion: foresight.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: mnist}
+spec:
+  model: {name: lenet5}
+  dataset:
+    format: mnist
+    path: /data/mnist
+    volume: {name: ignored, persistentVolumeClaim: {claimName: mnist-data}}
+  workers: {replicas: 3, gpus: 2, nodeSelector: {gpu: a100}}
+  runPolicy: {backoffLimit: 5, activeDeadlineSeconds: 3600}
+"#;
+
+fn defaults() -> ChildDefaults {
+    ChildDefaults { ps_image: "ps:1".into(), worker_image: "worker:1".into() }
+}
+
+fn env<'a>(c: &'a Container, name: &str) -> &'a EnvVar {
+    c.env.as_ref().unwrap().iter().find(|e| e.name == name).unwrap_or_else(|| panic!("no {name}"))
+}
+
+#[test]
+fn every_child_is_owned_by_the_job_and_labelled() {
+    let j = job(BASE);
+    let o = Owner::new(&j).unwrap();
+    let metas = [
+        o.secret("t").metadata,
+        o.ps_service().metadata,
+        o.ps_deployment(&defaults()).metadata,
+        o.worker_job(&defaults()).metadata,
+    ];
+    for m in metas {
+        assert_eq!(m.namespace.as_deref(), Some("team-a"));
+        let r = &m.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (r.kind.as_str(), r.name.as_str(), r.uid.as_str(), r.controller),
+            ("TrainingJob", "mnist", "uid-1", Some(true))
+        );
+        assert_eq!(m.labels.as_ref().unwrap()[LABEL_JOB], "mnist");
+    }
+    assert!(o.pvc().is_none());
+}
+
+#[test]
+fn the_worker_job_is_indexed_with_gpus_index_token_and_data() {
+    let j = job(BASE);
+    let w = Owner::new(&j).unwrap().worker_job(&defaults());
+    let s = w.spec.unwrap();
+    assert_eq!(s.completion_mode.as_deref(), Some("Indexed"));
+    assert_eq!((s.completions, s.parallelism, s.backoff_limit), (Some(3), Some(3), Some(5)));
+    assert_eq!((s.active_deadline_seconds, s.suspend), (Some(3600), Some(false)));
+    let pod = s.template.spec.unwrap();
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(pod.node_selector.unwrap()["gpu"], "a100");
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("worker:1"));
+    assert_eq!(
+        c.resources.as_ref().unwrap().limits.as_ref().unwrap()["nvidia.com/gpu"],
+        Quantity("2".into())
+    );
+    assert_eq!(env(c, "FORESIGHT_PS_URL").value.as_deref(), Some("http://mnist-ps.team-a.svc:8080"));
+    assert_eq!(env(c, "FORESIGHT_MODEL").value.as_deref(), Some("lenet5"));
+    let token = env(c, "FORESIGHT_TOKEN").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((token.name.as_str(), token.key.as_str()), ("mnist-token", "token"));
+    assert!(env(c, "FORESIGHT_WORKER_INDEX").value_from.as_ref().unwrap().field_ref.is_some());
+    // The dataset volume is mounted read-only at dataset.path, under a fixed name.
+    let data = pod.volumes.unwrap().into_iter().find(|v| v.name == "dataset").unwrap();
+    assert_eq!(data.persistent_volume_claim.unwrap().claim_name, "mnist-data");
+    let m = c.volume_mounts.as_ref().unwrap().iter().find(|m| m.name == "dataset").unwrap();
+    assert_eq!((m.mount_path.as_str(), m.read_only), ("/data/mnist", Some(true)));
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!((sc.read_only_root_filesystem, sc.allow_privilege_escalation), (Some(true), Some(false)));
+}
+
+#[test]
+fn no_gpus_means_no_gpu_limit_and_no_resources_block() {
+    let j = job(&BASE.replace("gpus: 2", "gpus: 0"));
+    let w = Owner::new(&j).unwrap().worker_job(&defaults());
+    assert!(w.spec.unwrap().template.spec.unwrap().containers[0].resources.is_none());
+}
+
+#[test]
+fn the_parameter_server_gets_its_settings_and_a_pvc_only_when_asked() {
+    let j = job(&format!(
+        "{BASE}  parameterServer: {{image: my/ps:2, checkpoint: {{intervalSeconds: 30, storage: 2Gi}}}}\n"
+    ));
+    let o = Owner::new(&j).unwrap();
+    let d = o.ps_deployment(&defaults());
+    let pod = d.spec.template.spec.unwrap();
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("my/ps:2"));
+    assert_eq!(env(c, "FORESIGHT_WORKERS").value.as_deref(), Some("3"));
+    assert_eq!(env(c, "FORESIGHT_CHECKPOINT_INTERVAL").value.as_deref(), Some("30"));
+    assert_eq!(env(c, "FORESIGHT_CHECKPOINT_DIR").value.as_deref(), Some(CHECKPOINT_DIR));
+    let ckpt = pod.volumes.unwrap().into_iter().find(|v| v.name == "checkpoints").unwrap();
+    assert_eq!(ckpt.persistent_volume_claim.unwrap().claim_name, "mnist-ps-checkpoints");
+    assert_eq!(
+        o.pvc().unwrap().spec.unwrap().resources.unwrap().requests.unwrap()["storage"],
+        Quantity("2Gi".into())
+    );
+    assert_eq!(d.spec.strategy.unwrap().type_.as_deref(), Some("Recreate"));
+}
+
+#[test]
+fn suspending_stops_the_ps_only_when_a_pvc_keeps_its_checkpoint() {
+    let suspended = BASE.replace("backoffLimit: 5", "backoffLimit: 5, suspend: true");
+    let j = job(&suspended);
+    assert_eq!(Owner::new(&j).unwrap().ps_replicas(), 1, "emptyDir: the PS holds the only copy");
+    assert_eq!(Owner::new(&j).unwrap().worker_job(&defaults()).spec.unwrap().suspend, Some(true));
+    let j = job(&format!("{suspended}  parameterServer: {{checkpoint: {{storage: 1Gi}}}}\n"));
+    assert_eq!(Owner::new(&j).unwrap().ps_replicas(), 0);
+}

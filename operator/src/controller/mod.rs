@@ -1,0 +1,494 @@
+//! The TrainingJob controller: for each job it applies the children (`children`), reads back
+//! the worker Job, the parameter server and the pods, moves the state machine (`status`),
+//! writes the status and the Events, finalizes the model when the workers are done and removes
+//! the parameter server once the job has ended.
+
+pub mod children;
+pub mod leader;
+pub mod metrics;
+pub mod status;
+pub mod token;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
+use children::{COMPONENT_PS, ChildDefaults, LABEL_JOB, Owner};
+use leader::{LeaderElector, LeaseConfig, is_status};
+use metrics::{Metrics, PHASES, phase_name};
+use status::{Finalize, Observed, State, WorkerJob};
+use token::TokenKey;
+
+/// The field manager of everything the operator applies.
+pub const MANAGER: &str = "foresight-operator";
+/// Selects the objects this operator created.
+const MANAGED: &str = "app.kubernetes.io/managed-by=foresight-operator";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("the TrainingJob has no name, namespace or UID")]
+    Incomplete,
+}
+
+impl Error {
+    /// The `reason` label of `foresight_operator_reconcile_errors_total`.
+    fn metric_reason(&self) -> &'static str {
+        match self {
+            Error::Kube(e) if is_status(e, 409) => "conflict",
+            Error::Kube(_) => "kube_api",
+            Error::Incomplete => "incomplete_object",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The operator's settings (`foresight operator --help`).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch one namespace; `None`: all.
+    pub namespace: Option<String>,
+    pub defaults: ChildDefaults,
+    pub token_key: TokenKey,
+    /// URL of a job's parameter server as the operator reaches it; `{name}` and `{namespace}`
+    /// are replaced.
+    pub ps_url: String,
+    /// How often a running job's progress is read from its parameter server.
+    pub progress_every: Duration,
+    /// How long to retry `/v1/finalize` after the workers finished before giving up.
+    pub finalize_grace: Duration,
+    /// `None`: no leader election (one replica).
+    pub lease: Option<LeaseConfig>,
+}
+
+/// What `reconcile` shares.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+}
+
+impl Context {
+    fn ps_url(&self, name: &str, namespace: &str) -> String {
+        self.settings.ps_url.replace("{name}", name).replace("{namespace}", namespace)
+    }
+}
+
+/// Runs the operator until SIGTERM/SIGINT (Ok) or until it loses its lease (Err): serves the
+/// metrics, waits for the lease, then reconciles.
+pub async fn run(client: Client, settings: Settings, metrics_addr: &str) -> Result<(), String> {
+    let metrics = Arc::new(Metrics::new());
+    let addr = metrics
+        .clone()
+        .serve(metrics_addr)
+        .await
+        .map_err(|e| format!("metrics address {metrics_addr}: {e}"))?;
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+
+    let elector = settings.lease.clone().map(|cfg| LeaderElector::new(client.clone(), cfg));
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    match &elector {
+        Some(e) => {
+            let m = metrics.clone();
+            tokio::select! {
+                () = e.acquire(move || m.ready.store(true, std::sync::atomic::Ordering::Relaxed)) => {}
+                () = &mut stop => return Ok(()),
+            }
+        }
+        None => {
+            client.apiserver_version().await.map_err(|e| format!("cannot reach the API server: {e}"))?;
+            metrics.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    let identity =
+        settings.lease.as_ref().map_or_else(|| "foresight-operator".to_string(), |l| l.identity.clone());
+    let recorder =
+        Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(identity) });
+    let jobs: Api<TrainingJob> = scoped(&client, &settings.namespace);
+    let managed = watcher::Config::default().labels(MANAGED);
+    let controller = Controller::new(jobs, watcher::Config::default())
+        .owns(scoped::<Deployment>(&client, &settings.namespace), managed.clone())
+        .owns(scoped::<Job>(&client, &settings.namespace), managed.clone())
+        .watches(scoped::<Pod>(&client, &settings.namespace), managed, |pod: Pod| {
+            let job = pod.labels().get(LABEL_JOB)?.clone();
+            Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
+        });
+    let store = controller.store();
+    let ctx = Arc::new(Context { client, settings, metrics: metrics.clone(), recorder });
+    let reconciling = controller.run(reconcile, error_policy, ctx).for_each(|result| {
+        count_phases(&store, &metrics);
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "reconcile loop");
+        }
+        futures_util::future::ready(())
+    });
+    let lost = async {
+        match &elector {
+            Some(e) => e.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = reconciling => Ok(()),
+        () = &mut stop => {
+            if let Some(e) = &elector {
+                e.release().await;
+            }
+            Ok(())
+        }
+        why = lost => Err(format!("lost leadership: {why}")),
+    }
+}
+
+fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("stopping");
+}
+
+fn count_phases(store: &Store<TrainingJob>, metrics: &Metrics) {
+    let jobs = store.state();
+    for p in PHASES {
+        let n = jobs
+            .iter()
+            .filter(|j| j.status.as_ref().and_then(|s| s.phase).unwrap_or(Phase::Created) == p)
+            .count();
+        metrics.jobs.with_label_values(&[phase_name(p)]).set(n as i64);
+    }
+}
+
+fn error_policy(job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(job = %job.name_any(), namespace = ?job.namespace(), %error, "reconcile failed; retrying in 5s");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[tracing::instrument(skip_all, fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
+async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
+    let timer = ctx.metrics.reconcile_seconds.with_label_values(&[] as &[&str]).start_timer();
+    ctx.metrics.reconciles.inc();
+    let result = reconcile_job(&job, &ctx).await;
+    timer.observe_duration();
+    if let Err(e) = &result {
+        ctx.metrics.reconcile_errors.with_label_values(&[e.metric_reason()]).inc();
+    }
+    result
+}
+
+async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
+    if job.metadata.deletion_timestamp.is_some() {
+        // The garbage collector removes the children (owner references).
+        return Ok(Action::await_change());
+    }
+    let owner = Owner::new(job).ok_or(Error::Incomplete)?;
+    let old = job.status.clone().unwrap_or_default();
+    if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
+        remove_ps(ctx, &owner).await?;
+        return expire(ctx, job, &owner, &old).await;
+    }
+    let now = Time(Timestamp::now());
+    if let Err(e) = crate::api::validate(&job.spec) {
+        // The CRD's rules refuse such a spec; this catches a CRD older than the operator.
+        let state = State {
+            phase: Phase::Failed,
+            reason: "InvalidSpec".into(),
+            message: e.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+        };
+        let observed = observed_nothing(job);
+        write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
+        return Ok(Action::await_change());
+    }
+
+    let uid = job.metadata.uid.as_deref().ok_or(Error::Incomplete)?;
+    let token = ctx.settings.token_key.job_token(uid);
+    apply(ctx, &owner, owner.secret(&token)).await?;
+    if let Some(pvc) = owner.pvc() {
+        apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
+    }
+    apply(ctx, &owner, owner.ps_service()).await?;
+    apply(ctx, &owner, owner.ps_deployment(&ctx.settings.defaults)).await?;
+    let workers = apply(ctx, &owner, owner.worker_job(&ctx.settings.defaults)).await?;
+
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let ps_ready = deployments
+        .get_opt(&children::ps_name(&owner.name))
+        .await?
+        .and_then(|d| d.status?.ready_replicas)
+        .is_some_and(|r| r >= 1);
+    let worker_job = worker_state(&workers);
+    let unschedulable = unschedulable_message(ctx, &owner).await?;
+    let ps = ctx.ps_url(&owner.name, &owner.namespace);
+    let progress = if ps_ready { read_progress(&ps, &token).await } else { None };
+    let finalize = if worker_job.complete {
+        finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await
+    } else {
+        Finalize::NotYet
+    };
+    let observed = Observed {
+        generation: job.metadata.generation,
+        replicas: job.spec.workers.replicas,
+        backoff_limit: job.spec.run_policy.backoff_limit,
+        suspend: job.spec.run_policy.suspend == Some(true),
+        workers: Some(worker_job),
+        ps_ready,
+        unschedulable,
+        finalize,
+        progress,
+    };
+    let state = status::decide(&observed);
+    let new = write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
+    if state.is_finished() {
+        remove_ps(ctx, &owner).await?;
+        if let (Some(start), Some(end)) = (&new.start_time, &new.completion_time) {
+            let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);
+            ctx.metrics.job_duration.with_label_values(&[phase_name(state.phase)]).observe(seconds);
+        }
+        return expire(ctx, job, &owner, &new).await;
+    }
+    Ok(match (state.phase, &observed.finalize) {
+        (_, Finalize::Failed(_)) => Action::requeue(Duration::from_secs(5)),
+        (Phase::Running, _) => Action::requeue(ctx.settings.progress_every),
+        // Watches bring every change of the children; this only bounds a missed one.
+        _ => Action::requeue(Duration::from_secs(60)),
+    })
+}
+
+fn observed_nothing(job: &TrainingJob) -> Observed {
+    Observed {
+        generation: job.metadata.generation,
+        replicas: job.spec.workers.replicas,
+        backoff_limit: job.spec.run_policy.backoff_limit,
+        suspend: false,
+        workers: None,
+        ps_ready: false,
+        unschedulable: None,
+        finalize: Finalize::NotYet,
+        progress: None,
+    }
+}
+
+/// Server-side apply of one child (the operator owns every field it sets; `force` takes them
+/// back from anyone who changed them by hand).
+async fn apply<K>(ctx: &Context, owner: &Owner<'_>, obj: K) -> Result<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let name = obj.meta().name.clone().ok_or(Error::Incomplete)?;
+    let mut value = serde_json::to_value(&obj).expect("Kubernetes objects serialize");
+    value["apiVersion"] = K::api_version(&()).into();
+    value["kind"] = K::kind(&()).into();
+    Ok(api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(value)).await?)
+}
+
+fn worker_state(job: &Job) -> WorkerJob {
+    let s = job.status.clone().unwrap_or_default();
+    let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+    let conditions = s.conditions.unwrap_or_default();
+    let is_true = |c: &&k8s_openapi::api::batch::v1::JobCondition| c.status == "True";
+    WorkerJob {
+        active: count(s.active),
+        ready: count(s.ready),
+        succeeded: count(s.succeeded),
+        failed: count(s.failed),
+        // SuccessCriteriaMet and FailureTarget come first; Complete and Failed follow once every
+        // pod has terminated, which can take a node's grace period. The outcome is decided at
+        // the first.
+        complete: conditions
+            .iter()
+            .filter(is_true)
+            .any(|c| c.type_ == "Complete" || c.type_ == "SuccessCriteriaMet"),
+        failed_condition: conditions
+            .iter()
+            .filter(is_true)
+            .find(|c| c.type_ == "Failed" || c.type_ == "FailureTarget")
+            .map(|c| {
+                (c.reason.clone().unwrap_or_else(|| "Failed".into()), c.message.clone().unwrap_or_default())
+            }),
+    }
+}
+
+/// The scheduler's message for the first of the job's pods it could not place.
+async fn unschedulable_message(ctx: &Context, owner: &Owner<'_>) -> Result<Option<String>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let list = pods.list(&ListParams::default().labels(&format!("{LABEL_JOB}={}", owner.name))).await?;
+    Ok(list.items.iter().find_map(|p| {
+        let status = p.status.as_ref()?;
+        if status.phase.as_deref() != Some("Pending") {
+            return None;
+        }
+        let c = status.conditions.as_ref()?.iter().find(|c| {
+            c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+        })?;
+        let who = if p.labels().get(children::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
+            "parameter server"
+        } else {
+            "worker"
+        };
+        Some(format!("{who} pod {}: {}", p.name_any(), c.message.clone().unwrap_or_default()))
+    }))
+}
+
+/// The job's progress from the parameter server's `/v1/status`; `None` when it does not answer
+/// (the last progress stays in the status).
+async fn read_progress(url: &str, token: &str) -> Option<Progress> {
+    let client = foresight_ps::client::PsClient::new(url, Some(token.to_string())).ok()?;
+    let v = match tokio::time::timeout(Duration::from_secs(3), client.status()).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            tracing::debug!(%url, error = %e, "parameter server status");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    let num = |path: &[&str]| path.iter().try_fold(&v, |v, k| v.get(k)).and_then(serde_json::Value::as_f64);
+    Some(Progress {
+        step: num(&["version"]).unwrap_or(0.0) as u64,
+        epoch: num(&["epoch"]).unwrap_or(0.0).floor() as u32,
+        loss: num(&["loss"]),
+        accuracy: num(&["accuracy"]),
+        staleness_p50: num(&["staleness", "p50"]),
+        staleness_p99: num(&["staleness", "p99"]),
+    })
+}
+
+/// Asks the parameter server to write the final model; gives up `grace` after the workers
+/// finished (the job then succeeds without it rather than keeping the PS forever).
+async fn finalize(url: &str, token: &str, workers: &Job, grace: Duration) -> Finalize {
+    let result = match foresight_ps::client::PsClient::new(url, Some(token.to_string())) {
+        Ok(client) => match tokio::time::timeout(Duration::from_secs(30), client.finalize()).await {
+            Ok(Ok(v)) => {
+                return Finalize::Done { version: v.get("version").and_then(|v| v.as_u64()).unwrap_or(0) };
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within 30s".to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    let finished = workers.status.as_ref().and_then(|s| s.completion_time.as_ref()).map(|t| t.0);
+    let waited = finished.map(|t| Timestamp::now().duration_since(t).as_secs_f64()).unwrap_or(0.0);
+    if waited > grace.as_secs_f64() {
+        Finalize::GaveUp(format!("{result} (gave up after {:.0}s)", waited))
+    } else {
+        Finalize::Failed(result)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn write_status(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    old: &TrainingJobStatus,
+    observed: &Observed,
+    state: &State,
+    now: &Time,
+) -> Result<TrainingJobStatus> {
+    let new = status::next_status(old, observed, state, now);
+    if &new != old {
+        let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        let patch = serde_json::json!({
+            "apiVersion": TrainingJob::api_version(&()),
+            "kind": TrainingJob::kind(&()),
+            "status": new,
+        });
+        api.patch_status(&owner.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
+    }
+    if let Some(t) = status::transition(old, state) {
+        tracing::info!(phase = phase_name(t.phase), reason = %t.reason, message = %t.message, "transition");
+        let event = Event {
+            type_: if t.is_warning() { EventType::Warning } else { EventType::Normal },
+            reason: t.reason.clone(),
+            note: Some(t.message.chars().take(1000).collect()),
+            action: phase_name(t.phase).into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+            tracing::warn!(error = %e, "could not record the event");
+        }
+    }
+    Ok(new)
+}
+
+/// Removes the parameter server (its Deployment and Service) once the job has ended: deleting
+/// the Deployment stops the pod with SIGTERM, on which the PS writes its last checkpoint.
+async fn remove_ps(ctx: &Context, owner: &Owner<'_>) -> Result<()> {
+    let name = children::ps_name(&owner.name);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    for r in [
+        deployments.delete(&name, &DeleteParams::background()).await.map(|_| ()),
+        services.delete(&name, &DeleteParams::background()).await.map(|_| ()),
+    ] {
+        match r {
+            Ok(()) => tracing::info!(%name, "removed the parameter server"),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// `ttlSecondsAfterFinished`: deletes the job (and, through the garbage collector, everything
+/// it owns) that long after it finished.
+async fn expire(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    status: &TrainingJobStatus,
+) -> Result<Action> {
+    let (Some(ttl), Some(done)) = (job.spec.run_policy.ttl_seconds_after_finished, &status.completion_time)
+    else {
+        return Ok(Action::await_change());
+    };
+    let left = ttl as f64 - Timestamp::now().duration_since(done.0).as_secs_f64();
+    if left > 0.0 {
+        return Ok(Action::requeue(Duration::from_secs_f64(left)));
+    }
+    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    match api.delete(&owner.name, &DeleteParams::background()).await {
+        Ok(_) => tracing::info!(ttl, "deleted the finished job (ttlSecondsAfterFinished)"),
+        Err(e) if is_status(&e, 404) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Action::await_change())
+}

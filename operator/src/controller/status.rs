@@ -1,0 +1,211 @@
+//! The TrainingJob's state machine: from what the reconciler observed (the worker Job, the
+//! parameter server, pending pods, the final model) to the phase, the conditions and the
+//! transitions to report as Events. Pure: no I/O, tested with plain values.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::{Phase, Progress, TrainingJobStatus, WorkersStatus};
+
+/// The worker Job as the Job controller reports it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerJob {
+    pub active: u32,
+    pub ready: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    /// The Job's `Complete` condition is true: every index succeeded.
+    pub complete: bool,
+    /// The Job's `Failed` condition (reason, message): backoff limit or deadline.
+    pub failed_condition: Option<(String, String)>,
+}
+
+/// Where the final model stands once the workers are done.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Finalize {
+    /// Not attempted (workers still running).
+    NotYet,
+    /// `/v1/finalize` answered: the final model is written.
+    Done { version: u64 },
+    /// It failed (the PS unreachable, a write error); the reconciler retries.
+    Failed(String),
+    /// The reconciler gave up retrying; the job succeeds without a final model.
+    GaveUp(String),
+}
+
+/// Everything the phase depends on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    pub generation: Option<i64>,
+    pub replicas: u32,
+    pub backoff_limit: Option<u32>,
+    pub suspend: bool,
+    /// The worker Job; `None` before it exists.
+    pub workers: Option<WorkerJob>,
+    pub ps_ready: bool,
+    /// The scheduler's message for a worker or PS pod it cannot place.
+    pub unschedulable: Option<String>,
+    pub finalize: Finalize,
+    /// Fresh progress from the PS (`None`: keep the last one).
+    pub progress: Option<Progress>,
+}
+
+/// A phase with the reason and message that explain it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct State {
+    pub phase: Phase,
+    pub reason: String,
+    pub message: String,
+}
+
+impl State {
+    fn new(phase: Phase, reason: &str, message: impl Into<String>) -> Self {
+        Self { phase, reason: reason.into(), message: message.into() }
+    }
+
+    /// Phases after which nothing runs again.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Succeeded | Phase::Failed)
+    }
+
+    /// Whether a user should look at it (Event type Warning).
+    pub fn is_warning(&self) -> bool {
+        matches!(self.phase, Phase::Failed | Phase::Restarting) || self.reason == "Unschedulable"
+    }
+}
+
+/// The phase the observations call for.
+pub fn decide(o: &Observed) -> State {
+    let Some(w) = &o.workers else {
+        return State::new(Phase::Created, "Creating", "creating the parameter server and the workers");
+    };
+    if let Some((reason, message)) = &w.failed_condition {
+        return State::new(Phase::Failed, reason, format!("the worker Job failed: {message}"));
+    }
+    if w.complete {
+        return match &o.finalize {
+            Finalize::Done { version } => State::new(
+                Phase::Succeeded,
+                "Completed",
+                format!("{} workers finished; final model written at version {version}", o.replicas),
+            ),
+            Finalize::GaveUp(e) => State::new(
+                Phase::Succeeded,
+                "CompletedWithoutFinalModel",
+                format!("{} workers finished, but the final model could not be written: {e}", o.replicas),
+            ),
+            Finalize::Failed(e) => State::new(
+                Phase::Running,
+                "Finalizing",
+                format!("workers finished; writing the final model failed, retrying: {e}"),
+            ),
+            Finalize::NotYet => {
+                State::new(Phase::Running, "Finalizing", "workers finished; writing the final model")
+            }
+        };
+    }
+    if o.suspend {
+        return State::new(
+            Phase::Suspended,
+            "Suspended",
+            "runPolicy.suspend is true: workers stopped, the parameter server's checkpoint kept",
+        );
+    }
+    if let Some(msg) = &o.unschedulable {
+        return State::new(Phase::Created, "Unschedulable", format!("pods cannot be scheduled: {msg}"));
+    }
+    let remaining = o.replicas.saturating_sub(w.succeeded);
+    if w.failed > 0 && w.ready < remaining {
+        let limit = o.backoff_limit.map_or("6 (the default)".to_string(), |b| b.to_string());
+        return State::new(
+            Phase::Restarting,
+            "WorkerFailed",
+            format!("{} worker pod(s) failed so far, replacing them; backoffLimit {limit}", w.failed),
+        );
+    }
+    if w.ready >= remaining && !o.ps_ready {
+        return State::new(
+            if w.ready > 0 { Phase::Restarting } else { Phase::Created },
+            "ParameterServerNotReady",
+            "waiting for the parameter server to become ready",
+        );
+    }
+    if w.ready >= remaining {
+        return State::new(
+            Phase::Running,
+            "WorkersRunning",
+            format!("{} of {} workers running, {} finished", w.ready, o.replicas, w.succeeded),
+        );
+    }
+    State::new(
+        Phase::Created,
+        "Starting",
+        format!(
+            "{} of {remaining} workers ready; parameter server {}",
+            w.ready,
+            if o.ps_ready { "ready" } else { "not ready" }
+        ),
+    )
+}
+
+const CONDITION_TYPES: [(Phase, &str); 6] = [
+    (Phase::Created, "Created"),
+    (Phase::Running, "Running"),
+    (Phase::Restarting, "Restarting"),
+    (Phase::Succeeded, "Succeeded"),
+    (Phase::Failed, "Failed"),
+    (Phase::Suspended, "Suspended"),
+];
+
+/// The next status: `state` as phase and conditions (a condition's lastTransitionTime changes
+/// only when its status does), counts, progress, start and completion time.
+pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &Time) -> TrainingJobStatus {
+    let created = o.workers.is_some();
+    let mut conditions = Vec::new();
+    for (phase, type_) in CONDITION_TYPES {
+        let previous = old.conditions.iter().find(|c| c.type_ == type_);
+        let (status, reason, message) = match phase {
+            Phase::Created if created => {
+                ("True", "ChildrenCreated", "parameter server and worker Job created".into())
+            }
+            Phase::Created => ("False", state.reason.as_str(), state.message.clone()),
+            p if p == state.phase => ("True", state.reason.as_str(), state.message.clone()),
+            // Running is always shown; the others only once they have been true.
+            Phase::Running => ("False", state.reason.as_str(), state.message.clone()),
+            _ if previous.is_some() => ("False", state.reason.as_str(), state.message.clone()),
+            _ => continue,
+        };
+        let last_transition_time = match previous {
+            Some(p) if p.status == status => p.last_transition_time.clone(),
+            _ => now.clone(),
+        };
+        conditions.push(Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time,
+            observed_generation: o.generation,
+        });
+    }
+    let w = o.workers.clone().unwrap_or_default();
+    TrainingJobStatus {
+        phase: Some(state.phase),
+        conditions,
+        observed_generation: o.generation,
+        workers: Some(WorkersStatus { active: w.active, succeeded: w.succeeded, failed: w.failed }),
+        parameter_server: Some(crate::api::ParameterServerStatus { ready: o.ps_ready }),
+        progress: o.progress.clone().or_else(|| old.progress.clone()),
+        start_time: old.start_time.clone().or_else(|| created.then(|| now.clone())),
+        completion_time: old.completion_time.clone().or_else(|| state.is_finished().then(|| now.clone())),
+    }
+}
+
+/// The transition to report as an Event: the phase or its reason changed. (The Running
+/// condition, always present, carries the reason of the current state, true or false.)
+pub fn transition(old: &TrainingJobStatus, state: &State) -> Option<State> {
+    let old_reason = old.conditions.iter().find(|c| c.type_ == "Running").map(|c| c.reason.as_str());
+    (old.phase != Some(state.phase) || old_reason != Some(state.reason.as_str())).then(|| state.clone())
+}
+
+#[cfg(test)]
+mod tests;

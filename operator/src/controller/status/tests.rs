@@ -1,0 +1,165 @@
+use super::*;
+
+fn observed() -> Observed {
+    Observed {
+        generation: Some(3),
+        replicas: 4,
+        backoff_limit: Some(2),
+        suspend: false,
+        workers: Some(WorkerJob::default()),
+        ps_ready: false,
+        unschedulable: None,
+        finalize: Finalize::NotYet,
+        progress: None,
+    }
+}
+
+fn with_workers(f: impl FnOnce(&mut WorkerJob)) -> Observed {
+    let mut o = observed();
+    f(o.workers.as_mut().unwrap());
+    o
+}
+
+fn t(s: &str) -> Time {
+    Time(s.parse().unwrap())
+}
+
+#[test]
+fn each_observation_leads_to_its_phase() {
+    let running = |o: &mut WorkerJob| {
+        o.active = 4;
+        o.ready = 4;
+    };
+    let cases: Vec<(Observed, Phase, &str)> = vec![
+        (Observed { workers: None, ..observed() }, Phase::Created, "Creating"),
+        (observed(), Phase::Created, "Starting"),
+        (Observed { unschedulable: Some("0/1 nodes".into()), ..observed() }, Phase::Created, "Unschedulable"),
+        (Observed { ps_ready: true, ..with_workers(running) }, Phase::Running, "WorkersRunning"),
+        // Workers up, the PS gone: not healthy.
+        (with_workers(running), Phase::Restarting, "ParameterServerNotReady"),
+        (
+            Observed {
+                ps_ready: true,
+                ..with_workers(|w| {
+                    w.active = 4;
+                    w.ready = 3;
+                    w.failed = 1;
+                })
+            },
+            Phase::Restarting,
+            "WorkerFailed",
+        ),
+        // Finished workers no longer need to be ready.
+        (
+            Observed {
+                ps_ready: true,
+                ..with_workers(|w| {
+                    w.active = 1;
+                    w.ready = 1;
+                    w.succeeded = 3;
+                })
+            },
+            Phase::Running,
+            "WorkersRunning",
+        ),
+        (Observed { suspend: true, ps_ready: true, ..with_workers(running) }, Phase::Suspended, "Suspended"),
+        (
+            with_workers(|w| w.failed_condition = Some(("BackoffLimitExceeded".into(), "too many".into()))),
+            Phase::Failed,
+            "BackoffLimitExceeded",
+        ),
+        // A failed Job fails the job even while suspended or unschedulable.
+        (
+            Observed {
+                suspend: true,
+                unschedulable: Some("x".into()),
+                ..with_workers(|w| w.failed_condition = Some(("DeadlineExceeded".into(), "late".into())))
+            },
+            Phase::Failed,
+            "DeadlineExceeded",
+        ),
+        (with_workers(|w| w.complete = true), Phase::Running, "Finalizing"),
+        (
+            Observed {
+                finalize: Finalize::Failed("connection refused".into()),
+                ..with_workers(|w| w.complete = true)
+            },
+            Phase::Running,
+            "Finalizing",
+        ),
+        (
+            Observed { finalize: Finalize::Done { version: 9 }, ..with_workers(|w| w.complete = true) },
+            Phase::Succeeded,
+            "Completed",
+        ),
+        (
+            Observed { finalize: Finalize::GaveUp("gone".into()), ..with_workers(|w| w.complete = true) },
+            Phase::Succeeded,
+            "CompletedWithoutFinalModel",
+        ),
+    ];
+    for (o, phase, reason) in cases {
+        let s = decide(&o);
+        assert_eq!((s.phase, s.reason.as_str()), (phase, reason), "{o:?} -> {s:?}");
+    }
+}
+
+#[test]
+fn condition_times_move_only_when_their_status_changes() {
+    let running = Observed {
+        ps_ready: true,
+        progress: Some(Progress { step: 5, ..Default::default() }),
+        ..with_workers(|w| {
+            w.active = 4;
+            w.ready = 4;
+        })
+    };
+    let s1 = next_status(
+        &TrainingJobStatus::default(),
+        &observed(),
+        &decide(&observed()),
+        &t("2026-01-01T00:00:00Z"),
+    );
+    assert_eq!(s1.phase, Some(Phase::Created));
+    let types: Vec<&str> = s1.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(types, ["Created", "Running"], "only conditions that have been true, and Running");
+    assert_eq!(s1.start_time, Some(t("2026-01-01T00:00:00Z")));
+    assert_eq!(s1.observed_generation, Some(3));
+
+    let s2 = next_status(&s1, &running, &decide(&running), &t("2026-01-01T00:01:00Z"));
+    let c = |s: &TrainingJobStatus, ty: &str| s.conditions.iter().find(|c| c.type_ == ty).cloned().unwrap();
+    assert_eq!(c(&s2, "Created").last_transition_time, t("2026-01-01T00:00:00Z"), "still true");
+    assert_eq!(c(&s2, "Running").status, "True");
+    assert_eq!(c(&s2, "Running").last_transition_time, t("2026-01-01T00:01:00Z"));
+    assert_eq!(s2.progress.as_ref().unwrap().step, 5);
+    assert_eq!(s2.start_time, s1.start_time, "start time kept");
+    assert_eq!(s2.completion_time, None);
+
+    // No fresh progress: the last one stays.
+    let quiet = Observed { progress: None, ..running.clone() };
+    let s3 = next_status(&s2, &quiet, &decide(&quiet), &t("2026-01-01T00:02:00Z"));
+    assert_eq!(s3.progress.as_ref().unwrap().step, 5);
+    assert_eq!(c(&s3, "Running").last_transition_time, t("2026-01-01T00:01:00Z"));
+
+    let failed = with_workers(|w| w.failed_condition = Some(("DeadlineExceeded".into(), "late".into())));
+    let s4 = next_status(&s3, &failed, &decide(&failed), &t("2026-01-01T00:03:00Z"));
+    assert_eq!(s4.phase, Some(Phase::Failed));
+    assert_eq!(c(&s4, "Running").status, "False");
+    assert_eq!(c(&s4, "Running").reason, "DeadlineExceeded");
+    assert_eq!(c(&s4, "Failed").status, "True");
+    assert_eq!(s4.completion_time, Some(t("2026-01-01T00:03:00Z")));
+}
+
+#[test]
+fn a_transition_is_a_change_of_phase_or_reason() {
+    let now = t("2026-01-01T00:00:00Z");
+    let o = observed();
+    let state = decide(&o);
+    assert!(transition(&TrainingJobStatus::default(), &state).is_some());
+    let s = next_status(&TrainingJobStatus::default(), &o, &state, &now);
+    assert!(transition(&s, &state).is_none(), "same phase and reason");
+    let unschedulable = decide(&Observed { unschedulable: Some("no GPU".into()), ..o });
+    assert_eq!(unschedulable.phase, Phase::Created);
+    let t2 = transition(&s, &unschedulable).expect("same phase, new reason");
+    assert!(t2.is_warning());
+}

@@ -1,0 +1,61 @@
+//! Each job's bearer token, derived from the operator's key and the job's UID.
+//!
+//! Deriving it (HMAC-SHA256) instead of drawing it at random and reading it back from the
+//! job's Secret means the operator never needs permission to read Secrets: it writes the Secret
+//! once per reconcile (the same value every time) and recomputes the token when it calls the
+//! parameter server. Without the key the token of a job cannot be guessed from its UID.
+
+use ring::hmac;
+
+/// The operator's token key: at least 32 bytes of secret material (`FORESIGHT_TOKEN_KEY`).
+#[derive(Clone)]
+pub struct TokenKey(hmac::Key);
+
+/// The key is too short to derive tokens from.
+#[derive(Debug, thiserror::Error)]
+#[error("the token key must be at least 32 bytes (it has {0}); generate one with `openssl rand -hex 32`")]
+pub struct ShortKey(pub usize);
+
+impl TokenKey {
+    pub fn new(material: &[u8]) -> Result<Self, ShortKey> {
+        if material.len() < 32 {
+            return Err(ShortKey(material.len()));
+        }
+        Ok(Self(hmac::Key::new(hmac::HMAC_SHA256, material)))
+    }
+
+    /// The token of the job with this UID: 64 hex digits.
+    pub fn job_token(&self, uid: &str) -> String {
+        let tag = hmac::sign(&self.0, format!("foresight.dev/job-token/v1/{uid}").as_bytes());
+        tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKey(<redacted>)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_stable_per_uid_and_differ_between_uids_and_keys() {
+        let k = TokenKey::new(&[7u8; 32]).unwrap();
+        let t = k.job_token("uid-1");
+        assert_eq!(t.len(), 64);
+        assert!(t.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(t, k.job_token("uid-1"));
+        assert_ne!(t, k.job_token("uid-2"));
+        assert_ne!(t, TokenKey::new(&[8u8; 32]).unwrap().job_token("uid-1"));
+    }
+
+    #[test]
+    fn short_keys_are_refused() {
+        let e = TokenKey::new(b"too short").unwrap_err();
+        assert!(e.to_string().contains("at least 32 bytes"), "{e}");
+        assert!(!format!("{:?}", TokenKey::new(&[1; 40]).unwrap()).contains('1'));
+    }
+}

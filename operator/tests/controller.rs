@@ -1,0 +1,607 @@
+//! The controller (`foresight operator`, the real binary) against a real control plane: etcd,
+//! kube-apiserver, kube-controller-manager (Job, Deployment, ReplicaSet, garbage collector) and
+//! kube-scheduler with one simulated node. The tests play the kubelet, moving pods through
+//! their phases; everything else — the Job controller counting failures and deadlines, the
+//! scheduler refusing pods, the garbage collector — is Kubernetes' own code. One operator per
+//! test, watching the test's namespace only.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{ControlPlane, KillOnDrop, control_plane, free_port, wait_for};
+
+const KEY: &str = "0123456789abcdef0123456789abcdef-test-key";
+const LONG: Duration = Duration::from_secs(60);
+
+struct Operator {
+    _proc: KillOnDrop,
+    metrics: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Operator {
+    /// Starts `foresight operator` for `ns`, reaching parameter servers at `ps_url`.
+    fn start(cp: &ControlPlane, ns: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("operator.log");
+        let metrics = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_foresight"))
+            .args(["operator", "--kubeconfig", cp.kubeconfig.to_str().unwrap(), "--namespace", ns])
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}"), "--progress-seconds", "1"])
+            .args(["--log-level", "info,foresight_operator=debug", "--log-format", "json"])
+            .args(["--lease-namespace", ns])
+            .args(extra)
+            .env("FORESIGHT_TOKEN_KEY", KEY)
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("foresight operator starts");
+        let op = Self { _proc: KillOnDrop(child), metrics, log, _dir: dir };
+        wait_for("the operator's /healthz", LONG, || {
+            http_get(metrics, "/healthz").filter(|(c, _)| *c == 200)
+        });
+        op
+    }
+
+    fn metrics_text(&self) -> String {
+        http_get(self.metrics, "/metrics").expect("operator /metrics").1
+    }
+
+    fn pid(&self) -> u32 {
+        self._proc.0.id()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("---- operator log (last lines) ----");
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+/// A plain HTTP/1.1 GET on loopback: (status, body).
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+}
+
+/// The value of a sample line `name{labels} value` (labels as written, `""` for none).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn job(name: &str, spec: Value) -> String {
+    let mut base = json!({
+        "model": {"name": "mlp"},
+        "dataset": {"format": "csv", "path": "/data/mnist5k"},
+        "workers": {"replicas": 2},
+    });
+    for (k, v) in spec.as_object().unwrap() {
+        base[k] = v.clone();
+    }
+    json!({"apiVersion": "foresight.dev/v1alpha1", "kind": "TrainingJob",
+           "metadata": {"name": name}, "spec": base})
+    .to_string()
+}
+
+fn status(cp: &ControlPlane, ns: &str, name: &str) -> Value {
+    cp.get_json(ns, &format!("tj/{name}")).map(|j| j["status"].clone()).unwrap_or(Value::Null)
+}
+
+fn wait_phase(cp: &ControlPlane, ns: &str, name: &str, phase: &str) -> Value {
+    let mut last = Value::Null;
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&format!("{name} to reach {phase}"), LONG, || {
+            last = status(cp, ns, name);
+            (last["phase"] == phase).then(|| last.clone())
+        })
+    }));
+    found.unwrap_or_else(|_| panic!("{name} never reached {phase}; its status: {last:#}"))
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
+
+/// The job's worker pods, once the Job controller has created `n` of them (not terminated).
+fn worker_pods(cp: &ControlPlane, ns: &str, name: &str, n: usize) -> Vec<String> {
+    wait_for(&format!("{n} live worker pods of {name}"), LONG, || {
+        let list = cp.get_json(ns, "pods").unwrap();
+        let live: Vec<String> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| {
+                let labels = &p["metadata"]["labels"];
+                labels["foresight.dev/job"] == name
+                    && labels["app.kubernetes.io/component"] == "worker"
+                    && !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+                    && p["metadata"]["deletionTimestamp"].is_null()
+            })
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        (live.len() == n).then_some(live)
+    })
+}
+
+fn ps_pod(cp: &ControlPlane, ns: &str, name: &str) -> String {
+    wait_for("the parameter server's pod", LONG, || {
+        cp.names(
+            ns,
+            "pods",
+            &format!("foresight.dev/job={name},app.kubernetes.io/component=parameter-server"),
+        )
+        .into_iter()
+        .next()
+    })
+}
+
+/// A real parameter server on loopback, holding the job's token from its Secret.
+struct Ps {
+    _proc: KillOnDrop,
+    port: u16,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Ps {
+    fn start(cp: &ControlPlane, ns: &str, name: &str, port: u16, workers: u32) -> Self {
+        let secret = wait_for("the token Secret", LONG, || cp.get_json(ns, &format!("secret/{name}-token")));
+        let b64 = secret["data"]["token"].as_str().expect("the Secret holds a token").to_string();
+        let out =
+            Command::new("base64").arg("-d").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        out.stdin.as_ref().unwrap().write_all(b64.as_bytes()).unwrap();
+        let token = String::from_utf8(out.wait_with_output().unwrap().stdout).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let bin = PathBuf::from(env!("CARGO_BIN_EXE_foresight")).with_file_name("foresight-ps");
+        let child = Command::new(bin)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--workers", &workers.to_string()])
+            .args(["--algorithm", "dc-asgd-a", "--job-name", name, "--namespace", ns])
+            .arg("--checkpoint-dir")
+            .arg(dir.path())
+            .env("FORESIGHT_TOKEN", &token)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("foresight-ps starts");
+        wait_for("the parameter server", LONG, || http_get(port, "/healthz").filter(|(c, _)| *c == 200));
+        Self { _proc: KillOnDrop(child), port, token, _dir: dir }
+    }
+
+    /// Registers a 4-float model and applies one gradient from worker 0: step 1.
+    fn train_one_step(&self) {
+        use foresight_ps::client::{GradDtype, PsClient};
+        use foresight_ps::wire::{Layout, TensorSpec};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let c =
+                PsClient::new(&format!("http://127.0.0.1:{}", self.port), Some(self.token.clone())).unwrap();
+            let layout = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![4] }]).unwrap();
+            c.register(&layout, &[0.0; 4]).await.unwrap();
+            let m = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+            c.push(0, m.version, 1, Some(0.5), &layout, &[1.0; 4], GradDtype::F32).await.unwrap();
+        });
+    }
+
+    fn status(&self) -> Value {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let c = foresight_ps::client::PsClient::new(
+                &format!("http://127.0.0.1:{}", self.port),
+                Some(self.token.clone()),
+            )
+            .unwrap();
+            c.status().await.unwrap()
+        })
+    }
+}
+
+fn events(cp: &ControlPlane, ns: &str, name: &str) -> Vec<(String, String, String)> {
+    let list = cp.kubectl_ok(
+        &[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            ns,
+            "--field-selector",
+            &format!("regarding.name={name}"),
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    let list: Value = serde_json::from_str(&list).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+            (s("type"), s("reason"), s("note"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
+    let cp = control_plane();
+    let ns = cp.namespace("lifecycle");
+    let ps_port = free_port();
+    let op = Operator::start(
+        cp,
+        &ns,
+        &["--leader-elect=false", "--ps-url", &format!("http://127.0.0.1:{ps_port}")],
+    );
+    cp.kubectl_ok(
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&job("mnist", json!({"workers": {"replicas": 2, "gpus": 1}, "runPolicy": {"backoffLimit": 3}}))),
+    );
+    let tj = cp.get_json(&ns, "tj/mnist").unwrap();
+    let uid = tj["metadata"]["uid"].as_str().unwrap();
+
+    // Exactly the expected children, each owned by the TrainingJob.
+    let owned_by_job = |v: &Value| {
+        let refs = v["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+        refs.len() == 1
+            && refs[0]["uid"] == uid
+            && refs[0]["controller"] == true
+            && refs[0]["kind"] == "TrainingJob"
+    };
+    let selector = "foresight.dev/job=mnist";
+    let deploy = wait_for("the PS Deployment", LONG, || cp.get_json(&ns, "deployment/mnist-ps"));
+    let workers = wait_for("the worker Job", LONG, || cp.get_json(&ns, "job/mnist-workers"));
+    assert_eq!(cp.names(&ns, "deployments", selector), ["mnist-ps"]);
+    assert_eq!(cp.names(&ns, "services", selector), ["mnist-ps"]);
+    assert_eq!(cp.names(&ns, "secrets", selector), ["mnist-token"]);
+    assert_eq!(cp.names(&ns, "jobs", selector), ["mnist-workers"]);
+    assert!(cp.names(&ns, "pvc", selector).is_empty(), "no checkpoint storage asked for");
+    for what in ["deployment/mnist-ps", "service/mnist-ps", "secret/mnist-token", "job/mnist-workers"] {
+        assert!(owned_by_job(&cp.get_json(&ns, what).unwrap()), "{what} is not owned by the job");
+    }
+    let js = &workers["spec"];
+    assert_eq!(js["completionMode"], "Indexed");
+    assert_eq!((js["completions"].as_i64(), js["parallelism"].as_i64()), (Some(2), Some(2)));
+    assert_eq!(js["backoffLimit"], 3);
+    let pod = &js["template"]["spec"];
+    assert_eq!(pod["restartPolicy"], "Never");
+    let c = &pod["containers"][0];
+    assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "1");
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    let env = |c: &Value, k: &str| c["env"].as_array().unwrap().iter().find(|e| e["name"] == k).cloned();
+    assert_eq!(env(c, "FORESIGHT_PS_URL").unwrap()["value"], format!("http://mnist-ps.{ns}.svc:8080"));
+    assert_eq!(env(c, "FORESIGHT_TOKEN").unwrap()["valueFrom"]["secretKeyRef"]["name"], "mnist-token");
+    assert!(
+        env(c, "FORESIGHT_WORKER_INDEX").unwrap()["valueFrom"]["fieldRef"]["fieldPath"]
+            .as_str()
+            .unwrap()
+            .contains("job-completion-index")
+    );
+    let psc = &deploy["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(deploy["spec"]["replicas"], 1);
+    assert_eq!(env(psc, "FORESIGHT_ALGORITHM").unwrap()["value"], "dc-asgd-a");
+    assert_eq!(env(psc, "FORESIGHT_WORKERS").unwrap()["value"], "2");
+    assert_eq!(psc["readinessProbe"]["httpGet"]["path"], "/readyz");
+
+    let st = wait_phase(cp, &ns, "mnist", "Created");
+    assert_eq!(condition(&st, "Created")["status"], "True", "{st:#}");
+    assert_eq!(condition(&st, "Running")["status"], "False", "{st:#}");
+
+    // The PS runs (a real one on loopback, the pod marked ready), then the workers.
+    let ps = Ps::start(cp, &ns, "mnist", ps_port, 2);
+    assert_eq!(ps.token.len(), 64, "a 64-hex-digit token");
+    ps.train_one_step();
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "mnist"), "Running");
+    for p in worker_pods(cp, &ns, "mnist", 2) {
+        cp.set_pod_phase(&ns, &p, "Running");
+    }
+    let st = wait_for("progress from the PS", LONG, || {
+        let s = status(cp, &ns, "mnist");
+        (s["phase"] == "Running" && s["progress"]["step"] == 1).then_some(s)
+    });
+    assert_eq!(condition(&st, "Running")["status"], "True", "{st:#}");
+    assert_eq!(st["parameterServer"]["ready"], true);
+    assert_eq!(st["workers"]["active"], 2);
+    assert_eq!(st["observedGeneration"], tj["metadata"]["generation"]);
+    assert!(st["startTime"].is_string());
+    let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
+    assert!(table.contains("Running"), "{table}");
+
+    // The workers finish: the operator finalizes the model, then removes the PS.
+    for p in worker_pods(cp, &ns, "mnist", 2) {
+        cp.set_pod_phase(&ns, &p, "Succeeded");
+    }
+    let st = wait_phase(cp, &ns, "mnist", "Succeeded");
+    assert_eq!(condition(&st, "Succeeded")["reason"], "Completed", "{st:#}");
+    assert_eq!(condition(&st, "Running")["status"], "False", "{st:#}");
+    assert!(st["completionTime"].is_string());
+    assert_eq!(ps.status()["finalized"], true, "the operator called /v1/finalize");
+    wait_for("the PS Deployment and Service to go", LONG, || {
+        (cp.get_json(&ns, "deployment/mnist-ps").is_none() && cp.get_json(&ns, "service/mnist-ps").is_none())
+            .then_some(())
+    });
+    let reasons: Vec<String> = wait_for("the events", LONG, || {
+        let ev = events(cp, &ns, "mnist");
+        ev.iter().any(|e| e.1 == "Completed").then_some(ev.into_iter().map(|e| e.1).collect())
+    });
+    for r in ["Starting", "WorkersRunning", "Completed"] {
+        assert!(reasons.iter().any(|x| x == r), "no {r} event in {reasons:?}");
+    }
+
+    let m = op.metrics_text();
+    assert!(sample(&m, "foresight_operator_reconciles_total").unwrap() > 3.0, "{m}");
+    assert_eq!(sample(&m, "foresight_operator_jobs{phase=\"Succeeded\"}"), Some(1.0), "{m}");
+    assert_eq!(sample(&m, "foresight_operator_jobs{phase=\"Running\"}"), Some(0.0), "{m}");
+    assert_eq!(
+        sample(&m, "foresight_trainingjob_duration_seconds_count{phase=\"Succeeded\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(http_get(op.metrics, "/readyz").unwrap().0, 200);
+}
+
+#[test]
+fn failed_worker_pods_count_against_the_backoff_limit_and_the_job_fails() {
+    let cp = control_plane();
+    let ns = cp.namespace("backoff");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    cp.kubectl_ok(
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&job("flaky", json!({"workers": {"replicas": 1}, "runPolicy": {"backoffLimit": 1}}))),
+    );
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "flaky"), "Running");
+    let first = worker_pods(cp, &ns, "flaky", 1).remove(0);
+    cp.set_pod_phase(&ns, &first, "Running");
+    wait_phase(cp, &ns, "flaky", "Running");
+
+    // The pod fails: the Job controller replaces it (a new pod, counted), the job is Restarting.
+    cp.set_pod_phase(&ns, &first, "Failed");
+    let st = wait_phase(cp, &ns, "flaky", "Restarting");
+    assert_eq!(condition(&st, "Restarting")["reason"], "WorkerFailed", "{st:#}");
+    assert_eq!(st["workers"]["failed"], 1);
+    let second = wait_for("a replacement pod", LONG, || {
+        worker_pods(cp, &ns, "flaky", 1).into_iter().find(|p| *p != first)
+    });
+    cp.set_pod_phase(&ns, &second, "Failed");
+    let st = wait_phase(cp, &ns, "flaky", "Failed");
+    assert_eq!(condition(&st, "Failed")["reason"], "BackoffLimitExceeded", "{st:#}");
+    assert!(st["completionTime"].is_string());
+    wait_for("the PS Deployment to go", LONG, || {
+        cp.get_json(&ns, "deployment/flaky-ps").is_none().then_some(())
+    });
+    assert!(events(cp, &ns, "flaky").iter().any(|e| e.0 == "Warning" && e.1 == "BackoffLimitExceeded"));
+}
+
+#[test]
+fn the_active_deadline_fails_the_job() {
+    let cp = control_plane();
+    let ns = cp.namespace("deadline");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    cp.kubectl_ok(
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&job("slow", json!({"workers": {"replicas": 1}, "runPolicy": {"activeDeadlineSeconds": 2}}))),
+    );
+    let st = wait_phase(cp, &ns, "slow", "Failed");
+    assert_eq!(condition(&st, "Failed")["reason"], "DeadlineExceeded", "{st:#}");
+    wait_for("the PS Deployment to go", LONG, || {
+        cp.get_json(&ns, "deployment/slow-ps").is_none().then_some(())
+    });
+}
+
+#[test]
+fn pods_that_cannot_be_scheduled_show_in_the_status_not_as_running() {
+    let cp = control_plane();
+    let ns = cp.namespace("unschedulable");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    // node-1 has 4 GPUs; each worker asks for 8.
+    cp.kubectl_ok(
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&job("big", json!({"workers": {"replicas": 2, "gpus": 8}}))),
+    );
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "big"), "Running");
+    let st = wait_for("the Unschedulable reason", LONG, || {
+        let s = status(cp, &ns, "big");
+        (condition(&s, "Running")["reason"] == "Unschedulable").then_some(s)
+    });
+    assert_eq!(st["phase"], "Created", "{st:#}");
+    let msg = condition(&st, "Running")["message"].as_str().unwrap();
+    assert!(msg.contains("Insufficient nvidia.com/gpu"), "{msg}");
+    assert!(events(cp, &ns, "big").iter().any(|e| e.0 == "Warning" && e.1 == "Unschedulable"));
+}
+
+#[test]
+fn suspend_stops_the_workers_and_the_ps_keeps_its_checkpoint_then_resume_continues() {
+    let cp = control_plane();
+    let ns = cp.namespace("suspend");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    let spec = json!({"workers": {"replicas": 2}, "parameterServer": {"checkpoint": {"storage": "1Gi"}}});
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("pausable", spec)));
+    let pvc = wait_for("the checkpoint PVC", LONG, || cp.get_json(&ns, "pvc/pausable-ps-checkpoints"));
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
+    worker_pods(cp, &ns, "pausable", 2);
+
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "tj",
+            "pausable",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"runPolicy":{"suspend":true}}}"#,
+        ],
+        None,
+    );
+    let st = wait_phase(cp, &ns, "pausable", "Suspended");
+    assert_eq!(condition(&st, "Suspended")["status"], "True", "{st:#}");
+    assert_eq!(cp.get_json(&ns, "job/pausable-workers").unwrap()["spec"]["suspend"], true);
+    assert_eq!(cp.get_json(&ns, "deployment/pausable-ps").unwrap()["spec"]["replicas"], 0);
+    worker_pods(cp, &ns, "pausable", 0);
+    assert!(cp.get_json(&ns, "pvc/pausable-ps-checkpoints").is_some(), "the checkpoint stays");
+
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "tj",
+            "pausable",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"runPolicy":{"suspend":false}}}"#,
+        ],
+        None,
+    );
+    worker_pods(cp, &ns, "pausable", 2);
+    assert_eq!(cp.get_json(&ns, "deployment/pausable-ps").unwrap()["spec"]["replicas"], 1);
+    let st = wait_for("the job to leave Suspended", LONG, || {
+        let s = status(cp, &ns, "pausable");
+        (s["phase"] != "Suspended").then_some(s)
+    });
+    assert_eq!(condition(&st, "Suspended")["status"], "False", "{st:#}");
+}
+
+#[test]
+fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
+    let cp = control_plane();
+    let ns = cp.namespace("cleanup");
+    // No PS answers here: the operator gives up finalizing at once and the job still succeeds.
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false", "--finalize-grace-seconds", "0"]);
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("doomed", json!({}))));
+    wait_for("the worker Job", LONG, || cp.get_json(&ns, "job/doomed-workers"));
+    worker_pods(cp, &ns, "doomed", 2);
+    cp.kubectl_ok(&["delete", "-n", &ns, "tj", "doomed", "--wait=false"], None);
+    wait_for("the garbage collector to remove every child", LONG, || {
+        let left: Vec<String> = ["deployments", "replicasets", "services", "secrets", "jobs"]
+            .iter()
+            .flat_map(|k| cp.names(&ns, k, "foresight.dev/job=doomed"))
+            .collect();
+        // Pods on a node wait for its kubelet (none here) to confirm: being deleted is enough.
+        let pods = cp.get_json(&ns, "pods").unwrap();
+        let live = pods["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .count();
+        (left.is_empty() && live == 0).then_some(())
+    });
+
+    cp.kubectl_ok(
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&job("brief", json!({"workers": {"replicas": 1}, "runPolicy": {"ttlSecondsAfterFinished": 2}}))),
+    );
+    let pod = worker_pods(cp, &ns, "brief", 1).remove(0);
+    cp.set_pod_phase(&ns, &pod, "Succeeded");
+    let st = wait_phase(cp, &ns, "brief", "Succeeded");
+    assert_eq!(condition(&st, "Succeeded")["reason"], "CompletedWithoutFinalModel", "{st:#}");
+    wait_for("ttlSecondsAfterFinished to delete the job", LONG, || {
+        cp.get_json(&ns, "tj/brief").is_none().then_some(())
+    });
+}
+
+#[test]
+fn an_operator_restarted_mid_job_converges_without_duplicates() {
+    let cp = control_plane();
+    let ns = cp.namespace("restart");
+    let op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("steady", json!({}))));
+    let pods = worker_pods(cp, &ns, "steady", 2);
+    let secret = wait_for("the Secret", LONG, || cp.get_json(&ns, "secret/steady-token"));
+    let job_uid = cp.get_json(&ns, "job/steady-workers").unwrap()["metadata"]["uid"].clone();
+    Command::new("kill").args(["-9", &op.pid().to_string()]).status().unwrap();
+    drop(op);
+
+    let op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    // Let it reconcile a few times.
+    wait_for("reconciles by the new operator", LONG, || {
+        (sample(&op.metrics_text(), "foresight_operator_reconciles_total")? >= 2.0).then_some(())
+    });
+    let selector = "foresight.dev/job=steady";
+    for kind in ["deployments", "services", "secrets", "jobs"] {
+        assert_eq!(cp.names(&ns, kind, selector).len(), 1, "one {kind}");
+    }
+    assert_eq!(cp.get_json(&ns, "job/steady-workers").unwrap()["metadata"]["uid"], job_uid, "the same Job");
+    assert_eq!(cp.get_json(&ns, "secret/steady-token").unwrap()["data"], secret["data"], "the same token");
+    assert_eq!(worker_pods(cp, &ns, "steady", 2), pods, "the same pods");
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "steady"), "Running");
+    for p in &pods {
+        cp.set_pod_phase(&ns, p, "Running");
+    }
+    wait_phase(cp, &ns, "steady", "Running");
+}
+
+#[test]
+fn two_operators_elect_one_leader_and_the_standby_takes_over() {
+    let cp = control_plane();
+    let ns = cp.namespace("leader");
+    let lease = ["--leader-elect=true", "--lease-duration-seconds", "3"];
+    let a = Operator::start(cp, &ns, &[&lease[..], &["--identity", "op-a"]].concat());
+    let holder = || {
+        cp.get_json(&ns, "lease/foresight-operator")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(String::from))
+    };
+    wait_for("op-a to lead", LONG, || (holder()? == "op-a").then_some(()));
+    let b = Operator::start(cp, &ns, &[&lease[..], &["--identity", "op-b"]].concat());
+    wait_for("op-b to be ready as a standby", LONG, || {
+        (http_get(b.metrics, "/readyz")?.0 == 200).then_some(())
+    });
+
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("first", json!({}))));
+    wait_for("the leader to reconcile", LONG, || cp.get_json(&ns, "job/first-workers"));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(holder().as_deref(), Some("op-a"));
+    assert_eq!(
+        sample(&b.metrics_text(), "foresight_operator_reconciles_total"),
+        Some(0.0),
+        "the standby reconciles nothing"
+    );
+
+    // The leader dies without releasing the lease: the standby takes over after it expires.
+    Command::new("kill").args(["-9", &a.pid().to_string()]).status().unwrap();
+    drop(a);
+    wait_for("op-b to lead", LONG, || (holder()? == "op-b").then_some(()));
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("second", json!({}))));
+    wait_for("the new leader to reconcile", LONG, || cp.get_json(&ns, "job/second-workers"));
+    assert!(sample(&b.metrics_text(), "foresight_operator_reconciles_total").unwrap() > 0.0);
+}
+
+#[test]
+fn the_operator_refuses_to_start_without_a_token_key() {
+    let out = Command::new(env!("CARGO_BIN_EXE_foresight"))
+        .args(["operator", "--kubeconfig", "/nonexistent"])
+        .env_remove("FORESIGHT_TOKEN_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("FORESIGHT_TOKEN_KEY"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_foresight"))
+        .args(["operator", "--kubeconfig", "/nonexistent", "--token-key", "short"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 32 bytes"));
+}
