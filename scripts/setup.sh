@@ -7,6 +7,9 @@ command -v curl >/dev/null || need_apt+=(curl)        # TLS test talks HTTP/2 ov
 command -v openssl >/dev/null || need_apt+=(openssl)  # …and makes its certificate with openssl
 command -v python3 >/dev/null || need_apt+=(python3)  # protocol test: a client written from docs/protocol.md
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)  # plot labels
+# The dashboard test scrapes a run with its own prometheus process (the packaged service is not
+# used) and lints /metrics with promtool.
+command -v prometheus >/dev/null && command -v promtool >/dev/null || need_apt+=(prometheus)
 if ((${#need_apt[@]})); then
   echo "setup: installing ${need_apt[*]}" >&2
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null

@@ -7,241 +7,12 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{ControlPlane, KillOnDrop, control_plane, free_port, wait_for};
-
-const KEY: &str = "0123456789abcdef0123456789abcdef-test-key";
-const LONG: Duration = Duration::from_secs(60);
-
-struct Operator {
-    _proc: KillOnDrop,
-    metrics: u16,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Operator {
-    /// Starts `foresight operator` for `ns`, reaching parameter servers at `ps_url`.
-    fn start(cp: &ControlPlane, ns: &str, extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("operator.log");
-        let metrics = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_foresight"))
-            .args(["operator", "--kubeconfig", cp.kubeconfig.to_str().unwrap(), "--namespace", ns])
-            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}"), "--progress-seconds", "1"])
-            .args(["--log-level", "info,foresight_operator=debug", "--log-format", "json"])
-            .args(["--lease-namespace", ns])
-            .args(extra)
-            .env("FORESIGHT_TOKEN_KEY", KEY)
-            .env_remove("KUBECONFIG")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("foresight operator starts");
-        let op = Self { _proc: KillOnDrop(child), metrics, log, _dir: dir };
-        wait_for("the operator's /healthz", LONG, || {
-            http_get(metrics, "/healthz").filter(|(c, _)| *c == 200)
-        });
-        op
-    }
-
-    fn metrics_text(&self) -> String {
-        http_get(self.metrics, "/metrics").expect("operator /metrics").1
-    }
-
-    fn pid(&self) -> u32 {
-        self._proc.0.id()
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            eprintln!("---- operator log (last lines) ----");
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
-        }
-    }
-}
-
-/// A plain HTTP/1.1 GET on loopback: (status, body).
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
-}
-
-/// The value of a sample line `name{labels} value` (labels as written, `""` for none).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-fn job(name: &str, spec: Value) -> String {
-    let mut base = json!({
-        "model": {"name": "mlp"},
-        "dataset": {"format": "csv", "path": "/data/mnist5k"},
-        "workers": {"replicas": 2},
-    });
-    for (k, v) in spec.as_object().unwrap() {
-        base[k] = v.clone();
-    }
-    json!({"apiVersion": "foresight.dev/v1alpha1", "kind": "TrainingJob",
-           "metadata": {"name": name}, "spec": base})
-    .to_string()
-}
-
-fn status(cp: &ControlPlane, ns: &str, name: &str) -> Value {
-    cp.get_json(ns, &format!("tj/{name}")).map(|j| j["status"].clone()).unwrap_or(Value::Null)
-}
-
-fn wait_phase(cp: &ControlPlane, ns: &str, name: &str, phase: &str) -> Value {
-    let mut last = Value::Null;
-    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for(&format!("{name} to reach {phase}"), LONG, || {
-            last = status(cp, ns, name);
-            (last["phase"] == phase).then(|| last.clone())
-        })
-    }));
-    found.unwrap_or_else(|_| panic!("{name} never reached {phase}; its status: {last:#}"))
-}
-
-fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
-    status["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .unwrap_or(&Value::Null)
-}
-
-/// The job's worker pods, once the Job controller has created `n` of them (not terminated).
-fn worker_pods(cp: &ControlPlane, ns: &str, name: &str, n: usize) -> Vec<String> {
-    wait_for(&format!("{n} live worker pods of {name}"), LONG, || {
-        let list = cp.get_json(ns, "pods").unwrap();
-        let live: Vec<String> = list["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| {
-                let labels = &p["metadata"]["labels"];
-                labels["foresight.dev/job"] == name
-                    && labels["app.kubernetes.io/component"] == "worker"
-                    && !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
-                    && p["metadata"]["deletionTimestamp"].is_null()
-            })
-            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
-            .collect();
-        (live.len() == n).then_some(live)
-    })
-}
-
-fn ps_pod(cp: &ControlPlane, ns: &str, name: &str) -> String {
-    wait_for("the parameter server's pod", LONG, || {
-        cp.names(
-            ns,
-            "pods",
-            &format!("foresight.dev/job={name},app.kubernetes.io/component=parameter-server"),
-        )
-        .into_iter()
-        .next()
-    })
-}
-
-/// A real parameter server on loopback, holding the job's token from its Secret.
-struct Ps {
-    _proc: KillOnDrop,
-    port: u16,
-    token: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Ps {
-    fn start(cp: &ControlPlane, ns: &str, name: &str, port: u16, workers: u32) -> Self {
-        let secret = wait_for("the token Secret", LONG, || cp.get_json(ns, &format!("secret/{name}-token")));
-        let b64 = secret["data"]["token"].as_str().expect("the Secret holds a token").to_string();
-        let out =
-            Command::new("base64").arg("-d").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        out.stdin.as_ref().unwrap().write_all(b64.as_bytes()).unwrap();
-        let token = String::from_utf8(out.wait_with_output().unwrap().stdout).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_foresight")).with_file_name("foresight-ps");
-        let child = Command::new(bin)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--workers", &workers.to_string()])
-            .args(["--algorithm", "dc-asgd-a", "--job-name", name, "--namespace", ns])
-            .arg("--checkpoint-dir")
-            .arg(dir.path())
-            .env("FORESIGHT_TOKEN", &token)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("foresight-ps starts");
-        wait_for("the parameter server", LONG, || http_get(port, "/healthz").filter(|(c, _)| *c == 200));
-        Self { _proc: KillOnDrop(child), port, token, _dir: dir }
-    }
-
-    /// Registers a 4-float model and applies one gradient from worker 0: step 1.
-    fn train_one_step(&self) {
-        use foresight_ps::client::{GradDtype, PsClient};
-        use foresight_ps::wire::{Layout, TensorSpec};
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let c =
-                PsClient::new(&format!("http://127.0.0.1:{}", self.port), Some(self.token.clone())).unwrap();
-            let layout = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![4] }]).unwrap();
-            c.register(&layout, &[0.0; 4]).await.unwrap();
-            let m = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
-            c.push(0, m.version, 1, Some(0.5), &layout, &[1.0; 4], GradDtype::F32).await.unwrap();
-        });
-    }
-
-    fn status(&self) -> Value {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let c = foresight_ps::client::PsClient::new(
-                &format!("http://127.0.0.1:{}", self.port),
-                Some(self.token.clone()),
-            )
-            .unwrap();
-            c.status().await.unwrap()
-        })
-    }
-}
-
-fn events(cp: &ControlPlane, ns: &str, name: &str) -> Vec<(String, String, String)> {
-    let list = cp.kubectl_ok(
-        &[
-            "get",
-            "events.events.k8s.io",
-            "-n",
-            ns,
-            "--field-selector",
-            &format!("regarding.name={name}"),
-            "-o",
-            "json",
-        ],
-        None,
-    );
-    let list: Value = serde_json::from_str(&list).unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
-            (s("type"), s("reason"), s("note"))
-        })
-        .collect()
-}
+use support::operator::*;
+use support::{control_plane, free_port, wait_for};
 
 #[test]
 fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
@@ -351,7 +122,7 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     }
 
     let m = op.metrics_text();
-    assert!(sample(&m, "foresight_operator_reconciles_total").unwrap() > 3.0, "{m}");
+    assert!(sample(&m, "foresight_operator_reconciles_total{result=\"success\"}").unwrap() > 3.0, "{m}");
     assert_eq!(sample(&m, "foresight_operator_jobs{phase=\"Succeeded\"}"), Some(1.0), "{m}");
     assert_eq!(sample(&m, "foresight_operator_jobs{phase=\"Running\"}"), Some(0.0), "{m}");
     assert_eq!(
@@ -538,7 +309,8 @@ fn an_operator_restarted_mid_job_converges_without_duplicates() {
     let op = Operator::start(cp, &ns, &["--leader-elect=false"]);
     // Let it reconcile a few times.
     wait_for("reconciles by the new operator", LONG, || {
-        (sample(&op.metrics_text(), "foresight_operator_reconciles_total")? >= 2.0).then_some(())
+        (sample(&op.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}")? >= 2.0)
+            .then_some(())
     });
     let selector = "foresight.dev/job=steady";
     for kind in ["deployments", "services", "secrets", "jobs"] {
@@ -575,7 +347,7 @@ fn two_operators_elect_one_leader_and_the_standby_takes_over() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(holder().as_deref(), Some("op-a"));
     assert_eq!(
-        sample(&b.metrics_text(), "foresight_operator_reconciles_total"),
+        sample(&b.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}"),
         Some(0.0),
         "the standby reconciles nothing"
     );
@@ -586,7 +358,9 @@ fn two_operators_elect_one_leader_and_the_standby_takes_over() {
     wait_for("op-b to lead", LONG, || (holder()? == "op-b").then_some(()));
     cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("second", json!({}))));
     wait_for("the new leader to reconcile", LONG, || cp.get_json(&ns, "job/second-workers"));
-    assert!(sample(&b.metrics_text(), "foresight_operator_reconciles_total").unwrap() > 0.0);
+    assert!(
+        sample(&b.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}").unwrap() > 0.0
+    );
 }
 
 #[test]

@@ -12,15 +12,16 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::api::Phase;
 
 /// Every phase, for `foresight_operator_jobs{phase}` (all are exported, zeros included).
 pub const PHASES: [Phase; 6] =
     [Phase::Created, Phase::Running, Phase::Restarting, Phase::Succeeded, Phase::Failed, Phase::Suspended];
+
+/// The `reason` values of `foresight_operator_reconcile_errors_total`.
+pub const ERROR_REASONS: [&str; 3] = ["kube_api", "conflict", "incomplete_object"];
 
 pub fn phase_name(p: Phase) -> &'static str {
     match p {
@@ -35,7 +36,7 @@ pub fn phase_name(p: Phase) -> &'static str {
 
 pub struct Metrics {
     pub registry: Registry,
-    pub reconciles: IntCounter,
+    pub reconciles: IntCounterVec,
     pub reconcile_errors: IntCounterVec,
     pub reconcile_seconds: HistogramVec,
     pub jobs: IntGaugeVec,
@@ -53,15 +54,18 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
-        let reconciles = IntCounter::new(
-            "foresight_operator_reconciles_total",
-            "Reconciliations of TrainingJobs, successful or not.",
+        let reconciles = IntCounterVec::new(
+            Opts::new(
+                "foresight_operator_reconciles_total",
+                "Reconciliations of TrainingJobs, by result (success or error).",
+            ),
+            &["result"],
         )
         .expect("valid metric");
         let reconcile_errors = IntCounterVec::new(
             Opts::new(
                 "foresight_operator_reconcile_errors_total",
-                "Reconciliations that failed, by reason (kube_api, parameter_server, invalid_spec, conflict).",
+                "Reconciliations that failed, by reason (kube_api, conflict, incomplete_object).",
             ),
             &["reason"],
         )
@@ -95,8 +99,18 @@ impl Metrics {
         ] {
             registry.register(c).expect("metric names are unique");
         }
+        // Every known label value exists from the start, so that rates and sums are 0, not absent.
         for p in PHASES {
             jobs.with_label_values(&[phase_name(p)]).set(0);
+        }
+        for r in ["success", "error"] {
+            reconciles.with_label_values(&[r]);
+        }
+        for r in ERROR_REASONS {
+            reconcile_errors.with_label_values(&[r]);
+        }
+        for p in [Phase::Succeeded, Phase::Failed] {
+            job_duration.with_label_values(&[phase_name(p)]);
         }
         Self {
             registry,

@@ -48,7 +48,8 @@ pub enum Error {
 }
 
 impl Error {
-    /// The `reason` label of `foresight_operator_reconcile_errors_total`.
+    /// The `reason` label of `foresight_operator_reconcile_errors_total` (one of
+    /// `metrics::ERROR_REASONS`).
     fn metric_reason(&self) -> &'static str {
         match self {
             Error::Kube(e) if is_status(e, 409) => "conflict",
@@ -201,9 +202,10 @@ fn error_policy(job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Act
 #[tracing::instrument(skip_all, fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
 async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
     let timer = ctx.metrics.reconcile_seconds.with_label_values(&[] as &[&str]).start_timer();
-    ctx.metrics.reconciles.inc();
     let result = reconcile_job(&job, &ctx).await;
     timer.observe_duration();
+    let outcome = if result.is_ok() { "success" } else { "error" };
+    ctx.metrics.reconciles.with_label_values(&[outcome]).inc();
     if let Err(e) = &result {
         ctx.metrics.reconcile_errors.with_label_values(&[e.metric_reason()]).inc();
     }

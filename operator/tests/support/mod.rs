@@ -20,6 +20,8 @@
 //! Ctrl-C reaches them too. `KEEP_CONTROL_PLANE_TMP=1` keeps the directory (logs) afterwards.
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod operator;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

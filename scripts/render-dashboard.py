@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Renders the key panels of the Grafana dashboard from a real run's Prometheus data.
+
+Grafana does not run here, so this draws with matplotlib what the dashboard's panels would show:
+it starts Prometheus (Debian's, scrape interval 1 s, honor_labels) on the run's
+prometheus-targets.json, runs `foresight run JOB --out OUT/run`, then evaluates the panels'
+own PromQL (read from charts/foresight/dashboards/foresight.json, variables substituted) with
+query_range over the run and draws them into one PNG.
+
+  scripts/render-dashboard.py [--job examples/mnist-dcasgd.yaml] [--out out/observability]
+                              [--png docs/img/dashboard.png] [--reuse]
+
+--reuse skips the run and reads the Prometheus data a previous call left in OUT.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DASHBOARD = os.path.join(ROOT, "charts/foresight/dashboards/foresight.json")
+
+# (panel title in the dashboard, axis label); the staleness heatmap is drawn as a heatmap.
+PANELS = [
+    ("Gradient staleness τ", "τ (versions)"),
+    ("Staleness p50 / p99", "τ (versions)"),
+    ("Updates/s", "updates/s"),
+    ("Rejected gradients by reason", "pushes/s"),
+    ("Push / pull / apply latency p99", "seconds"),
+    ("Bytes/s in and out", "MB/s"),
+    ("Delay compensation: λ_t and compensation ratio", "ratio"),
+    ("Training loss", "loss"),
+    ("Held-out accuracy", "accuracy"),
+    ("Step time per worker", "seconds"),
+    ("Samples/s", "samples/s"),
+    ("Checkpoint age", "seconds"),
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.load(r)
+
+
+class Prometheus:
+    """Debian's prometheus on a free loopback port; scrapes the run's file_sd targets."""
+
+    def __init__(self, out, targets_file):
+        self.addr = f"127.0.0.1:{free_port()}"
+        cfg = os.path.join(out, "prometheus.yml")
+        with open(cfg, "w") as f:
+            f.write(
+                "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+                "scrape_configs:\n"
+                "- job_name: foresight-run\n"
+                "  honor_labels: true\n"
+                f"  file_sd_configs: [{{files: [{json.dumps(targets_file)}], refresh_interval: 1s}}]\n"
+            )
+        log = open(os.path.join(out, "prometheus.log"), "w")
+        self.proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={os.path.join(out, 'prometheus-data')}",
+                f"--web.listen-address={self.addr}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{self.addr}/-/ready", timeout=2)
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    self.close()
+                    sys.exit(f"prometheus did not start: see {out}/prometheus.log")
+                time.sleep(0.1)
+
+    def query_range(self, expr, start, end, step):
+        q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
+        r = get(f"http://{self.addr}/api/v1/query_range?{q}")
+        if r["status"] != "success":
+            raise RuntimeError(f"{expr}: {r.get('error')}")
+        return r["data"]["result"]
+
+    def label_values(self, label, start, end):
+        q = urllib.parse.urlencode({"match[]": "foresight_ps_model_version", "start": start, "end": end})
+        return get(f"http://{self.addr}/api/v1/label/{label}/values?{q}")["data"]
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def run_job(args, out, run_dir):
+    job = args.job
+    if args.epochs:
+        # The same job, trained longer: Prometheus starts scraping new targets up to ~5 s late.
+        with open(os.path.join(ROOT, args.job)) as f:
+            text, n = re.subn(r"(?m)^(\s+epochs:)\s*\d+", rf"\g<1> {args.epochs}", f.read())
+        if n != 1:
+            sys.exit(f"render-dashboard: no single `epochs:` line in {args.job}")
+        job = os.path.join(out, "job.yaml")
+        with open(job, "w") as f:
+            f.write(text)
+    cmd = [args.foresight, "run", job, "--out", run_dir, "--no-progress"]
+    for s in args.slow_worker:
+        cmd += ["--slow-worker", s]
+    print("render-dashboard:", " ".join(cmd), file=sys.stderr)
+    start = time.time() - 1
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    time.sleep(2)  # the last scrapes
+    return start, time.time()
+
+
+def panels_by_title(d):
+    out = {}
+
+    def walk(ps):
+        for p in ps:
+            out[p["title"]] = p
+            walk(p.get("panels", []))
+
+    walk(d["panels"])
+    return out
+
+
+def legend(fmt, metric):
+    """Grafana's legendFormat: {{label}} becomes the series' label value."""
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: metric.get(m.group(1), ""), fmt or "")
+
+
+def draw_heatmap(ax, result, start):
+    buckets = sorted(result, key=lambda s: float(s["metric"]["le"]))
+    les = [float(s["metric"]["le"]) for s in buckets]
+    times = sorted({float(v[0]) for s in buckets for v in s["values"]})
+    index = {t: i for i, t in enumerate(times)}
+    cum = [[0.0] * len(times) for _ in les]
+    for b, s in enumerate(buckets):
+        for t, v in s["values"]:
+            cum[b][index[float(t)]] = float(v) if v not in ("NaN", "+Inf") else 0.0
+    # Cumulative buckets → counts per bucket; keep buckets up to the largest one used (+1).
+    per = [[cum[b][j] - (cum[b - 1][j] if b else 0.0) for j in range(len(times))] for b in range(len(les))]
+    used = [b for b in range(len(les)) if any(x > 1e-9 for x in per[b])]
+    top = min(len(les), (max(used) + 2) if used else 2)
+    per, les = per[:top], les[:top]
+    xs = [t - start for t in times]
+    im = ax.pcolormesh(xs, range(len(les)), per, shading="nearest", cmap="Oranges")
+    ax.set_yticks(range(len(les)))
+    ax.set_yticklabels(["+Inf" if math.isinf(le) else f"≤{le:g}" for le in les])
+    plt.colorbar(im, ax=ax, label="gradients per interval")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", default="examples/mnist-dcasgd.yaml")
+    ap.add_argument("--out", default="out/observability")
+    ap.add_argument("--png", default="docs/img/dashboard.png")
+    ap.add_argument("--foresight", default=os.path.join(ROOT, "target/release/foresight"))
+    ap.add_argument("--epochs", type=int, default=40, help="train this many epochs instead (0: as the job says)")
+    ap.add_argument("--slow-worker", action="append", default=[], help="passed to foresight run (N=F)")
+    ap.add_argument("--rate-interval", default="5s", help="what $__rate_interval becomes")
+    ap.add_argument("--reuse", action="store_true", help="reuse the Prometheus data of a previous call")
+    args = ap.parse_args()
+    out = os.path.abspath(args.out)
+    run_dir = os.path.join(out, "run")
+    window = os.path.join(out, "window.json")
+    if not args.reuse:
+        for d in ("prometheus-data", "run"):
+            shutil.rmtree(os.path.join(out, d), ignore_errors=True)
+    # Prometheus watches the directory of the targets file: it must exist before it starts.
+    os.makedirs(run_dir, exist_ok=True)
+    prom = Prometheus(out, os.path.join(run_dir, "prometheus-targets.json"))
+    try:
+        if args.reuse:
+            with open(window) as f:
+                start, end = json.load(f)
+        else:
+            start, end = run_job(args, out, run_dir)
+            with open(window, "w") as f:
+                json.dump([start, end], f)
+        with open(DASHBOARD) as f:
+            panels = panels_by_title(json.load(f))
+        ns = prom.label_values("namespace", start, end)
+        jobs = prom.label_values("job", start, end)
+        if not ns or not jobs:
+            sys.exit("render-dashboard: Prometheus holds no foresight_ps series for the run")
+        subst = {
+            "$namespace": "|".join(ns),
+            "$job": "|".join(jobs),
+            "$__rate_interval": args.rate_interval,
+            "$__interval": "1s",
+            "$__range": f"{math.ceil(end - start)}s",
+        }
+        plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "axes.titleweight": "bold"})
+        fig, axes = plt.subplots(4, 3, figsize=(16, 14))
+        for ax, (title, ylabel) in zip(axes.flat, PANELS):
+            p = panels[title]
+            ax.set_title(title)
+            ax.set_xlabel("seconds since start")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            for t in p["targets"]:
+                expr = t["expr"]
+                for k, v in sorted(subst.items(), key=lambda kv: -len(kv[0])):
+                    expr = expr.replace(k, v)
+                result = prom.query_range(expr, start, end, 1)
+                if p["type"] == "heatmap":
+                    draw_heatmap(ax, result, start)
+                    continue
+                for s in sorted(result, key=lambda s: json.dumps(s["metric"], sort_keys=True)):
+                    xs, ys = [], []
+                    for ts, v in s["values"]:
+                        v = float(v)
+                        if math.isfinite(v):
+                            xs.append(float(ts) - start)
+                            ys.append(v / 1e6 if ylabel == "MB/s" else v)
+                    ax.plot(xs, ys, lw=1.2, label=legend(t.get("legendFormat", ""), s["metric"]))
+            if ax.lines:
+                ax.legend(loc="best", fontsize=7)
+            elif p["type"] != "heatmap":
+                ax.text(0.5, 0.5, "no data (none refused)" if "Rejected" in title else "no data",
+                        transform=ax.transAxes, ha="center", va="center", color="grey")
+            if title.startswith("Delay compensation"):
+                ax.set_yscale("log")
+                ax.set_ylabel("λ_t and ratio (log)")
+        job = os.path.relpath(os.path.join(ROOT, args.job), ROOT)
+        if args.epochs:
+            job += f" with epochs: {args.epochs}"
+        fig.suptitle(f"Foresight dashboard, rendered from Prometheus: foresight run {job} "
+                     f"({end - start:.0f} s, $__rate_interval = {args.rate_interval})", fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.97))
+        os.makedirs(os.path.dirname(os.path.abspath(args.png)), exist_ok=True)
+        fig.savefig(args.png, dpi=90)
+        print(f"render-dashboard: wrote {args.png}", file=sys.stderr)
+    finally:
+        prom.close()
+
+
+if __name__ == "__main__":
+    main()
