@@ -200,6 +200,22 @@ fn pods_that_cannot_be_scheduled_show_in_the_status_not_as_running() {
     let msg = condition(&st, "Running")["message"].as_str().unwrap();
     assert!(msg.contains("Insufficient nvidia.com/gpu"), "{msg}");
     assert!(events(cp, &ns, "big").iter().any(|e| e.0 == "Warning" && e.1 == "Unschedulable"));
+
+    // Fewer GPUs would fit, but a started Job's pod template cannot change: the operator says so.
+    cp.kubectl_ok(
+        &["patch", "-n", &ns, "tj", "big", "--type=merge", "-p", r#"{"spec":{"workers":{"gpus":1}}}"#],
+        None,
+    );
+    let note = wait_for("the SpecChangeNotApplied event", LONG, || {
+        events(cp, &ns, "big")
+            .into_iter()
+            .find(|e| e.0 == "Warning" && e.1 == "SpecChangeNotApplied")
+            .map(|e| e.2)
+    });
+    assert!(note.contains("field is immutable"), "{note}");
+    let limits = &cp.get_json(&ns, "job/big-workers").unwrap()["spec"]["template"]["spec"]["containers"][0]["resources"]
+        ["limits"];
+    assert_eq!(limits["nvidia.com/gpu"], "8", "the Job is unchanged");
 }
 
 #[test]

@@ -293,6 +293,16 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.parameterServer.checkpoint.intervalSeconds in body should be greater than or equal to 1",
         ),
         (
+            &[("spec.parameterServer.checkpoint.storage", json!("lots"))],
+            "parameterServer.checkpoint.storage",
+            "spec.parameterServer.checkpoint.storage: Invalid value: |must be a quantity > 0",
+        ),
+        (
+            &[("spec.parameterServer.checkpoint.storage", json!("0Gi"))],
+            "parameterServer.checkpoint.storage",
+            "must be a quantity > 0",
+        ),
+        (
             &[("spec.runPolicy.activeDeadlineSeconds", json!(0))],
             "runPolicy.activeDeadlineSeconds",
             "spec.runPolicy.activeDeadlineSeconds in body should be greater than or equal to 1",

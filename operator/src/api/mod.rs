@@ -326,15 +326,17 @@ pub struct ParameterServerSpec {
 }
 
 /// Periodic checkpoints of the parameter server.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointSpec {
     /// Seconds between periodic checkpoints, ≥ 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub interval_seconds: Option<u64>,
-    /// Size of the PersistentVolumeClaim for checkpoints (e.g. 1Gi); absent: an emptyDir.
+    /// Size of the PersistentVolumeClaim for checkpoints and the final model, a quantity > 0
+    /// (e.g. 1Gi); absent: an emptyDir, lost with the parameter server's pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("must be a quantity > 0, e.g. 1Gi"))]
     pub storage: Option<String>,
 }
 

@@ -66,6 +66,14 @@ fn every_rule_names_its_field() {
         ("optimizer.weightDecay", |s| s.optimizer.weight_decay = Some(-0.1)),
         ("workers.replicas", |s| s.workers.replicas = 0),
         ("workers.replicas", |s| s.workers.replicas = 1025),
+        ("parameterServer.checkpoint.storage", |s| {
+            s.parameter_server.checkpoint =
+                Some(CheckpointSpec { interval_seconds: None, storage: Some("1 Gi".into()) })
+        }),
+        ("parameterServer.checkpoint.storage", |s| {
+            s.parameter_server.checkpoint =
+                Some(CheckpointSpec { interval_seconds: None, storage: Some("0.0".into()) })
+        }),
         ("parameterServer.checkpoint.intervalSeconds", |s| {
             s.parameter_server.checkpoint = Some(CheckpointSpec { interval_seconds: Some(0), storage: None })
         }),
@@ -189,4 +197,14 @@ fn the_model_and_the_algorithm_cannot_change() {
     new.model.name = Some(BuiltinModel::Resnet20);
     let errs = validate_update(&old, &new).unwrap_err();
     assert_eq!(errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(), ["model"]);
+}
+
+#[test]
+fn checkpoint_storage_takes_kubernetes_quantities() {
+    for good in ["1Gi", "500M", "1.5Ti", "2e9", "0.5", "+3k", "1E3"] {
+        let mut spec = example().spec;
+        spec.parameter_server.checkpoint =
+            Some(CheckpointSpec { interval_seconds: None, storage: Some(good.into()) });
+        assert!(validate(&spec).is_ok(), "{good} is a quantity");
+    }
 }

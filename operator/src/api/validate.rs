@@ -97,6 +97,13 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             "parameterServer.checkpoint.intervalSeconds",
             "must be at least 1".into(),
         );
+        if let Some(size) = &ckpt.storage {
+            check(
+                is_positive_quantity(size),
+                "parameterServer.checkpoint.storage",
+                format!("must be a quantity > 0, e.g. 1Gi, got {size:?}"),
+            );
+        }
     }
     check(
         spec.run_policy.active_deadline_seconds != Some(0),
@@ -104,6 +111,25 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
         "must be at least 1".into(),
     );
     if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
+/// A Kubernetes quantity (`<number><suffix>`: 1Gi, 500M, 1.5e3, 0.5) greater than zero.
+fn is_positive_quantity(q: &str) -> bool {
+    const SUFFIXES: [&str; 15] =
+        ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"];
+    let (number, exponent) = match q.find(['e', 'E']) {
+        Some(i) => (&q[..i], Some(&q[i + 1..])),
+        None => (SUFFIXES.iter().find_map(|s| q.strip_suffix(s)).unwrap_or(q), None),
+    };
+    let digits = number.strip_prefix('+').unwrap_or(number);
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let well_formed = !(int.is_empty() && frac.is_empty())
+        && int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+        && exponent.is_none_or(|e| {
+            let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+            !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
+        });
+    well_formed && int.bytes().chain(frac.bytes()).any(|b| b != b'0')
 }
 
 /// Every problem with changing a job's spec from `old` to `new`: those of `validate(new)`, and

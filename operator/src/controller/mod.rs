@@ -244,7 +244,28 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     }
     apply(ctx, &owner, owner.ps_service()).await?;
     apply(ctx, &owner, owner.ps_deployment(&ctx.settings.defaults)).await?;
-    let workers = apply(ctx, &owner, owner.worker_job(&ctx.settings.defaults)).await?;
+    let workers = match apply(ctx, &owner, owner.worker_job(&ctx.settings.defaults)).await {
+        Ok(workers) => workers,
+        // A started Job's pod template is immutable: a change of, say, workers.replicas or the
+        // image cannot reach the running workers. Say so and keep following the Job as it is.
+        Err(Error::Kube(kube::Error::Api(status))) if status.code == 422 => {
+            // The causes name the fields; the message quotes the whole pod template.
+            let causes: Vec<String> = status
+                .details
+                .iter()
+                .flat_map(|d| &d.causes)
+                .map(|c| format!("{}: {}", c.field, c.message.rsplit(": ").next().unwrap_or(&c.message)))
+                .collect();
+            let message = format!(
+                "the running worker Job keeps its spec ({}); create a new TrainingJob for this change",
+                if causes.is_empty() { status.reason.clone() } else { causes.join("; ") }
+            );
+            publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "Reconcile", &message).await;
+            let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+            jobs.get(&children::workers_name(&owner.name)).await?
+        }
+        Err(e) => return Err(e),
+    };
 
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let ps_ready = deployments
@@ -437,18 +458,31 @@ async fn write_status(
     }
     if let Some(t) = status::transition(old, state) {
         tracing::info!(phase = phase_name(t.phase), reason = %t.reason, message = %t.message, "transition");
-        let event = Event {
-            type_: if t.is_warning() { EventType::Warning } else { EventType::Normal },
-            reason: t.reason.clone(),
-            note: Some(t.message.chars().take(1000).collect()),
-            action: phase_name(t.phase).into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
-            tracing::warn!(error = %e, "could not record the event");
-        }
+        let type_ = if t.is_warning() { EventType::Warning } else { EventType::Normal };
+        publish(ctx, job, type_, &t.reason, phase_name(t.phase), &t.message).await;
     }
     Ok(new)
+}
+
+/// Records an Event about the job (a failure to record is logged, not fatal).
+async fn publish(
+    ctx: &Context,
+    job: &TrainingJob,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    message: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &job.object_ref(&())).await {
+        tracing::warn!(error = %e, "could not record the event");
+    }
 }
 
 /// Removes the parameter server (its Deployment and Service) once the job has ended: deleting
