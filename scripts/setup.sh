@@ -26,5 +26,7 @@ fi
 # kube-apiserver, etcd and kubectl for the operator's tests, built from Go modules (about 20
 # minutes the first time on 2 cores; a stamp makes later runs instant).
 "$(dirname "$0")/../tools/build-control-plane.sh" >/dev/null
+# helm and kubeconform for the chart's tests, also from Go modules (about 3 minutes cold).
+"$(dirname "$0")/../tools/build-helm-tools.sh" >/dev/null
 
 cargo fetch --locked >/dev/null

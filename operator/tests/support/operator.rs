@@ -21,21 +21,23 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `foresight operator` for namespace `ns` with the admin kubeconfig.
+    /// Starts `foresight operator` for namespace `ns` (its Lease there too), as the admin.
     pub fn start(cp: &ControlPlane, ns: &str, extra: &[&str]) -> Self {
-        Self::start_as(&cp.kubeconfig, ns, extra)
+        Self::start_with(&cp.kubeconfig, Some(ns), ns, extra)
     }
 
-    /// Starts `foresight operator` for namespace `ns` with `kubeconfig`'s credentials.
-    pub fn start_as(kubeconfig: &Path, ns: &str, extra: &[&str]) -> Self {
+    /// Starts `foresight operator` with `kubeconfig`'s credentials, watching `watch` (`None`:
+    /// every namespace), its Lease (if it elects) in `lease_namespace`.
+    pub fn start_with(kubeconfig: &Path, watch: Option<&str>, lease_namespace: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("operator.log");
         let metrics = free_port();
         let child = Command::new(foresight_bin())
-            .args(["operator", "--kubeconfig", kubeconfig.to_str().unwrap(), "--namespace", ns])
+            .args(["operator", "--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(watch.map(|ns| ["--namespace", ns]).into_iter().flatten())
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics}"), "--progress-seconds", "1"])
             .args(["--log-level", "info,foresight_operator=debug", "--log-format", "json"])
-            .args(["--lease-namespace", ns])
+            .args(["--lease-namespace", lease_namespace])
             .args(extra)
             .env("FORESIGHT_TOKEN_KEY", KEY)
             .env_remove("KUBECONFIG")

@@ -1,0 +1,971 @@
+//! The Helm chart (charts/foresight) with the real tools: Helm and kubeconform built from Go
+//! modules by `tools/build-helm-tools.sh`, and the test control plane of `support` (a real
+//! kube-apiserver v1.37 with etcd).
+//!
+//! - `helm lint --strict`, with the default values and with every optional feature on;
+//! - the chart's crds/ holds exactly crds/trainingjob.yaml;
+//! - `helm template` output is valid under `kubeconform -strict` against JSON schemas generated
+//!   from the test API server's own OpenAPI document, which also publishes the TrainingJob CRD
+//!   and the prometheus-operator ServiceMonitor/PodMonitor CRDs (installed from the
+//!   prometheus-operator module zip), so no kind is skipped;
+//! - values.schema.json refuses a wrong value, naming it;
+//! - `helm install` into the control plane succeeds, an upgrade keeps the token key, and the
+//!   ServiceAccount can do exactly what the operator needs (`kubectl auth can-i`, and requests
+//!   made with a token of the ServiceAccount itself).
+
+mod support;
+
+use serde_json::{Map, Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use support::operator::{LONG, Operator, events, job, ps_pod, sample, wait_phase, worker_pods};
+use support::{ControlPlane, control_plane, repo_root, wait_for};
+
+// ---- tools ------------------------------------------------------------------------------
+
+/// Where `tools/build-helm-tools.sh` put helm, kubeconform and the monitoring CRDs.
+struct Tools {
+    bin: PathBuf,
+    /// The ServiceMonitor and PodMonitor CRDs of the pinned prometheus-operator.
+    monitoring_crds: PathBuf,
+    /// HELM_*_HOME of the tests, so nothing touches the user's Helm configuration.
+    helm_home: tempfile::TempDir,
+}
+
+/// Runs `tools/build-helm-tools.sh` (instant when built, minutes cold) unless
+/// `HELM_TOOLS_BIN` names its bin directory. Panics, never skips, when the tools are missing.
+fn tools() -> &'static Tools {
+    static TOOLS: OnceLock<Tools> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let bin = match std::env::var_os("HELM_TOOLS_BIN") {
+            Some(dir) => PathBuf::from(dir),
+            None => {
+                let script = repo_root().join("tools/build-helm-tools.sh");
+                let out = Command::new(&script)
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+                assert!(
+                    out.status.success(),
+                    "{} failed ({}); it builds helm and kubeconform from Go modules and needs `go` \
+                     and the Go module proxy (`make setup` runs it); its log is above",
+                    script.display(),
+                    out.status
+                );
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                PathBuf::from(
+                    stdout.lines().last().expect("the build script prints its bin directory").trim(),
+                )
+            }
+        };
+        for tool in ["helm", "kubeconform"] {
+            assert!(
+                bin.join(tool).is_file(),
+                "{} is missing: run tools/build-helm-tools.sh (or `make setup`)",
+                bin.join(tool).display()
+            );
+        }
+        let monitoring_crds = bin.parent().expect("bin/ has a parent").join("crds");
+        Tools { bin, monitoring_crds, helm_home: tempfile::tempdir().expect("a temp dir for Helm's homes") }
+    })
+}
+
+fn chart() -> PathBuf {
+    repo_root().join("charts/foresight")
+}
+
+fn helm_cmd(kubeconfig: Option<&Path>) -> Command {
+    let t = tools();
+    let home = t.helm_home.path();
+    let mut c = Command::new(t.bin.join("helm"));
+    c.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env_remove("HELM_NAMESPACE")
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    match kubeconfig {
+        Some(k) => c.env("KUBECONFIG", k),
+        // Nothing that could reach a real cluster.
+        None => c.env("KUBECONFIG", home.join("no-kubeconfig")),
+    };
+    c
+}
+
+fn run(mut c: Command, what: &str) -> Output {
+    c.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// Runs helm, panics with its output when it fails; returns stdout.
+fn helm_ok(args: &[&str], kubeconfig: Option<&Path>) -> String {
+    let mut c = helm_cmd(kubeconfig);
+    c.args(args);
+    let out = run(c, "helm");
+    assert!(out.status.success(), "helm {} failed ({}):\n{}", args.join(" "), out.status, text(&out));
+    String::from_utf8(out.stdout).expect("helm prints UTF-8")
+}
+
+// ---- values -----------------------------------------------------------------------------
+
+/// Every optional feature on.
+const ALL_FEATURES: &[&str] = &[
+    "--set",
+    "replicas=2",
+    "--set",
+    "watchNamespace=team-a",
+    "--set",
+    "logFormat=json",
+    "--set",
+    "logLevel=debug",
+    "--set",
+    "metrics.serviceMonitor.enabled=true",
+    "--set",
+    "metrics.serviceMonitor.additionalLabels.release=prometheus",
+    "--set",
+    "metrics.podMonitor.enabled=true",
+    "--set",
+    "metrics.podMonitor.additionalLabels.release=prometheus",
+    "--set",
+    "grafana.dashboards.enabled=true",
+    "--set",
+    "grafana.dashboards.annotations.grafana_folder=Foresight",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.apiServer.cidrs[0]=10.0.0.1/32",
+    "--set",
+    "imagePullSecrets[0].name=regcred",
+    "--set",
+    "serviceAccount.annotations.example\\.com/role=foresight",
+];
+
+/// `helm template` of the chart; `extra` are more arguments (values).
+fn template(extra: &[&str]) -> String {
+    let chart = chart();
+    let mut args = vec!["template", "foresight", chart.to_str().unwrap(), "--namespace", "foresight-system"];
+    args.extend_from_slice(extra);
+    helm_ok(&args, None)
+}
+
+/// The objects of a multi-document YAML stream (empty documents dropped).
+fn objects(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .filter_map(|doc| {
+            let v: Value = serde::Deserialize::deserialize(doc).expect("helm renders valid YAML");
+            (!v.is_null()).then_some(v)
+        })
+        .collect()
+}
+
+fn kinds(objs: &[Value]) -> BTreeSet<String> {
+    objs.iter().map(|o| o["kind"].as_str().unwrap().to_string()).collect()
+}
+
+fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objs.iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} among {:?}", kinds(objs)))
+}
+
+/// The operator container's environment, name → value (or valueFrom as JSON text).
+fn env(deployment: &Value) -> BTreeMap<String, String> {
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("the operator container has env")
+        .iter()
+        .map(|e| {
+            let v = match &e["value"] {
+                Value::String(s) => s.clone(),
+                _ => e["valueFrom"].to_string(),
+            };
+            (e["name"].as_str().unwrap().to_string(), v)
+        })
+        .collect()
+}
+
+// ---- lint and files ---------------------------------------------------------------------
+
+#[test]
+fn helm_lint_strict_passes_with_default_and_all_feature_values() {
+    let chart = chart();
+    let out = helm_ok(&["lint", "--strict", chart.to_str().unwrap()], None);
+    assert!(out.contains("1 chart(s) linted, 0 chart(s) failed"), "{out}");
+    let mut args = vec!["lint", "--strict", chart.to_str().unwrap()];
+    args.extend_from_slice(ALL_FEATURES);
+    let out = helm_ok(&args, None);
+    assert!(out.contains("1 chart(s) linted, 0 chart(s) failed"), "{out}");
+}
+
+#[test]
+fn the_chart_crd_is_crds_trainingjob_yaml() {
+    let root = std::fs::read(repo_root().join("crds/trainingjob.yaml")).unwrap();
+    let copy = std::fs::read(chart().join("crds/trainingjob.yaml")).unwrap();
+    assert!(
+        root == copy,
+        "charts/foresight/crds/trainingjob.yaml differs from crds/trainingjob.yaml: \
+         run `cp crds/trainingjob.yaml charts/foresight/crds/` after `make crd`"
+    );
+    let entries: Vec<_> =
+        std::fs::read_dir(chart().join("crds")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(entries, ["trainingjob.yaml"], "the chart installs only the TrainingJob CRD");
+}
+
+#[test]
+fn chart_app_version_is_the_workspace_version() {
+    let chart_yaml: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap()).unwrap();
+    assert_eq!(chart_yaml["appVersion"], env!("CARGO_PKG_VERSION"), "Chart.yaml appVersion");
+}
+
+#[test]
+fn helm_reports_the_pinned_version() {
+    let out = helm_ok(&["version", "--template", "{{ .Version }}"], None);
+    let gomod = std::fs::read_to_string(repo_root().join("tools/helm/go.mod")).unwrap();
+    let pinned = gomod
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("helm.sh/helm/v3 "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("tools/helm/go.mod requires helm.sh/helm/v3");
+    assert_eq!(out.trim(), pinned);
+}
+
+// ---- rendering ----------------------------------------------------------------------------
+
+#[test]
+fn default_render_is_the_operator_and_nothing_optional() {
+    let objs = objects(&template(&[]));
+    let expected: BTreeSet<String> = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(kinds(&objs), expected);
+
+    let deploy = find(&objs, "Deployment", "foresight");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(deploy["spec"]["replicas"], 1);
+    assert_eq!(container["image"], "ghcr.io/foresight-dev/foresight-operator:0.1.0");
+    assert_eq!(container["args"], json!(["--lease-name=foresight-operator"]));
+    assert_eq!(container["ports"], json!([{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]));
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let sc = &container["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 10001);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(pod["serviceAccountName"], "foresight");
+
+    let env = env(deploy);
+    assert_eq!(env["FORESIGHT_METRICS_ADDR"], "0.0.0.0:8080");
+    assert_eq!(env["FORESIGHT_LEADER_ELECT"], "true");
+    assert_eq!(env["FORESIGHT_LOG_FORMAT"], "text");
+    assert_eq!(env["FORESIGHT_LOG_LEVEL"], "info");
+    assert_eq!(env["FORESIGHT_PS_IMAGE"], "ghcr.io/foresight-dev/foresight-ps:0.1.0");
+    assert_eq!(env["FORESIGHT_WORKER_IMAGE"], "ghcr.io/foresight-dev/foresight-worker:0.1.0");
+    assert!(env["POD_NAMESPACE"].contains("metadata.namespace"), "{}", env["POD_NAMESPACE"]);
+    assert!(env["POD_NAME"].contains("metadata.name"), "{}", env["POD_NAME"]);
+    assert_eq!(
+        env["FORESIGHT_TOKEN_KEY"],
+        json!({"secretKeyRef": {"name": "foresight-token-key", "key": "key"}}).to_string()
+    );
+    assert!(!env.contains_key("FORESIGHT_WATCH_NAMESPACE"), "empty watchNamespace means all namespaces");
+
+    let secret = find(&objs, "Secret", "foresight-token-key");
+    let decoded = base64_decode(secret["data"]["key"].as_str().unwrap());
+    assert_eq!(decoded.len(), 64, "a 64-character key");
+    assert!(decoded.bytes().all(|b| b.is_ascii_alphanumeric()));
+
+    // The metrics Service selects the operator only: the parameter-server and worker pods
+    // also carry app.kubernetes.io/name=foresight and app.kubernetes.io/instance=<job>.
+    let svc = find(&objs, "Service", "foresight-metrics");
+    assert_eq!(svc["spec"]["ports"][0]["name"], "metrics");
+    assert_eq!(svc["spec"]["selector"]["app.kubernetes.io/component"], "operator");
+    assert_eq!(svc["spec"]["selector"], deploy["spec"]["selector"]["matchLabels"]);
+}
+
+/// Decodes standard base64 (what Helm's b64enc writes).
+fn base64_decode(s: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bits = 0u32;
+    let mut n = 0;
+    let mut out = Vec::new();
+    for c in s.bytes().filter(|&c| c != b'=') {
+        let v = ALPHABET.iter().position(|&a| a == c).expect("base64") as u32;
+        bits = (bits << 6) | v;
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            out.push((bits >> n) as u8);
+            bits &= (1 << n) - 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// The RBAC contract with the operator, verb for verb.
+fn expected_rules() -> Value {
+    json!([
+        {"apiGroups": ["foresight.dev"], "resources": ["trainingjobs"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": ["foresight.dev"], "resources": ["trainingjobs/status"], "verbs": ["get", "patch", "update"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch", "create", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    ])
+}
+
+fn expected_lease_rules() -> Value {
+    json!([
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["foresight-operator"],
+         "verbs": ["get", "update"]},
+    ])
+}
+
+#[test]
+fn rbac_grants_exactly_the_operator_contract() {
+    let objs = objects(&template(&[]));
+    assert_eq!(find(&objs, "ClusterRole", "foresight")["rules"], expected_rules());
+    let lease = find(&objs, "Role", "foresight-leader-election");
+    assert_eq!(lease["metadata"]["namespace"], "foresight-system");
+    assert_eq!(lease["rules"], expected_lease_rules());
+    for (kind, name) in [("ClusterRoleBinding", "foresight"), ("RoleBinding", "foresight-leader-election")] {
+        assert_eq!(
+            find(&objs, kind, name)["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "foresight", "namespace": "foresight-system"}]),
+            "{kind} {name}"
+        );
+    }
+
+    // watchNamespace: the same rules as a Role there, and no cluster-wide grant.
+    let objs = objects(&template(&["--set", "watchNamespace=team-a"]));
+    assert!(!kinds(&objs).contains("ClusterRole") && !kinds(&objs).contains("ClusterRoleBinding"));
+    let role = find(&objs, "Role", "foresight");
+    assert_eq!(role["metadata"]["namespace"], "team-a");
+    assert_eq!(role["rules"], expected_rules());
+    assert_eq!(find(&objs, "RoleBinding", "foresight")["metadata"]["namespace"], "team-a");
+    let deploy = find(&objs, "Deployment", "foresight");
+    assert_eq!(env(deploy)["FORESIGHT_WATCH_NAMESPACE"], "team-a");
+
+    // rbac.create=false, serviceAccount.create=false: neither.
+    let objs = objects(&template(&["--set", "rbac.create=false", "--set", "serviceAccount.create=false"]));
+    let left = kinds(&objs);
+    for k in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"] {
+        assert!(!left.contains(k), "{k} rendered with rbac.create=false: {left:?}");
+    }
+    assert_eq!(
+        find(&objs, "Deployment", "foresight")["spec"]["template"]["spec"]["serviceAccountName"],
+        "default"
+    );
+}
+
+#[test]
+fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
+    let objs = objects(&template(ALL_FEATURES));
+    for k in ["ServiceMonitor", "PodMonitor", "ConfigMap", "NetworkPolicy", "PodDisruptionBudget"] {
+        assert!(kinds(&objs).contains(k), "no {k} in {:?}", kinds(&objs));
+    }
+    let deploy = find(&objs, "Deployment", "foresight");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let env = env(deploy);
+    assert_eq!(env["FORESIGHT_LOG_FORMAT"], "json");
+    assert_eq!(env["FORESIGHT_LOG_LEVEL"], "debug");
+
+    let sm = find(&objs, "ServiceMonitor", "foresight");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(sm["spec"]["selector"]["matchLabels"], deploy["spec"]["selector"]["matchLabels"]);
+
+    // The PodMonitor: the operator's parameter servers and workers in every namespace, with
+    // their own job/namespace labels kept.
+    let pm = find(&objs, "PodMonitor", "foresight-jobs");
+    assert_eq!(pm["spec"]["namespaceSelector"], json!({"any": true}));
+    assert_eq!(
+        pm["spec"]["selector"],
+        json!({
+            "matchLabels": {"app.kubernetes.io/name": "foresight", "app.kubernetes.io/managed-by": "foresight-operator"},
+            "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                                   "values": ["parameter-server", "worker"]}]
+        })
+    );
+    let endpoints: Vec<(&str, &str, bool)> = pm["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["port"].as_str().unwrap(), e["path"].as_str().unwrap(), e["honorLabels"] == true))
+        .collect();
+    assert_eq!(endpoints, [("http", "/metrics", true), ("metrics", "/metrics", true)]);
+
+    // Every dashboard file, under the sidecar's label.
+    let cm = find(&objs, "ConfigMap", "foresight-dashboards");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(cm["metadata"]["annotations"]["grafana_folder"], "Foresight");
+    let mut files: Vec<String> = std::fs::read_dir(chart().join("dashboards"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "charts/foresight/dashboards/ holds no dashboard");
+    let data: Vec<String> = cm["data"].as_object().unwrap().keys().cloned().collect();
+    assert_eq!(data, files);
+    for f in &files {
+        let on_disk = std::fs::read_to_string(chart().join("dashboards").join(f)).unwrap();
+        assert_eq!(cm["data"][f].as_str().unwrap().trim_end(), on_disk.trim_end(), "{f}");
+        serde_json::from_str::<Value>(&on_disk).unwrap_or_else(|e| panic!("dashboards/{f} is not JSON: {e}"));
+    }
+
+    // The operator's network: metrics in; the API server, DNS and parameter servers out.
+    let np = find(&objs, "NetworkPolicy", "foresight");
+    assert_eq!(np["spec"]["podSelector"]["matchLabels"], deploy["spec"]["selector"]["matchLabels"]);
+    assert_eq!(np["spec"]["ingress"], json!([{"ports": [{"port": "metrics", "protocol": "TCP"}]}]));
+    let egress = np["spec"]["egress"].as_array().unwrap();
+    assert_eq!(egress.len(), 3);
+    assert_eq!(egress[0]["to"], json!([{"ipBlock": {"cidr": "10.0.0.1/32"}}]));
+    assert_eq!(
+        egress[0]["ports"],
+        json!([{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}])
+    );
+    assert_eq!(egress[1]["ports"], json!([{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]));
+    assert_eq!(egress[2]["ports"], json!([{"port": 8080, "protocol": "TCP"}]));
+    assert_eq!(
+        egress[2]["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
+        "parameter-server"
+    );
+
+    let pdb = find(&objs, "PodDisruptionBudget", "foresight");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], deploy["spec"]["selector"]["matchLabels"]);
+}
+
+#[test]
+fn values_schema_refuses_wrong_values_naming_them() {
+    let chart = chart();
+    for (set, named) in [
+        ("replicas=abc", "replicas"),
+        ("replicas=0", "replicas"),
+        ("logFormat=xml", "logFormat"),
+        ("logLevel=loud", "logLevel"),
+        ("metrics.port=http", "port"),
+        ("metrics.port=70000", "port"),
+        ("leaderElection.enabled=maybe", "enabled"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("metrics.serviceMonitor.interval=soon", "interval"),
+        ("watchNamespace=Not_A_Namespace", "watchNamespace"),
+        ("replica=2", "replica"),
+        ("metrics.podMonitor.enable=true", "enable"),
+    ] {
+        for cmd in ["template", "lint"] {
+            let mut c = helm_cmd(None);
+            c.args([cmd, chart.to_str().unwrap(), "--set", set]);
+            if cmd == "template" {
+                c.args(["--namespace", "foresight-system"]);
+            }
+            let out = run(c, "helm");
+            let all = text(&out);
+            assert!(
+                !out.status.success() && all.contains("values don't meet the specifications of the schema"),
+                "helm {cmd} --set {set} was not refused by values.schema.json:\n{all}"
+            );
+            assert!(all.contains(named), "helm {cmd} --set {set}: the message does not name {named}:\n{all}");
+        }
+    }
+    // Not a schema matter, but refused all the same: two replicas without a leader.
+    let mut c = helm_cmd(None);
+    c.args([
+        "template",
+        chart.to_str().unwrap(),
+        "--set",
+        "replicas=2",
+        "--set",
+        "leaderElection.enabled=false",
+    ]);
+    let out = run(c, "helm");
+    assert!(!out.status.success() && text(&out).contains("leaderElection.enabled"), "{}", text(&out));
+}
+
+// ---- kubeconform against the control plane's OpenAPI ---------------------------------------
+
+/// Installs the prometheus-operator ServiceMonitor and PodMonitor CRDs into the control plane
+/// (once per test binary) and waits until the API server publishes them in /openapi/v2.
+fn monitoring_crds(cp: &ControlPlane) {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let dir = &tools().monitoring_crds;
+        // Server-side: these CRDs are too large for the last-applied annotation.
+        cp.kubectl_ok(&["apply", "--server-side", "-f", dir.to_str().unwrap()], None);
+        for crd in ["servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com"] {
+            cp.kubectl_ok(
+                &["wait", "--for", "condition=Established", "--timeout=60s", &format!("crd/{crd}")],
+                None,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let doc = cp.kubectl_ok(&["get", "--raw", "/openapi/v2"], None);
+            if doc.contains("com.coreos.monitoring.v1.ServiceMonitor")
+                && doc.contains("com.coreos.monitoring.v1.PodMonitor")
+                && doc.contains("dev.foresight.v1alpha1.TrainingJob")
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the monitoring CRDs never appeared in /openapi/v2");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+}
+
+/// The kubeconform schema-location template matching the files `write_schemas` writes.
+const SCHEMA_FILE_TEMPLATE: &str = "{{ .ResourceKind }}_{{ .Group }}_{{ .ResourceAPIVersion }}.json";
+
+/// Writes one standalone, strict JSON schema per kind the API server serves (built-in kinds and
+/// every installed CRD), from its /openapi/v2 document, the way kubeconform's
+/// openapi2jsonschema.py --strict does: every object schema with properties refuses unknown
+/// properties, int-or-string fields take either, and each file holds the definitions it uses.
+/// Returns the number of schemas written.
+fn write_schemas(cp: &ControlPlane, dir: &Path) -> usize {
+    let doc: Value = serde_json::from_str(&cp.kubectl_ok(&["get", "--raw", "/openapi/v2"], None))
+        .expect("/openapi/v2 is JSON");
+    let mut defs = doc["definitions"].as_object().expect("/openapi/v2 has definitions").clone();
+    for (name, def) in defs.iter_mut() {
+        strictify(def);
+        // resource.Quantity is a string in OpenAPI; manifests also write plain numbers.
+        if name.ends_with(".api.resource.Quantity") {
+            *def = json!({"oneOf": [{"type": "string"}, {"type": "number"}]});
+        }
+    }
+    let mut written = 0;
+    for (name, def) in &defs {
+        let Some(gvks) = def.get("x-kubernetes-group-version-kind").and_then(Value::as_array) else {
+            continue;
+        };
+        for gvk in gvks {
+            let (group, version, kind) = (
+                gvk["group"].as_str().unwrap(),
+                gvk["version"].as_str().unwrap(),
+                gvk["kind"].as_str().unwrap(),
+            );
+            // kubeconform's template fields: Group is the apiVersion before the slash, which for
+            // the core group is the version itself.
+            let group_field = if group.is_empty() { version } else { group };
+            let file = dir.join(format!("{}_{}_{}.json", kind.to_lowercase(), group_field, version));
+            let mut used = Map::new();
+            collect_refs(def, &defs, &mut used);
+            used.insert(name.clone(), def.clone());
+            let schema = json!({
+                "$schema": "http://json-schema.org/draft-04/schema#",
+                "$ref": format!("#/definitions/{name}"),
+                "definitions": used,
+            });
+            std::fs::write(&file, serde_json::to_vec(&schema).unwrap()).unwrap();
+            written += 1;
+        }
+    }
+    written
+}
+
+/// In place: objects with properties refuse others (unless they preserve unknown fields);
+/// int-or-string becomes a string or an integer.
+fn strictify(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let int_or_string = m.get("format").and_then(Value::as_str) == Some("int-or-string")
+                || m.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+            if int_or_string {
+                m.remove("type");
+                m.remove("format");
+                m.insert("oneOf".into(), json!([{"type": "string"}, {"type": "integer"}]));
+            }
+            let preserve = m.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+            if m.contains_key("properties") && !m.contains_key("additionalProperties") && !preserve {
+                m.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            for (k, child) in m.iter_mut() {
+                // Property names are not schemas, but their values are.
+                if k != "enum" && k != "default" && k != "example" {
+                    strictify(child);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(strictify),
+        _ => {}
+    }
+}
+
+/// Adds every definition `v` reaches through `$ref` to `used`.
+fn collect_refs(v: &Value, defs: &Map<String, Value>, used: &mut Map<String, Value>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(r)) = m.get("$ref")
+                && let Some(name) = r.strip_prefix("#/definitions/")
+                && !used.contains_key(name)
+            {
+                let def = defs.get(name).unwrap_or_else(|| panic!("dangling $ref {r}"));
+                used.insert(name.to_string(), def.clone());
+                collect_refs(def, defs, used);
+            }
+            m.values().for_each(|c| collect_refs(c, defs, used));
+        }
+        Value::Array(a) => a.iter().for_each(|c| collect_refs(c, defs, used)),
+        _ => {}
+    }
+}
+
+/// Runs `kubeconform -strict` on `files` against the schemas in `schemas`; no default
+/// location, so a kind without a schema fails instead of being skipped.
+fn kubeconform(schemas: &Path, files: &[&Path]) -> Output {
+    let mut c = Command::new(tools().bin.join("kubeconform"));
+    c.args(["-strict", "-summary", "-verbose", "-n", "2", "-schema-location"])
+        .arg(format!("{}/{SCHEMA_FILE_TEMPLATE}", schemas.display()))
+        .args(files);
+    run(c, "kubeconform")
+}
+
+#[test]
+fn rendered_manifests_and_examples_are_valid_for_the_api_server() {
+    let cp = control_plane();
+    monitoring_crds(cp);
+    let dir = tempfile::tempdir().unwrap();
+    let schemas = dir.path().join("schemas");
+    std::fs::create_dir(&schemas).unwrap();
+    let n = write_schemas(cp, &schemas);
+    assert!(n > 50, "only {n} schemas from /openapi/v2");
+    for f in [
+        "deployment_apps_v1.json",
+        "servicemonitor_monitoring.coreos.com_v1.json",
+        "podmonitor_monitoring.coreos.com_v1.json",
+        "trainingjob_foresight.dev_v1alpha1.json",
+        "customresourcedefinition_apiextensions.k8s.io_v1.json",
+    ] {
+        assert!(schemas.join(f).is_file(), "no schema {f}");
+    }
+
+    let default = dir.path().join("default.yaml");
+    std::fs::write(&default, template(&["--include-crds"])).unwrap();
+    let full = dir.path().join("all-features.yaml");
+    let mut args = vec!["--include-crds"];
+    args.extend_from_slice(ALL_FEATURES);
+    std::fs::write(&full, template(&args)).unwrap();
+    let example = repo_root().join("examples/mnist-dcasgd.yaml");
+
+    let out = kubeconform(&schemas, &[&default, &full, &example]);
+    let report = text(&out);
+    assert!(out.status.success(), "kubeconform -strict refused the chart's output:\n{report}");
+    eprintln!("kubeconform: {}", report.lines().last().unwrap_or_default());
+    // Summary: "Summary: 27 resources found in 3 files - Valid: 27, Invalid: 0, Errors: 0, Skipped: 0"
+    assert!(report.contains("Invalid: 0, Errors: 0, Skipped: 0"), "{report}");
+    let valid = report
+        .split("Valid: ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no summary:\n{report}"));
+    let expected = objects(&std::fs::read_to_string(&default).unwrap()).len()
+        + objects(&std::fs::read_to_string(&full).unwrap()).len()
+        + 1;
+    assert_eq!(valid, expected, "{report}");
+
+    // The schemas are strict: a misspelt field (in built-in kinds and in each CRD) or a wrong
+    // type is refused.
+    let bad = dir.path().join("bad.yaml");
+    let mut docs = objects(&std::fs::read_to_string(&full).unwrap());
+    for o in docs.iter_mut() {
+        match o["kind"].as_str().unwrap() {
+            "Deployment" => {
+                o["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = json!("Always")
+            }
+            "PodMonitor" => o["spec"]["podMetricsEndpoints"][0]["honourLabels"] = json!(true),
+            "ServiceMonitor" => o["spec"]["endpoints"][0]["intervall"] = json!("30s"),
+            "Service" => o["spec"]["ports"][0]["port"] = json!("eighty"),
+            _ => continue,
+        }
+    }
+    let mut tj: Value = serde_yaml::from_str(&std::fs::read_to_string(&example).unwrap()).unwrap();
+    tj["spec"]["workers"]["replicaz"] = json!(4);
+    docs.push(tj);
+    let stream: String = docs.iter().map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap())).collect();
+    std::fs::write(&bad, stream).unwrap();
+    let out = kubeconform(&schemas, &[&bad]);
+    let report = text(&out);
+    assert!(!out.status.success(), "kubeconform accepted misspelt fields:\n{report}");
+    for (object, why) in [
+        ("Deployment foresight", "'imagePullPolice' not allowed"),
+        ("PodMonitor foresight-jobs", "'honourLabels' not allowed"),
+        ("ServiceMonitor foresight", "'intervall' not allowed"),
+        ("TrainingJob mnist-dcasgd", "'replicaz' not allowed"),
+        ("Service foresight-metrics", "'/spec/ports/0/port': got string, want integer"),
+    ] {
+        let line = report
+            .lines()
+            .find(|l| l.contains(&format!(" - {object} is ")))
+            .unwrap_or_else(|| panic!("kubeconform did not report {object}:\n{report}"));
+        assert!(
+            line.contains(" is invalid") && line.contains(why),
+            "{object} not refused for {why}:\n{report}"
+        );
+    }
+    assert!(report.contains("Invalid: 5, Errors: 0"), "{report}");
+}
+
+// ---- install and RBAC ---------------------------------------------------------------------
+
+/// A kubeconfig for a ServiceAccount of the control plane: a token from `kubectl create token`
+/// (TokenRequest; one hour), the server and CA of the admin kubeconfig. Written into `dir`.
+/// Use it to run the operator, or kubectl, with exactly the chart's RBAC.
+pub fn service_account_kubeconfig(
+    cp: &ControlPlane,
+    namespace: &str,
+    service_account: &str,
+    dir: &Path,
+) -> PathBuf {
+    let token = cp.kubectl_ok(&["create", "token", service_account, "-n", namespace, "--duration=1h"], None);
+    let admin: Value = serde_yaml::from_str(&std::fs::read_to_string(&cp.kubeconfig).unwrap()).unwrap();
+    let cluster = &admin["clusters"][0]["cluster"];
+    let server = cluster["server"].as_str().expect("the admin kubeconfig names the server");
+    let ca = cluster["certificate-authority"].as_str().expect("the admin kubeconfig names its CA file");
+    let user = format!("system:serviceaccount:{namespace}:{service_account}");
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": user, "user": {"token": token.trim()}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": user, "namespace": namespace}}],
+        "current-context": "test",
+    });
+    let path = dir.join(format!("{namespace}-{service_account}.kubeconfig"));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// `kubectl auth can-i` as the ServiceAccount: true for "yes".
+fn can_i(cp: &ControlPlane, sa: &str, args: &[&str]) -> bool {
+    let mut full = vec!["auth", "can-i", "--as", sa];
+    full.extend_from_slice(args);
+    let out = cp.kubectl(&full, None);
+    match String::from_utf8_lossy(&out.stdout).trim() {
+        "yes" => true,
+        "no" => false,
+        other => panic!("kubectl {}: {other:?}\n{}", full.join(" "), String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+fn secret_key(cp: &ControlPlane, ns: &str, name: &str) -> String {
+    cp.kubectl_ok(&["get", "secret", name, "-n", ns, "-o", "jsonpath={.data.key}"], None)
+}
+
+#[test]
+fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
+    let cp = control_plane();
+    monitoring_crds(cp);
+    let ns = cp.namespace("chart-install");
+    let other = cp.namespace("chart-jobs");
+    let chart = chart();
+    let kubeconfig = Some(cp.kubeconfig.as_path());
+    let release = "fs";
+    let mut args = vec!["install", release, chart.to_str().unwrap(), "--namespace", &ns];
+    // Everything but watchNamespace (that is the next test), with the monitoring CRDs present.
+    args.extend(ALL_FEATURES.chunks(2).filter(|kv| !kv[1].starts_with("watchNamespace")).flatten().copied());
+    let out = helm_ok(&args, kubeconfig);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    assert!(
+        out.contains("kubectl apply -f examples/mnist-dcasgd.yaml"),
+        "NOTES tell what to do next:\n{out}"
+    );
+
+    // What helm created.
+    let names = cp.kubectl_ok(
+        &[
+            "get",
+            "deploy,svc,sa,secret,role,rolebinding,networkpolicy,pdb,configmap,servicemonitor,podmonitor",
+            "-n",
+            &ns,
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    for want in [
+        "deployment.apps/fs-foresight",
+        "service/fs-foresight-metrics",
+        "serviceaccount/fs-foresight",
+        "secret/fs-foresight-token-key",
+        "role.rbac.authorization.k8s.io/fs-foresight-leader-election",
+        "networkpolicy.networking.k8s.io/fs-foresight",
+        "poddisruptionbudget.policy/fs-foresight",
+        "configmap/fs-foresight-dashboards",
+        "servicemonitor.monitoring.coreos.com/fs-foresight",
+        "podmonitor.monitoring.coreos.com/fs-foresight-jobs",
+    ] {
+        assert!(names.lines().any(|l| l == want), "{want} not created; found:\n{names}");
+    }
+
+    // The token key survives an upgrade (lookup), and is 64 characters.
+    let key = secret_key(cp, &ns, "fs-foresight-token-key");
+    assert_eq!(base64_decode(&key).len(), 64);
+    let upgrade = [
+        "upgrade",
+        release,
+        chart.to_str().unwrap(),
+        "--namespace",
+        &ns,
+        "--reuse-values",
+        "--set",
+        "logLevel=warn",
+    ];
+    helm_ok(&upgrade, kubeconfig);
+    assert_eq!(secret_key(cp, &ns, "fs-foresight-token-key"), key, "helm upgrade replaced the token key");
+
+    // RBAC, as the ServiceAccount.
+    let sa = format!("system:serviceaccount:{ns}:fs-foresight");
+    let sa = sa.as_str();
+    for (args, allowed) in [
+        (vec!["create", "deployments.apps", "-n", &other], true),
+        (vec!["delete", "deployments.apps", "-n", &other], true),
+        (vec!["create", "jobs.batch", "-n", &other], true),
+        (vec!["patch", "jobs.batch", "-n", &other], true),
+        (vec!["create", "services", "-n", &other], true),
+        (vec!["create", "persistentvolumeclaims", "-n", &other], true),
+        (vec!["watch", "pods", "-A"], true),
+        (vec!["watch", "trainingjobs.foresight.dev", "-A"], true),
+        (vec!["patch", "trainingjobs.foresight.dev", "--subresource=status", "-n", &other], true),
+        (vec!["create", "secrets", "-n", &other], true),
+        (vec!["patch", "secrets", "-n", &other], true),
+        (vec!["create", "events.events.k8s.io", "-n", &other], true),
+        (vec!["create", "leases.coordination.k8s.io", "-n", &ns], true),
+        (vec!["get", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], true),
+        (vec!["update", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], true),
+        // Never read a Secret.
+        (vec!["get", "secrets", "-A"], false),
+        (vec!["list", "secrets", "-A"], false),
+        (vec!["watch", "secrets", "-n", &other], false),
+        (vec!["get", "secrets/fs-foresight-token-key", "-n", &ns], false),
+        (vec!["delete", "secrets", "-n", &other], false),
+        // Nothing it does not need.
+        (vec!["delete", "nodes"], false),
+        (vec!["create", "pods", "-n", &other], false),
+        (vec!["delete", "pods", "-n", &other], false),
+        (vec!["create", "pods", "--subresource=exec", "-n", &other], false),
+        (vec!["update", "trainingjobs.foresight.dev", "-n", &other], false),
+        (vec!["patch", "trainingjobs.foresight.dev", "-n", &other], false),
+        (vec!["create", "trainingjobs.foresight.dev", "-n", &other], false),
+        (vec!["delete", "persistentvolumeclaims", "-n", &other], false),
+        (vec!["get", "leases.coordination.k8s.io/another-lease", "-n", &ns], false),
+        (vec!["create", "leases.coordination.k8s.io", "-n", &other], false),
+        (vec!["create", "clusterrolebindings.rbac.authorization.k8s.io"], false),
+        (vec!["get", "configmaps", "-n", &other], false),
+    ] {
+        assert_eq!(can_i(cp, sa, &args), allowed, "can-i {} as {sa}", args.join(" "));
+    }
+
+    // The same with a real token of the ServiceAccount.
+    let dir = tempfile::tempdir().unwrap();
+    let sa_kubeconfig = service_account_kubeconfig(cp, &ns, "fs-foresight", dir.path());
+    let as_sa = |args: &[&str]| {
+        let mut c = Command::new(cp.bin.join("kubectl"));
+        c.env("KUBECONFIG", &sa_kubeconfig).env_remove("KUBERNETES_SERVICE_HOST").args(args);
+        run(c, "kubectl")
+    };
+    let who = as_sa(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
+    assert_eq!(
+        String::from_utf8_lossy(&who.stdout),
+        format!("system:serviceaccount:{ns}:fs-foresight"),
+        "{}",
+        text(&who)
+    );
+    let ok = as_sa(&["get", "trainingjobs,deployments,jobs,services,pods", "-A"]);
+    assert!(ok.status.success(), "{}", text(&ok));
+    let denied = as_sa(&["get", "secrets", "-n", &ns]);
+    assert!(!denied.status.success() && text(&denied).contains("Forbidden"), "{}", text(&denied));
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sa-made", "namespace": other},
+                        "stringData": {"token": "x"}});
+    let file = dir.path().join("secret.json");
+    std::fs::write(&file, secret.to_string()).unwrap();
+    let created = as_sa(&["create", "-f", file.to_str().unwrap(), "-o", "name"]);
+    assert!(created.status.success(), "{}", text(&created));
+
+    // The operator itself, with exactly these permissions (the ServiceAccount's token and the
+    // chart's token key), leading through the chart's Lease and taking a job in another
+    // namespace from creation to Succeeded, the PS's removal and the TTL's deletion.
+    let key = base64_decode(&secret_key(cp, &ns, "fs-foresight-token-key"));
+    let operator = Operator::start_with(
+        &sa_kubeconfig,
+        None,
+        &ns,
+        &["--token-key", &key, "--leader-elect=true", "--finalize-grace-seconds", "0"],
+    );
+    let lease = wait_for("the operator to take the chart's Lease", LONG, || {
+        cp.get_json(&ns, "lease/foresight-operator")
+    });
+    assert!(lease["spec"]["holderIdentity"].is_string(), "{lease:#}");
+    let spec = json!({"workers": {"replicas": 1}, "runPolicy": {"ttlSecondsAfterFinished": 1},
+                      "parameterServer": {"checkpoint": {"storage": "1Gi"}}});
+    cp.kubectl_ok(&["apply", "-n", &other, "-f", "-"], Some(&job("rbac", spec)));
+    cp.set_pod_phase(&other, &ps_pod(cp, &other, "rbac"), "Running");
+    let pod = worker_pods(cp, &other, "rbac", 1).remove(0);
+    cp.set_pod_phase(&other, &pod, "Running");
+    wait_phase(cp, &other, "rbac", "Running");
+    for kind in ["secrets", "pvc", "services", "deployments", "jobs"] {
+        assert_eq!(cp.names(&other, kind, "foresight.dev/job=rbac").len(), 1, "one {kind}");
+    }
+    cp.set_pod_phase(&other, &pod, "Succeeded");
+    wait_for("Succeeded, then the TTL's deletion", LONG, || {
+        cp.get_json(&other, "tj/rbac").is_none().then_some(())
+    });
+    assert!(cp.get_json(&other, "deployment/rbac-ps").is_none(), "the PS was removed");
+    let reasons: Vec<String> = events(cp, &other, "rbac").into_iter().map(|e| e.1).collect();
+    assert!(reasons.iter().any(|r| r == "WorkersRunning"), "events recorded: {reasons:?}");
+    let m = operator.metrics_text();
+    assert_eq!(
+        sample(&m, "foresight_operator_reconcile_errors_total{reason=\"kube_api\"}"),
+        Some(0.0),
+        "{m}"
+    );
+
+    helm_ok(&["uninstall", release, "--namespace", &ns], kubeconfig);
+}
+
+#[test]
+fn with_watch_namespace_the_operator_is_confined_to_it() {
+    let cp = control_plane();
+    let ns = cp.namespace("chart-scoped");
+    let watched = cp.namespace("chart-watched");
+    let elsewhere = cp.namespace("chart-elsewhere");
+    let chart = chart();
+    let set = format!("watchNamespace={watched}");
+    let out = helm_ok(
+        &["install", "scoped", chart.to_str().unwrap(), "--namespace", &ns, "--set", &set],
+        Some(cp.kubeconfig.as_path()),
+    );
+    assert!(out.contains(&format!("namespace \"{watched}\"")), "NOTES name the watched namespace:\n{out}");
+    let sa = format!("system:serviceaccount:{ns}:scoped-foresight");
+    for (args, allowed) in [
+        (vec!["create", "deployments.apps", "-n", &watched], true),
+        (vec!["watch", "trainingjobs.foresight.dev", "-n", &watched], true),
+        (vec!["create", "deployments.apps", "-n", &elsewhere], false),
+        (vec!["watch", "trainingjobs.foresight.dev", "-A"], false),
+        (vec!["create", "leases.coordination.k8s.io", "-n", &ns], true),
+    ] {
+        assert_eq!(can_i(cp, &sa, &args), allowed, "can-i {} as {sa}", args.join(" "));
+    }
+    helm_ok(&["uninstall", "scoped", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
+}
