@@ -36,7 +36,7 @@ impl Operator {
             .args(["operator", "--kubeconfig", kubeconfig.to_str().unwrap()])
             .args(watch.map(|ns| ["--namespace", ns]).into_iter().flatten())
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics}"), "--progress-seconds", "1"])
-            .args(["--log-level", "info,foresight_operator=debug", "--log-format", "json"])
+            .args(["--log-level", "info", "--log-format", "json"])
             .args(["--lease-namespace", lease_namespace])
             .args(extra)
             .env("FORESIGHT_TOKEN_KEY", KEY)
@@ -65,7 +65,7 @@ impl Drop for Operator {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
             eprintln!("---- operator log (last lines) ----");
             for l in tail.iter().rev() {
                 eprintln!("{l}");

@@ -256,6 +256,9 @@ async fn push_inner(
     let m = &state.metrics;
     if !o.replayed {
         m.staleness.observe(o.staleness as f64);
+        if store.hyper().max_staleness == Some(o.staleness) {
+            m.at_bound.inc();
+        }
         if o.applied {
             m.apply_seconds.observe(apply_time.as_secs_f64());
             m.updates.inc();

@@ -28,6 +28,9 @@ pub struct Metrics {
     pub lambda: Gauge,
     pub workers: IntGauge,
     pub checkpoint_age: Gauge,
+    /// The configured staleness bound (0: none) and the accepted gradients exactly at it.
+    pub max_staleness: IntGauge,
+    pub at_bound: IntCounter,
     /// Running means behind the compensation-ratio and λ gauges.
     compensation: parking_lot::Mutex<Option<(f64, f64)>>,
 }
@@ -67,6 +70,10 @@ impl Metrics {
         )
         .expect("valid");
         registry.register(Box::new(rejected.clone())).expect("unique");
+        // process_resident_memory_bytes, process_cpu_seconds_total, open fds... (Linux only).
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .expect("unique");
         Self {
             staleness: hist(
                 "foresight_ps_gradient_staleness",
@@ -108,6 +115,14 @@ impl Metrics {
             checkpoint_age: gauge(
                 "foresight_ps_checkpoint_age_seconds",
                 "Seconds since the last checkpoint was written (since start when none has been).",
+            ),
+            max_staleness: int_gauge(
+                "foresight_ps_max_staleness",
+                "The staleness bound (--max-staleness): gradients staler than this are refused; 0 when there is none.",
+            ),
+            at_bound: counter(
+                "foresight_ps_gradients_at_bound_total",
+                "Accepted gradients whose staleness equals the bound exactly (the stalest allowed); 0 when there is no bound.",
             ),
             registry,
             compensation: parking_lot::Mutex::new(None),

@@ -100,6 +100,7 @@ impl AppState {
             None => None,
         };
         let metrics = metrics::Metrics::new(&config.job, &config.namespace);
+        metrics.max_staleness.set(config.hyper.max_staleness.map_or(0, |b| b as i64));
         let (version_tx, _) = watch::channel(0);
         let workers = config.workers;
         let state = Arc::new(Self {
