@@ -97,6 +97,17 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     assert_eq!(st["workers"]["active"], 2);
     assert_eq!(st["observedGeneration"], tj["metadata"]["generation"]);
     assert!(st["startTime"].is_string());
+    // While the model moves, progress is read every --progress-seconds (1 here), and writing it
+    // wakes the controller once, not in a loop.
+    let reconciles =
+        || sample(&op.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}").unwrap();
+    let before = reconciles();
+    let pushes = ps.push_for(Duration::from_secs(4));
+    let during = reconciles() - before;
+    let st = status(cp, &ns, "mnist");
+    eprintln!("{pushes} pushes in 4 s: {during} reconciles; step now {}", st["progress"]["step"]);
+    assert!(st["progress"]["step"].as_u64().unwrap() > 1, "progress follows the PS: {st:#}");
+    assert!(during <= 14.0, "{during} reconciles in 4 s: a status write must not set off a reconcile loop");
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
     assert!(table.contains("Running"), "{table}");
 

@@ -85,9 +85,34 @@ pub struct Context {
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
+    /// When each job's progress was last read (by UID). Writing fresh progress changes the
+    /// status, which wakes the controller again; reading it at most every `progress_every`
+    /// keeps that from becoming a loop.
+    progress_read: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 impl Context {
+    /// Whether the job's progress is due to be read now (and if so, marks it read).
+    fn progress_due(&self, uid: &str) -> bool {
+        let mut read = self.progress_read.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        // A requeue comes back a little early or late; 0.9 keeps one read per period.
+        let period = self.settings.progress_every.mul_f64(0.9);
+        match read.get(uid) {
+            Some(t) if now.duration_since(*t) < period => false,
+            _ => {
+                // Jobs deleted while running never come back to be forgotten: drop stale entries.
+                read.retain(|_, t| now.duration_since(*t) < self.settings.progress_every * 10);
+                read.insert(uid.to_string(), now);
+                true
+            }
+        }
+    }
+
+    fn forget_progress(&self, uid: &str) {
+        self.progress_read.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+
     fn ps_url(&self, name: &str, namespace: &str) -> String {
         self.settings.ps_url.replace("{name}", name).replace("{namespace}", namespace)
     }
@@ -135,7 +160,13 @@ pub async fn run(client: Client, settings: Settings, metrics_addr: &str) -> Resu
             Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
         });
     let store = controller.store();
-    let ctx = Arc::new(Context { client, settings, metrics: metrics.clone(), recorder });
+    let ctx = Arc::new(Context {
+        client,
+        settings,
+        metrics: metrics.clone(),
+        recorder,
+        progress_read: Default::default(),
+    });
     let reconciling = controller.run(reconcile, error_policy, ctx).for_each(|result| {
         count_phases(&store, &metrics);
         if let Err(e) = result {
@@ -276,7 +307,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let worker_job = worker_state(&workers);
     let unschedulable = unschedulable_message(ctx, &owner).await?;
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
-    let progress = if ps_ready { read_progress(&ps, &token).await } else { None };
+    let progress = if ps_ready && ctx.progress_due(uid) { read_progress(&ps, &token).await } else { None };
     let finalize = if worker_job.complete {
         finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await
     } else {
@@ -296,6 +327,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let state = status::decide(&observed);
     let new = write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
     if state.is_finished() {
+        ctx.forget_progress(uid);
         remove_ps(ctx, &owner).await?;
         if let (Some(start), Some(end)) = (&new.start_time, &new.completion_time) {
             let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);

@@ -206,6 +206,27 @@ impl Ps {
         });
     }
 
+    /// Worker 0 pulls and pushes for `duration`, as fast as it can; returns the pushes made.
+    pub fn push_for(&self, duration: Duration) -> u64 {
+        use foresight_ps::client::{GradDtype, PsClient};
+        use foresight_ps::wire::{Layout, TensorSpec};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let c =
+                PsClient::new(&format!("http://127.0.0.1:{}", self.port), Some(self.token.clone())).unwrap();
+            let layout = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![4] }]).unwrap();
+            let end = std::time::Instant::now() + duration;
+            let mut seq = 100;
+            while std::time::Instant::now() < end {
+                let m = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+                seq += 1;
+                c.push(0, m.version, seq, Some(0.5), &layout, &[0.01; 4], GradDtype::F32).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            seq - 100
+        })
+    }
+
     pub fn status(&self) -> Value {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
