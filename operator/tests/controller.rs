@@ -14,6 +14,11 @@ use serde_json::{Value, json};
 use support::operator::*;
 use support::{control_plane, free_port, wait_for};
 
+/// `kubectl apply` of a TrainingJob named `name` with `spec` over the defaults of `job`.
+fn apply_job(cp: &support::ControlPlane, ns: &str, name: &str, spec: Value) {
+    cp.kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&job(name, spec)));
+}
+
 #[test]
 fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     let cp = control_plane();
@@ -24,9 +29,11 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
         &ns,
         &["--leader-elect=false", "--ps-url", &format!("http://127.0.0.1:{ps_port}")],
     );
-    cp.kubectl_ok(
-        &["apply", "-n", &ns, "-f", "-"],
-        Some(&job("mnist", json!({"workers": {"replicas": 2, "gpus": 1}, "runPolicy": {"backoffLimit": 3}}))),
+    apply_job(
+        cp,
+        &ns,
+        "mnist",
+        json!({"workers": {"replicas": 2, "gpus": 1}, "runPolicy": {"backoffLimit": 3}}),
     );
     let tj = cp.get_json(&ns, "tj/mnist").unwrap();
     let uid = tj["metadata"]["uid"].as_str().unwrap();
@@ -149,10 +156,7 @@ fn failed_worker_pods_count_against_the_backoff_limit_and_the_job_fails() {
     let cp = control_plane();
     let ns = cp.namespace("backoff");
     let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
-    cp.kubectl_ok(
-        &["apply", "-n", &ns, "-f", "-"],
-        Some(&job("flaky", json!({"workers": {"replicas": 1}, "runPolicy": {"backoffLimit": 1}}))),
-    );
+    apply_job(cp, &ns, "flaky", json!({"workers": {"replicas": 1}, "runPolicy": {"backoffLimit": 1}}));
     cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "flaky"), "Running");
     let first = worker_pods(cp, &ns, "flaky", 1).remove(0);
     cp.set_pod_phase(&ns, &first, "Running");
@@ -181,9 +185,11 @@ fn the_active_deadline_fails_the_job() {
     let cp = control_plane();
     let ns = cp.namespace("deadline");
     let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
-    cp.kubectl_ok(
-        &["apply", "-n", &ns, "-f", "-"],
-        Some(&job("slow", json!({"workers": {"replicas": 1}, "runPolicy": {"activeDeadlineSeconds": 2}}))),
+    apply_job(
+        cp,
+        &ns,
+        "slow",
+        json!({"workers": {"replicas": 1}, "runPolicy": {"activeDeadlineSeconds": 2}}),
     );
     let st = wait_phase(cp, &ns, "slow", "Failed");
     assert_eq!(condition(&st, "Failed")["reason"], "DeadlineExceeded", "{st:#}");
@@ -198,10 +204,7 @@ fn pods_that_cannot_be_scheduled_show_in_the_status_not_as_running() {
     let ns = cp.namespace("unschedulable");
     let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
     // node-1 has 4 GPUs; each worker asks for 8.
-    cp.kubectl_ok(
-        &["apply", "-n", &ns, "-f", "-"],
-        Some(&job("big", json!({"workers": {"replicas": 2, "gpus": 8}}))),
-    );
+    apply_job(cp, &ns, "big", json!({"workers": {"replicas": 2, "gpus": 8}}));
     cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "big"), "Running");
     let st = wait_for("the Unschedulable reason", LONG, || {
         let s = status(cp, &ns, "big");
@@ -235,7 +238,7 @@ fn suspend_stops_the_workers_and_the_ps_keeps_its_checkpoint_then_resume_continu
     let ns = cp.namespace("suspend");
     let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
     let spec = json!({"workers": {"replicas": 2}, "parameterServer": {"checkpoint": {"storage": "1Gi"}}});
-    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("pausable", spec)));
+    apply_job(cp, &ns, "pausable", spec);
     let pvc = wait_for("the checkpoint PVC", LONG, || cp.get_json(&ns, "pvc/pausable-ps-checkpoints"));
     assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
     worker_pods(cp, &ns, "pausable", 2);
@@ -288,7 +291,7 @@ fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
     let ns = cp.namespace("cleanup");
     // No PS answers here: the operator gives up finalizing at once and the job still succeeds.
     let _op = Operator::start(cp, &ns, &["--leader-elect=false", "--finalize-grace-seconds", "0"]);
-    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("doomed", json!({}))));
+    apply_job(cp, &ns, "doomed", json!({}));
     wait_for("the worker Job", LONG, || cp.get_json(&ns, "job/doomed-workers"));
     worker_pods(cp, &ns, "doomed", 2);
     cp.kubectl_ok(&["delete", "-n", &ns, "tj", "doomed", "--wait=false"], None);
@@ -308,9 +311,11 @@ fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
         (left.is_empty() && live == 0).then_some(())
     });
 
-    cp.kubectl_ok(
-        &["apply", "-n", &ns, "-f", "-"],
-        Some(&job("brief", json!({"workers": {"replicas": 1}, "runPolicy": {"ttlSecondsAfterFinished": 2}}))),
+    apply_job(
+        cp,
+        &ns,
+        "brief",
+        json!({"workers": {"replicas": 1}, "runPolicy": {"ttlSecondsAfterFinished": 2}}),
     );
     let pod = worker_pods(cp, &ns, "brief", 1).remove(0);
     cp.set_pod_phase(&ns, &pod, "Succeeded");
@@ -326,7 +331,7 @@ fn an_operator_restarted_mid_job_converges_without_duplicates() {
     let cp = control_plane();
     let ns = cp.namespace("restart");
     let op = Operator::start(cp, &ns, &["--leader-elect=false"]);
-    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("steady", json!({}))));
+    apply_job(cp, &ns, "steady", json!({}));
     let pods = worker_pods(cp, &ns, "steady", 2);
     let secret = wait_for("the Secret", LONG, || cp.get_json(&ns, "secret/steady-token"));
     let job_uid = cp.get_json(&ns, "job/steady-workers").unwrap()["metadata"]["uid"].clone();
@@ -369,7 +374,7 @@ fn two_operators_elect_one_leader_and_the_standby_takes_over() {
         (http_get(b.metrics, "/readyz")?.0 == 200).then_some(())
     });
 
-    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("first", json!({}))));
+    apply_job(cp, &ns, "first", json!({}));
     wait_for("the leader to reconcile", LONG, || cp.get_json(&ns, "job/first-workers"));
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(holder().as_deref(), Some("op-a"));
@@ -383,7 +388,7 @@ fn two_operators_elect_one_leader_and_the_standby_takes_over() {
     Command::new("kill").args(["-9", &a.pid().to_string()]).status().unwrap();
     drop(a);
     wait_for("op-b to lead", LONG, || (holder()? == "op-b").then_some(()));
-    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&job("second", json!({}))));
+    apply_job(cp, &ns, "second", json!({}));
     wait_for("the new leader to reconcile", LONG, || cp.get_json(&ns, "job/second-workers"));
     assert!(
         sample(&b.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}").unwrap() > 0.0

@@ -75,11 +75,6 @@ pub fn labels(job: &str, component: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// The label selector of a job's pods of one component, as `kubectl -l` takes it.
-pub fn pod_selector(job: &str, component: &str) -> String {
-    format!("{LABEL_JOB}={job},{LABEL_COMPONENT}={component}")
-}
-
 /// Everything a child needs from its TrainingJob: name, namespace, owner reference.
 pub struct Owner<'a> {
     pub job: &'a TrainingJob,
