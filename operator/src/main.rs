@@ -205,6 +205,12 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         (None, None) => return Err("set FORESIGHT_TOKEN_KEY (or --token-key-file): the key the job tokens are derived from, e.g. `openssl rand -hex 32`".into()),
     };
     let token_key = TokenKey::new(&key).map_err(|e| e.to_string())?;
+    let example_url = a.ps_url.replace("{name}", "job").replace("{namespace}", "default");
+    match reqwest::Url::parse(&example_url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+        Ok(_) => return Err(format!("--ps-url {:?} does not make an http(s) URL with a host", a.ps_url)),
+        Err(e) => return Err(format!("--ps-url {:?} does not make a URL ({example_url:?}: {e})", a.ps_url)),
+    }
     let config = match &a.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -226,7 +232,8 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         retry_period: lease_duration / 5,
     });
     let settings = controller::Settings {
-        namespace: a.namespace.clone(),
+        // An empty FORESIGHT_WATCH_NAMESPACE means every namespace, as when it is unset.
+        namespace: a.namespace.clone().filter(|ns| !ns.is_empty()),
         defaults: ChildDefaults { ps_image: a.ps_image.clone(), worker_image: a.worker_image.clone() },
         token_key,
         ps_url: a.ps_url.clone(),

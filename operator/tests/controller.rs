@@ -396,7 +396,7 @@ fn two_operators_elect_one_leader_and_the_standby_takes_over() {
 }
 
 #[test]
-fn the_operator_refuses_to_start_without_a_token_key() {
+fn the_operator_refuses_to_start_without_a_token_key_or_with_a_bad_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_foresight"))
         .args(["operator", "--kubeconfig", "/nonexistent"])
         .env_remove("FORESIGHT_TOKEN_KEY")
@@ -410,4 +410,18 @@ fn the_operator_refuses_to_start_without_a_token_key() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 32 bytes"));
+    let out = Command::new(env!("CARGO_BIN_EXE_foresight"))
+        .args([
+            "operator",
+            "--kubeconfig",
+            "/nonexistent",
+            "--token-key",
+            KEY,
+            "--ps-url",
+            "no scheme {name}",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--ps-url") && err.contains("does not make"), "{err}");
 }
