@@ -667,12 +667,13 @@ fn rendered_manifests_and_examples_are_valid_for_the_api_server() {
     args.extend_from_slice(ALL_FEATURES);
     std::fs::write(&full, template(&args)).unwrap();
     let example = repo_root().join("examples/mnist-dcasgd.yaml");
+    let cluster_example = repo_root().join("examples/mnist-dcasgd-cluster.yaml");
 
-    let out = kubeconform(&schemas, &[&default, &full, &example]);
+    let out = kubeconform(&schemas, &[&default, &full, &example, &cluster_example]);
     let report = text(&out);
     assert!(out.status.success(), "kubeconform -strict refused the chart's output:\n{report}");
     eprintln!("kubeconform: {}", report.lines().last().unwrap_or_default());
-    // Summary: "Summary: 27 resources found in 3 files - Valid: 27, Invalid: 0, Errors: 0, Skipped: 0"
+    // Summary: "Summary: 29 resources found in 4 files - Valid: 27, Invalid: 0, Errors: 0, Skipped: 0"
     assert!(report.contains("Invalid: 0, Errors: 0, Skipped: 0"), "{report}");
     let valid = report
         .split("Valid: ")
@@ -682,7 +683,7 @@ fn rendered_manifests_and_examples_are_valid_for_the_api_server() {
         .unwrap_or_else(|| panic!("no summary:\n{report}"));
     let expected = objects(&std::fs::read_to_string(&default).unwrap()).len()
         + objects(&std::fs::read_to_string(&full).unwrap()).len()
-        + 1;
+        + 3; // the local example's TrainingJob; the cluster example's claim and TrainingJob
     assert_eq!(valid, expected, "{report}");
 
     // The schemas are strict: a misspelt field (in built-in kinds and in each CRD) or a wrong
@@ -788,7 +789,7 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
     let out = helm_ok(&args, kubeconfig);
     assert!(out.contains("STATUS: deployed"), "{out}");
     assert!(
-        out.contains("kubectl apply -f examples/mnist-dcasgd.yaml"),
+        out.contains("kubectl apply -f examples/mnist-dcasgd-cluster.yaml"),
         "NOTES tell what to do next:\n{out}"
     );
 

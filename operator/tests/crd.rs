@@ -50,6 +50,10 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
     let ns = cp.namespace("example");
     let example = support::repo_root().join("examples/mnist-dcasgd.yaml");
     cp.kubectl_ok(&["apply", "-n", &ns, "-f", example.to_str().unwrap()], None);
+    // The cluster example (a claim for the data, the job) passes the API server's validation too.
+    let cluster = support::repo_root().join("examples/mnist-dcasgd-cluster.yaml");
+    let out = cp.kubectl_ok(&["apply", "--dry-run=server", "-n", &ns, "-f", cluster.to_str().unwrap()], None);
+    assert!(out.contains("persistentvolumeclaim/mnist5k created (server dry run)"), "{out}");
 
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();

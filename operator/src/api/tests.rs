@@ -7,6 +7,29 @@ fn example() -> TrainingJob {
 }
 
 #[test]
+fn the_cluster_example_parses_and_validates() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/mnist-dcasgd-cluster.yaml"
+    ))
+    .unwrap();
+    let jobs: Vec<TrainingJob> = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).unwrap())
+        .filter(|v| v["kind"] == "TrainingJob")
+        .map(|v| serde_yaml::from_value(v).unwrap())
+        .collect();
+    assert_eq!(jobs.len(), 1);
+    let spec = &jobs[0].spec;
+    validate(spec).unwrap();
+    assert_eq!(spec.dataset.path, "/data/mnist5k");
+    assert!(spec.dataset.volume.is_some());
+    assert_eq!(spec.workers.gpus, Some(1));
+    // The same training as the local example: only where things live differs.
+    assert_eq!(spec.training, example().spec.training);
+    assert_eq!(spec.optimizer, example().spec.optimizer);
+}
+
+#[test]
 fn the_example_parses_and_validates() {
     let job = example();
     assert_eq!(job.metadata.name.as_deref(), Some("mnist-dcasgd"));
