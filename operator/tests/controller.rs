@@ -230,6 +230,34 @@ fn pods_that_cannot_be_scheduled_show_in_the_status_not_as_running() {
     let limits = &cp.get_json(&ns, "job/big-workers").unwrap()["spec"]["template"]["spec"]["containers"][0]["resources"]
         ["limits"];
     assert_eq!(limits["nvidia.com/gpu"], "8", "the Job is unchanged");
+
+    // A new learning rate would restart the PS, whose memory (no checkpoint storage) is the only
+    // copy of the model: it keeps running as it is, and an event says so.
+    let env_before = cp.get_json(&ns, "deployment/big-ps").unwrap()["spec"]["template"]["spec"]["containers"]
+        [0]["env"]
+        .clone();
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "tj",
+            "big",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"training":{"learningRate":0.01}}}"#,
+        ],
+        None,
+    );
+    wait_for("the PS's SpecChangeNotApplied event", LONG, || {
+        events(cp, &ns, "big")
+            .into_iter()
+            .find(|e| e.1 == "SpecChangeNotApplied" && e.2.contains("parameter server"))
+    });
+    let env_after = cp.get_json(&ns, "deployment/big-ps").unwrap()["spec"]["template"]["spec"]["containers"]
+        [0]["env"]
+        .clone();
+    assert_eq!(env_before, env_after, "the PS Deployment is unchanged");
 }
 
 #[test]

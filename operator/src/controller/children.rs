@@ -36,6 +36,19 @@ pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 pub const COMPONENT_PS: &str = "parameter-server";
 pub const COMPONENT_WORKER: &str = "worker";
 
+/// Annotation of the PS Deployment: a digest of the pod template the operator built. A change
+/// of it means the PS would restart with new settings (see `reconcile`).
+pub const PS_TEMPLATE_HASH: &str = "foresight.dev/ps-template-hash";
+
+/// A short digest of a pod template (SHA-256 of its JSON, 16 hex digits).
+fn template_hash(t: &PodTemplateSpec) -> String {
+    let json = serde_json::to_vec(t).expect("a pod template serializes");
+    ring::digest::digest(&ring::digest::SHA256, &json).as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Cluster-wide settings of the operator that shape the children.
 #[derive(Clone, Debug)]
 pub struct ChildDefaults {
@@ -108,7 +121,7 @@ impl<'a> Owner<'a> {
         self.job.spec.run_policy.suspend == Some(true)
     }
 
-    fn checkpoint_storage(&self) -> Option<&str> {
+    pub fn checkpoint_storage(&self) -> Option<&str> {
         self.job.spec.parameter_server.checkpoint.as_ref()?.storage.as_deref()
     }
 
@@ -196,25 +209,28 @@ impl<'a> Owner<'a> {
             ]),
             ..Default::default()
         };
+        let template = PodTemplateSpec {
+            metadata: Some(ObjectMeta { labels: Some(pod_labels.clone()), ..Default::default() }),
+            spec: Some(PodSpec {
+                containers: vec![container],
+                security_context: Some(pod_security()),
+                automount_service_account_token: Some(false),
+                // Time for the checkpoint it writes on SIGTERM.
+                termination_grace_period_seconds: Some(60),
+                volumes: Some(vec![checkpoints, empty_dir("tmp")]),
+                ..Default::default()
+            }),
+        };
+        let mut metadata = self.meta(ps_name(&self.name), COMPONENT_PS);
+        metadata.annotations = Some(BTreeMap::from([(PS_TEMPLATE_HASH.into(), template_hash(&template))]));
         Deployment {
-            metadata: self.meta(ps_name(&self.name), COMPONENT_PS),
+            metadata,
             spec: DeploymentSpec {
                 replicas: Some(self.ps_replicas()),
-                selector: LabelSelector { match_labels: Some(pod_labels.clone()), ..Default::default() },
+                selector: LabelSelector { match_labels: Some(pod_labels), ..Default::default() },
                 // Never two parameter servers at once: each would hold its own model.
                 strategy: Some(DeploymentStrategy { type_: Some("Recreate".into()), ..Default::default() }),
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
-                    spec: Some(PodSpec {
-                        containers: vec![container],
-                        security_context: Some(pod_security()),
-                        automount_service_account_token: Some(false),
-                        // Time for the checkpoint it writes on SIGTERM.
-                        termination_grace_period_seconds: Some(60),
-                        volumes: Some(vec![checkpoints, empty_dir("tmp")]),
-                        ..Default::default()
-                    }),
-                },
+                template,
                 ..Default::default()
             },
             ..Default::default()

@@ -274,7 +274,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
     }
     apply(ctx, &owner, owner.ps_service()).await?;
-    apply(ctx, &owner, owner.ps_deployment(&ctx.settings.defaults)).await?;
+    apply_ps_deployment(ctx, job, &owner).await?;
     let workers = match apply(ctx, &owner, owner.worker_job(&ctx.settings.defaults)).await {
         Ok(workers) => workers,
         // A started Job's pod template is immutable: a change of, say, workers.replicas or the
@@ -291,7 +291,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                 "the running worker Job keeps its spec ({}); create a new TrainingJob for this change",
                 if causes.is_empty() { status.reason.clone() } else { causes.join("; ") }
             );
-            publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "Reconcile", &message).await;
+            publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateWorkers", &message).await;
             let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
             jobs.get(&children::workers_name(&owner.name)).await?
         }
@@ -373,6 +373,30 @@ where
     value["apiVersion"] = K::api_version(&()).into();
     value["kind"] = K::kind(&()).into();
     Ok(api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(value)).await?)
+}
+
+/// Applies the PS Deployment, except when that would restart a PS whose memory holds the only
+/// copy of the model: a changed pod template (a new learning rate, image or resources) rolls the
+/// Deployment, and without `checkpoint.storage` the new pod would start from scratch. Then the
+/// running PS keeps its settings and a Warning event says why.
+async fn apply_ps_deployment(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<()> {
+    let desired = owner.ps_deployment(&ctx.settings.defaults);
+    if owner.checkpoint_storage().is_none() {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        let hash = |d: &Deployment| d.annotations().get(children::PS_TEMPLATE_HASH).cloned();
+        if let Some(running) = deployments.get_opt(&children::ps_name(&owner.name)).await?
+            && hash(&running) != hash(&desired)
+        {
+            let message = "the parameter server's settings changed, but it keeps them: without \
+                           parameterServer.checkpoint.storage its memory holds the only copy of the model, \
+                           and a restart would lose it";
+            publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateParameterServer", message)
+                .await;
+            return Ok(());
+        }
+    }
+    apply(ctx, owner, desired).await?;
+    Ok(())
 }
 
 fn worker_state(job: &Job) -> WorkerJob {

@@ -121,3 +121,19 @@ fn suspending_stops_the_ps_only_when_a_pvc_keeps_its_checkpoint() {
     let j = job(&format!("{suspended}  parameterServer: {{checkpoint: {{storage: 1Gi}}}}\n"));
     assert_eq!(Owner::new(&j).unwrap().ps_replicas(), 0);
 }
+
+#[test]
+fn the_ps_template_hash_follows_the_pod_template_only() {
+    let hash = |yaml: &str| {
+        let j = job(yaml);
+        let d = Owner::new(&j).unwrap().ps_deployment(&defaults());
+        d.metadata.annotations.unwrap()[PS_TEMPLATE_HASH].clone()
+    };
+    let base = hash(BASE);
+    assert_eq!(base.len(), 16);
+    assert_eq!(base, hash(BASE), "deterministic");
+    // Settings the PS reads change it; worker-only settings and suspension do not.
+    assert_ne!(base, hash(&format!("{BASE}  training: {{learningRate: 0.01}}\n")));
+    assert_eq!(base, hash(&BASE.replace("gpus: 2", "gpus: 1")));
+    assert_eq!(base, hash(&BASE.replace("backoffLimit: 5", "backoffLimit: 5, suspend: true")));
+}
