@@ -22,7 +22,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use support::operator::{LONG, Operator, events, job, ps_pod, sample, wait_phase, worker_pods};
-use support::{ControlPlane, control_plane, repo_root, wait_for};
+use support::{ControlPlane, base64_decode, control_plane, repo_root, wait_for};
 
 // ---- tools ------------------------------------------------------------------------------
 
@@ -298,25 +298,6 @@ fn default_render_is_the_operator_and_nothing_optional() {
     assert_eq!(svc["spec"]["ports"][0]["name"], "metrics");
     assert_eq!(svc["spec"]["selector"]["app.kubernetes.io/component"], "operator");
     assert_eq!(svc["spec"]["selector"], deploy["spec"]["selector"]["matchLabels"]);
-}
-
-/// Decodes standard base64 (what Helm's b64enc writes).
-fn base64_decode(s: &str) -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut bits = 0u32;
-    let mut n = 0;
-    let mut out = Vec::new();
-    for c in s.bytes().filter(|&c| c != b'=') {
-        let v = ALPHABET.iter().position(|&a| a == c).expect("base64") as u32;
-        bits = (bits << 6) | v;
-        n += 6;
-        if n >= 8 {
-            n -= 8;
-            out.push((bits >> n) as u8);
-            bits &= (1 << n) - 1;
-        }
-    }
-    String::from_utf8(out).unwrap()
 }
 
 /// The RBAC contract with the operator, verb for verb.

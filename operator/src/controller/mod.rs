@@ -274,7 +274,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
     }
     apply(ctx, &owner, owner.ps_service()).await?;
-    apply_ps_deployment(ctx, job, &owner).await?;
+    let ps_deployment = apply_ps_deployment(ctx, job, &owner).await?;
     let workers = match apply(ctx, &owner, owner.worker_job(&ctx.settings.defaults)).await {
         Ok(workers) => workers,
         // A started Job's pod template is immutable: a change of, say, workers.replicas or the
@@ -298,12 +298,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         Err(e) => return Err(e),
     };
 
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let ps_ready = deployments
-        .get_opt(&children::ps_name(&owner.name))
-        .await?
-        .and_then(|d| d.status?.ready_replicas)
-        .is_some_and(|r| r >= 1);
+    let ps_ready = ps_deployment.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
     let worker_job = worker_state(&workers);
     let unschedulable = unschedulable_message(ctx, &owner).await?;
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
@@ -378,8 +373,9 @@ where
 /// Applies the PS Deployment, except when that would restart a PS whose memory holds the only
 /// copy of the model: a changed pod template (a new learning rate, image or resources) rolls the
 /// Deployment, and without `checkpoint.storage` the new pod would start from scratch. Then the
-/// running PS keeps its settings and a Warning event says why.
-async fn apply_ps_deployment(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<()> {
+/// running PS keeps its settings and a Warning event says why. Returns the Deployment as the
+/// API server has it (status included).
+async fn apply_ps_deployment(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<Deployment> {
     let desired = owner.ps_deployment(&ctx.settings.defaults);
     if owner.checkpoint_storage().is_none() {
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
@@ -392,11 +388,10 @@ async fn apply_ps_deployment(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>
                            and a restart would lose it";
             publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateParameterServer", message)
                 .await;
-            return Ok(());
+            return Ok(running);
         }
     }
-    apply(ctx, owner, desired).await?;
-    Ok(())
+    apply(ctx, owner, desired).await
 }
 
 fn worker_state(job: &Job) -> WorkerJob {

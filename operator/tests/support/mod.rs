@@ -478,6 +478,14 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Decodes base64 (a Secret's `data` as kubectl prints it) to text, with k8s-openapi's
+/// `ByteString`, the type the API's own bytes fields use.
+pub fn base64_decode(s: &str) -> String {
+    let bytes: k8s_openapi::ByteString =
+        serde_json::from_value(serde_json::Value::String(s.to_string())).expect("valid base64");
+    String::from_utf8(bytes.0).expect("UTF-8")
+}
+
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
     free_ports(1)[0]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{ControlPlane, KillOnDrop, free_port, wait_for};
+use super::{ControlPlane, KillOnDrop, base64_decode, free_port, wait_for};
 
 pub const KEY: &str = "0123456789abcdef0123456789abcdef-test-key";
 pub const LONG: Duration = Duration::from_secs(60);
@@ -170,11 +170,7 @@ pub struct Ps {
 impl Ps {
     pub fn start(cp: &ControlPlane, ns: &str, name: &str, port: u16, workers: u32) -> Self {
         let secret = wait_for("the token Secret", LONG, || cp.get_json(ns, &format!("secret/{name}-token")));
-        let b64 = secret["data"]["token"].as_str().expect("the Secret holds a token").to_string();
-        let out =
-            Command::new("base64").arg("-d").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        out.stdin.as_ref().unwrap().write_all(b64.as_bytes()).unwrap();
-        let token = String::from_utf8(out.wait_with_output().unwrap().stdout).unwrap();
+        let token = base64_decode(secret["data"]["token"].as_str().expect("the Secret holds a token"));
         let dir = tempfile::tempdir().unwrap();
         let bin = foresight_bin().with_file_name("foresight-ps");
         let child = Command::new(bin)
