@@ -33,7 +33,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use bytes::Bytes;
-use foresight_ps::client::PsClient;
+use foresight_ps::client::{PsClient, PushId};
 use foresight_ps::optimizer::{Algorithm, Hyper};
 use foresight_ps::server::{AppState, Listener, PsConfig, router, serve};
 use foresight_ps::store::{Push, Store};
@@ -265,7 +265,7 @@ async fn memory_vs_workers(ms: &[usize]) -> anyhow::Result<()> {
                 let model = client.pull(w, None, Duration::ZERO).await?.context("pull returned nothing")?;
                 if distinct {
                     // The next worker pulls the version this push makes: every backup differs.
-                    client.push_encoded(w, model.version, 1, None, body.clone()).await?;
+                    client.push_encoded(PushId::unjoined(w, model.version, 1), None, body.clone()).await?;
                 }
             }
             let s = ps.sample()?;
@@ -361,7 +361,7 @@ async fn pusher(
         let pulled = t.elapsed().as_secs_f64();
         let b = body.clone();
         let t = Instant::now();
-        client.push_encoded(w, model.version, seq, None, b).await?;
+        client.push_encoded(PushId::unjoined(w, model.version, seq), None, b).await?;
         Ok((t.elapsed().as_secs_f64(), pulled))
     };
     seq += 1;
@@ -494,7 +494,7 @@ fn sink_router(n: usize) -> Router {
             return Err(format!("bad body: {pos} of {n} values, finite {finite}"));
         }
         let seq = sink.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let p = Push { worker: 0, version: 0, seq, epoch: None };
+        let p = Push { worker: 0, generation: None, version: 0, seq, epoch: None };
         let o = tokio::task::block_in_place(|| sink.store.push(p, &grad)).map_err(|e| e.to_string())?;
         if !o.applied {
             return Err("not applied".into());
@@ -633,14 +633,16 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
                         sink_send(&http, &format!("{sink_url}/stream-apply"), bytes.clone()).await?
                     }
                     Stage::PsPush => {
-                        let reply = client.push_encoded(0, 0, seq, None, owned.expect("body")).await?;
+                        let reply = client
+                            .push_encoded(PushId::unjoined(0, 0, seq), None, owned.expect("body"))
+                            .await?;
                         ensure!(reply.applied && !reply.replayed, "push not applied: {reply:?}");
                     }
                     Stage::Decode => {
                         tokio::task::block_in_place(|| wire::decode_gradient(&body, &lay, &mut decoded))?
                     }
                     Stage::Apply => {
-                        let p = Push { worker: 0, version: 0, seq, epoch: None };
+                        let p = Push { worker: 0, generation: None, version: 0, seq, epoch: None };
                         let o = tokio::task::block_in_place(|| store.push(p, &decoded))?;
                         ensure!(o.applied, "in-process push not applied");
                     }

@@ -67,6 +67,17 @@ struct Args {
     /// How `sync` combines a round's gradients.
     #[arg(long, env = "FORESIGHT_COMBINE", default_value = "mean", value_parser = parse_combine)]
     combine: Combine,
+    /// `sync`: close each round with the first workers − b gradients and drop the late ones.
+    #[arg(long, env = "FORESIGHT_BACKUP_WORKERS", default_value_t = 0)]
+    backup_workers: usize,
+    /// `sync`: a round that has had no new gradient for this many seconds closes with the
+    /// ones it has, so a dead worker never stops the job.
+    #[arg(long, env = "FORESIGHT_SYNC_ROUND_TIMEOUT", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    sync_round_timeout: u64,
+    /// After a restart that lost the model (no checkpoint), how many seconds pushes wait for
+    /// every worker to offer its copy, so that training continues from the freshest one.
+    #[arg(long, env = "FORESIGHT_RESEED_HOLD", default_value_t = 10)]
+    reseed_hold: u64,
 
     /// Directory for checkpoints; the newest valid one is restored at start.
     #[arg(long, env = "FORESIGHT_CHECKPOINT_DIR")]
@@ -138,6 +149,7 @@ impl Args {
         h.momentum = self.momentum;
         h.max_staleness = self.max_staleness;
         h.combine = self.combine;
+        h.backup_workers = self.backup_workers;
         h
     }
 
@@ -193,6 +205,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.job = args.job_name.clone();
     config.namespace = args.namespace.clone();
     config.max_long_poll = Duration::from_secs(args.max_long_poll);
+    config.sync_round_timeout = Duration::from_secs(args.sync_round_timeout);
+    config.reseed_hold = Duration::from_secs(args.reseed_hold);
 
     let state = AppState::new(config)?;
     let tls = args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| TlsFiles { cert, key });
@@ -205,6 +219,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "parameter server listening"
     );
     state.spawn_checkpointer();
+    state.spawn_round_watch();
     serve(listener, router(state.clone()), shutdown_signal()).await;
     match state.checkpoint().await {
         Ok(Some(path)) => tracing::info!(path = %path.display(), "final checkpoint written on shutdown"),

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use foresight_ps::client::{GradDtype, PsClient};
+use foresight_ps::client::{GradDtype, PsClient, PushId};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::wire::{self, Layout, TensorSpec};
 use reqwest::StatusCode;
@@ -34,7 +34,10 @@ async fn concurrent_clients_over_http2_see_monotonic_versions() {
                     let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
                     assert_eq!(model.layout, l);
                     let dtype = if seq % 2 == 0 { GradDtype::Bf16 } else { GradDtype::F32 };
-                    let r = c.push(m, model.version, seq, None, &l, &grad(&l, m), dtype).await.unwrap();
+                    let r = c
+                        .push(PushId::unjoined(m, model.version, seq), None, &l, &grad(&l, m), dtype)
+                        .await
+                        .unwrap();
                     assert!(r.applied && !r.replayed);
                     assert!(r.version > model.version);
                     assert_eq!(r.staleness, r.version - 1 - model.version);
@@ -90,17 +93,17 @@ async fn staleness_of_a_scripted_interleaving() {
         async move { c.pull(m, None, Duration::ZERO).await.unwrap().unwrap().version }
     };
     assert_eq!((pull(0).await, pull(1).await, pull(2).await), (0, 0, 0));
-    let r = c.push(0, 0, 1, None, &l, &g, GradDtype::F32).await.unwrap();
+    let r = c.push(PushId::unjoined(0, 0, 1), None, &l, &g, GradDtype::F32).await.unwrap();
     assert_eq!((r.version, r.staleness), (1, 0));
-    let r = c.push(1, 0, 1, None, &l, &g, GradDtype::F32).await.unwrap();
+    let r = c.push(PushId::unjoined(1, 0, 1), None, &l, &g, GradDtype::F32).await.unwrap();
     assert_eq!((r.version, r.staleness), (2, 1));
-    let r = c.push(2, 0, 1, None, &l, &g, GradDtype::F32).await.unwrap();
+    let r = c.push(PushId::unjoined(2, 0, 1), None, &l, &g, GradDtype::F32).await.unwrap();
     assert_eq!((r.version, r.staleness), (3, 2));
     assert_eq!(pull(1).await, 3);
-    let r = c.push(1, 3, 2, None, &l, &g, GradDtype::F32).await.unwrap();
+    let r = c.push(PushId::unjoined(1, 3, 2), None, &l, &g, GradDtype::F32).await.unwrap();
     assert_eq!((r.version, r.staleness), (4, 0));
     // Retrying the same (worker, seq) answers the same and applies nothing.
-    let again = c.push(1, 3, 2, None, &l, &g, GradDtype::F32).await.unwrap();
+    let again = c.push(PushId::unjoined(1, 3, 2), None, &l, &g, GradDtype::F32).await.unwrap();
     assert!(again.replayed);
     assert_eq!((again.version, again.staleness), (4, 0));
     let m = scrape(&ps.url).await;
@@ -116,7 +119,7 @@ async fn sync_rounds_long_poll_instead_of_spinning() {
     let (c, l) = (client(&ps), layout());
     c.register(&l, &init(&l)).await.unwrap();
     for m in 0..2 {
-        let r = c.push(m, 0, 1, None, &l, &grad(&l, m), GradDtype::F32).await.unwrap();
+        let r = c.push(PushId::unjoined(m, 0, 1), None, &l, &grad(&l, m), GradDtype::F32).await.unwrap();
         assert!(!r.applied);
         assert_eq!(r.version, 0);
     }
@@ -131,7 +134,7 @@ async fn sync_rounds_long_poll_instead_of_spinning() {
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!waiter.is_finished());
-    let r = c.push(2, 0, 1, None, &l, &grad(&l, 2), GradDtype::F32).await.unwrap();
+    let r = c.push(PushId::unjoined(2, 0, 1), None, &l, &grad(&l, 2), GradDtype::F32).await.unwrap();
     assert!(r.applied && r.version == 1);
     let model = waiter.await.unwrap().expect("woken with version 1");
     assert_eq!(model.version, 1);
@@ -170,7 +173,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
     c.pull(1, None, Duration::ZERO).await.unwrap();
     for seq in 1..=2 {
         let v = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap().version;
-        c.push(0, v, seq, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap();
+        c.push(PushId::unjoined(0, v, seq), None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap();
     }
     let store = ps.state.store().unwrap().clone();
     let before = (store.checkpoint(), store.status().workers);
@@ -395,7 +398,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
     }
     // The same worker's valid push still goes through afterwards.
     c.pull(1, None, Duration::ZERO).await.unwrap();
-    let r = c.push(1, 2, 1, None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap();
+    let r = c.push(PushId::unjoined(1, 2, 1), None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap();
     assert_eq!(r.version, 3);
 }
 
@@ -497,9 +500,73 @@ async fn streamed_f32_bodies_are_checked_like_any_other() {
     assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "malformed_body");
     assert_eq!(ps.state.store().unwrap().version(), 0, "nothing refused was applied");
     // And the accepted push applies exactly the gradient sent.
-    let r = c.push(0, 0, 2, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap();
+    let r = c.push(PushId::unjoined(0, 0, 2), None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap();
     assert_eq!(r.version, 1);
     let model = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
     let expect: Vec<f32> = init(&l).iter().zip(grad(&l, 0)).map(|(w, g)| w - 0.1 * g).collect();
     assert_eq!(model.values, expect);
+}
+
+/// Over HTTP/2: joins hand out generations, an old generation's push is refused without
+/// changing anything, a PS that lost its model takes the freshest offered copy and holds pushes
+/// until every worker has offered, and bad join/offer parameters are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_generations_and_reseeding() {
+    let mut cfg = config(Algorithm::Asgd, 2);
+    cfg.reseed_hold = Duration::from_secs(60);
+    let ps = start(cfg).await;
+    let (c, l) = (client(&ps), layout());
+    assert_eq!(c.join(0, None).await.unwrap_err().reason(), Some("not_registered"));
+    // A lost model: worker 1 offers its copy of version 30, then worker 0 a fresher one (45).
+    let copy = |k: usize| -> Vec<f32> { grad(&l, k) };
+    assert!(c.offer(1, 30, &l, &copy(1)).await.unwrap());
+    let r = c.push(PushId::unjoined(1, 30, 1), None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap_err();
+    assert_eq!(r.reason(), Some("seeding"), "pushes wait while copies may still come");
+    assert!(r.is_transient());
+    assert!(!c.offer(0, 20, &l, &copy(0)).await.unwrap(), "an older copy is refused");
+    assert!(c.offer(0, 45, &l, &copy(0)).await.unwrap(), "a fresher copy replaces the seed");
+    let model = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!((model.version, model.values), (45, copy(0)));
+    // Both have offered: the hold is over. Each joins and trains on.
+    let j0 = c.join(0, Some(120)).await.unwrap();
+    assert_eq!((j0.generation, j0.resume_step, j0.version), (1, 120, 45));
+    let id = PushId { worker: 0, generation: Some(1), version: 45, seq: 121 };
+    assert_eq!(c.push(id, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap().version, 46);
+    // Worker 0 is replaced: the old process's retry is refused and changes nothing.
+    let j0b = c.join(0, None).await.unwrap();
+    assert_eq!((j0b.generation, j0b.resume_step), (2, 121));
+    let late = PushId { seq: 122, version: 46, ..id };
+    let err = c.push(late, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap_err();
+    assert_eq!(err.reason(), Some("superseded"));
+    let ahead = PushId { generation: Some(5), ..late };
+    let err = c.push(ahead, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap_err();
+    assert_eq!(err.reason(), Some("rejoin_required"));
+    assert_eq!(c.status().await.unwrap()["version"], 46);
+    assert!(!c.offer(1, 500, &l, &copy(1)).await.unwrap(), "training has moved on from the seed");
+    let m = scrape(&ps.url).await;
+    assert_eq!(metric(&m, "foresight_ps_worker_joins_total", &[]), 2.0);
+    assert_eq!(metric(&m, "foresight_ps_reseeds_total", &[]), 2.0, "two copies taken, 30 then 45");
+    for reason in ["seeding", "superseded", "rejoin_required"] {
+        let label = format!("reason=\"{reason}\"");
+        assert_eq!(metric(&m, "foresight_ps_gradients_rejected_total", &[&label]), 1.0, "{reason}");
+    }
+    // Bad parameters.
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    for path in ["/v1/join", "/v1/join?worker=9", "/v1/join?worker=0&step=-1"] {
+        let r = http.post(format!("{}{path}", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
+    }
+    let other = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![3] }]).unwrap();
+    let r = http
+        .put(format!("{}/v1/model?version=900", ps.url))
+        .bearer_auth(TOKEN)
+        .body(wire::encode_f32(&other, &[1.0; 3], &BTreeMap::new()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT, "training has moved on: refused before the body");
+    let r = http.put(format!("{}/v1/model?worker=7", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = http.post(format!("{}/v1/join", ps.url)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 }

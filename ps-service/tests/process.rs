@@ -5,7 +5,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use foresight_ps::client::{GradDtype, PsClient};
+use foresight_ps::client::{GradDtype, PsClient, PushId};
 use foresight_ps::store::checkpoint;
 use support::*;
 
@@ -14,9 +14,15 @@ async fn train(c: &PsClient, workers: usize, steps: u64, seq0: u64) {
     for seq in seq0..seq0 + steps {
         for m in 0..workers {
             let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
-            c.push(m, model.version, seq, None, &l, &grad(&l, m + seq as usize), GradDtype::F32)
-                .await
-                .unwrap();
+            c.push(
+                PushId::unjoined(m, model.version, seq),
+                None,
+                &l,
+                &grad(&l, m + seq as usize),
+                GradDtype::F32,
+            )
+            .await
+            .unwrap();
         }
     }
 }
@@ -65,7 +71,7 @@ async fn sigterm_checkpoint_then_restart_restores_model_and_optimizer_state() {
     assert_eq!(status["version"], 10);
     assert!(!c.register(&l, &init(&l)).await.unwrap(), "the restored model counts as registered");
     // Backups are not checkpointed: a push without a fresh pull is refused, not mis-compensated.
-    let err = c.push(0, 10, 100, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap_err();
+    let err = c.push(PushId::unjoined(0, 10, 100), None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap_err();
     assert_eq!(err.reason(), Some("pull_required"));
     let model_after = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
     assert_eq!((model_after.version, &model_after.values), (10, &model_before.values));

@@ -455,9 +455,11 @@ def run(ps):
     check("long-poll for version 4 -> 204 after the wait",
           r.status == 204 and r.body == b"" and r.elapsed >= 0.25, f"{r.describe()} after {r.elapsed:.3f}s")
     check("204 carries x-foresight-version 3", r.version() == 3, str(r.headers))
-    r = ps.pull(0, min_version=3, wait_ms=5000)
+    # A wait far longer than any answer takes, so that "at once" is told from "after the wait"
+    # however slow the machine is.
+    r = ps.pull(0, min_version=3, wait_ms=40000)
     check("long-poll for a version already reached -> 200 at once",
-          r.status == 200 and r.version() == 3 and r.elapsed < 4.0, f"{r.describe()} after {r.elapsed:.3f}s")
+          r.status == 200 and r.version() == 3 and r.elapsed < 20.0, f"{r.describe()} after {r.elapsed:.3f}s")
     got = flat(decode(r.body)[0])
     want = sgd_step(w, lr, g3w + g3b)
     check("model after the F16 push = w - lr*g", all(close(x, y) for x, y in zip(got, want)), f"{got} vs {want}")
@@ -488,12 +490,26 @@ def run(ps):
           len(w_st) == workers and w_st[0].get("pushes") == 3 and w_st[0].get("pulled_version") == 3
           and w_st[0].get("last_staleness") == 0, str(w_st))
     check("status: worker 1 never pulled nor pushed",
-          w_st[1] == {"pulled_version": None, "pushes": 0, "last_staleness": None, "mean_staleness": 0.0}, str(w_st))
+          w_st[1] == {"generation": 0, "pulled_version": None, "pushes": 0, "last_staleness": None,
+                      "mean_staleness": 0.0, "resume_step": None}, str(w_st))
+    check("status: worker 0's resume_step is its last accepted seq", w_st[0].get("resume_step") == 10, str(w_st))
     s = st.get("staleness") or {}
     check("status: staleness summary over 3 pushes, all tau = 0",
           s.get("count") == 3 and s.get("max") == 0 and s.get("zero_fraction") == 1.0, str(s))
     check("status: learning_rate is a positive number", isinstance(st.get("learning_rate"), float)
           and st["learning_rate"] > 0, str(st.get("learning_rate")))
+
+    # --- Join: a new process of worker 1 -----------------------------------------------------------
+    r = ps.request("POST", "/v1/join?worker=1")
+    j = r.json() if r.status == 200 else {}
+    check("POST /v1/join?worker=1 -> generation 1, nothing to resume, version 3",
+          r.status == 200 and j == {"generation": 1, "resume_step": 0, "version": 3}, r.describe())
+    refused_push("a push of generation 0 after the join", ps.push(body_f32, worker=1, version=3, seq=1, generation=0),
+                 409, "superseded")
+    refused_push("a generation the PS never handed out", ps.push(body_f32, worker=1, version=3, seq=1, generation=2),
+                 409, "rejoin_required")
+    expect_error("join of an unknown worker", ps.request("POST", "/v1/join?worker=2"), 400, "unknown_worker")
+    check("the refusals changed nothing", ps.status().json().get("version") == 3)
 
     # --- Finalize --------------------------------------------------------------------------------
     r = ps.finalize()

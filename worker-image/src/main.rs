@@ -5,6 +5,7 @@
 mod data;
 mod metrics;
 mod model;
+mod session;
 mod train;
 
 use std::path::PathBuf;

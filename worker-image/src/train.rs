@@ -5,17 +5,18 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use foresight_ps::client::{ClientError, GradDtype, PsClient};
+use foresight_ps::client::{ClientError, GradDtype, Model as PsModel, PsClient};
 use foresight_ps::server::Report;
 use foresight_ps::wire::progress::WorkerEvent as Event;
 use foresight_ps::wire::{Layout, TensorSpec};
+use rand::SeedableRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
 use crate::data::{Dataset, Examples, Format};
 use crate::metrics::WorkerMetrics;
 use crate::model::{Model, ModelSpec};
+use crate::session::{Pushed, Retry, Session};
 
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -42,47 +43,6 @@ pub struct TrainConfig {
 
 fn emit(e: &Event) {
     println!("{}", serde_json::to_string(e).expect("plain data"));
-}
-
-/// Retries transient failures with exponential backoff and jitter until `deadline` has passed
-/// since the last success.
-struct Retry {
-    deadline: Duration,
-    rng: rand::rngs::StdRng,
-}
-
-impl Retry {
-    fn run<T, F, Fut>(&mut self, rt: &tokio::runtime::Runtime, what: &str, mut f: F) -> Result<T, ClientError>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, ClientError>>,
-    {
-        let started = Instant::now();
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match rt.block_on(f()) {
-                Ok(v) => return Ok(v),
-                Err(e) if retryable(&e) && started.elapsed() < self.deadline => {
-                    let jitter = self.rng.random_range(0.5..1.5);
-                    let wait = backoff.mul_f64(jitter);
-                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
-                    std::thread::sleep(wait);
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => {
-                    if retryable(&e) {
-                        tracing::error!(error = %e, "{what}: giving up after {}s without success", self.deadline.as_secs());
-                    }
-                    return Err(e);
-                }
-            }
-        }
-    }
-}
-
-/// Transient errors, plus `not_registered`: a worker may start before the first one registered.
-fn retryable(e: &ClientError) -> bool {
-    e.is_transient() || e.reason() == Some("not_registered")
 }
 
 struct Batches<'a> {
@@ -180,6 +140,50 @@ fn layout_of(params: &[(String, Tensor)]) -> anyhow::Result<Layout> {
     Ok(Layout::new(specs)?)
 }
 
+/// How long a `sync` worker waits for its round before pushing its gradient for it again (the
+/// round may have been lost with a restarted PS; a PS that still holds it answers a replay).
+const ROUND_WAIT: Duration = Duration::from_secs(10);
+
+/// Where a worker is in its data: steps are numbered from 1 across epochs, and every epoch has
+/// the same number of steps, so a step number alone says which epoch and batch come next.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Position {
+    steps_per_epoch: u64,
+}
+
+impl Position {
+    /// (epoch, batch within it) of the step after `done` steps.
+    fn after(&self, done: u64) -> (u64, u64) {
+        (done / self.steps_per_epoch, done % self.steps_per_epoch)
+    }
+
+    /// The fractional epoch reached at the end of step `step` (drives the LR schedule).
+    fn epoch_at(&self, step: u64) -> f64 {
+        step as f64 / self.steps_per_epoch as f64
+    }
+}
+
+/// A `sync` gradient waiting in its round, kept to push again if the round is lost.
+struct InRound {
+    version: u64,
+    step: u64,
+    epoch: f64,
+    grad: Vec<f32>,
+}
+
+/// The loop's state between steps.
+struct Progress {
+    step: u64,
+    pushes: u64,
+    discarded: u64,
+    /// The version the local model holds.
+    version: Option<u64>,
+    /// `sync`: this worker's gradient in the round not yet closed.
+    in_round: Option<InRound>,
+    last_staleness: Option<u64>,
+    window: (Instant, usize),
+}
+
 pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetrics) -> anyhow::Result<()> {
     let started = Instant::now();
     let ds = Dataset::load(cfg.format, &cfg.data_dir, cfg.seed, cfg.holdout)?;
@@ -201,94 +205,74 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
     let params = model.parameters()?;
     let layout = layout_of(&params)?;
     let client = PsClient::new(&cfg.ps_url, cfg.token.clone())?;
-    let mut retry = Retry {
-        deadline: cfg.ps_deadline,
-        rng: rand::rngs::StdRng::seed_from_u64(cfg.seed ^ cfg.worker as u64),
-    };
+    let retry = Retry::new(cfg.ps_deadline, cfg.seed ^ cfg.worker as u64);
     let init = flat_params(&params)?;
-    let registered = retry.run(rt, "registering the model", || client.register(&layout, &init))?;
-    tracing::info!(worker = cfg.worker, registered, parameters = layout.len(), "model layout ready");
+    let (mut ps, joined) = Session::start(client, rt, cfg.worker, layout.clone(), &init, retry)?;
 
-    let mut grad = vec![0f32; layout.len()];
-    let (mut step, mut pushes, mut discarded) = (0u64, 0u64, 0u64);
-    let mut version: Option<u64> = None; // the version the local model holds
-    let mut wait_for: Option<u64> = None; // sync: the version the next pull must reach
-    let mut last_staleness = None;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(cfg.worker as u64 * 7919));
+    // Every worker takes the same number of steps per epoch (the smallest shard's), so `sync`
+    // rounds always find all M workers; the few extra examples of larger shards are simply
+    // visited in other epochs.
     let per_worker = ds.train.len() / cfg.workers;
-    let steps_per_epoch = per_worker.div_ceil(cfg.batch_size) as f64;
-    let mut window = (Instant::now(), 0usize);
-    'epochs: for epoch in 0..cfg.epochs {
+    let pos = Position { steps_per_epoch: per_worker.div_ceil(cfg.batch_size) as u64 };
+    let total = pos.steps_per_epoch * cfg.epochs as u64;
+    let resume = joined.resume_step.min(total);
+    let (first_epoch, first_batch) = pos.after(resume);
+    if resume > 0 {
+        tracing::info!(
+            worker = cfg.worker,
+            step = resume,
+            epoch = first_epoch,
+            batch = first_batch,
+            "resuming where this worker's earlier process left off"
+        );
+    }
+    let mut p = Progress {
+        step: resume,
+        pushes: 0,
+        discarded: 0,
+        version: None,
+        in_round: None,
+        last_staleness: None,
+        window: (Instant::now(), 0),
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(cfg.worker as u64 * 7919));
+    let mut grad = vec![0f32; layout.len()];
+    'epochs: for epoch in 0..cfg.epochs as u64 {
+        // Every epoch's order is drawn, resumed ones included, so that the generator is where
+        // the earlier process had it.
         let mut order: Vec<usize> = (0..shard.len()).collect();
         order.shuffle(&mut rng);
-        // Every worker takes the same number of steps per epoch (the smallest shard's), so
-        // `sync` rounds always find all M workers; the few extra examples of larger shards
-        // are simply visited in other epochs.
+        if epoch < first_epoch {
+            continue;
+        }
         order.truncate(per_worker);
-        let batches = Batches { data: &shard, order, batch: cfg.batch_size, pos: 0 };
-        for (i, (xs, ys)) in batches.enumerate() {
+        let skip = if epoch == first_epoch { first_batch as usize } else { 0 };
+        let batches = Batches { data: &shard, order, batch: cfg.batch_size, pos: skip * cfg.batch_size };
+        for (xs, ys) in batches {
             let t0 = Instant::now();
-            if version.is_none() || step % cfg.pull_every == 0 || wait_for.is_some() {
-                let min = wait_for.take();
-                let model_now = retry.run(rt, "pulling the model", || async {
-                    loop {
-                        if let Some(m) = client.pull(cfg.worker, min, Duration::from_secs(30)).await? {
-                            return Ok(m);
-                        }
-                    }
-                })?;
+            if p.version.is_none() || p.step.is_multiple_of(cfg.pull_every) || p.in_round.is_some() {
+                let m = pull_model(&mut ps, &mut p, cfg.grad_dtype)?;
                 anyhow::ensure!(
-                    model_now.layout == layout,
+                    m.layout == layout,
                     "the parameter server holds a model whose layout differs from this worker's model \
                      (restored from another job's checkpoint?)"
                 );
-                load_params(&params, &model_now.values);
-                version = Some(model_now.version);
+                load_params(&params, &m.values);
+                p.version = Some(m.version);
             }
             let (xs, ys) = (xs.to_device(device), ys.to_device(device));
-            for (_, p) in &params {
-                let mut g = p.grad();
-                if g.defined() {
-                    let _ = g.zero_();
-                }
-            }
-            let loss = model.forward(&xs, true)?.cross_entropy_for_logits(&ys);
-            loss.backward();
-            add_grads(&params, &mut grad)?;
-            let loss = loss.double_value(&[]);
-            step += 1;
-            if step % cfg.push_every == 0 {
+            let loss = backward(&mut model, &params, &xs, &ys, &mut grad)?;
+            p.step += 1;
+            if p.step.is_multiple_of(cfg.push_every) {
                 if cfg.push_every > 1 {
                     let k = cfg.push_every as f32;
                     grad.iter_mut().for_each(|g| *g /= k);
                 }
-                let v = version.expect("pulled before the first step");
-                let at = epoch as f64 + (i + 1) as f64 / steps_per_epoch;
-                let sent = retry.run(rt, "pushing a gradient", || {
-                    client.push(cfg.worker, v, step, Some(at), &layout, &grad, cfg.grad_dtype)
-                });
+                let at = pos.epoch_at(p.step);
+                let finished = push_gradient(&mut ps, &mut p, at, &grad, cfg.grad_dtype)?;
                 grad.fill(0.0);
-                match sent {
-                    Ok(reply) => {
-                        pushes += 1;
-                        last_staleness = Some(reply.staleness);
-                        if !reply.applied {
-                            wait_for = Some(reply.version + 1);
-                        }
-                    }
-                    Err(e)
-                        if matches!(e.reason(), Some("pull_required" | "too_stale" | "future_version")) =>
-                    {
-                        discarded += 1;
-                        tracing::info!(reason = e.reason(), "gradient discarded; pulling again");
-                        version = None;
-                    }
-                    Err(e) if e.reason() == Some("already_contributed") => wait_for = Some(v + 1),
-                    Err(e) if e.reason() == Some("finalized") => {
-                        tracing::info!("the job was finalized; stopping");
-                        break 'epochs;
-                    }
-                    Err(e) => return Err(e).context(format!("pushing the gradient of step {step}")),
+                if finished {
+                    break 'epochs;
                 }
             }
             let dt = t0.elapsed();
@@ -296,58 +280,147 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
                 std::thread::sleep(dt.mul_f64(cfg.slowdown - 1.0));
             }
             metrics.step(dt.as_secs_f64() * cfg.slowdown.max(1.0), xs.size()[0] as u64, loss);
-            window.1 += xs.size()[0] as usize;
-            if step % cfg.report_every == 0 {
-                let sps = window.1 as f64 / window.0.elapsed().as_secs_f64();
-                window = (Instant::now(), 0);
-                let at = epoch as f64 + (i + 1) as f64 / steps_per_epoch;
-                emit(&Event::Progress {
-                    worker: cfg.worker,
-                    epoch: at,
-                    step,
-                    loss,
-                    samples_per_second: sps,
-                    staleness: last_staleness,
-                });
-                let report = Report {
-                    worker: cfg.worker,
-                    step,
-                    epoch: at,
-                    loss,
-                    accuracy: None,
-                    samples_per_second: Some(sps),
-                };
-                retry.run(rt, "reporting", || client.report(&report))?;
+            p.window.1 += xs.size()[0] as usize;
+            if p.step.is_multiple_of(cfg.report_every) {
+                let at = pos.epoch_at(p.step);
+                report_progress(&mut ps, &mut p, cfg.worker, at, loss)?;
             }
         }
         let (loss, accuracy) = evaluate(&mut model, &ds.test, device)?;
         metrics.accuracy.set(accuracy);
-        emit(&Event::Eval { worker: cfg.worker, epoch: epoch + 1, loss, accuracy });
+        emit(&Event::Eval { worker: cfg.worker, epoch: (epoch + 1) as usize, loss, accuracy });
         let report = Report {
             worker: cfg.worker,
-            step,
+            step: p.step,
             epoch: (epoch + 1) as f64,
             loss,
             accuracy: Some(accuracy),
             samples_per_second: None,
         };
-        retry.run(rt, "reporting", || client.report(&report))?;
+        ps.report(&report)?;
     }
     // The final word is the PS's model, evaluated here.
-    let final_model = retry.run(rt, "pulling the final model", || async {
-        client.pull(cfg.worker, None, Duration::ZERO).await?.ok_or(ClientError::MissingVersion)
-    })?;
+    let final_model = ps.pull(p.step, None, Duration::ZERO)?.ok_or(ClientError::MissingVersion)?;
     load_params(&params, &final_model.values);
     let (test_loss, test_accuracy) = evaluate(&mut model, &ds.test, device)?;
     metrics.accuracy.set(test_accuracy);
     emit(&Event::Done {
         worker: cfg.worker,
-        steps: step,
-        pushes,
-        discarded,
+        steps: p.step,
+        pushes: p.pushes,
+        discarded: p.discarded,
         test_loss,
         test_accuracy,
         seconds: started.elapsed().as_secs_f64(),
     });
     Ok(())
+}
+
+/// Forward and backward on one batch; adds the gradients to `grad` and returns the loss.
+fn backward(
+    model: &mut Model,
+    params: &[(String, Tensor)],
+    xs: &Tensor,
+    ys: &Tensor,
+    grad: &mut [f32],
+) -> anyhow::Result<f64> {
+    for (_, p) in params {
+        let mut g = p.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
+    let loss = model.forward(xs, true)?.cross_entropy_for_logits(ys);
+    loss.backward();
+    add_grads(params, grad)?;
+    Ok(loss.double_value(&[]))
+}
+
+/// Pulls the model. Under `sync`, first waits for the round holding this worker's gradient to
+/// close, pushing that gradient again whenever the wait runs out (a restarted PS lost the round;
+/// one that still holds it answers a replay).
+fn pull_model(ps: &mut Session, p: &mut Progress, dtype: GradDtype) -> anyhow::Result<PsModel> {
+    loop {
+        let min = p.in_round.as_ref().map(|r| r.version + 1);
+        if let Some(m) = ps.pull(p.step, min, ROUND_WAIT)? {
+            p.in_round = None;
+            return Ok(m);
+        }
+        let Some(r) = &p.in_round else { continue };
+        match ps.push(r.version, r.step, r.epoch, &r.grad, dtype)? {
+            Pushed::InRound { .. } => tracing::info!(version = r.version, "still waiting for the sync round"),
+            Pushed::Applied(_) | Pushed::Dropped(_) | Pushed::Finalized => p.in_round = None,
+        }
+    }
+}
+
+/// Pushes the gradient of step `p.step`; true when the job is over (finalized).
+fn push_gradient(
+    ps: &mut Session,
+    p: &mut Progress,
+    epoch: f64,
+    grad: &[f32],
+    dtype: GradDtype,
+) -> anyhow::Result<bool> {
+    let v = p.version.expect("pulled before the first step");
+    let pushed = ps
+        .push(v, p.step, epoch, grad, dtype)
+        .with_context(|| format!("pushing the gradient of step {}", p.step))?;
+    match pushed {
+        Pushed::Applied(reply) => {
+            p.pushes += 1;
+            p.last_staleness = Some(reply.staleness);
+        }
+        Pushed::InRound { version } => {
+            p.pushes += 1;
+            p.last_staleness = Some(0);
+            p.in_round = Some(InRound { version, step: p.step, epoch, grad: grad.to_vec() });
+        }
+        Pushed::Dropped(reason) => {
+            p.discarded += 1;
+            tracing::info!(reason, "gradient discarded; pulling again");
+            p.version = None;
+        }
+        Pushed::Finalized => {
+            tracing::info!("the job was finalized; stopping");
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn report_progress(
+    ps: &mut Session,
+    p: &mut Progress,
+    worker: usize,
+    epoch: f64,
+    loss: f64,
+) -> anyhow::Result<()> {
+    let sps = p.window.1 as f64 / p.window.0.elapsed().as_secs_f64();
+    p.window = (Instant::now(), 0);
+    emit(&Event::Progress {
+        worker,
+        epoch,
+        step: p.step,
+        loss,
+        samples_per_second: sps,
+        staleness: p.last_staleness,
+    });
+    let report = Report { worker, step: p.step, epoch, loss, accuracy: None, samples_per_second: Some(sps) };
+    Ok(ps.report(&report)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Position;
+
+    #[test]
+    fn a_step_number_says_which_epoch_and_batch_come_next() {
+        let pos = Position { steps_per_epoch: 40 };
+        assert_eq!(pos.after(0), (0, 0));
+        assert_eq!(pos.after(39), (0, 39));
+        assert_eq!(pos.after(40), (1, 0));
+        assert_eq!(pos.after(85), (2, 5));
+        assert_eq!(pos.epoch_at(60), 1.5);
+    }
 }

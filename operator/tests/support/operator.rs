@@ -189,7 +189,7 @@ impl Ps {
 
     /// Registers a 4-float model and applies one gradient from worker 0: step 1.
     pub fn train_one_step(&self) {
-        use foresight_ps::client::{GradDtype, PsClient};
+        use foresight_ps::client::{GradDtype, PsClient, PushId};
         use foresight_ps::wire::{Layout, TensorSpec};
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
@@ -198,13 +198,15 @@ impl Ps {
             let layout = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![4] }]).unwrap();
             c.register(&layout, &[0.0; 4]).await.unwrap();
             let m = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
-            c.push(0, m.version, 1, Some(0.5), &layout, &[1.0; 4], GradDtype::F32).await.unwrap();
+            c.push(PushId::unjoined(0, m.version, 1), Some(0.5), &layout, &[1.0; 4], GradDtype::F32)
+                .await
+                .unwrap();
         });
     }
 
     /// Worker 0 pulls and pushes for `duration`, as fast as it can; returns the pushes made.
     pub fn push_for(&self, duration: Duration) -> u64 {
-        use foresight_ps::client::{GradDtype, PsClient};
+        use foresight_ps::client::{GradDtype, PsClient, PushId};
         use foresight_ps::wire::{Layout, TensorSpec};
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
@@ -216,7 +218,9 @@ impl Ps {
             while std::time::Instant::now() < end {
                 let m = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
                 seq += 1;
-                c.push(0, m.version, seq, Some(0.5), &layout, &[0.01; 4], GradDtype::F32).await.unwrap();
+                c.push(PushId::unjoined(0, m.version, seq), Some(0.5), &layout, &[0.01; 4], GradDtype::F32)
+                    .await
+                    .unwrap();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             seq - 100

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use foresight_ps::client::{GradDtype, PsClient};
+use foresight_ps::client::{GradDtype, PsClient, PushId};
 use foresight_ps::server::Report;
 use foresight_ps::wire::{Layout, TensorSpec};
 use rand::{Rng, SeedableRng};
@@ -190,7 +190,7 @@ async fn run_worker(
         let w = model.values;
         problem.gradient(&w, noise, &mut rng, &mut grad);
         let t = Instant::now();
-        let reply = client.push(m, model.version, seq, None, &layout, &grad, dtype).await?;
+        let reply = client.push(PushId::unjoined(m, model.version, seq), None, &layout, &grad, dtype).await?;
         stats.latencies.push(t.elapsed());
         stats.staleness.push(reply.staleness);
         min_version = Some(if reply.applied { reply.version } else { reply.version + 1 });

@@ -57,6 +57,16 @@ pub struct Model {
     pub values: Vec<f32>,
 }
 
+/// What the PS hands a worker process that joins (`POST /v1/join`).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+pub struct Joined {
+    /// Goes with every push of this process.
+    pub generation: u64,
+    /// Steps of this worker already in the model: continue after them.
+    pub resume_step: u64,
+    pub version: u64,
+}
+
 /// The PS's answer to a push.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 pub struct PushReply {
@@ -65,6 +75,24 @@ pub struct PushReply {
     pub applied: bool,
     pub replayed: bool,
     pub learning_rate: f32,
+}
+
+/// Who pushes, computed on which version, and the seq that makes retries idempotent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PushId {
+    pub worker: usize,
+    /// From [`PsClient::join`]; `None` for a client that never joins.
+    pub generation: Option<u64>,
+    /// The model version the gradient was computed on.
+    pub version: u64,
+    pub seq: u64,
+}
+
+impl PushId {
+    /// A push of a client that never joins.
+    pub fn unjoined(worker: usize, version: u64, seq: u64) -> Self {
+        Self { worker, generation: None, version, seq }
+    }
 }
 
 #[derive(Clone)]
@@ -116,13 +144,39 @@ impl PsClient {
 
     /// Registers the model; `Ok(false)` when another worker registered it first.
     pub async fn register(&self, layout: &Layout, values: &[f32]) -> Result<bool, ClientError> {
+        self.put_model("/v1/model", layout, values).await
+    }
+
+    /// Offers this worker's copy of the model, of `version`, to a PS that lost its model:
+    /// `Ok(true)` when it became (or replaced) the PS's model, `Ok(false)` when a copy at least
+    /// as fresh is there or training has moved on from it.
+    pub async fn offer(
+        &self,
+        worker: usize,
+        version: u64,
+        layout: &Layout,
+        values: &[f32],
+    ) -> Result<bool, ClientError> {
+        self.put_model(&format!("/v1/model?worker={worker}&version={version}"), layout, values).await
+    }
+
+    async fn put_model(&self, path: &str, layout: &Layout, values: &[f32]) -> Result<bool, ClientError> {
         let body = wire::encode_f32(layout, values, &Default::default());
-        let resp = self.req(reqwest::Method::PUT, "/v1/model").body(body).send().await?;
+        let resp = self.req(reqwest::Method::PUT, path).body(body).send().await?;
         if resp.status() == StatusCode::CONFLICT {
             return Ok(false);
         }
         Self::check(resp).await?;
         Ok(true)
+    }
+
+    /// Joins as a new process of `worker`; `step` is its own position, when it has one.
+    pub async fn join(&self, worker: usize, step: Option<u64>) -> Result<Joined, ClientError> {
+        let mut path = format!("/v1/join?worker={worker}");
+        if let Some(s) = step {
+            path += &format!("&step={s}");
+        }
+        Ok(Self::check(self.req(reqwest::Method::POST, &path).send().await?).await?.json().await?)
     }
 
     /// Pulls the model as `worker` (recording it as that worker's backup). With `min_version`,
@@ -147,14 +201,11 @@ impl PsClient {
         Ok(Some(Model { version, layout, values }))
     }
 
-    /// Pushes a gradient computed on `version`. Reusing `seq` for a retry is safe: the PS
-    /// applies a (worker, seq) once.
-    #[allow(clippy::too_many_arguments)]
+    /// Pushes a gradient. Reusing `id` for a retry is safe: the PS applies a (worker,
+    /// generation, seq) once.
     pub async fn push(
         &self,
-        worker: usize,
-        version: u64,
-        seq: u64,
+        id: PushId,
         epoch: Option<f64>,
         layout: &Layout,
         grad: &[f32],
@@ -164,19 +215,21 @@ impl PsClient {
             GradDtype::F32 => wire::encode_f32(layout, grad, &Default::default()),
             GradDtype::Bf16 => wire::encode_bf16(layout, grad),
         };
-        self.push_encoded(worker, version, seq, epoch, body).await
+        self.push_encoded(id, epoch, body).await
     }
 
     /// Pushes an already encoded safetensors gradient.
     pub async fn push_encoded(
         &self,
-        worker: usize,
-        version: u64,
-        seq: u64,
+        id: PushId,
         epoch: Option<f64>,
         body: Vec<u8>,
     ) -> Result<PushReply, ClientError> {
+        let PushId { worker, generation, version, seq } = id;
         let mut path = format!("/v1/gradients?worker={worker}&version={version}&seq={seq}");
+        if let Some(g) = generation {
+            path += &format!("&generation={g}");
+        }
         if let Some(e) = epoch {
             path += &format!("&epoch={e}");
         }

@@ -112,6 +112,10 @@ pub struct Hyper {
     /// Refuse gradients staler than this many versions.
     pub max_staleness: Option<u64>,
     pub combine: Combine,
+    /// `sync` with backup workers: a round closes with the first M − b gradients and the late
+    /// ones are dropped (Chen et al., "Revisiting Distributed Synchronous SGD", 2016).
+    #[serde(default)]
+    pub backup_workers: usize,
 }
 
 impl Hyper {
@@ -131,6 +135,7 @@ impl Hyper {
             momentum: 0.0,
             max_staleness: None,
             combine: Combine::Mean,
+            backup_workers: 0,
         }
     }
 
@@ -165,6 +170,9 @@ impl Hyper {
         })?;
         check((0.0..1.0).contains(&self.momentum), || {
             format!("momentum must be in [0, 1), got {}", self.momentum)
+        })?;
+        check(self.backup_workers == 0 || self.algorithm == Algorithm::Sync, || {
+            format!("backupWorkers only applies to sync, not {}", self.algorithm)
         })?;
         Ok(())
     }

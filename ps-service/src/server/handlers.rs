@@ -23,6 +23,7 @@ pub const VERSION_HEADER: &str = "x-foresight-version";
 pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/model", put(register).get(pull))
+        .route("/v1/join", post(join))
         .route("/v1/gradients", post(push))
         .route("/v1/report", post(report))
         .route("/v1/status", get(status))
@@ -81,12 +82,21 @@ fn worker_in_range(state: &AppState, worker: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// `PUT /v1/model[?version=V&worker=M]`: the first worker registers the initial model; after a
+/// restart that lost the model, workers offer their copies of version V and the freshest wins.
 async fn register(
     State(state): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    if state.store().is_some() {
+    let q = Params(q);
+    let version: u64 = q.get("version")?.unwrap_or(0);
+    let worker: Option<usize> = q.get("worker")?;
+    if let Some(w) = worker {
+        worker_in_range(&state, w)?;
+    }
+    if state.store().is_some_and(|s| !s.takes_copy(version)) {
         return Err(already_registered());
     }
     let mut buf = state.bodies.take();
@@ -95,8 +105,9 @@ async fn register(
     result?;
     let config = state.config.clone();
     let (buf, built) = tokio::task::spawn_blocking(move || {
-        let built = wire::decode_model(&buf)
-            .map(|(layout, values, _)| Store::new(layout, values, config.hyper.clone(), config.workers));
+        let built = wire::decode_model(&buf).map(|(layout, values, _)| {
+            Store::seeded(layout, values, version, config.hyper.clone(), config.workers)
+        });
         (buf, built)
     })
     .await
@@ -104,12 +115,38 @@ async fn register(
     state.bodies.give(buf);
     let store = built?;
     let (params, tensors) = (store.layout().len(), store.layout().tensors().len());
-    if !state.install(store) {
+    if state.store().is_some_and(|s| s.layout() != store.layout()) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "layout_mismatch",
+            "the registered model has another layout: this worker trains a different model",
+        ));
+    }
+    if !state.offer(store, worker) {
         return Err(already_registered());
     }
-    tracing::info!(params, tensors, "model registered");
-    let body = serde_json::json!({ "version": 0, "parameters": params, "tensors": tensors });
-    Ok((StatusCode::CREATED, [(VERSION_HEADER, HeaderValue::from(0))], Json(body)).into_response())
+    tracing::info!(params, tensors, version, "model registered");
+    let body = serde_json::json!({ "version": version, "parameters": params, "tensors": tensors });
+    Ok((StatusCode::CREATED, [(VERSION_HEADER, HeaderValue::from(version))], Json(body)).into_response())
+}
+
+/// `POST /v1/join?worker=M[&step=S]`: a new process becomes worker M. It gets a generation for
+/// its pushes (the previous process's late pushes are refused from now on) and the step to
+/// resume from; `step` is the worker's own position when it is further along than the PS knows.
+async fn join(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<crate::store::Joined>, ApiError> {
+    let q = Params(q);
+    let worker: usize = q.require("worker")?;
+    let step: Option<u64> = q.get("step")?;
+    worker_in_range(&state, worker)?;
+    let store = registered(&state)?;
+    state.saw(worker);
+    let joined = store.join(worker, step)?;
+    state.metrics.joins.inc();
+    tracing::info!(worker, generation = joined.generation, resume_step = joined.resume_step, "worker joined");
+    Ok(Json(joined))
 }
 
 fn already_registered() -> ApiError {
@@ -210,6 +247,7 @@ async fn push_inner(
     let worker: usize = q.require("worker")?;
     let version: u64 = q.require("version")?;
     let seq: u64 = q.require("seq")?;
+    let generation: Option<u64> = q.get("generation")?;
     let epoch: Option<f64> = q.get("epoch")?;
     if epoch.is_some_and(|e| !(e.is_finite() && (0.0..=1e9).contains(&e))) {
         return Err(ApiError::bad_request("epoch must be a number in [0, 1e9]"));
@@ -217,6 +255,13 @@ async fn push_inner(
     worker_in_range(state, worker)?;
     let store = registered(state)?;
     state.saw(worker);
+    if state.seeding() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "seeding",
+            "the parameter server is collecting the workers' copies of the model it lost; retry shortly",
+        ));
+    }
     let mut buf = state.bodies.take();
     let mut grad = state.grads.take();
     grad.resize(store.layout().len(), 0.0);
@@ -242,7 +287,7 @@ async fn push_inner(
         };
         let result = decoded.map_err(ApiError::from).and_then(|()| {
             let applying = Instant::now();
-            let p = Push { worker, version, seq, epoch };
+            let p = Push { worker, generation, version, seq, epoch };
             let outcome = s2.push(p, &grad).map_err(ApiError::from)?;
             Ok((outcome, applying.elapsed()))
         });
@@ -383,6 +428,11 @@ async fn finalize(State(state): State<Arc<AppState>>) -> Result<Json<serde_json:
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let age = state.last_checkpoint.lock().elapsed().as_secs_f64();
     state.metrics.checkpoint_age.set(age);
+    // The store counts short rounds (they close inside a push or on the round timeout).
+    if let Some(store) = state.store() {
+        let short = &state.metrics.rounds_closed_short;
+        short.inc_by(store.rounds_closed_short().saturating_sub(short.get()));
+    }
     let content_type = HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8");
     ([(header::CONTENT_TYPE, content_type)], state.metrics.encode())
 }

@@ -31,6 +31,11 @@ pub struct Metrics {
     /// The configured staleness bound (0: none) and the accepted gradients exactly at it.
     pub max_staleness: IntGauge,
     pub at_bound: IntCounter,
+    /// Recovery: worker incarnations that joined, models seeded from a worker's copy, `sync`
+    /// rounds closed without every worker's gradient.
+    pub joins: IntCounter,
+    pub reseeds: IntCounter,
+    pub rounds_closed_short: IntCounter,
     /// Running means behind the compensation-ratio and λ gauges.
     compensation: parking_lot::Mutex<Option<(f64, f64)>>,
 }
@@ -123,6 +128,18 @@ impl Metrics {
             at_bound: counter(
                 "foresight_ps_gradients_at_bound_total",
                 "Accepted gradients whose staleness equals the bound exactly (the stalest allowed); 0 when there is no bound.",
+            ),
+            joins: counter(
+                "foresight_ps_worker_joins_total",
+                "Worker processes that joined (POST /v1/join); above the worker count, replacements of workers that died.",
+            ),
+            reseeds: counter(
+                "foresight_ps_reseeds_total",
+                "Workers' copies of the model taken after the parameter server had lost it (a restart without checkpoint): the first, and each fresher one before training resumed.",
+            ),
+            rounds_closed_short: counter(
+                "foresight_ps_sync_rounds_closed_short_total",
+                "sync rounds closed without every worker's gradient (backup workers, or the round timeout).",
             ),
             registry,
             compensation: parking_lot::Mutex::new(None),

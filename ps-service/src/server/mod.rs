@@ -42,6 +42,12 @@ pub struct PsConfig {
     pub namespace: String,
     /// Upper bound on a pull's `wait_ms`.
     pub max_long_poll: Duration,
+    /// `sync`: a round that has waited this long since its last gradient closes with the ones
+    /// it has (a dead worker never holds the job up for longer).
+    pub sync_round_timeout: Duration,
+    /// After the model was seeded from a worker's copy (the PS had lost it), pushes wait this
+    /// long at most for the other workers to offer fresher copies.
+    pub reseed_hold: Duration,
 }
 
 impl PsConfig {
@@ -58,6 +64,8 @@ impl PsConfig {
             job: "local".into(),
             namespace: "default".into(),
             max_long_poll: Duration::from_secs(60),
+            sync_round_timeout: Duration::from_secs(120),
+            reseed_hold: Duration::from_secs(10),
         }
     }
 }
@@ -76,6 +84,21 @@ pub struct AppState {
     checkpoint_lock: tokio::sync::Mutex<()>,
     bodies: body::Pool<u8>,
     grads: body::Pool<f32>,
+    seeding: Mutex<Seeding>,
+}
+
+/// Whether the PS is collecting the workers' copies of a model it lost. A process loses its
+/// model at most once (it starts without one), so the hold happens at most once.
+enum Seeding {
+    /// No copy newer than the initial model has been offered.
+    Idle,
+    /// Pushes wait (503 `seeding`) until every worker has offered its copy (the freshest one
+    /// wins) or `until` has passed.
+    Holding {
+        until: Instant,
+        offered: Vec<bool>,
+    },
+    Over,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +109,8 @@ pub enum StartError {
     Checkpoint(#[from] CheckpointError),
     #[error("the job needs at least one worker")]
     NoWorkers,
+    #[error("backupWorkers ({backup}) must be fewer than the workers ({workers})")]
+    TooManyBackups { backup: usize, workers: usize },
 }
 
 impl AppState {
@@ -94,6 +119,10 @@ impl AppState {
         config.hyper.validate()?;
         if config.workers == 0 {
             return Err(StartError::NoWorkers);
+        }
+        if config.hyper.backup_workers >= config.workers {
+            let (backup, workers) = (config.hyper.backup_workers, config.workers);
+            return Err(StartError::TooManyBackups { backup, workers });
         }
         let checkpoints = match &config.checkpoint_dir {
             Some(d) => Some(CheckpointDir::new(d, config.keep_checkpoints)?),
@@ -115,6 +144,7 @@ impl AppState {
             checkpoint_lock: tokio::sync::Mutex::new(()),
             bodies: body::Pool::new(8),
             grads: body::Pool::new(8),
+            seeding: Mutex::new(Seeding::Idle),
         });
         if let Some(dir) = &state.checkpoints
             && let Some((path, layout, data, saved)) = dir.load_newest()?
@@ -154,6 +184,91 @@ impl AppState {
             self.metrics.model_version.set(version as i64);
         }
         ok
+    }
+
+    /// A worker offers its copy of the model (`PUT /v1/model` with `version`): the first
+    /// becomes the model; while no update has been applied since, a fresher one replaces it.
+    /// Returns whether the offer was taken. A copy newer than version 0 means the PS lost the
+    /// model, so pushes are held until every worker has offered or the hold has passed.
+    fn offer(self: &Arc<Self>, store: Store, worker: Option<usize>) -> bool {
+        let version = store.version();
+        let taken = match self.store() {
+            None => self.install(store),
+            Some(current) => {
+                let values = store.snapshot_now();
+                current.reseed(values.params(), version)
+            }
+        };
+        if version > 0 {
+            let mut seeding = self.seeding.lock();
+            if taken {
+                self.metrics.reseeds.inc();
+                tracing::info!(version, worker, "model seeded from a worker's copy");
+                if matches!(*seeding, Seeding::Idle) {
+                    let until = Instant::now() + self.config.reseed_hold;
+                    *seeding = Seeding::Holding { until, offered: vec![false; self.config.workers] };
+                }
+            }
+            if let (Seeding::Holding { offered, .. }, Some(w)) = (&mut *seeding, worker) {
+                offered[w] = true;
+            }
+        }
+        if taken {
+            self.metrics.model_version.set(version as i64);
+        }
+        taken
+    }
+
+    /// Whether pushes must still wait for the workers' copies (see [`AppState::offer`]).
+    fn seeding(&self) -> bool {
+        let mut seeding = self.seeding.lock();
+        if let Seeding::Holding { until, offered } = &*seeding
+            && (Instant::now() >= *until || offered.iter().all(|o| *o))
+        {
+            *seeding = Seeding::Over;
+        }
+        matches!(*seeding, Seeding::Holding { .. })
+    }
+
+    /// Closes a `sync` round that has had no new gradient for `sync_round_timeout`, until the
+    /// process ends.
+    pub fn spawn_round_watch(self: &Arc<Self>) {
+        if self.config.hyper.algorithm != crate::optimizer::Algorithm::Sync {
+            return;
+        }
+        let state = self.clone();
+        let timeout = self.config.sync_round_timeout;
+        tokio::spawn(async move {
+            let mut seen: Option<((u64, usize), Instant)> = None;
+            let mut tick =
+                tokio::time::interval((timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)));
+            loop {
+                tick.tick().await;
+                let Some(round) = state.store().and_then(|s| s.sync_round()) else { continue };
+                match seen {
+                    Some((r, since)) if r == round => {
+                        if round.1 > 0 && since.elapsed() >= timeout {
+                            state.close_round_short(round.0);
+                            seen = None;
+                        }
+                    }
+                    _ => seen = Some((round, Instant::now())),
+                }
+            }
+        });
+    }
+
+    fn close_round_short(&self, version: u64) {
+        let Some(store) = self.store() else { return };
+        if let Some(o) = store.close_round(version) {
+            tracing::warn!(
+                version,
+                new_version = o.version,
+                "sync round closed without every worker's gradient"
+            );
+            self.metrics.updates.inc();
+            self.metrics.model_version.set(o.version as i64);
+        }
     }
 
     fn saw(&self, worker: usize) {

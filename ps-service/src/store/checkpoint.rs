@@ -30,6 +30,9 @@ pub struct CheckpointData {
     /// Per worker, the seq of its newest update contained in `params`: a retry of it after a
     /// restart is answered as a replay instead of being applied twice.
     pub worker_seqs: Vec<Option<u64>>,
+    /// Per worker, its current generation ([`crate::store::Store::join`]), so that an old
+    /// incarnation stays refused after a restart.
+    pub worker_generations: Vec<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +72,10 @@ pub fn encode(layout: &Layout, hyper: &Hyper, data: &CheckpointData) -> Vec<u8> 
         ("model_tensors".to_string(), layout.tensors().len().to_string()),
         ("finalized".to_string(), data.finalized.to_string()),
         ("worker_seqs".to_string(), serde_json::to_string(&data.worker_seqs).expect("plain data")),
+        (
+            "worker_generations".to_string(),
+            serde_json::to_string(&data.worker_generations).expect("plain data"),
+        ),
     ]);
     wire::encode_f32(&composite, &values, &meta)
 }
@@ -84,11 +91,15 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     let epoch: f64 = field("epoch")?.parse().map_err(|e| format!("bad epoch: {e}"))?;
     let hyper: Hyper =
         serde_json::from_str(field("hyperparameters")?).map_err(|e| format!("bad hyperparameters: {e}"))?;
-    // Both were added after the first checkpoints were written: absent means "not finalized,
-    // no seqs known".
+    // These were added after the first checkpoints were written: absent means "not finalized,
+    // no seqs or generations known".
     let finalized = meta.get("finalized").is_some_and(|v| v == "true");
     let worker_seqs: Vec<Option<u64>> = match meta.get("worker_seqs") {
         Some(s) => serde_json::from_str(s).map_err(|e| format!("bad worker_seqs: {e}"))?,
+        None => Vec::new(),
+    };
+    let worker_generations: Vec<u64> = match meta.get("worker_generations") {
+        Some(s) => serde_json::from_str(s).map_err(|e| format!("bad worker_generations: {e}"))?,
         None => Vec::new(),
     };
     let n_model: usize = field("model_tensors")?.parse().map_err(|e| format!("bad model_tensors: {e}"))?;
@@ -119,7 +130,15 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     if !extra.is_empty() {
         return Err(format!("unexpected tensor {:?}", extra[0].name));
     }
-    let data = CheckpointData { version, epoch, params: values[..n].to_vec(), state, finalized, worker_seqs };
+    let data = CheckpointData {
+        version,
+        epoch,
+        params: values[..n].to_vec(),
+        state,
+        finalized,
+        worker_seqs,
+        worker_generations,
+    };
     Ok((layout, data, hyper))
 }
 
@@ -231,6 +250,7 @@ mod tests {
             state,
             finalized: momentum,
             worker_seqs: vec![Some(3), None],
+            worker_generations: vec![2, 0],
         };
         (layout, hyper, data)
     }

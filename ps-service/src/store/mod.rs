@@ -66,6 +66,9 @@ impl AsRef<[u8]> for Snapshot {
 #[derive(Clone, Copy, Debug)]
 pub struct Push {
     pub worker: usize,
+    /// The incarnation of the worker that computed it ([`Store::join`]); `None` for a client
+    /// that never joins, whose pushes count as the current incarnation's.
+    pub generation: Option<u64>,
     /// The model version the gradient was computed on.
     pub version: u64,
     pub seq: u64,
@@ -97,6 +100,14 @@ pub enum StoreError {
     Finalized,
     #[error("seq {seq} is older than worker {worker}'s last applied seq {last}")]
     StaleSeq { worker: usize, seq: u64, last: u64 },
+    #[error(
+        "generation {got} of worker {worker} was replaced by generation {current}: this process is no longer worker {worker}"
+    )]
+    Superseded { worker: usize, got: u64, current: u64 },
+    #[error(
+        "worker {worker} has no generation {got} here (the parameter server knows {current}): join again"
+    )]
+    RejoinRequired { worker: usize, got: u64, current: u64 },
     #[error("worker {worker} already has a push in flight; retry when it has been answered")]
     InFlight { worker: usize },
     #[error("version {got} is from the future: the model is at version {current}")]
@@ -127,7 +138,10 @@ impl StoreError {
             Self::StaleSeq { .. } => "stale_seq",
             Self::InFlight { .. } => "in_flight",
             Self::FutureVersion { .. } => "future_version",
-            Self::TooStale { .. } | Self::RoundClosed { .. } => "too_stale",
+            Self::Superseded { .. } => "superseded",
+            Self::RejoinRequired { .. } => "rejoin_required",
+            Self::TooStale { .. } => "too_stale",
+            Self::RoundClosed { .. } => "round_closed",
             Self::PullRequired { .. } => "pull_required",
             Self::AlreadyContributed { .. } => "already_contributed",
         }
@@ -137,6 +151,8 @@ impl StoreError {
 /// Per-worker bookkeeping, visible in `/v1/status`.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct WorkerStatus {
+    /// The current incarnation: how many times a process joined as this worker (0: never).
+    pub generation: u64,
     pub pulled_version: Option<u64>,
     pub pushes: u64,
     pub last_staleness: Option<u64>,
@@ -147,9 +163,21 @@ pub struct WorkerStatus {
     last: Option<(u64, PushOutcome)>,
     #[serde(skip)]
     in_flight: bool,
-    /// Seq of this worker's newest update that has a place in the model's order (see `admit`).
-    #[serde(skip)]
+    /// Seq of this worker's newest update that has a place in the model's order (see `admit`):
+    /// where a new incarnation of the worker resumes.
+    #[serde(rename = "resume_step")]
     durable_seq: Option<u64>,
+}
+
+/// What [`Store::join`] hands a new incarnation of a worker.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Joined {
+    /// Goes with every push of this incarnation; an older one's pushes are refused from now on.
+    pub generation: u64,
+    /// Steps of this worker already in the model: the new incarnation starts after them.
+    pub resume_step: u64,
+    /// The model version now.
+    pub version: u64,
 }
 
 /// A consistent view for `/v1/status`.
@@ -191,6 +219,9 @@ struct Sequencer {
     backups: Vec<Option<Arc<Snapshot>>>,
     workers: Vec<WorkerStatus>,
     staleness: StalenessCounts,
+    /// The version the model was seeded or restored at, while no update has been applied
+    /// since: a fresher copy may still replace it ([`Store::reseed`]).
+    seeded_at: Option<u64>,
 }
 
 /// The `sync` rule's round: one gradient per worker for `version`.
@@ -214,6 +245,8 @@ pub struct Store {
     seq: Mutex<Sequencer>,
     round: Mutex<SyncRound>,
     listener: Option<VersionListener>,
+    /// `sync` rounds applied without every worker's gradient.
+    rounds_closed_short: std::sync::atomic::AtomicU64,
 }
 
 impl Store {
@@ -234,6 +267,7 @@ impl Store {
             data.state.momentum = fresh.momentum;
         }
         let (finalized, seqs) = (data.finalized, std::mem::take(&mut data.worker_seqs));
+        let generations = std::mem::take(&mut data.worker_generations);
         let (version, epoch) = (data.version, data.epoch);
         let store = Self::build(layout, hyper, workers, DEFAULT_SHARD_LEN, data);
         {
@@ -253,6 +287,9 @@ impl Store {
                 w.last = s.map(|s| (s, outcome));
                 w.durable_seq = s;
             }
+            for (w, g) in seq.workers.iter_mut().zip(generations) {
+                w.generation = g;
+            }
         }
         store
     }
@@ -266,11 +303,29 @@ impl Store {
         workers: usize,
         shard_len: usize,
     ) -> Self {
+        Self::seeded_with_shard_len(layout, init, 0, hyper, workers, shard_len)
+    }
+
+    /// A model seeded with a worker's copy of version `version` (a parameter server that lost
+    /// its state continues from what the workers hold). Version 0 is the initial model, which
+    /// every worker built alike, so it is each worker's w_bak; a later copy is one worker's
+    /// only, so under the delay-compensated rules each worker pulls before its next push.
+    pub fn seeded(layout: Layout, values: Vec<f32>, version: u64, hyper: Hyper, workers: usize) -> Self {
+        Self::seeded_with_shard_len(layout, values, version, hyper, workers, DEFAULT_SHARD_LEN)
+    }
+
+    fn seeded_with_shard_len(
+        layout: Layout,
+        values: Vec<f32>,
+        version: u64,
+        hyper: Hyper,
+        workers: usize,
+        shard_len: usize,
+    ) -> Self {
         let state = OptimizerState::new(&hyper, layout.len());
-        let data =
-            CheckpointData { version: 0, epoch: 0.0, params: init, state, ..CheckpointData::default() };
+        let data = CheckpointData { version, epoch: 0.0, params: values, state, ..CheckpointData::default() };
         let store = Self::build(layout, hyper, workers, shard_len, data);
-        if store.hyper.algorithm.is_delay_compensated() {
+        if version == 0 && store.hyper.algorithm.is_delay_compensated() {
             let w0 = store.snapshot_now();
             store.seq.lock().backups.fill(Some(w0));
         }
@@ -311,6 +366,7 @@ impl Store {
             backups: vec![None; workers],
             workers: vec![WorkerStatus::default(); workers],
             staleness: StalenessCounts::default(),
+            seeded_at: Some(data.version),
         };
         Self {
             layout,
@@ -321,6 +377,7 @@ impl Store {
             seq: Mutex::new(seq),
             round: Mutex::new(round),
             listener: None,
+            rounds_closed_short: Default::default(),
         }
     }
 
@@ -440,6 +497,58 @@ impl Store {
         }
     }
 
+    /// A new incarnation of `worker` (a new process) joins: it gets the next generation, so that
+    /// the old incarnation's late pushes are refused and the new one's seqs start afresh, and
+    /// the step to resume from: the newest of the worker's steps in the model, or `offered` when
+    /// the worker itself is further along (a parameter server that lost its state).
+    pub fn join(&self, worker: usize, offered: Option<u64>) -> Result<Joined, StoreError> {
+        self.check_worker(worker)?;
+        let mut seq = self.seq.lock();
+        let version = seq.version;
+        let w = &mut seq.workers[worker];
+        w.generation += 1;
+        w.last = None;
+        w.durable_seq = w.durable_seq.max(offered);
+        Ok(Joined { generation: w.generation, resume_step: w.durable_seq.unwrap_or(0), version })
+    }
+
+    /// Whether a copy of `version` would replace the model ([`Store::reseed`]).
+    pub fn takes_copy(&self, version: u64) -> bool {
+        let seq = self.seq.lock();
+        !seq.finalized && seq.seeded_at.is_some_and(|at| version > at)
+    }
+
+    /// Replaces a seeded model that no update has touched yet with a fresher copy (`version`
+    /// newer than the seed's). False, and nothing changed, otherwise.
+    pub fn reseed(&self, values: &[f32], version: u64) -> bool {
+        assert_eq!(values.len(), self.layout.len(), "copy decoded against another layout");
+        let mut round = self.round.lock();
+        let op = {
+            let mut seq = self.seq.lock();
+            if seq.seeded_at.is_none_or(|at| version <= at) || seq.finalized {
+                return false;
+            }
+            let op = seq.next_op;
+            seq.next_op += 1;
+            (seq.version, seq.seeded_at) = (version, Some(version));
+            seq.cached = None;
+            seq.backups.fill(None);
+            op
+        };
+        self.walk(op, |shard, d| {
+            d.w.copy_from_slice(&values[shard.range.clone()]);
+            d.state.mean_square.fill(0.0);
+            d.state.momentum.fill(0.0);
+        });
+        round.version = version;
+        round.sum.fill(0.0);
+        round.contributed.fill(None);
+        round.count = 0;
+        drop(round);
+        self.notify(version);
+        true
+    }
+
     /// Applies (or, under `sync`, contributes) one decoded gradient.
     pub fn push(&self, p: Push, grad: &[f32]) -> Result<PushOutcome, StoreError> {
         assert_eq!(grad.len(), self.layout.len(), "gradient decoded against another layout");
@@ -490,6 +599,15 @@ impl Store {
     fn admit(&self, p: Push, round: Option<&SyncRound>) -> Result<Admission, StoreError> {
         let mut seq = self.seq.lock();
         let w = &seq.workers[p.worker];
+        match p.generation {
+            Some(got) if got < w.generation => {
+                return Err(StoreError::Superseded { worker: p.worker, got, current: w.generation });
+            }
+            Some(got) if got > w.generation => {
+                return Err(StoreError::RejoinRequired { worker: p.worker, got, current: w.generation });
+            }
+            _ => {}
+        }
         if w.in_flight {
             return Err(StoreError::InFlight { worker: p.worker });
         }
@@ -552,7 +670,7 @@ impl Store {
         optimizer::accumulate(&mut round.sum, grad);
         round.contributed[p.worker] = Some(p.seq);
         round.count += 1;
-        if round.count < self.workers {
+        if round.count < self.round_quorum() {
             let lr = self.hyper.lr.at(self.seq.lock().epoch);
             let stats = UpdateStats::default();
             return PushOutcome {
@@ -564,14 +682,51 @@ impl Store {
                 lr,
             };
         }
-        // The round is complete. It is applied while the round lock is held: the next round's
-        // contributions need the version this produces, so nobody else can use the lock now.
+        self.apply_round(round)
+    }
+
+    /// `sync` rounds applied without every worker's gradient so far.
+    pub fn rounds_closed_short(&self) -> u64 {
+        self.rounds_closed_short.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Gradients that close a `sync` round: M minus the backup workers, at least one.
+    fn round_quorum(&self) -> usize {
+        self.workers.saturating_sub(self.hyper.backup_workers).max(1)
+    }
+
+    /// The `sync` round in progress: (its version, contributions so far); `None` for the
+    /// asynchronous rules.
+    pub fn sync_round(&self) -> Option<(u64, usize)> {
+        (self.hyper.algorithm == Algorithm::Sync).then(|| {
+            let round = self.round.lock();
+            (round.version, round.count)
+        })
+    }
+
+    /// Closes the `sync` round for `version` with the gradients it has, when it is still open
+    /// and has at least one: a round never waits forever for a worker that is gone. The
+    /// missing workers' gradients for it are refused when they come (`round_closed`).
+    pub fn close_round(&self, version: u64) -> Option<PushOutcome> {
+        let mut round = self.round.lock();
+        (self.hyper.algorithm == Algorithm::Sync && round.version == version && round.count > 0)
+            .then(|| self.apply_round(&mut round))
+    }
+
+    /// Applies a round with the round lock held: the next round's contributions need the
+    /// version this produces, so nobody else can use the lock now.
+    fn apply_round(&self, round: &mut SyncRound) -> PushOutcome {
+        if round.count < self.workers {
+            self.rounds_closed_short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);
         let (op, version, lr) = {
             let mut seq = self.seq.lock();
             let (op, version) = issue_update(&mut seq);
             for (w, contributed) in seq.workers.iter_mut().zip(&round.contributed) {
-                w.durable_seq = *contributed;
+                if contributed.is_some() {
+                    w.durable_seq = *contributed;
+                }
             }
             (op, version, self.hyper.lr.at(seq.epoch))
         };
@@ -624,6 +779,7 @@ impl Store {
                 state: OptimizerState::new(&self.hyper, n),
                 finalized: seq.finalized,
                 worker_seqs: seq.workers.iter().map(|w| w.durable_seq).collect(),
+                worker_generations: seq.workers.iter().map(|w| w.generation).collect(),
             };
             (op, data)
         };
@@ -691,6 +847,7 @@ fn issue_update(seq: &mut Sequencer) -> (u64, u64) {
     let op = seq.next_op;
     seq.next_op += 1;
     seq.version += 1;
+    seq.seeded_at = None;
     (op, seq.version)
 }
 

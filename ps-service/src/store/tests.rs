@@ -15,7 +15,7 @@ fn store(algo: Algorithm, lr: f32, init: Vec<f32>, workers: usize, shard: usize)
 }
 
 fn push(worker: usize, version: u64, seq: u64) -> Push {
-    Push { worker, version, seq, epoch: None }
+    Push { worker, generation: None, version, seq, epoch: None }
 }
 
 #[test]
@@ -132,7 +132,7 @@ fn sync_applies_once_per_round_and_waits_for_every_worker() {
     assert!(o.applied && o.version == 1);
     assert_eq!(s.snapshot_now().params(), &[-1.0, 0.0]);
     // A contribution for the old version is refused; round 2 works.
-    assert_eq!(s.push(push(0, 0, 3), &[1.0, 1.0]).unwrap_err().reason(), "too_stale");
+    assert_eq!(s.push(push(0, 0, 3), &[1.0, 1.0]).unwrap_err().reason(), "round_closed");
     s.push(push(1, 1, 2), &[2.0, 1.0]).unwrap();
     s.push(push(0, 1, 3), &[0.0, 1.0]).unwrap();
     assert_eq!(s.snapshot_now().params(), &[-1.5, -0.5]);
@@ -308,4 +308,100 @@ fn sync_seqs_become_durable_when_their_round_is_applied() {
     assert_eq!(s.checkpoint().worker_seqs, [None, None]);
     s.push(push(1, 0, 8), &[1.0, 1.0]).unwrap();
     assert_eq!(s.checkpoint().worker_seqs, [Some(3), Some(8)]);
+}
+
+fn pushed_by(worker: usize, generation: u64, version: u64, seq: u64) -> Push {
+    Push { generation: Some(generation), ..push(worker, version, seq) }
+}
+
+/// The bug this prevents: a replacement worker that numbered its steps from 1 again was
+/// answered `stale_seq` forever, so one lost pod failed the whole job.
+#[test]
+fn a_new_incarnation_starts_clean_and_resumes_after_the_steps_in_the_model() {
+    let s = store(Algorithm::Asgd, 1.0, vec![0.0; 2], 2, 1);
+    let first = s.join(0, None).unwrap();
+    assert_eq!((first.generation, first.resume_step, first.version), (1, 0, 0));
+    for step in 1..=22 {
+        s.push(pushed_by(0, 1, s.version(), step), &[1.0, 1.0]).unwrap();
+    }
+    // The process dies with step 23 in flight; its replacement joins.
+    let second = s.join(0, None).unwrap();
+    assert_eq!((second.generation, second.resume_step, second.version), (2, 22, 22));
+    // The dead process's late push of step 23 is refused and changes nothing ...
+    let late = s.push(pushed_by(0, 1, 22, 23), &[5.0, 5.0]).unwrap_err();
+    assert_eq!(late, StoreError::Superseded { worker: 0, got: 1, current: 2 });
+    assert_eq!((s.version(), s.snapshot_now().params()), (22, &[-22.0, -22.0][..]));
+    // ... while the new one's step 23 is applied, not mistaken for a replay of the old one's.
+    let o = s.push(pushed_by(0, 2, 22, 23), &[1.0, 1.0]).unwrap();
+    assert!(o.applied && !o.replayed && o.version == 23);
+    // A generation the PS never handed out (a restore from an older checkpoint): join again.
+    assert_eq!(s.push(pushed_by(0, 3, 23, 24), &[1.0, 1.0]).unwrap_err().reason(), "rejoin_required");
+    // The other worker is untouched; a worker further along than the PS knows keeps its place.
+    assert_eq!(s.join(1, Some(40)).unwrap().resume_step, 40);
+    assert_eq!(s.status().workers[0].generation, 2);
+}
+
+#[test]
+fn generations_survive_a_checkpoint() {
+    let hyper = Hyper::new(Algorithm::Asgd, 1.0);
+    let a = Store::with_shard_len(layout(2), vec![0.0; 2], hyper.clone(), 2, 1);
+    a.join(0, None).unwrap();
+    a.join(0, None).unwrap();
+    a.push(pushed_by(0, 2, 0, 7), &[1.0, 1.0]).unwrap();
+    let data = a.checkpoint();
+    assert_eq!(data.worker_generations, [2, 0]);
+    let b = Store::restore(layout(2), data, hyper, 2);
+    assert_eq!(b.push(pushed_by(0, 1, 1, 8), &[1.0, 1.0]).unwrap_err().reason(), "superseded");
+    assert!(b.push(pushed_by(0, 2, 1, 7), &[1.0, 1.0]).unwrap().replayed);
+    assert_eq!(b.join(0, None).unwrap(), Joined { generation: 3, resume_step: 7, version: 1 });
+}
+
+#[test]
+fn a_fresher_copy_replaces_a_seeded_model_until_the_first_update() {
+    let hyper = Hyper::new(Algorithm::DcAsgdA, 0.1);
+    let s = Store::seeded(layout(2), vec![1.0, 1.0], 100, hyper, 2);
+    assert_eq!(s.version(), 100);
+    // Seeded from one worker's copy: nobody's w_bak is known, so everyone pulls first.
+    assert_eq!(s.push(push(0, 100, 1), &[1.0, 1.0]).unwrap_err().reason(), "pull_required");
+    assert!(!s.takes_copy(90) && !s.reseed(&[9.0, 9.0], 90), "an older copy is refused");
+    assert!(!s.reseed(&[9.0, 9.0], 100), "so is one as fresh");
+    s.pull(0).unwrap();
+    assert!(s.takes_copy(120) && s.reseed(&[2.0, 2.0], 120));
+    assert_eq!((s.version(), s.snapshot_now().params()), (120, &[2.0, 2.0][..]));
+    // The pull before the re-seed is not a backup of the new model.
+    assert_eq!(s.push(push(0, 100, 1), &[1.0, 1.0]).unwrap_err().reason(), "pull_required");
+    s.pull(0).unwrap();
+    s.push(push(0, 120, 1), &[1.0, 1.0]).unwrap();
+    assert!(!s.takes_copy(500) && !s.reseed(&[3.0, 3.0], 500), "training has moved on from the seed");
+    assert_eq!(s.version(), 121);
+}
+
+#[test]
+fn backup_workers_close_a_round_with_the_first_m_minus_b_gradients() {
+    let mut hyper = Hyper::new(Algorithm::Sync, 1.0);
+    hyper.backup_workers = 1;
+    let s = Store::with_shard_len(layout(2), vec![0.0; 2], hyper, 3, 1);
+    assert!(!s.push(push(0, 0, 1), &[1.0, 0.0]).unwrap().applied);
+    let o = s.push(push(2, 0, 1), &[3.0, 2.0]).unwrap();
+    assert!(o.applied && o.version == 1);
+    assert_eq!(s.snapshot_now().params(), &[-2.0, -1.0], "the mean of the two that came");
+    assert_eq!(s.push(push(1, 0, 1), &[9.0, 9.0]).unwrap_err().reason(), "round_closed");
+    assert_eq!(s.rounds_closed_short(), 1);
+    // Durable seqs: the late worker's is unchanged (None), not overwritten.
+    assert_eq!(s.checkpoint().worker_seqs, [Some(1), None, Some(1)]);
+}
+
+#[test]
+fn an_open_round_can_be_closed_with_the_gradients_it_has() {
+    let s = store(Algorithm::Sync, 1.0, vec![0.0; 2], 3, 1);
+    assert_eq!(s.close_round(0), None, "an empty round is left alone");
+    s.push(push(1, 0, 4), &[2.0, 4.0]).unwrap();
+    assert_eq!(s.sync_round(), Some((0, 1)));
+    assert_eq!(s.close_round(7), None, "only the round of the version named");
+    let o = s.close_round(0).expect("closed");
+    assert_eq!((o.version, s.version()), (1, 1));
+    assert_eq!(s.snapshot_now().params(), &[-2.0, -4.0]);
+    assert_eq!(s.sync_round(), Some((1, 0)));
+    assert_eq!(s.rounds_closed_short(), 1);
+    assert_eq!(store(Algorithm::Asgd, 1.0, vec![0.0; 2], 3, 1).sync_round(), None);
 }
