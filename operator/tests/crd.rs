@@ -252,6 +252,24 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "lambda0 only applies to dc-asgd-c and dc-asgd-a",
         ),
         (
+            &[("spec.optimizer", json!({"algorithm": "asgd", "backupWorkers": 1}))],
+            "optimizer.backupWorkers",
+            "spec.optimizer.backupWorkers: Invalid value: |backupWorkers only applies to sync",
+        ),
+        (
+            &[
+                ("spec.optimizer", json!({"algorithm": "sync", "backupWorkers": 4})),
+                ("spec.workers.replicas", json!(4)),
+            ],
+            "optimizer.backupWorkers",
+            "spec.optimizer.backupWorkers: Invalid value: |must be fewer than workers.replicas",
+        ),
+        (
+            &[("spec.optimizer", json!({"algorithm": "dc-asgd-a", "syncRoundTimeoutSeconds": 30}))],
+            "optimizer.syncRoundTimeoutSeconds",
+            "syncRoundTimeoutSeconds only applies to sync",
+        ),
+        (
             &[("spec.optimizer.lambda0", json!(-1))],
             "optimizer.lambda0",
             "spec.optimizer.lambda0: Invalid value: |must be ≥ 0",

@@ -38,6 +38,12 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     if let Some(w) = o.weight_decay {
         push(&mut env, "FORESIGHT_WEIGHT_DECAY", w);
     }
+    if let Some(b) = o.backup_workers {
+        push(&mut env, "FORESIGHT_BACKUP_WORKERS", b);
+    }
+    if let Some(t) = o.sync_round_timeout_seconds {
+        push(&mut env, "FORESIGHT_SYNC_ROUND_TIMEOUT", t);
+    }
     if let Some(i) = spec.parameter_server.checkpoint.as_ref().and_then(|c| c.interval_seconds) {
         push(&mut env, "FORESIGHT_CHECKPOINT_INTERVAL", i);
     }

@@ -70,6 +70,7 @@ pub fn crd_yaml() -> String {
     printcolumn = r#"{"name":"Staleness p99","type":"number","description":"99th percentile of gradient staleness, in model versions.","jsonPath":".status.progress.stalenessP99"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = Rule::new("!has(self.optimizer.backupWorkers) || self.optimizer.backupWorkers < self.workers.replicas").message("optimizer.backupWorkers must be fewer than workers.replicas").field_path(".optimizer.backupWorkers"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
     /// The model to train: a built-in `name` or a `torchscript` module, exactly one. Cannot
@@ -258,6 +259,8 @@ impl Algorithm {
 #[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.lambda0) || self.algorithm in ['dc-asgd-c', 'dc-asgd-a']").message("lambda0 only applies to dc-asgd-c and dc-asgd-a").field_path(".lambda0"))]
 #[x_kube(validation = Rule::new("!has(self.meanSquareDecay) || self.algorithm == 'dc-asgd-a'").message("meanSquareDecay only applies to dc-asgd-a").field_path(".meanSquareDecay"))]
+#[x_kube(validation = Rule::new("!has(self.backupWorkers) || self.algorithm == 'sync'").message("backupWorkers only applies to sync").field_path(".backupWorkers"))]
+#[x_kube(validation = Rule::new("!has(self.syncRoundTimeoutSeconds) || self.algorithm == 'sync'").message("syncRoundTimeoutSeconds only applies to sync").field_path(".syncRoundTimeoutSeconds"))]
 #[serde(rename_all = "camelCase")]
 pub struct OptimizerSpec {
     /// sync (synchronous SGD), asgd, dc-asgd-c (DC-ASGD, constant λ) or dc-asgd-a (DC-ASGD,
@@ -293,6 +296,15 @@ pub struct OptimizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
     pub weight_decay: Option<f64>,
+    /// sync only: each round closes with the first replicas − backupWorkers gradients and the
+    /// late ones are dropped (backup workers, Chen et al. 2016); fewer than the replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_workers: Option<u32>,
+    /// sync only: a round that has had no new gradient for this many seconds closes with the
+    /// ones it has, so that a dead or stuck worker never stops the job (default 120), ≥ 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub sync_round_timeout_seconds: Option<u32>,
 }
 
 impl Default for OptimizerSpec {
@@ -305,6 +317,8 @@ impl Default for OptimizerSpec {
             pull_every: 1,
             push_every: 1,
             momentum: None,
+            backup_workers: None,
+            sync_round_timeout_seconds: None,
             weight_decay: None,
         }
     }

@@ -87,6 +87,17 @@ fn every_rule_names_its_field() {
         ("optimizer.pushEvery", |s| s.optimizer.push_every = 0),
         ("optimizer.momentum", |s| s.optimizer.momentum = Some(1.0)),
         ("optimizer.weightDecay", |s| s.optimizer.weight_decay = Some(-0.1)),
+        ("optimizer.backupWorkers", |s| s.optimizer.backup_workers = Some(1)),
+        ("optimizer.backupWorkers", |s| {
+            s.optimizer =
+                OptimizerSpec { algorithm: Algorithm::Sync, backup_workers: Some(4), ..Default::default() };
+            s.workers.replicas = 4;
+        }),
+        ("optimizer.syncRoundTimeoutSeconds", |s| s.optimizer.sync_round_timeout_seconds = Some(30)),
+        ("optimizer.syncRoundTimeoutSeconds", |s| {
+            s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, ..Default::default() };
+            s.optimizer.sync_round_timeout_seconds = Some(0);
+        }),
         ("workers.replicas", |s| s.workers.replicas = 0),
         ("workers.replicas", |s| s.workers.replicas = 1025),
         ("parameterServer.checkpoint.storage", |s| {

@@ -85,6 +85,25 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     if let Some(wd) = o.weight_decay {
         check(wd.is_finite() && wd >= 0.0, "optimizer.weightDecay", format!("must be ≥ 0, got {wd}"));
     }
+    for (field, set) in [
+        ("optimizer.backupWorkers", o.backup_workers.is_some()),
+        ("optimizer.syncRoundTimeoutSeconds", o.sync_round_timeout_seconds.is_some()),
+    ] {
+        if set {
+            let why = format!("only applies to sync, not {}", o.algorithm.as_str());
+            check(o.algorithm == Algorithm::Sync, field, why);
+        }
+    }
+    if let Some(b) = o.backup_workers {
+        check(
+            b < spec.workers.replicas,
+            "optimizer.backupWorkers",
+            format!("must be fewer than workers.replicas ({}), got {b}", spec.workers.replicas),
+        );
+    }
+    if let Some(t) = o.sync_round_timeout_seconds {
+        check(t >= 1, "optimizer.syncRoundTimeoutSeconds", "must be at least 1".into());
+    }
     let w = &spec.workers;
     check(
         (1..=1024).contains(&w.replicas),
