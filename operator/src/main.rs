@@ -42,6 +42,10 @@ enum Cmd {
         /// Continue from the checkpoints an interrupted run left in --out.
         #[arg(long)]
         resume: bool,
+        /// Bearer token the run's parameter server requires (default: a new random one). Set it
+        /// to talk to that PS yourself: its address is in --out's prometheus-targets.json.
+        #[arg(long, env = "FORESIGHT_TOKEN", hide_env_values = true, value_parser = parse_token)]
+        token: Option<String>,
     },
     /// Print the TrainingJob CustomResourceDefinition as YAML.
     Crd,
@@ -126,6 +130,14 @@ fn parse_slowdown(s: &str) -> Result<(usize, f64), String> {
     Ok((w, f))
 }
 
+/// A bearer token travels in an HTTP header: visible ASCII, nothing else.
+fn parse_token(s: &str) -> Result<String, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("a token must be non-empty visible ASCII (no spaces or control characters)".into());
+    }
+    Ok(s.to_string())
+}
+
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
@@ -156,13 +168,14 @@ async fn main() {
         Cmd::Crd => {
             print!("{}", foresight_operator::api::crd_yaml());
         }
-        Cmd::Run { job, out, ps_bin, worker_bin, torch_threads, slow_worker, no_progress, resume } => {
+        Cmd::Run { job, out, ps_bin, worker_bin, torch_threads, slow_worker, no_progress, resume, token } => {
             let mut opts = RunOptions::beside_current_exe(out);
             opts.ps_bin = ps_bin.unwrap_or(opts.ps_bin);
             opts.worker_bin = worker_bin.unwrap_or(opts.worker_bin);
             opts.torch_threads = torch_threads;
             opts.progress = !no_progress;
             opts.resume = resume;
+            opts.token = token;
             opts.worker_overrides = slow_worker
                 .into_iter()
                 .map(|(w, f)| (w, "FORESIGHT_SLOWDOWN".into(), f.to_string()))

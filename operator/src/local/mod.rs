@@ -33,6 +33,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// Continue from the checkpoints an earlier (interrupted) run left in `out`.
     pub resume: bool,
+    /// The job token (default: a new random one).
+    pub token: Option<String>,
 }
 
 impl RunOptions {
@@ -48,6 +50,7 @@ impl RunOptions {
             worker_overrides: Vec::new(),
             progress: true,
             resume: false,
+            token: None,
         }
     }
 }
@@ -142,7 +145,12 @@ fn spawn(
     log: PathBuf,
     stdout: Stdio,
 ) -> Result<(Proc, Child), RunError> {
-    let file = std::fs::File::create(&log).map_err(|e| setup(format!("{}: {e}", log.display())))?;
+    // Appended, so that a restarted process's log follows its predecessor's.
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| setup(format!("{}: {e}", log.display())))?;
     let child = Command::new(bin)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
@@ -168,6 +176,103 @@ enum Msg {
     Exit(usize, ExitStatus),
 }
 
+/// Kubernetes' default `backoffLimit` for a Job, used when the spec names none.
+const DEFAULT_BACKOFF_LIMIT: u32 = 6;
+
+/// A process `foresight run` started again after it failed, as a Deployment or a Job would.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Restart {
+    pub process: String,
+    /// Seconds since the run started.
+    pub at: f64,
+    pub status: String,
+}
+
+/// The worker processes: how to start each again, and where their output goes.
+struct Workers {
+    env: Vec<Vec<(String, String)>>,
+    procs: Vec<Proc>,
+    tx: mpsc::Sender<Msg>,
+    bin: PathBuf,
+    logs: PathBuf,
+}
+
+impl Workers {
+    /// Starts worker `i` and a task that forwards its stdout lines, then its exit status.
+    fn start(&self, i: usize) -> Result<Proc, RunError> {
+        let log = self.logs.join(format!("worker-{i}.log"));
+        let (proc_, mut child) = spawn(&format!("worker {i}"), &self.bin, &self.env[i], log, Stdio::piped())?;
+        let stdout = child.stdout.take().expect("piped");
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = tx.send(Msg::Line(i, line)).await;
+            }
+            let status = child.wait().await;
+            let _ = tx.send(Msg::Exit(i, status.unwrap_or_else(|_| failed_status()))).await;
+        });
+        Ok(proc_)
+    }
+
+    fn signal_all(&self, sig: &str) {
+        for w in &self.procs {
+            w.signal(sig);
+        }
+    }
+}
+
+/// The parameter server process, started again on the same address when it dies.
+struct ParameterServer {
+    proc_: Proc,
+    child: Child,
+    env: Vec<(String, String)>,
+    bin: PathBuf,
+    log: PathBuf,
+    url: String,
+}
+
+impl ParameterServer {
+    async fn start(
+        bin: &Path,
+        env: Vec<(String, String)>,
+        log: PathBuf,
+        url: String,
+    ) -> Result<Self, RunError> {
+        let (proc_, mut child) = spawn("parameter server", bin, &env, log.clone(), Stdio::null())?;
+        wait_ready(&url, &mut child, &proc_).await?;
+        Ok(Self { proc_, child, env, bin: bin.to_path_buf(), log, url })
+    }
+
+    /// Starts it again; it restores its newest checkpoint, or the workers re-seed it.
+    async fn restart(&mut self) -> Result<(), RunError> {
+        let again = Self::start(&self.bin, self.env.clone(), self.log.clone(), self.url.clone()).await?;
+        *self = again;
+        Ok(())
+    }
+}
+
+/// Counts restarts against the job's `backoffLimit`, per kind of process.
+struct Backoff {
+    limit: u32,
+    workers: u32,
+    ps: u32,
+    restarts: Vec<Restart>,
+}
+
+impl Backoff {
+    /// Records a failure of `process`; false when its budget is spent.
+    fn allow(&mut self, process: &str, is_ps: bool, status: ExitStatus, at: f64) -> bool {
+        let used = if is_ps { &mut self.ps } else { &mut self.workers };
+        if *used >= self.limit {
+            return false;
+        }
+        *used += 1;
+        self.restarts.push(Restart { process: process.to_string(), at, status: status.to_string() });
+        true
+    }
+}
+
 /// Runs `job` to completion on this machine.
 pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunError> {
     // Installed before any child starts, so Ctrl-C, `kill` or a closed terminal at any point
@@ -176,16 +281,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let spec = &job.spec;
     let name = job.metadata.name.clone().unwrap_or_else(|| "local".into());
     let namespace = "local";
-    for (what, p) in [
-        ("dataset.path", Some(&spec.dataset.path)),
-        ("model.torchscript.path", spec.model.torchscript.as_ref().map(|t| &t.path)),
-    ] {
-        if let Some(p) = p.filter(|p| !Path::new(p).exists()) {
-            return Err(setup(format!(
-                "spec.{what} {p:?} does not exist on this machine (for the demo data: make setup)"
-            )));
-        }
-    }
+    check_paths(spec)?;
     let m = spec.workers.replicas as usize;
     let ckpt_dir = opts.out.join("checkpoints");
     let earlier = std::fs::read_dir(&ckpt_dir).map(|d| d.count() > 0).unwrap_or(false);
@@ -197,11 +293,11 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     }
     std::fs::create_dir_all(opts.out.join("logs"))
         .map_err(|e| setup(format!("{}: {e}", opts.out.display())))?;
-    let token: String = {
+    let token: String = opts.token.clone().unwrap_or_else(|| {
         use rand::Rng;
         let mut rng = rand::rng();
         (0..32).map(|_| format!("{:x}", rng.random_range(0..16u8))).collect()
-    };
+    });
     let started = Instant::now();
 
     // The parameter server.
@@ -211,13 +307,12 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     ps_env.extend([
         ("FORESIGHT_PS_LISTEN".into(), format!("127.0.0.1:{ps_port}")),
         ("FORESIGHT_TOKEN".into(), token.clone()),
-        ("FORESIGHT_CHECKPOINT_DIR".into(), opts.out.join("checkpoints").display().to_string()),
+        ("FORESIGHT_CHECKPOINT_DIR".into(), ckpt_dir.display().to_string()),
         ("FORESIGHT_OUTPUT_DIR".into(), opts.out.display().to_string()),
     ]);
-    let (ps, mut ps_child) =
-        spawn("parameter server", &opts.ps_bin, &ps_env, opts.out.join("logs/ps.log"), Stdio::null())?;
+    let mut ps =
+        ParameterServer::start(&opts.ps_bin, ps_env, opts.out.join("logs/ps.log"), ps_url.clone()).await?;
     let client = PsClient::new(&ps_url, Some(token.clone())).map_err(setup)?;
-    wait_ready(&ps_url, &mut ps_child, &ps).await?;
 
     // The workers, with the environment the operator would give their pods.
     let threads = opts.torch_threads.unwrap_or_else(|| {
@@ -225,53 +320,46 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         (cores / m).max(1)
     });
     let (tx, mut rx) = mpsc::channel::<Msg>(1024);
-    let mut workers = Vec::with_capacity(m);
     let mut targets = vec![format!("127.0.0.1:{ps_port}")];
+    let mut env = Vec::with_capacity(m);
     for i in 0..m {
         let metrics_port = free_port()?;
         targets.push(format!("127.0.0.1:{metrics_port}"));
-        let mut env = api::worker_env(spec, &name, namespace, &ps_url);
-        env.extend([
+        let mut e = api::worker_env(spec, &name, namespace, &ps_url);
+        e.extend([
             ("FORESIGHT_WORKER_INDEX".into(), i.to_string()),
             ("FORESIGHT_TOKEN".into(), token.clone()),
             ("FORESIGHT_TORCH_THREADS".into(), threads.to_string()),
             ("FORESIGHT_METRICS_ADDR".into(), format!("127.0.0.1:{metrics_port}")),
         ]);
-        env.extend(
+        e.extend(
             opts.worker_overrides.iter().filter(|(w, _, _)| *w == i).map(|(_, k, v)| (k.clone(), v.clone())),
         );
-        let (proc_, mut child) = spawn(
-            &format!("worker {i}"),
-            &opts.worker_bin,
-            &env,
-            opts.out.join(format!("logs/worker-{i}.log")),
-            Stdio::piped(),
-        )?;
-        let stdout = child.stdout.take().expect("piped");
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let _ = tx.send(Msg::Line(i, line)).await;
-            }
-            let status = child.wait().await;
-            let _ = tx.send(Msg::Exit(i, status.unwrap_or_else(|_| failed_status()))).await;
-        });
-        workers.push(proc_);
+        env.push(e);
     }
-    drop(tx);
+    let mut workers = Workers {
+        env,
+        procs: Vec::with_capacity(m),
+        tx,
+        bin: opts.worker_bin.clone(),
+        logs: opts.out.join("logs"),
+    };
+    for i in 0..m {
+        let p = workers.start(i)?;
+        workers.procs.push(p);
+    }
     write_targets(&opts.out, &name, &targets);
 
     let bar = progress_bar(opts.progress, spec.training.epochs);
+    let limit = spec.run_policy.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT);
+    let mut backoff = Backoff { limit, workers: 0, ps: 0, restarts: Vec::new() };
     let mut history = History::default();
     let mut done: Vec<Option<WorkerEvent>> = vec![None; m];
     let mut exited = 0;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let stop_all = |sig: &str| {
-        for w in &workers {
-            w.signal(sig);
-        }
-        ps.signal(sig);
+    let stop_all = |workers: &Workers, ps: &ParameterServer, sig: &str| {
+        workers.signal_all(sig);
+        ps.proc_.signal(sig);
     };
     while exited < m {
         tokio::select! {
@@ -284,21 +372,29 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                         }
                     }
                 }
+                Some(Msg::Exit(_, status)) if status.success() => exited += 1,
                 Some(Msg::Exit(i, status)) => {
-                    exited += 1;
-                    if !status.success() {
+                    let what = workers.procs[i].name.clone();
+                    if !backoff.allow(&what, false, status, started.elapsed().as_secs_f64()) {
                         bar.abandon();
-                        stop_all("TERM");
-                        let _ = tokio::time::timeout(Duration::from_secs(30), ps_child.wait()).await;
-                        return Err(workers[i].failed(status));
+                        stop_all(&workers, &ps, "TERM");
+                        let _ = tokio::time::timeout(Duration::from_secs(30), ps.child.wait()).await;
+                        return Err(workers.procs[i].failed(status));
                     }
+                    bar.println(format!("{what} failed ({status}); starting it again ({} of {limit} restarts)", backoff.workers));
+                    workers.procs[i] = workers.start(i)?;
                 }
                 None => break,
             },
-            status = ps_child.wait() => {
-                bar.abandon();
-                stop_all("TERM");
-                return Err(ps.failed(status.unwrap_or_else(|_| failed_status())));
+            status = ps.child.wait() => {
+                let status = status.unwrap_or_else(|_| failed_status());
+                if !backoff.allow("parameter server", true, status, started.elapsed().as_secs_f64()) {
+                    bar.abandon();
+                    stop_all(&workers, &ps, "TERM");
+                    return Err(ps.proc_.failed(status));
+                }
+                bar.println(format!("the parameter server failed ({status}); starting it again ({} of {limit} restarts)", backoff.ps));
+                ps.restart().await?;
             }
             _ = tick.tick() => {
                 let status = client.status().await.ok();
@@ -307,9 +403,9 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
             }
             _ = stop.changed() => {
                 bar.abandon();
-                stop_all("TERM");
-                let _ = tokio::time::timeout(Duration::from_secs(60), ps_child.wait()).await;
-                return Err(RunError::Interrupted(opts.out.join("checkpoints").display().to_string()));
+                stop_all(&workers, &ps, "TERM");
+                let _ = tokio::time::timeout(Duration::from_secs(60), ps.child.wait()).await;
+                return Err(RunError::Interrupted(ckpt_dir.display().to_string()));
             }
         }
     }
@@ -319,13 +415,13 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let finalized = client.finalize().await.map_err(|e| setup(format!("finalizing the job: {e}")))?;
     let status = client.status().await.map_err(|e| setup(format!("reading the PS status: {e}")))?;
     let metrics = reqwest_text(&format!("{ps_url}/metrics")).await.unwrap_or_default();
-    ps.signal("TERM");
-    match tokio::time::timeout(Duration::from_secs(60), ps_child.wait()).await {
+    ps.proc_.signal("TERM");
+    match tokio::time::timeout(Duration::from_secs(60), ps.child.wait()).await {
         Ok(Ok(s)) if s.success() => {}
-        Ok(Ok(s)) => return Err(ps.failed(s)),
+        Ok(Ok(s)) => return Err(ps.proc_.failed(s)),
         _ => return Err(setup("the parameter server did not stop within 60 s of SIGTERM")),
     }
-    let summary = Summary::build(
+    let mut summary = Summary::build(
         &name,
         spec,
         started.elapsed().as_secs_f64(),
@@ -335,10 +431,26 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         finalized.get("path").and_then(|p| p.as_str()).map(PathBuf::from),
         &history,
     );
+    summary.restarts = backoff.restarts;
     summary.write(&opts.out).map_err(|e| setup(format!("writing the summary: {e}")))?;
     plot::draw(&opts.out.join("plot.png"), &history, &summary)
         .map_err(|e| setup(format!("drawing the plot: {e}")))?;
     Ok(summary)
+}
+
+/// The data and model files the spec names must exist here.
+fn check_paths(spec: &api::TrainingJobSpec) -> Result<(), RunError> {
+    for (what, p) in [
+        ("dataset.path", Some(&spec.dataset.path)),
+        ("model.torchscript.path", spec.model.torchscript.as_ref().map(|t| &t.path)),
+    ] {
+        if let Some(p) = p.filter(|p| !Path::new(p).exists()) {
+            return Err(setup(format!(
+                "spec.{what} {p:?} does not exist on this machine (for the demo data: make setup)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Becomes true on SIGINT, SIGTERM or SIGHUP.

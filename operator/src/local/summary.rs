@@ -76,6 +76,8 @@ pub struct Summary {
     pub per_worker: Vec<WorkerEvent>,
     /// Held-out accuracy after each epoch: (seconds since start, worker, accuracy).
     pub evaluations: Vec<(f64, usize, f64)>,
+    /// Processes that failed and were started again.
+    pub restarts: Vec<super::Restart>,
 }
 
 impl Summary {
@@ -126,6 +128,7 @@ impl Summary {
             model,
             per_worker: done,
             evaluations: history.accuracy.clone(),
+            restarts: Vec::new(),
         }
     }
 

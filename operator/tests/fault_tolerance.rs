@@ -1,0 +1,402 @@
+//! Training that survives, with real processes killed for real (SIGKILL, SIGSTOP): a worker
+//! replaced mid-run resumes where it left off; a parameter server that dies comes back from
+//! its checkpoint, or without one from the freshest copy a worker holds; a `sync` round never
+//! waits forever for a stuck worker. MNIST-5k, libtorch workers, the real `foresight-ps`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn bin(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_foresight")).parent().unwrap().join(name);
+    assert!(p.exists(), "{name} is not built next to foresight: run `cargo test --workspace` (make test)");
+    p
+}
+
+/// How long the test waits for any one thing: a generous bound, never a measure of speed.
+const LIMIT: Duration = Duration::from_secs(600);
+
+fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            eprintln!("waited {:.1?} for {what}", started.elapsed());
+            return v;
+        }
+        assert!(started.elapsed() < LIMIT, "waited {LIMIT:?} for {what} in vain");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A minimal HTTP/1.0 exchange with the PS: (status, body).
+fn http(addr: &str, method: &str, path: &str, token: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.split(' ').nth(1)?.parse().ok()?, body.to_string()))
+}
+
+fn status(addr: &str, token: &str) -> Option<Value> {
+    let (code, body) = http(addr, "GET", "/v1/status", token)?;
+    (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
+}
+
+/// A sample of the PS's /metrics (0 when absent).
+fn metric(addr: &str, series: &str) -> f64 {
+    let body = http(addr, "GET", "/metrics", "").map(|r| r.1).unwrap_or_default();
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).filter(|rest| rest.starts_with([' ', '{'])))
+        .and_then(|rest| rest.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Processes of this test (their environment holds its token) that also have `var=value`.
+fn pids_with(token: &str, var: &str, value: &str) -> Vec<u32> {
+    let want = [format!("FORESIGHT_TOKEN={token}"), format!("{var}={value}")];
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+            want.iter().all(|w| vars.contains(&w.as_bytes()))
+        })
+        .collect()
+}
+
+/// The text of a log written with colours (tracing's default on a terminal-less stderr too).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| c.is_ascii_alphabetic());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap();
+    assert!(ok.success(), "kill -{sig} {pid}");
+}
+
+fn job_yaml(dir: &Path, spec: &str) -> PathBuf {
+    let p = dir.join("job.yaml");
+    let text = format!(
+        "apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: ft}}\nspec:\n  \
+         model: {{name: mlp}}\n  dataset: {{format: csv, path: data/mnist5k}}\n  \
+         training: {{epochs: 2, batchSize: 32, learningRate: 0.1}}\n  workers: {{replicas: 2}}\n{spec}"
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `foresight run` in the background with a known token, so that the test can find its
+/// processes and read its PS; stopped if the test fails.
+struct Run {
+    child: Child,
+    out: PathBuf,
+}
+
+impl Run {
+    fn start(dir: &Path, yaml: &Path, token: &str) -> Self {
+        let out = dir.join("out");
+        let log = std::fs::File::create(dir.join("foresight-run.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_foresight"))
+            .args(["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"])
+            .env("FORESIGHT_TOKEN", token)
+            .current_dir(repo())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Self { child, out }
+    }
+
+    /// The PS's address, from the run's Prometheus targets.
+    fn ps(&mut self) -> String {
+        let sd = self.out.join("prometheus-targets.json");
+        wait_until("the run's prometheus-targets.json", || {
+            assert!(self.child.try_wait().unwrap().is_none(), "foresight run exited early");
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(&sd).ok()?).ok()?;
+            Some(v[0]["targets"][0].as_str()?.to_string())
+        })
+    }
+
+    fn wait(&mut self) -> ExitStatus {
+        wait_until("foresight run to finish", || self.child.try_wait().unwrap())
+    }
+
+    fn summary(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.out.join("summary.json")).unwrap()).unwrap()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.out.parent().unwrap().join("foresight-run.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+            let _ = wait_until("foresight run to stop", || self.child.try_wait().ok().flatten());
+        }
+    }
+}
+
+/// (steps, discarded, test accuracy) from worker `w`'s last `done` event.
+fn done(summary: &Value, w: u64) -> (u64, u64, f64) {
+    let d = summary["per_worker"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["worker"] == w)
+        .unwrap_or_else(|| panic!("no done event of worker {w}: {summary:#}"));
+    (d["steps"].as_u64().unwrap(), d["discarded"].as_u64().unwrap(), d["test_accuracy"].as_f64().unwrap())
+}
+
+/// The bug this prevents: a replacement worker used to number its pushes from 1 again, the PS
+/// answered `stale_seq`, and the worker exited 1 until `backoffLimit` failed the whole job.
+#[test]
+fn a_killed_worker_is_started_again_and_resumes_where_it_left_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = "fault-tolerance-worker-kill";
+    let yaml = job_yaml(tmp.path(), "  optimizer: {algorithm: dc-asgd-a}\n");
+    let mut run = Run::start(tmp.path(), &yaml, token);
+    let ps = run.ps();
+    let before = wait_until("worker 1 to have 20 steps in the model", || {
+        status(&ps, token).filter(|s| s["workers"][1]["resume_step"].as_u64().unwrap_or(0) >= 20)
+    });
+    let pid = pids_with(token, "FORESIGHT_WORKER_INDEX", "1");
+    assert_eq!(pid.len(), 1, "one process is worker 1: {pid:?}");
+    signal(pid[0], "KILL");
+    eprintln!("killed worker 1 (pid {}) at PS version {}", pid[0], before["version"]);
+
+    let exit = run.wait();
+    assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
+    let summary = run.summary();
+    let restarts = summary["restarts"].as_array().unwrap();
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert_eq!(restarts[0]["process"], "worker 1");
+    assert!(restarts[0]["status"].as_str().unwrap().contains("9"), "{restarts:?}");
+    let worker_log = std::fs::read_to_string(run.out.join("logs/worker-1.log")).unwrap();
+    assert!(worker_log.contains("resuming where this worker's earlier process left off"), "{worker_log}");
+
+    // The job did exactly the work its spec asks for: both workers ended at the same step, and
+    // every step of both is in the model once (the replacement redid only the steps that had
+    // not reached it).
+    let ((s0, d0, acc), (s1, d1, _)) = (done(&summary, 0), done(&summary, 1));
+    assert_eq!(s1, s0, "the replaced worker ends where its spec says");
+    assert_eq!((d0, d1), (0, 0), "no gradient was discarded");
+    assert_eq!(summary["updates"].as_u64().unwrap(), s0 + s1, "{summary:#}");
+    let rejected = &summary["rejected_gradients"];
+    assert!(rejected.get("stale_seq").is_none_or(|n| n == 0), "{rejected}");
+    assert!(acc > 0.8, "held-out accuracy of the final model {acc}");
+    eprintln!("worker 1 resumed; {} updates, final held-out accuracy {acc:.4}", summary["updates"]);
+}
+
+/// With a checkpoint: the PS is killed, `foresight run` starts it again (as its Deployment
+/// would), it restores the newest checkpoint and the workers carry on.
+#[test]
+fn a_killed_parameter_server_comes_back_from_its_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = "fault-tolerance-ps-kill";
+    let spec = "  optimizer: {algorithm: dc-asgd-a}\n  parameterServer: {checkpoint: {intervalSeconds: 1}}\n";
+    let yaml = job_yaml(tmp.path(), spec);
+    let mut run = Run::start(tmp.path(), &yaml, token);
+    let ps = run.ps();
+    let ckpts = run.out.join("checkpoints");
+    let newest_checkpoint = || {
+        std::fs::read_dir(&ckpts)
+            .ok()?
+            .filter_map(|e| {
+                e.ok()?.file_name().to_str()?.strip_prefix("ckpt-")?.get(..12)?.parse::<u64>().ok()
+            })
+            .max()
+    };
+    wait_until("a checkpoint of version ≥ 20", || newest_checkpoint().filter(|v| *v >= 20));
+    let at_kill = status(&ps, token).unwrap()["version"].as_u64().unwrap();
+    let pid = pids_with(token, "FORESIGHT_PS_LISTEN", &ps);
+    assert_eq!(pid.len(), 1, "one parameter server: {pid:?}");
+    signal(pid[0], "KILL");
+
+    let exit = run.wait();
+    assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
+    let summary = run.summary();
+    let restarts = summary["restarts"].as_array().unwrap();
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert_eq!(restarts[0]["process"], "parameter server");
+    let ps_log = strip_ansi(&std::fs::read_to_string(run.out.join("logs/ps.log")).unwrap());
+    let restored: u64 = ps_log
+        .lines()
+        .find(|l| l.contains("restored checkpoint"))
+        .and_then(|l| l.split("version=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the PS did not restore a checkpoint:\n{ps_log}"));
+    assert!(
+        restored >= 20 && restored <= at_kill + 1,
+        "restored version {restored}, {at_kill} read before the kill"
+    );
+    let ((s0, _, acc), (s1, _, _)) = (done(&summary, 0), done(&summary, 1));
+    assert_eq!(s0, s1, "both workers went through their whole budget");
+    assert!(acc > 0.8, "held-out accuracy of the final model {acc}");
+    // `at_kill` was read just before the kill, so the loss is at least the difference.
+    eprintln!(
+        "PS killed at version ≥ {at_kill}, restored version {restored}: at least {} updates lost; final held-out accuracy {acc:.4}",
+        at_kill.saturating_sub(restored)
+    );
+}
+
+/// A `foresight-ps` process with its log in `dir`, killed when dropped.
+struct Ps(Child);
+
+impl Ps {
+    fn start(dir: &Path, addr: &str, token: &str, args: &[&str]) -> Self {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("ps.log")).unwrap();
+        let child = Command::new(bin("foresight-ps"))
+            .args([
+                "--listen",
+                addr,
+                "--workers",
+                "2",
+                "--learning-rate",
+                "0.1",
+                "--checkpoint-interval",
+                "0",
+            ])
+            .args(args)
+            .env("FORESIGHT_TOKEN", token)
+            .env("FORESIGHT_PS_LISTEN", addr)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        wait_until("the PS to listen", || http(addr, "GET", "/readyz", "").map(|_| ()));
+        Self(child)
+    }
+}
+
+impl Drop for Ps {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Without a checkpoint the PS comes back empty: the workers offer their copies and training
+/// continues from the freshest one, never from the initial weights.
+#[test]
+fn a_parameter_server_that_lost_everything_is_reseeded_from_the_workers_copies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = "fault-tolerance-reseed";
+    let addr = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    );
+    let ps_args = ["--algorithm", "dc-asgd-a", "--reseed-hold", "30"];
+    let first = Ps::start(tmp.path(), &addr, token, &ps_args);
+    let data = repo().join("data/mnist5k");
+    let workers: Vec<Child> = (0..2)
+        .map(|i| {
+            let log = std::fs::File::create(tmp.path().join(format!("worker-{i}.log"))).unwrap();
+            Command::new(bin("foresight-worker"))
+                .env("FORESIGHT_PS_URL", format!("http://{addr}"))
+                .env("FORESIGHT_TOKEN", token)
+                .env("FORESIGHT_WORKER_INDEX", i.to_string())
+                .env("FORESIGHT_WORKERS", "2")
+                .env("FORESIGHT_MODEL", "mlp")
+                .env("FORESIGHT_DATASET_FORMAT", "csv")
+                .env("FORESIGHT_DATASET_PATH", &data)
+                .env("FORESIGHT_EPOCHS", "2")
+                .env("FORESIGHT_BATCH_SIZE", "32")
+                .env("FORESIGHT_TORCH_THREADS", "1")
+                .env("FORESIGHT_METRICS_ADDR", "")
+                .stdout(Stdio::piped())
+                .stderr(log)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let before =
+        wait_until("40 updates", || status(&addr, token).filter(|s| s["version"].as_u64() >= Some(40)));
+    let at_kill = before["version"].as_u64().unwrap();
+    // The freshest copy a worker holds is its last pull: the newest updates may be nobody's yet.
+    let pulled =
+        before["workers"].as_array().unwrap().iter().filter_map(|w| w["pulled_version"].as_u64()).max();
+    drop(first); // SIGKILL: the model existed only in its memory
+    let second = Ps::start(tmp.path(), &addr, token, &ps_args);
+
+    let mut finished = vec![];
+    for (i, w) in workers.into_iter().enumerate() {
+        let out = w.wait_with_output().unwrap();
+        let log = std::fs::read_to_string(tmp.path().join(format!("worker-{i}.log"))).unwrap();
+        assert!(out.status.success(), "worker {i} failed:\n{log}");
+        let done: Value = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["event"] == "done")
+            .unwrap_or_else(|| panic!("no done event from worker {i}"));
+        finished.push(done);
+    }
+    let version = status(&addr, token).unwrap()["version"].as_u64().unwrap();
+    let applied_since = metric(&addr, "foresight_ps_updates_total") as u64;
+    let seed = version - applied_since;
+    assert!(metric(&addr, "foresight_ps_reseeds_total") >= 1.0, "the model came from a worker's copy");
+    let pulled = pulled.expect("the workers had pulled");
+    assert!(seed >= pulled, "seeded at version {seed}: a worker had pulled version {pulled} before the kill");
+    let steps: Vec<u64> = finished.iter().map(|d| d["steps"].as_u64().unwrap()).collect();
+    assert_eq!(steps[0], steps[1], "both workers went through their whole budget");
+    let acc = finished[0]["test_accuracy"].as_f64().unwrap();
+    assert!(acc > 0.8, "held-out accuracy of the final model {acc}");
+    eprintln!(
+        "PS lost at version ≥ {at_kill}; re-seeded at version {seed} from a worker's copy (at least {} updates lost); \
+         final version {version}, accuracy {acc:.4}",
+        at_kill.saturating_sub(seed)
+    );
+    drop(second);
+}
+
+/// A stuck worker (SIGSTOP) does not stop a `sync` job: its rounds close after the round
+/// timeout without it, and when it wakes it carries on.
+#[test]
+fn a_sync_round_never_waits_forever_for_a_stuck_worker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = "fault-tolerance-sync-stuck";
+    let yaml = job_yaml(tmp.path(), "  optimizer: {algorithm: sync, syncRoundTimeoutSeconds: 2}\n");
+    let mut run = Run::start(tmp.path(), &yaml, token);
+    let ps = run.ps();
+    let version = || status(&ps, token).and_then(|s| s["version"].as_u64());
+    wait_until("10 sync rounds", || version().filter(|v| *v >= 10));
+    let pid = pids_with(token, "FORESIGHT_WORKER_INDEX", "1");
+    assert_eq!(pid.len(), 1, "{pid:?}");
+    signal(pid[0], "STOP");
+    let stopped_at = version().unwrap();
+    wait_until("3 rounds without worker 1", || {
+        (metric(&ps, "foresight_ps_sync_rounds_closed_short_total") >= 3.0).then_some(())
+    });
+    assert!(version().unwrap() >= stopped_at + 3);
+    signal(pid[0], "CONT");
+    let exit = run.wait();
+    assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
+    let summary = run.summary();
+    assert!(summary["restarts"].as_array().unwrap().is_empty());
+    // Whether worker 1's first gradient after waking is late (`round_closed`, dropped) depends on
+    // where SIGSTOP caught it (computing, or waiting for a round); either way it finishes.
+    let ((s0, _, acc), (s1, _, _)) = (done(&summary, 0), done(&summary, 1));
+    assert_eq!(s0, s1, "the stuck worker finished its budget too");
+    assert!(acc > 0.5, "held-out accuracy of the final model {acc}");
+}
