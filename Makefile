@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup build test lint fmt bench demo loadgen convergence crd observability clean
+.PHONY: help setup build test test-stress lint fmt bench demo loadgen convergence crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -25,6 +25,9 @@ lint: setup ## rustfmt and clippy, warnings are errors
 
 test: lint ## Lint, then every test (unit, property, integration over loopback HTTP/2)
 	$(CARGO) test --locked --workspace
+
+test-stress: setup ## The tests three times in a row with every core kept busy by stress-ng (ARGS=--release, --runs N, --no-hog)
+	scripts/test-stress.sh $(ARGS)
 
 fmt: ## Format the code
 	$(CARGO) fmt --all

@@ -404,7 +404,13 @@ fn two_operators_elect_one_leader_and_the_standby_takes_over() {
 
     apply_job(cp, &ns, "first", json!({}));
     wait_for("the leader to reconcile", LONG, || cp.get_json(&ns, "job/first-workers"));
-    std::thread::sleep(Duration::from_secs(2));
+    // While the leader renews its lease (watched twice, however long a renewal takes), the
+    // standby stays out.
+    let renewed = || cp.get_json(&ns, "lease/foresight-operator").map(|l| l["spec"]["renewTime"].clone());
+    for _ in 0..2 {
+        let before = renewed();
+        wait_for("the leader to renew its lease", LONG, || (renewed() != before).then_some(()));
+    }
     assert_eq!(holder().as_deref(), Some("op-a"));
     assert_eq!(
         sample(&b.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}"),

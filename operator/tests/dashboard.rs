@@ -1,7 +1,8 @@
 //! The Grafana dashboard (`charts/foresight/dashboards/foresight.json`) against real Prometheus
 //! (Debian's `prometheus` and `promtool`, installed by `make setup`):
 //!
-//! - a short `foresight run` (2 workers) is scraped through its `prometheus-targets.json`, every
+//! - a `foresight run` (2 workers) is scraped through its `prometheus-targets.json` until every
+//!   target has been scraped enough times (then ended by `/v1/finalize`, nothing timed), every
 //!   PromQL expression of the dashboard is evaluated over the run with `query_range`, and each
 //!   must parse and return data; the operator (`foresight operator` against the test control
 //!   plane, taking a TrainingJob to Succeeded meanwhile) is scraped as well;
@@ -10,7 +11,7 @@
 //!   is on the dashboard;
 //! - the JSON passes the grafana-foundation-sdk's Dashboard model (`scripts/check-dashboard.py`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,11 @@ fn dashboard() -> Value {
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
+/// Samples every target must have in Prometheus after the moment that matters (all series
+/// exported, a phase reached): `rate` over the dashboard's 4 s `$__rate_interval` needs two, and
+/// the panels are read over the whole run. The test waits for them, however long a scrape takes.
+const SCRAPES: f64 = 4.0;
+
 #[test]
 fn every_dashboard_query_returns_data_from_a_real_run_and_promtool_is_clean() {
     let tmp = tempfile::tempdir().unwrap();
@@ -40,29 +46,19 @@ fn every_dashboard_query_returns_data_from_a_real_run_and_promtool_is_clean() {
     let cp = control_plane();
     let ns = cp.namespace("dashboard");
     let operator = Operator::start(cp, &ns, &["--leader-elect=false", "--finalize-grace-seconds", "0"]);
-    let driver = std::thread::spawn({
-        let ns = ns.clone();
-        move || {
-            let cp = control_plane();
-            // Past the first scrapes: the job's duration must increase inside the window.
-            std::thread::sleep(Duration::from_secs(3));
-            cp.kubectl_ok(
-                &["apply", "-n", &ns, "-f", "-"],
-                Some(&job("observed", serde_json::json!({"workers": {"replicas": 1}}))),
-            );
-            cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "observed"), "Running");
-            let pod = worker_pods(cp, &ns, "observed", 1).remove(0);
-            cp.set_pod_phase(&ns, &pod, "Running");
-            wait_phase(cp, &ns, "observed", "Running");
-            std::thread::sleep(Duration::from_secs(2));
-            cp.set_pod_phase(&ns, &pod, "Succeeded");
-            wait_phase(cp, &ns, "observed", "Succeeded");
-        }
+    let operator_target = format!("127.0.0.1:{}", operator.metrics);
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let sd = out.join("prometheus-targets.json");
+    let prometheus = Prometheus::start(tmp.path(), &sd, std::slice::from_ref(&operator_target));
+    let run = std::thread::scope(|s| {
+        let driver = s.spawn(|| drive_a_job_to_success(&prometheus, &ns, &operator_target));
+        run_scraped(&prometheus, &out, || {
+            driver.join().expect("the TrainingJob went from Created to Succeeded")
+        })
     });
-    let run = run_scraped(tmp.path(), &[format!("127.0.0.1:{}", operator.metrics)]);
-    driver.join().expect("the TrainingJob went from Created to Succeeded");
     let operator_metrics = operator.metrics_text();
-    let failures = check_queries(&run, |_| true);
+    let failures = check_queries(&prometheus, &run, |_| true);
     assert!(failures.is_empty(), "{} dashboard queries failed:\n{}", failures.len(), failures.join("\n"));
 
     for (what, text) in [
@@ -136,9 +132,29 @@ fn metric_names_are_read_from_promql() {
     assert_eq!(metric_names(e), ["a_bucket", "b_total", "c"].map(String::from).into());
 }
 
+/// Takes a TrainingJob of the test's operator from creation to Succeeded (the test plays the
+/// kubelet), each step only once Prometheus has seen the one before it, so that the operator's
+/// panels (reconciles, jobs by phase, durations) have data however fast either side is.
+fn drive_a_job_to_success(prometheus: &Prometheus, ns: &str, operator: &str) {
+    let cp = control_plane();
+    // A few scrapes before the job exists: its duration must increase inside the window.
+    prometheus.wait_scrapes(&[operator.to_string()], SCRAPES);
+    cp.kubectl_ok(
+        &["apply", "-n", ns, "-f", "-"],
+        Some(&job("observed", serde_json::json!({"workers": {"replicas": 1}}))),
+    );
+    cp.set_pod_phase(ns, &ps_pod(cp, ns, "observed"), "Running");
+    let pod = worker_pods(cp, ns, "observed", 1).remove(0);
+    cp.set_pod_phase(ns, &pod, "Running");
+    wait_phase(cp, ns, "observed", "Running");
+    prometheus.wait_for_positive_sample("foresight_operator_jobs{phase=\"Running\"}");
+    cp.set_pod_phase(ns, &pod, "Succeeded");
+    wait_phase(cp, ns, "observed", "Succeeded");
+    prometheus.wait_scrapes(&[operator.to_string()], SCRAPES);
+}
+
 /// What a scraped run leaves: when it ran, its labels, and the /metrics texts taken during it.
 struct ScrapedRun {
-    prometheus: Prometheus,
     start: f64,
     end: f64,
     namespace: String,
@@ -147,65 +163,62 @@ struct ScrapedRun {
     worker_metrics: String,
 }
 
-/// Runs a short `foresight run` (2 workers, 3 epochs of MNIST-5k) while Prometheus scrapes its
-/// PS and workers through `prometheus-targets.json`, and `extra_targets` (host:port) as well.
-fn run_scraped(dir: &Path, extra_targets: &[String]) -> ScrapedRun {
-    let out = dir.join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    let sd = out.join("prometheus-targets.json");
-    let prometheus = Prometheus::start(dir, &sd, extra_targets);
+/// The job token of the scraped run, so that the test can end it with `/v1/finalize`.
+const RUN_TOKEN: &str = "dashboard-test-token";
+
+/// Runs `foresight run` (2 workers) while Prometheus scrapes its PS and workers through
+/// `out/prometheus-targets.json`, until every target has been scraped [`SCRAPES`] times with all
+/// of its series (worker accuracy included) and `also` has returned; then ends the job the way
+/// the operator does, with `/v1/finalize`: the workers stop at their next push and the run
+/// finishes normally. The epoch budget is only a bound: no run gets near it.
+fn run_scraped(prometheus: &Prometheus, out: &Path, also: impl FnOnce()) -> ScrapedRun {
     let job = "dash";
-    let yaml = dir.join("job.yaml");
+    let yaml = out.parent().unwrap().join("job.yaml");
     std::fs::write(
         &yaml,
         format!(
             "apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: {job}}}\nspec:\n  \
              model: {{name: mlp}}\n  dataset: {{format: csv, path: data/mnist5k}}\n  \
-             training: {{epochs: 6, batchSize: 32, learningRate: 0.1}}\n  \
+             training: {{epochs: 10000, batchSize: 32, learningRate: 0.1}}\n  \
              optimizer: {{algorithm: dc-asgd-a, lambda0: 2}}\n  workers: {{replicas: 2}}\n"
         ),
     )
     .unwrap();
     let start = now() - 1.0;
-    let mut run = Foresight::spawn(&yaml, &out);
-
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let targets: Vec<String> = loop {
-        if let Ok(s) = std::fs::read_to_string(&sd)
-            && let Ok(v) = serde_json::from_str::<Value>(&s)
-        {
-            break v[0]["targets"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_str().unwrap().to_string())
-                .collect();
-        }
-        run.assert_running();
-        assert!(Instant::now() < deadline, "no {} after 120 s", sd.display());
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let (ps, worker) = (&targets[0], &targets[1]);
-    // Wait until both have something to show, then refuse one push (no token) so that
-    // foresight_ps_gradients_rejected_total{reason} exists, and take both /metrics texts.
+    let mut run = Foresight::spawn(&yaml, out);
+    let sd = out.join("prometheus-targets.json");
+    let targets: Vec<String> = run.wait_for("the run's prometheus-targets.json", || {
+        let v = serde_json::from_str::<Value>(&std::fs::read_to_string(&sd).ok()?).ok()?;
+        Some(v[0]["targets"].as_array()?.iter().map(|t| t.as_str().unwrap().to_string()).collect())
+    });
+    let (ps, workers) = (&targets[0], &targets[1..]);
+    // Wait until every series has a value worth showing: updates applied, steps taken, and an
+    // evaluation at the end of an epoch on each worker.
     let has = |addr: &str, series: &str| {
         http(addr, "GET", "/metrics", "").ok().is_some_and(|(_, body)| {
             body.lines().any(|l| l.starts_with(series) && l.split(' ').next_back() != Some("0"))
         })
     };
-    while !(has(ps, "foresight_ps_updates_total") && has(worker, "foresight_worker_step_seconds_count")) {
-        run.assert_running();
-        assert!(Instant::now() < deadline, "the run made no update within 120 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    run.wait_for("updates on the PS and an evaluation on every worker", || {
+        (has(ps, "foresight_ps_updates_total")
+            && workers.iter().all(|w| {
+                has(w, "foresight_worker_step_seconds_count") && has(w, "foresight_worker_accuracy")
+            }))
+        .then_some(())
+    });
+    // Refuse one push (no token) so that foresight_ps_gradients_rejected_total{reason} exists.
     let (status, body) = http(ps, "POST", "/v1/gradients?worker=0&version=0&seq=1", "").unwrap();
     assert_eq!(status, 401, "{body}");
+    prometheus.wait_scrapes(&targets, SCRAPES);
+    also();
     let ps_metrics = http(ps, "GET", "/metrics", "").unwrap().1;
-    let worker_metrics = http(worker, "GET", "/metrics", "").unwrap().1;
-    let status = run.wait(Duration::from_secs(300));
+    let worker_metrics = http(&workers[0], "GET", "/metrics", "").unwrap().1;
+
+    let auth = format!("Bearer {RUN_TOKEN}");
+    let (status, body) = http_with(ps, "POST", "/v1/finalize", &[("Authorization", &auth)], "").unwrap();
+    assert_eq!(status, 200, "POST /v1/finalize: {body}");
+    let status = run.wait();
     assert!(status.success(), "foresight run failed: see {}/logs", out.display());
-    // Let the last scrape of every target land.
-    std::thread::sleep(Duration::from_millis(1500));
     let namespace = ps_metrics
         .split("namespace=\"")
         .nth(1)
@@ -213,23 +226,18 @@ fn run_scraped(dir: &Path, extra_targets: &[String]) -> ScrapedRun {
         .expect("the PS's series carry a namespace label")
         .to_string();
     let end = now();
-    // Prometheus hands new file_sd targets to its scrapers every 5 s: make sure the run was long
-    // enough to be scraped a few times over, or say so.
-    let q = format!(
-        "/api/v1/query?query={}&time={end:.3}",
-        urlencode("count_over_time(foresight_ps_model_version[1h])")
-    );
-    let scrapes =
-        prometheus.api(&q).unwrap()["result"][0]["value"][1].as_str().unwrap_or("0").parse::<f64>().unwrap();
-    eprintln!("the PS was scraped {scrapes} times during the {:.0} s run", end - start);
-    assert!(scrapes >= 4.0, "Prometheus scraped the PS only {scrapes} times during the run");
-    ScrapedRun { prometheus, start, end, namespace, job: job.into(), ps_metrics, worker_metrics }
+    eprintln!("the run was scraped over {:.0} s", end - start);
+    ScrapedRun { start, end, namespace, job: job.into(), ps_metrics, worker_metrics }
 }
 
 /// Evaluates every expression of the dashboard (panels and template variables) over the run;
 /// returns one line per failure. Every expression must be accepted; those for which `must_have_data`
 /// holds must also return a series with at least one finite value.
-fn check_queries(run: &ScrapedRun, must_have_data: impl Fn(&str) -> bool) -> Vec<String> {
+fn check_queries(
+    prometheus: &Prometheus,
+    run: &ScrapedRun,
+    must_have_data: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let d = dashboard();
     let range_s = (run.end - run.start).ceil() as u64 + 1;
     let vars = [
@@ -262,7 +270,7 @@ fn check_queries(run: &ScrapedRun, must_have_data: impl Fn(&str) -> bool) -> Vec
             run.start,
             run.end
         );
-        match run.prometheus.api(&q) {
+        match prometheus.api(&q) {
             Err(err) => failures.push(format!("{title}: {e}\n    {err}")),
             Ok(data) if must_have_data(raw) && !has_finite_value(&data) => {
                 failures.push(format!("{title}: no data: {e}\n    {data}"))
@@ -283,7 +291,7 @@ fn check_queries(run: &ScrapedRun, must_have_data: impl Fn(&str) -> bool) -> Vec
             run.end
         );
         let want = if label.trim() == "job" { &run.job } else { &run.namespace };
-        match run.prometheus.api(&path) {
+        match prometheus.api(&path) {
             Ok(values) if values.as_array().is_some_and(|a| a.iter().any(|x| x == want.as_str())) => {}
             Ok(values) => {
                 failures.push(format!("${}: {q} gave {values}, not {want}", v["name"].as_str().unwrap()))
@@ -457,16 +465,47 @@ impl Prometheus {
             .spawn()
             .expect("prometheus (Debian's prometheus package) is not installed: run `make setup`");
         let mut p = Self { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !http(&p.addr, "GET", "/-/ready", "").is_ok_and(|(s, _)| s == 200) {
+        wait_until("prometheus to be ready", || {
             if let Some(status) = p.child.try_wait().unwrap() {
                 let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
                 panic!("prometheus exited ({status}):\n{log}");
             }
-            assert!(Instant::now() < deadline, "prometheus not ready within 60 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            http(&p.addr, "GET", "/-/ready", "").is_ok_and(|(s, _)| s == 200).then_some(())
+        });
         p
+    }
+
+    /// How many times Prometheus has scraped each target so far, by `instance`.
+    fn scrape_counts(&self) -> BTreeMap<String, f64> {
+        let q = format!("/api/v1/query?query={}", urlencode("count_over_time(up[1h])"));
+        let data = self.api(&q).unwrap_or_else(|e| panic!("{q}: {e}"));
+        data["result"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                let instance = r["metric"]["instance"].as_str()?.to_string();
+                Some((instance, r["value"][1].as_str()?.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Waits until each of `instances` has been scraped `n` more times than it had been now.
+    fn wait_scrapes(&self, instances: &[String], n: f64) {
+        let before = self.scrape_counts();
+        let count = |c: &BTreeMap<String, f64>, i: &String| c.get(i).copied().unwrap_or(0.0);
+        wait_until(&format!("{n} more scrapes of {instances:?}"), || {
+            let now = self.scrape_counts();
+            instances.iter().all(|i| count(&now, i) >= count(&before, i) + n).then_some(())
+        });
+    }
+
+    /// Waits until Prometheus holds a sample of `selector` above zero.
+    fn wait_for_positive_sample(&self, selector: &str) {
+        let q = format!("/api/v1/query?query={}", urlencode(&format!("max_over_time({selector}[1h]) > 0")));
+        wait_until(&format!("a sample of {selector} above 0 in Prometheus"), || {
+            self.api(&q).ok()?["result"].as_array().is_some_and(|r| !r.is_empty()).then_some(())
+        });
     }
 
     /// GET an /api/v1 path; `data` when the status is success, the error otherwise.
@@ -501,6 +540,7 @@ impl Foresight {
         let log = std::fs::File::create(out.parent().unwrap().join("foresight-run.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_foresight"))
             .args(["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"])
+            .env("FORESIGHT_TOKEN", RUN_TOKEN)
             .current_dir(repo())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -509,21 +549,18 @@ impl Foresight {
         Self(child)
     }
 
-    fn assert_running(&mut self) {
-        if let Some(status) = self.0.try_wait().unwrap() {
-            panic!("foresight run exited early ({status})");
-        }
+    /// Polls `f` until it answers, while the run keeps running (a bound of [`LIMIT`]).
+    fn wait_for<T>(&mut self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        wait_until(what, || {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                panic!("foresight run exited early ({status}) while the test waited for {what}");
+            }
+            f()
+        })
     }
 
-    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "foresight run did not finish within {limit:?}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    fn wait(&mut self) -> std::process::ExitStatus {
+        wait_until("foresight run to finish", || self.0.try_wait().unwrap())
     }
 }
 
@@ -545,11 +582,43 @@ impl Drop for Foresight {
     }
 }
 
+/// How long the test waits for any one thing (a generous bound: each wait says what it waited
+/// for and how long it took).
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// Polls `f` every 100 ms until it answers; panics naming `what` after [`LIMIT`].
+fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            eprintln!("waited {:.1?} for {what}", started.elapsed());
+            return v;
+        }
+        assert!(started.elapsed() < LIMIT, "waited {LIMIT:?} for {what} in vain");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A minimal HTTP/1.0 exchange (the response ends when the server closes): (status, body).
 fn http(addr: &str, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    http_with(addr, method, path, &[], body)
+}
+
+fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len())?;
+    let headers: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
     let text = String::from_utf8_lossy(&buf);

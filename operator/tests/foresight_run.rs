@@ -165,7 +165,7 @@ fn stop_with(signal: &str) {
     let yaml = job(
         tmp.path(),
         "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k}\n  \
-         training: {epochs: 50, batchSize: 32, learningRate: 0.1}\n  workers: {replicas: 2}\n",
+         training: {epochs: 10000, batchSize: 32, learningRate: 0.1}\n  workers: {replicas: 2}\n",
     );
     let dir = bin_dir();
     let child = Command::new(env!("CARGO_BIN_EXE_foresight"))
@@ -176,18 +176,21 @@ fn stop_with(signal: &str) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait until the workers are training (they have reported progress to the PS's log-free
-    // stdout channel; the worker log shows the registration).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let log = out.join("logs/worker-0.log");
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains("model layout ready") {
-        assert!(std::time::Instant::now() < deadline, "workers never started");
+    // The epoch budget is only a bound (the signal comes long before it): wait until the PS has
+    // applied a gradient, so that the checkpoint holds training, not just the initial model.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let targets_file = out.join("prometheus-targets.json");
+    let ps_addr = loop {
+        let targets = std::fs::read(&targets_file).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let ps: Option<String> =
+            targets.and_then(|t: serde_json::Value| Some(t[0]["targets"][0].as_str()?.to_string()));
+        if let Some(ps) = ps.filter(|ps| updates_applied(ps) > 0.0) {
+            break ps;
+        }
+        assert!(std::time::Instant::now() < deadline, "no update applied within 300 s");
         std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let targets: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("prometheus-targets.json")).unwrap()).unwrap();
-    let ps_addr = targets[0]["targets"][0].as_str().unwrap().to_string();
+    };
+    let targets: serde_json::Value = serde_json::from_slice(&std::fs::read(&targets_file).unwrap()).unwrap();
     assert!(
         Command::new("kill")
             .args([&format!("-{signal}"), &child.id().to_string()])
@@ -213,4 +216,17 @@ fn stop_with(signal: &str) {
     let again = foresight(&["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"]);
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("--resume"));
+}
+
+/// `foresight_ps_updates_total` from the PS's /metrics (0 while it cannot be read).
+fn updates_applied(addr: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return 0.0 };
+    let mut text = String::new();
+    let _ = write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let _ = s.read_to_string(&mut text);
+    text.lines()
+        .find_map(|l| l.strip_prefix("foresight_ps_updates_total"))
+        .and_then(|rest| rest.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
 }
