@@ -180,6 +180,36 @@ fn failed_worker_pods_count_against_the_backoff_limit_and_the_job_fails() {
     assert!(events(cp, &ns, "flaky").iter().any(|e| e.0 == "Warning" && e.1 == "BackoffLimitExceeded"));
 }
 
+/// The worker Job's podFailurePolicy, applied by the real Job controller: a preempted pod is
+/// replaced without spending `backoffLimit` (0 here), and a worker that exits 3 (a failure no
+/// retry fixes) fails the job at once.
+#[test]
+fn a_disruption_is_not_charged_and_a_permanent_failure_fails_at_once() {
+    let cp = control_plane();
+    let ns = cp.namespace("disruption");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    apply_job(cp, &ns, "preempted", json!({"workers": {"replicas": 1}, "runPolicy": {"backoffLimit": 0}}));
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "preempted"), "Running");
+    let first = worker_pods(cp, &ns, "preempted", 1).remove(0);
+    cp.set_pod_phase(&ns, &first, "Running");
+    wait_phase(cp, &ns, "preempted", "Running");
+
+    cp.fail_pod(&ns, &first, 137, Some("PreemptionByScheduler"));
+    let second = wait_for("a replacement pod", LONG, || {
+        worker_pods(cp, &ns, "preempted", 1).into_iter().find(|p| *p != first)
+    });
+    let job = cp.get_json(&ns, "job/preempted-workers").unwrap();
+    assert!(job["status"]["failed"].as_i64().unwrap_or(0) == 0, "not counted: {:#}", job["status"]);
+    assert_ne!(status(cp, &ns, "preempted")["phase"], "Failed");
+
+    cp.set_pod_phase(&ns, &second, "Running");
+    cp.fail_pod(&ns, &second, 3, None);
+    let st = wait_phase(cp, &ns, "preempted", "Failed");
+    let failed = condition(&st, "Failed");
+    assert_eq!(failed["reason"], "PodFailurePolicy", "{st:#}");
+    assert!(failed["message"].as_str().unwrap().contains("exit code 3"), "{st:#}");
+}
+
 #[test]
 fn the_active_deadline_fails_the_job() {
     let cp = control_plane();

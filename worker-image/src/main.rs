@@ -3,6 +3,7 @@
 //! `foresight run`) injects, or by flags.
 
 mod data;
+mod exit;
 mod metrics;
 mod model;
 mod session;
@@ -104,7 +105,7 @@ fn main() {
     // Errors end the process with one readable line (no backtrace, whatever RUST_BACKTRACE says).
     if let Err(e) = run(Args::parse()) {
         eprintln!("foresight-worker: {e:#}");
-        std::process::exit(1);
+        std::process::exit(exit::code(&e));
     }
 }
 
@@ -115,6 +116,23 @@ fn run(args: Args) -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    let cfg = configure(&args).map_err(exit::permanent)?;
+    if args.torch_threads > 0 {
+        tch::set_num_threads(args.torch_threads);
+    }
+    // Network I/O and the metrics server run on one runtime thread; training runs on this one.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let metrics = Arc::new(metrics::WorkerMetrics::new(&args.job_name, &args.namespace, args.worker));
+    if !args.metrics_addr.is_empty() {
+        let addr = rt.block_on(metrics.clone().serve(&args.metrics_addr))?;
+        tracing::info!(%addr, "serving worker metrics");
+    }
+    train::run(&cfg, &rt, &metrics)
+}
+
+/// The training configuration from the flags and environment; any error here is the
+/// configuration's, which no retry fixes.
+fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
     anyhow::ensure!(args.workers > 0, "workers must be at least 1");
     anyhow::ensure!(
         args.worker < args.workers,
@@ -136,12 +154,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         ),
         (None, None) => None,
     };
-    if args.torch_threads > 0 {
-        tch::set_num_threads(args.torch_threads);
-    }
     let model =
         model::ModelSpec::parse(&args.model, args.model_path.as_deref()).map_err(anyhow::Error::msg)?;
-    let cfg = train::TrainConfig {
+    Ok(train::TrainConfig {
         ps_url: args.ps_url.clone(),
         token,
         worker: args.worker,
@@ -162,13 +177,5 @@ fn run(args: Args) -> anyhow::Result<()> {
         ps_deadline: Duration::from_secs(args.ps_deadline_seconds),
         report_every: args.report_every.max(1),
         slowdown: args.slowdown,
-    };
-    // Network I/O and the metrics server run on one runtime thread; training runs on this one.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let metrics = Arc::new(metrics::WorkerMetrics::new(&args.job_name, &args.namespace, args.worker));
-    if !args.metrics_addr.is_empty() {
-        let addr = rt.block_on(metrics.clone().serve(&args.metrics_addr))?;
-        tracing::info!(%addr, "serving worker metrics");
-    }
-    train::run(&cfg, &rt, &metrics)
+    })
 }

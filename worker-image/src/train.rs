@@ -14,6 +14,7 @@ use rand::seq::SliceRandom;
 use tch::{Device, Kind, Tensor};
 
 use crate::data::{Dataset, Examples, Format};
+use crate::exit::permanent;
 use crate::metrics::WorkerMetrics;
 use crate::model::{Model, ModelSpec};
 use crate::session::{Pushed, Retry, Session};
@@ -186,14 +187,12 @@ struct Progress {
 
 pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetrics) -> anyhow::Result<()> {
     let started = Instant::now();
-    let ds = Dataset::load(cfg.format, &cfg.data_dir, cfg.seed, cfg.holdout)?;
+    let ds = Dataset::load(cfg.format, &cfg.data_dir, cfg.seed, cfg.holdout).map_err(permanent)?;
     let shard = ds.shard(cfg.worker, cfg.workers, cfg.seed);
-    anyhow::ensure!(
-        !shard.is_empty(),
-        "worker {}'s shard of {} examples is empty",
-        cfg.worker,
-        ds.train.len()
-    );
+    if shard.is_empty() {
+        let why = format!("worker {}'s shard of {} examples is empty", cfg.worker, ds.train.len());
+        return Err(permanent(anyhow::anyhow!(why)));
+    }
     let device = Device::cuda_if_available();
     tracing::info!(
         worker = cfg.worker, device = ?device, train = shard.len(), test = ds.test.len(),
@@ -201,9 +200,9 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
     );
     // Same seed on every worker: whichever registers first, the initial weights are the same.
     tch::manual_seed(cfg.seed as i64);
-    let mut model = Model::build(&cfg.model, shard.shape, ds.classes, device)?;
-    let params = model.parameters()?;
-    let layout = layout_of(&params)?;
+    let mut model = Model::build(&cfg.model, shard.shape, ds.classes, device).map_err(permanent)?;
+    let params = model.parameters().map_err(permanent)?;
+    let layout = layout_of(&params).map_err(permanent)?;
     let client = PsClient::new(&cfg.ps_url, cfg.token.clone())?;
     let retry = Retry::new(cfg.ps_deadline, cfg.seed ^ cfg.worker as u64);
     let init = flat_params(&params)?;
@@ -252,11 +251,12 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
             let t0 = Instant::now();
             if p.version.is_none() || p.step.is_multiple_of(cfg.pull_every) || p.in_round.is_some() {
                 let m = pull_model(&mut ps, &mut p, cfg.grad_dtype)?;
-                anyhow::ensure!(
-                    m.layout == layout,
-                    "the parameter server holds a model whose layout differs from this worker's model \
-                     (restored from another job's checkpoint?)"
-                );
+                if m.layout != layout {
+                    return Err(permanent(anyhow::anyhow!(
+                        "the parameter server holds a model whose layout differs from this worker's model \
+                         (restored from another job's checkpoint?)"
+                    )));
+                }
                 load_params(&params, &m.values);
                 p.version = Some(m.version);
             }

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
+    PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
@@ -29,6 +32,10 @@ pub const WORKER_METRICS_PORT: i32 = 9090;
 pub const TOKEN_KEY: &str = "token";
 /// Where the parameter server keeps its checkpoints and writes the final model.
 pub const CHECKPOINT_DIR: &str = "/checkpoints";
+
+/// The worker's exit status for a failure no retry can fix (bad configuration or data, a wrong
+/// token, a model the PS does not hold): the worker Job's podFailurePolicy fails at once.
+pub const WORKER_EXIT_PERMANENT: i32 = 3;
 
 /// Label keys shared with the Helm chart's PodMonitor and the dashboards.
 pub const LABEL_JOB: &str = "foresight.dev/job";
@@ -315,6 +322,7 @@ impl<'a> Owner<'a> {
                 completions: Some(replicas),
                 parallelism: Some(replicas),
                 backoff_limit: spec.run_policy.backoff_limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX)),
+                pod_failure_policy: Some(worker_failure_policy()),
                 active_deadline_seconds: spec.run_policy.active_deadline_seconds.map(|s| s as i64),
                 suspend: Some(self.suspended()),
                 template: PodTemplateSpec {
@@ -334,6 +342,35 @@ impl<'a> Owner<'a> {
             }),
             ..Default::default()
         }
+    }
+}
+
+/// What a worker pod's failure means for the job. A disruption (preemption, eviction, a node
+/// drained or lost: the pod's `DisruptionTarget` condition) is not the job's fault: the pod is
+/// replaced without spending `backoffLimit`, and its replacement resumes where it stopped. A
+/// worker that exits with [`WORKER_EXIT_PERMANENT`] met a problem retrying cannot fix: the job
+/// fails at once, with the exit code in its reason. Everything else counts against the limit.
+fn worker_failure_policy() -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![
+            PodFailurePolicyRule {
+                action: "Ignore".into(),
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".into(),
+                    status: Some("True".into()),
+                }]),
+                ..Default::default()
+            },
+            PodFailurePolicyRule {
+                action: "FailJob".into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some("worker".into()),
+                    operator: "In".into(),
+                    values: vec![WORKER_EXIT_PERMANENT],
+                }),
+                ..Default::default()
+            },
+        ],
     }
 }
 

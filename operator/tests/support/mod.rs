@@ -258,29 +258,44 @@ impl ControlPlane {
     /// Plays the kubelet: moves a pod to `phase` (Running: with its Ready condition true;
     /// Succeeded/Failed: the container terminated with exit code 0/1).
     pub fn set_pod_phase(&self, ns: &str, pod: &str, phase: &str) {
+        self.set_pod_status(ns, pod, phase, if phase == "Succeeded" { 0 } else { 1 }, None);
+    }
+
+    /// Plays the kubelet (and, with `disruption`, the component that evicted or preempted the
+    /// pod): the pod fails, its container with `exit_code`, and with a `DisruptionTarget`
+    /// condition whose reason is `disruption`.
+    pub fn fail_pod(&self, ns: &str, pod: &str, exit_code: i32, disruption: Option<&str>) {
+        self.set_pod_status(ns, pod, "Failed", exit_code, disruption);
+    }
+
+    fn set_pod_status(&self, ns: &str, pod: &str, phase: &str, exit_code: i32, disruption: Option<&str>) {
         let now = "2026-01-01T00:00:00Z";
         let ready = if phase == "Running" { "True" } else { "False" };
         let state = match phase {
             "Running" => serde_json::json!({"running": {"startedAt": now}}),
-            "Succeeded" => {
-                serde_json::json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}})
-            }
             _ => {
-                serde_json::json!({"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}})
+                let reason = if exit_code == 0 { "Completed" } else { "Error" };
+                serde_json::json!({"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": now, "finishedAt": now}})
             }
         };
         let container = self
             .get_json(ns, &format!("pod/{pod}"))
             .and_then(|p| p["spec"]["containers"][0]["name"].as_str().map(String::from))
             .unwrap_or_else(|| panic!("pod {ns}/{pod} not found"));
+        let mut conditions = serde_json::json!([
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "ContainersReady", "status": ready},
+            {"type": "Ready", "status": ready},
+        ]);
+        if let Some(reason) = disruption {
+            conditions.as_array_mut().unwrap().push(serde_json::json!(
+                {"type": "DisruptionTarget", "status": "True", "reason": reason, "lastTransitionTime": now}
+            ));
+        }
         let patch = serde_json::json!({"status": {
             "phase": phase,
-            "conditions": [
-                {"type": "PodScheduled", "status": "True"},
-                {"type": "Initialized", "status": "True"},
-                {"type": "ContainersReady", "status": ready},
-                {"type": "Ready", "status": ready},
-            ],
+            "conditions": conditions,
             "containerStatuses": [{"name": container, "ready": ready == "True", "restartCount": 0,
                                    "image": "test", "imageID": "", "state": state}],
         }});

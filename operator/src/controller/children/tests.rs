@@ -137,3 +137,18 @@ fn the_ps_template_hash_follows_the_pod_template_only() {
     assert_eq!(base, hash(&BASE.replace("gpus: 2", "gpus: 1")));
     assert_eq!(base, hash(&BASE.replace("backoffLimit: 5", "backoffLimit: 5, suspend: true")));
 }
+
+#[test]
+fn disruptions_are_not_charged_and_a_permanent_failure_fails_the_job() {
+    let j = job(BASE);
+    let spec = Owner::new(&j).unwrap().worker_job(&defaults()).spec.unwrap();
+    let rules = spec.pod_failure_policy.expect("a podFailurePolicy").rules;
+    assert_eq!(rules.len(), 2);
+    assert_eq!(rules[0].action, "Ignore");
+    assert_eq!(rules[0].on_pod_conditions.as_ref().unwrap()[0].type_, "DisruptionTarget");
+    assert_eq!(rules[1].action, "FailJob");
+    let codes = rules[1].on_exit_codes.as_ref().unwrap();
+    assert_eq!((codes.container_name.as_deref(), codes.values.as_slice()), (Some("worker"), &[3][..]));
+    // The policy needs restartPolicy Never, which also makes every failure a new pod.
+    assert_eq!(spec.template.spec.unwrap().restart_policy.as_deref(), Some("Never"));
+}
