@@ -37,7 +37,8 @@ tools_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # --- Debian packages ----------------------------------------------------------------------
 # runc (OCI runtime), the CNI plugins (bridge, host-local, loopback, portmap), iptables and
-# conntrack (kube-proxy, the kubelet, the portmap plugin), mmdebstrap and buildah (make images).
+# conntrack (kube-proxy, the kubelet, the portmap plugin), nftables (the cleanup in cluster.sh),
+# mmdebstrap and buildah (make images).
 if [[ $apt == 1 ]]; then
   need=()
   command -v runc >/dev/null || need+=(runc)
@@ -46,6 +47,7 @@ if [[ $apt == 1 ]]; then
   command -v conntrack >/dev/null || need+=(conntrack)
   command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
   command -v buildah >/dev/null || need+=(buildah)
+  command -v nft >/dev/null || need+=(nftables) # cluster.sh down: removes the tables the node added
   if ((${#need[@]})); then
     log "installing Debian packages: ${need[*]}"
     apt-get update -qq >&2
