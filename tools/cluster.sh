@@ -134,8 +134,11 @@ binaries() {
 }
 
 # --- node images (pause, coredns) -----------------------------------------------------------
-bah() {
-  buildah --root "$cache/images/storage/root" --runroot "$cache/images/storage/run" --storage-driver overlay "$@"
+bah() { # buildah with its storage, run state and CNI directory under the cache (as build-images.sh)
+  mkdir -p "$cache/images/cni"
+  [[ -f $cache/images/containers.conf ]] ||
+    printf '[network]\nnetwork_config_dir = "%s"\n' "$cache/images/cni" >"$cache/images/containers.conf"
+  CONTAINERS_CONF=$cache/images/containers.conf buildah --root "$cache/images/storage/root" --runroot "$cache/images/storage/run" --storage-driver overlay "$@"
 }
 coredns_version() { "$NODE_BIN/coredns" -version | awk -F- '/CoreDNS/ { print $2; exit }'; }
 node_images() { # builds the pause and coredns archives if missing; prints their paths
@@ -539,10 +542,12 @@ EOF
 kill_cgroup_tasks() { # every process in a kubepods cgroup (the pods' containers)
   local f pid
   for f in $(find /sys/fs/cgroup -path '*kubepods*' -name cgroup.procs 2>/dev/null); do
-    while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done <"$f"
+    { while read -r pid; do kill -9 "$pid" 2>/dev/null; done <"$f"; } 2>/dev/null
   done
 }
 down_() {
+  # Best effort, step by step: one failing step must not leave the rest undone.
+  set +e
   local t0=$SECONDS
   [[ -d $S ]] || { log "nothing to take down ($S does not exist)"; return 0; }
   CP_BIN=${CONTROL_PLANE_BIN:-${CP_BIN:-}}
