@@ -56,6 +56,10 @@ command -v buildah >/dev/null && command -v mmdebstrap >/dev/null ||
 mkdir -p "$cache/cni"
 printf '[network]\nnetwork_config_dir = "%s"\n' "$cache/cni" >"$cache/containers.conf"
 export CONTAINERS_CONF=$cache/containers.conf
+# containers/storage bind-mounts its overlay directory onto itself and leaves it mounted: undone
+# on exit, so the host's mount table is as it was.
+release_storage() { if mountpoint -q "$store/root/overlay"; then umount "$store/root/overlay" || true; fi; }
+trap release_storage EXIT
 bah() { buildah --root "$store/root" --runroot "$store/run" --storage-driver overlay "$@"; }
 
 app_version=$(awk -F'"' '/^appVersion:/ { print $2 }' "$repo/charts/foresight/Chart.yaml")
@@ -104,6 +108,9 @@ if [[ $force == 1 ]] || ! bah inspect --type image "$base_ref" >/dev/null 2>&1; 
     --label "org.opencontainers.image.description=Debian $suite $base_packages, no shell (tools/build-images.sh)" \
     "$ctr"
   bah commit --quiet --rm "$ctr" "$base_ref" >/dev/null
+  for old in $(bah images --format '{{.Name}}:{{.Tag}}' | awk -v r="$base_ref" '/foresight-base:/ && $0 != r'); do
+    bah rmi "$old" >/dev/null 2>&1 || true
+  done
   log "base $base_ref built in $((SECONDS - t0))s ($(stat -c %s "$cache/base.tar") bytes of rootfs tar)"
 fi
 
@@ -116,19 +123,24 @@ declare -A repository=(
   [ps]=ghcr.io/foresight-dev/foresight-ps
   [worker]=ghcr.io/foresight-dev/foresight-worker)
 
-# The libtorch libraries foresight-worker loads (ldd, transitively), copied into out/torch in
-# the layout the Dockerfile's builder produces (/out/torch/torch/lib). Libraries outside the
-# wheel (libc, libstdc++, libm...) come from the base.
-stage_torch() { # $1 = destination lib dir
-  local lib
-  mkdir -p "$1"
-  LD_LIBRARY_PATH=$torch_lib ldd "$release/foresight-worker" |
-    awk -v d="$torch_lib/" '$3 ~ "^"d { print $3 }' |
-    while read -r lib; do cp -L "$lib" "$1/"; done
+# The libraries of the torch wheel that foresight-worker loads (ldd, transitively: libtorch and,
+# for a CUDA wheel, the nvidia/* libraries libtorch_cuda finds through its $ORIGIN/../../nvidia
+# rpath), copied into out/torch with their paths relative to site-packages: the layout the
+# Dockerfile's builder produces (/out/torch/torch/lib, /out/torch/nvidia/...). Libraries outside
+# the wheel (libc, libstdc++, libm...) come from the base.
+stage_torch() { # $1 = destination (out/torch)
+  local site lib real
+  site=$(cd "$torch_lib/../.." && pwd)
+  mkdir -p "$1/torch/lib"
+  LD_LIBRARY_PATH=$torch_lib ldd "$release/foresight-worker" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
+    while read -r lib; do
+      real=$(realpath -s "$lib")
+      [[ $real == "$site"/* ]] || continue
+      install -D -m 0644 "$real" "$1/${real#"$site"/}"
+    done
   # A library not found must fail here, not in a pod.
-  if LD_LIBRARY_PATH=$1 ldd "$release/foresight-worker" | grep -q 'not found'; then
-    LD_LIBRARY_PATH=$1 ldd "$release/foresight-worker" | grep 'not found' >&2
-    die "foresight-worker needs libraries that are not in $torch_lib"
+  if LD_LIBRARY_PATH=$1/torch/lib ldd "$release/foresight-worker" | grep 'not found' >&2; then
+    die "foresight-worker needs libraries that are not in $site"
   fi
 }
 
@@ -145,7 +157,7 @@ for name in $images; do
   cp "$release/$bin" "$ctx/out/$bin"
   if [[ $name == worker ]]; then
     [[ -d $torch_lib ]] || die "no libtorch at $torch_lib: run scripts/setup-torch.sh"
-    stage_torch "$ctx/out/torch/torch/lib"
+    stage_torch "$ctx/out/torch"
     mkdir -p "$ctx/out/home"
   fi
   # The Dockerfile's runtime stage (from its last FROM line on), verbatim but for the image

@@ -174,6 +174,8 @@ EOF
     bah commit --quiet --rm "$c" "$COREDNS_IMAGE" >/dev/null
     bah push --quiet "$COREDNS_IMAGE" "docker-archive:$dir/coredns-$coredns_v.tar:$COREDNS_IMAGE"
   fi
+  # containers/storage leaves its overlay directory bind-mounted onto itself.
+  if mountpoint -q "$cache/images/storage/root/overlay"; then umount "$cache/images/storage/root/overlay"; fi
   echo "$dir/pause.tar" "$dir/coredns-$coredns_v.tar"
 }
 

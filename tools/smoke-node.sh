@@ -14,7 +14,8 @@
 #
 # Environment: RELEASE_DIR (the workspace's release binaries, default <repo>/target/release),
 # CONTROL_PLANE_BIN, NODE_BIN, HELM (default: tools/build-helm-tools.sh's), JOB_TIMEOUT
-# (seconds, default 900), KEEP_CLUSTER=1 leaves the cluster up.
+# (seconds, default 900), DATA_DIR (MNIST-5k, default <repo>/data/mnist5k), KEEP_CLUSTER=1
+# leaves the cluster up.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -66,13 +67,14 @@ if [[ -n $ps_ref && -x $release/foresight-loadgen ]]; then
   cache=${FORESIGHT_CACHE:-$HOME/.cache/foresight}
   export CONTAINERS_CONF=$cache/images/containers.conf
   bah() { buildah --root "$cache/images/storage/root" --runroot "$cache/images/storage/run" --storage-driver overlay "$@"; }
-  base=$(bah images --format '{{.Name}}:{{.Tag}}' | grep -m1 foresight-base)
+  base=$(bah images --format '{{.Name}}:{{.Tag}}' | awk '/foresight-base:/ && !n++')
   c=$(bah from --quiet --pull=never "$base")
   bah copy --quiet "$c" "$release/foresight-loadgen" /usr/local/bin/foresight-loadgen
   bah config --entrypoint '["/usr/local/bin/foresight-loadgen"]' "$c"
   bah commit --quiet --rm "$c" localhost/foresight-loadgen:smoke >/dev/null
   rm -f "$cache/images/archives/loadgen-smoke.tar"
   bah push --quiet localhost/foresight-loadgen:smoke "docker-archive:$cache/images/archives/loadgen-smoke.tar:localhost/foresight-loadgen:smoke"
+  if mountpoint -q "$cache/images/storage/root/overlay"; then umount "$cache/images/storage/root/overlay"; fi
   cluster import "$cache/images/archives/loadgen-smoke.tar"
   t=$SECONDS
   k apply -f - >&2 <<EOF
@@ -161,7 +163,7 @@ k apply -f "$docs/0.yaml" >&2
 k wait --for=jsonpath='{.status.phase}'=Bound pvc/mnist5k --timeout=60s >&2
 pv=$(k get pvc mnist5k -o jsonpath='{.spec.volumeName}')
 pv_path=$(k get pv "$pv" -o jsonpath='{.spec.local.path}')
-cp "$repo"/data/mnist5k/* "$pv_path/"
+cp "${DATA_DIR:-$repo/data/mnist5k}"/* "$pv_path/"
 chmod -R a+rX "$pv_path"
 log "claim mnist5k bound to $pv ($pv_path): $(ls "$pv_path" | tr '\n' ' ')"
 
