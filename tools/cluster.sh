@@ -570,10 +570,12 @@ down_() {
   for pid in $(pgrep -f -- "-address $sock" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
   kill_cgroup_tasks
   stop mntns 10
-  stop kube-scheduler 50
-  stop kube-controller-manager 50
-  stop kube-apiserver 100
-  stop etcd 50
+  # The control plane together: TERM to all four, then wait for each.
+  local n
+  for n in kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    [[ -f $S/pids/$n ]] && kill "$(cat "$S/pids/$n")" 2>/dev/null
+  done
+  for n in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$n" 100; done
   ip link del "$BRIDGE" 2>/dev/null || true
   # Leftover veths of pods whose namespaces are gone are removed with them; any still here is ours.
   local l
