@@ -185,5 +185,15 @@ k describe tj mnist-dcasgd >&2 || true
 worker=$(k get pods -o name | grep -m1 worker || true)
 [[ -z $worker ]] || { log "logs of $worker:"; k logs "$worker" --tail=20 >&2 || true; }
 k -n foresight-system logs deploy/foresight --tail=30 >&2 2>/dev/null || true
+# What the claims the operator made hold (checkpoints, the final model), read on the host from
+# the local PVs they bound.
+for claim in $(k get pvc -o jsonpath='{range .items[*]}{.metadata.name}={.spec.volumeName}{"\n"}{end}'); do
+  [[ ${claim%%=*} == mnist5k || -z ${claim#*=} ]] && continue
+  path=$(k get pv "${claim#*=}" -o jsonpath='{.spec.local.path}')
+  log "claim ${claim%%=*} (${claim#*=}):"
+  find "$path" -mindepth 1 -maxdepth 3 -printf '  %P %s bytes\n' | head -n 20 >&2
+done
+k get pods -l app.kubernetes.io/component=parameter-server -o name 2>/dev/null | grep -q . &&
+  log "a PS pod is still there after the job ended" || log "no PS pod after the job ended"
 [[ $phase == Succeeded ]] || die "TrainingJob phase ${phase:-unknown}"
 log "PASSED in $((SECONDS - step_t0))s"
