@@ -53,12 +53,15 @@ sock=$S/run/containerd.sock
 [[ $(id -u) == 0 ]] || die "needs root"
 
 # Paths outside the state directory that the components create no matter what they are
-# told (hard-coded in kubelet, containerd and libcni); `down` removes those that `up` found
-# absent.
+# told (hard-coded in kubelet, containerd and libcni: /var/lib/kubelet/device-plugins,
+# /var/log/containers, /var/lib/cni, /run/containerd) or would create with a default left
+# unset; `down` removes those that `up` found absent. /usr/libexec/kubernetes is not among them:
+# the flex-volume directories are set for both the kubelet and the controller manager, so this
+# cluster never creates it (another control plane without --flex-volume-plugin-dir, such as the
+# tests' tools/control-plane.sh, does, and it is not ours to remove).
 host_paths=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /var/lib/cni
   /opt/containerd /etc/cni /opt/cni /var/run/netns /etc/containerd /var/lib/containerd
-  /usr/libexec/kubernetes /etc/kubernetes /var/lib/kube-proxy /run/xtables.lock /etc/cdi
-  /var/run/cdi /var/run/nri /opt/nri /etc/nri)
+  /etc/kubernetes /var/lib/kube-proxy /etc/cdi /var/run/cdi /var/run/nri /opt/nri /etc/nri)
 # Kernel settings the node may change: the kubelet (vm.overcommit_memory, kernel.panic,
 # kernel.panic_on_oops, kernel.keys.*), the CNI bridge (ip_forward), kube-proxy
 # (route_localnet, conntrack). `down` writes back every one that differs.
