@@ -61,7 +61,8 @@ sock=$S/run/containerd.sock
 # tests' tools/control-plane.sh, does, and it is not ours to remove).
 host_paths=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /var/lib/cni
   /opt/containerd /etc/cni /opt/cni /var/run/netns /etc/containerd /var/lib/containerd
-  /etc/kubernetes /var/lib/kube-proxy /etc/cdi /var/run/cdi /var/run/nri /opt/nri /etc/nri)
+  /etc/kubernetes /var/lib/kube-proxy /run/xtables.lock /etc/cdi /var/run/cdi /var/run/nri /opt/nri
+  /etc/nri)
 # Kernel settings the node may change: the kubelet (vm.overcommit_memory, kernel.panic,
 # kernel.panic_on_oops, kernel.keys.*), the CNI bridge (ip_forward), kube-proxy
 # (route_localnet, conntrack). `down` writes back every one that differs.
