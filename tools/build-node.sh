@@ -5,6 +5,7 @@
 #   kubelet, kube-proxy                        (tools/k8s, the control plane's own pin)
 #   containerd, containerd-shim-runc-v2, ctr   (tools/containerd)
 #   coredns                                    (tools/coredns)
+#   local-path-provisioner                     (tools/local-path-provisioner)
 #   runc, CNI plugins, iptables, conntrack, mmdebstrap, buildah   (Debian, installed if missing)
 #
 # into ${FORESIGHT_CACHE:-$HOME/.cache/foresight}/node/<k8s>-containerd<v>-coredns<v>/bin and
@@ -61,22 +62,23 @@ gomod_version() { # $1 = go.mod, $2 = module path
 k8s_version=$(gomod_version "$tools_dir/k8s/go.mod" k8s.io/kubernetes)
 containerd_version=$(gomod_version "$tools_dir/containerd/go.mod" github.com/containerd/containerd/v2)
 coredns_version=$(gomod_version "$tools_dir/coredns/go.mod" github.com/coredns/coredns)
-[[ -n $k8s_version && -n $containerd_version && -n $coredns_version ]] ||
-  die "could not read the pinned versions from tools/{k8s,containerd,coredns}/go.mod"
+lpp_version=$(gomod_version "$tools_dir/local-path-provisioner/go.mod" github.com/rancher/local-path-provisioner)
+[[ -n $k8s_version && -n $containerd_version && -n $coredns_version && -n $lpp_version ]] ||
+  die "could not read the pinned versions from tools/{k8s,containerd,coredns,local-path-provisioner}/go.mod"
 
 cache_root=${FORESIGHT_CACHE:-$HOME/.cache/foresight}
-out_dir=$cache_root/node/$k8s_version-containerd$containerd_version-coredns$coredns_version
+out_dir=$cache_root/node/$k8s_version-containerd$containerd_version-coredns$coredns_version-lpp$lpp_version
 bin_dir=$out_dir/bin
 stamp=$out_dir/stamp
 
 key=$(
-  printf 'recipe=%s\nk8s=%s\ncontainerd=%s\ncoredns=%s\n' \
-    "$RECIPE" "$k8s_version" "$containerd_version" "$coredns_version"
+  printf 'recipe=%s\nk8s=%s\ncontainerd=%s\ncoredns=%s\nlocal-path-provisioner=%s\n' \
+    "$RECIPE" "$k8s_version" "$containerd_version" "$coredns_version" "$lpp_version"
   cd "$tools_dir" && sha256sum k8s/go.mod k8s/go.sum containerd/go.mod containerd/go.sum \
-    coredns/go.mod coredns/go.sum
+    coredns/go.mod coredns/go.sum local-path-provisioner/go.mod local-path-provisioner/go.sum
 )
 
-binaries=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns)
+binaries=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns local-path-provisioner)
 up_to_date() {
   [[ -f $stamp ]] && [[ "$(cat "$stamp")" == "$key" ]] || return 1
   local b
@@ -84,7 +86,7 @@ up_to_date() {
 }
 
 if [[ $force == 0 ]] && up_to_date; then
-  log "up to date: kubernetes $k8s_version, containerd $containerd_version, coredns $coredns_version"
+  log "up to date: kubernetes $k8s_version, containerd $containerd_version, coredns $coredns_version, local-path-provisioner $lpp_version"
   echo "$bin_dir"
   exit 0
 fi
@@ -128,6 +130,14 @@ log "building coredns $coredns_version"
   gobuild -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=" -o "$tmp_bin/coredns" github.com/coredns/coredns
 ) >&2
 log "coredns built after $((SECONDS - start))s"
+
+# --- local-path-provisioner ----------------------------------------------------------------
+log "building local-path-provisioner $lpp_version"
+(
+  cd "$tools_dir/local-path-provisioner"
+  gobuild -ldflags "-s -w -X main.VERSION=$lpp_version" -o "$tmp_bin/local-path-provisioner" github.com/rancher/local-path-provisioner
+) >&2
+log "local-path-provisioner built after $((SECONDS - start))s"
 
 # --- kubelet, kube-proxy --------------------------------------------------------------------
 # Same flags, tags and version variables as tools/build-control-plane.sh.

@@ -48,6 +48,10 @@ ETCD_PEER_PORT=12380
 GPUS=4
 PVS=${FORESIGHT_CLUSTER_PVS:-8}
 PAUSE_IMAGE=localhost/foresight-pause:1
+LPP_IMAGE=localhost/foresight-local-path-provisioner:1
+# Debian bookworm's busybox-static (1.35); the example's loader pod names busybox:1.37.
+BUSYBOX_IMAGE=localhost/busybox:1.35
+STORAGE=${FORESIGHT_CLUSTER_STORAGE:-local-path}
 sock=$S/run/containerd.sock
 
 [[ $(id -u) == 0 ]] || die "needs root"
@@ -178,9 +182,33 @@ EOF
     bah commit --quiet --rm "$c" "$COREDNS_IMAGE" >/dev/null
     bah push --quiet "$COREDNS_IMAGE" "docker-archive:$dir/coredns-$coredns_v.tar:$COREDNS_IMAGE"
   fi
+  # local-path-provisioner (static binary on scratch) and its helper image: busybox from
+  # Debian's busybox-static, whose `sh`, `mkdir` and `rm` the provisioner's setup and teardown
+  # scripts run (it also has `tar`, which `kubectl cp` needs).
+  if [[ ! -f $dir/local-path-provisioner.tar ]]; then
+    c=$(bah from --quiet scratch)
+    bah copy --quiet "$c" "$NODE_BIN/local-path-provisioner" /local-path-provisioner
+    bah config --entrypoint '["/local-path-provisioner"]' --user 10001:10001 "$c"
+    bah commit --quiet --rm "$c" "$LPP_IMAGE" >/dev/null
+    bah push --quiet "$LPP_IMAGE" "docker-archive:$dir/local-path-provisioner.tar:$LPP_IMAGE"
+  fi
+  if [[ ! -f $dir/busybox.tar ]]; then
+    local rootfs=$cache/images/node/busybox-rootfs
+    rm -rf "$rootfs"
+    mmdebstrap --quiet --variant=extract --include=busybox-static bookworm "$rootfs" >&2
+    rm -rf "$rootfs"/usr/share/doc "$rootfs"/usr/share/man "$rootfs"/var/cache/apt "$rootfs"/var/lib/apt "$rootfs"/dev/*
+    chroot "$rootfs" /bin/busybox --install -s /bin
+    install -d -m 1777 "$rootfs/tmp"
+    c=$(bah from --quiet scratch)
+    bah add --quiet "$c" "$rootfs" / >/dev/null
+    bah config --cmd '["sh"]' "$c"
+    bah commit --quiet --rm "$c" "$BUSYBOX_IMAGE" >/dev/null
+    bah push --quiet "$BUSYBOX_IMAGE" "docker-archive:$dir/busybox.tar:$BUSYBOX_IMAGE"
+    rm -rf "$rootfs"
+  fi
   # containers/storage leaves its overlay directory bind-mounted onto itself.
   if mountpoint -q "$cache/images/storage/root/overlay"; then umount "$cache/images/storage/root/overlay"; fi
-  echo "$dir/pause.tar" "$dir/coredns-$coredns_v.tar"
+  echo "$dir/pause.tar" "$dir/coredns-$coredns_v.tar" "$dir/local-path-provisioner.tar" "$dir/busybox.tar"
 }
 
 # --- certificates and kubeconfigs -----------------------------------------------------------
@@ -243,6 +271,114 @@ start_kubelet() {
     --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" --node-ip "$NODE_IP"
 }
 
+# rancher/local-path-provisioner: one directory per claim under $S/local-path, made and
+# removed by helper pods. Configured as a shared filesystem (one node): no node affinity, any
+# access mode (the MNIST claim is ReadWriteMany), Immediate binding.
+local_path_provisioner() {
+  mkdir -p "$S/local-path"
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: local-path-storage}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: local-path-provisioner-service-account, namespace: local-path-storage}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: local-path-provisioner, namespace: local-path-storage}
+rules:
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, patch, update, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: local-path-provisioner, namespace: local-path-storage}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: local-path-provisioner}
+subjects: [{kind: ServiceAccount, name: local-path-provisioner-service-account, namespace: local-path-storage}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: local-path-provisioner}
+rules:
+- apiGroups: [""]
+  resources: [nodes, persistentvolumeclaims, configmaps, pods, pods/log]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [persistentvolumes]
+  verbs: [get, list, watch, create, patch, update, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [storage.k8s.io]
+  resources: [storageclasses]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: local-path-provisioner}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: local-path-provisioner}
+subjects: [{kind: ServiceAccount, name: local-path-provisioner-service-account, namespace: local-path-storage}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: local-path-config, namespace: local-path-storage}
+data:
+  config.json: '{"sharedFileSystemPath": "$S/local-path"}'
+  setup: |-
+    set -eu
+    mkdir -m 0777 -p "\$VOL_DIR"
+  teardown: |-
+    set -eu
+    rm -rf "\$VOL_DIR"
+  helperPod.yaml: |-
+    apiVersion: v1
+    kind: Pod
+    metadata:
+      name: helper-pod
+    spec:
+      priorityClassName: system-node-critical
+      containers:
+      - name: helper-pod
+        image: $BUSYBOX_IMAGE
+        imagePullPolicy: Never
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: local-path-provisioner, namespace: local-path-storage}
+spec:
+  selector: {matchLabels: {app: local-path-provisioner}}
+  template:
+    metadata: {labels: {app: local-path-provisioner}}
+    spec:
+      # The helper pods run under this account too (the provisioner's default name for it).
+      serviceAccountName: local-path-provisioner-service-account
+      securityContext: {runAsNonRoot: true, runAsUser: 10001}
+      containers:
+      - name: local-path-provisioner
+        image: $LPP_IMAGE
+        imagePullPolicy: Never
+        args: [start, --config, /etc/config/config.json, --helper-image, $BUSYBOX_IMAGE]
+        env:
+        - name: POD_NAMESPACE
+          valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+        - {name: CONFIG_MOUNT_PATH, value: /etc/config/}
+        volumeMounts: [{name: config, mountPath: /etc/config/}]
+      volumes: [{name: config, configMap: {name: local-path-config}}]
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local-path
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: rancher.io/local-path
+volumeBindingMode: Immediate
+reclaimPolicy: Delete
+EOF
+}
+
 # --- up -------------------------------------------------------------------------------------
 up() {
   if alive kube-apiserver && alive kubelet; then
@@ -255,8 +391,8 @@ up() {
   mkdir -p "$S"/{logs,pids,run,etcd,cni/net.d,cni/networks,kubelet,pod-logs,pv,volume-plugins,cdi}
   snapshot "$S/host-before"
   trap 'rc=$?; if ((rc)); then log "up failed: taking the cluster down (logs kept: KEEP_CLUSTER_DIR=1)"; KEEP_CLUSTER_DIR=1 down_ || true; fi' EXIT
-  local pause_tar coredns_tar
-  read -r pause_tar coredns_tar < <(node_images)
+  local pause_tar coredns_tar lpp_tar busybox_tar
+  read -r pause_tar coredns_tar lpp_tar busybox_tar < <(node_images)
   COREDNS_IMAGE=localhost/foresight-coredns:$(coredns_version)
 
   # The bridge first: the node IP, the API server's address and the pods' gateway.
@@ -365,7 +501,8 @@ EOF
   wait_for containerd 60 containerd ctr_ version
   # The node's own images (pause: the sandbox; coredns), imported like any other.
   ctr_ -n k8s.io images import "$pause_tar" >"$S/logs/import.log" 2>&1
-  ctr_ -n k8s.io images import "$coredns_tar" >>"$S/logs/import.log" 2>&1
+  local tar
+  for tar in "$coredns_tar" "$lpp_tar" "$busybox_tar"; do ctr_ -n k8s.io images import "$tar" >>"$S/logs/import.log" 2>&1; done
 
   cat >"$S/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -426,6 +563,7 @@ EOF
     -p "[{\"op\": \"add\", \"path\": \"/status/capacity/nvidia.com~1gpu\", \"value\": \"$GPUS\"},
          {\"op\": \"add\", \"path\": \"/status/allocatable/nvidia.com~1gpu\", \"value\": \"$GPUS\"}]" >/dev/null
 
+  if [[ $STORAGE == local-pvs ]]; then
   # Storage: pre-created local PersistentVolumes (kubernetes.io/no-provisioner) and a default
   # StorageClass. Each PV is a directory under the state directory, any access mode, so
   # ReadWriteMany claims (the MNIST data) bind too; Retain, since nothing deletes local PVs.
@@ -461,6 +599,9 @@ spec:
 EOF
     done
   } | k apply -f - >/dev/null
+  else
+    local_path_provisioner
+  fi
 
   # CoreDNS behind kube-dns, serving cluster.local from the API server.
   k apply -f - >/dev/null <<EOF
@@ -540,6 +681,7 @@ spec:
   - {name: dns-tcp, port: 53, protocol: TCP}
 EOF
   k -n kube-system rollout status deploy/coredns --timeout=120s >&2
+  [[ $STORAGE == local-pvs ]] || k -n local-path-storage rollout status deploy/local-path-provisioner --timeout=120s >&2
   trap - EXIT
   log "up in $((SECONDS - t0))s: export KUBECONFIG=$S/admin.kubeconfig"
 }

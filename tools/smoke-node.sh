@@ -6,10 +6,10 @@
 #   3. `helm install` of charts/foresight with those images (the chart's default repositories
 #      and appVersion tag; pullPolicy IfNotPresent finds them on the node): the operator runs as
 #      a pod with the chart's ServiceAccount and RBAC, and must become Ready;
-#   4. examples/mnist-dcasgd-cluster.yaml: the claim first; MNIST-5k copied into the local
-#      PersistentVolume it bound (a host path: the example's busybox loader and `kubectl cp`
-#      need a registry image with tar); then the TrainingJob, watched until Succeeded/Failed
-#      (workers reach the PS through its Service name, resolved by CoreDNS);
+#   4. examples/mnist-dcasgd-cluster.yaml: the claim first (bound by local-path-provisioner);
+#      MNIST-5k put on it as the example's comments say (a loader pod, `kubectl cp`), with the
+#      node's busybox image for busybox:1.37; then the TrainingJob, watched until
+#      Succeeded/Failed (workers reach the PS through its Service name, resolved by CoreDNS);
 #   5. tools/cluster.sh down (also on failure), which diffs the host against its snapshot.
 #
 # Environment: RELEASE_DIR (the workspace's release binaries, default <repo>/target/release),
@@ -162,10 +162,20 @@ EOF
 k apply -f "$docs/0.yaml" >&2
 k wait --for=jsonpath='{.status.phase}'=Bound pvc/mnist5k --timeout=60s >&2
 pv=$(k get pvc mnist5k -o jsonpath='{.spec.volumeName}')
-pv_path=$(k get pv "$pv" -o jsonpath='{.spec.local.path}')
-cp "${DATA_DIR:-$repo/data/mnist5k}"/* "$pv_path/"
-chmod -R a+rX "$pv_path"
-log "claim mnist5k bound to $pv ($pv_path): $(ls "$pv_path" | tr '\n' ' ')"
+log "claim mnist5k bound to $pv ($(k get pv "$pv" -o jsonpath='{.spec.storageClassName}'))"
+# The example's own loader steps, with the node's busybox image (Debian's busybox-static) for
+# busybox:1.37, which no registry can serve here.
+t=$SECONDS
+busybox=localhost/busybox:1.35
+k run mnist5k-loader --image=$busybox --restart=Never --overrides='{"spec":{
+  "containers":[{"name":"l","image":"'$busybox'","imagePullPolicy":"Never","command":["sleep","600"],
+  "volumeMounts":[{"name":"d","mountPath":"/data/mnist5k"}]}],
+  "volumes":[{"name":"d","persistentVolumeClaim":{"claimName":"mnist5k"}}]}}' >&2
+k wait --for=condition=Ready pod/mnist5k-loader --timeout=60s >&2
+k cp "${DATA_DIR:-$repo/data/mnist5k}/mnist_5k.csv.gz" mnist5k-loader:/data/mnist5k/mnist_5k.csv.gz >&2
+k exec mnist5k-loader -- ls -l /data/mnist5k >&2
+k delete pod mnist5k-loader --grace-period=1 >&2
+log "MNIST-5k on the claim with kubectl run/cp/exec in $((SECONDS - t))s"
 
 step "TrainingJob"
 t=$SECONDS
@@ -189,7 +199,7 @@ k -n foresight-system logs deploy/foresight --tail=30 >&2 2>/dev/null || true
 # the local PVs they bound.
 for claim in $(k get pvc -o jsonpath='{range .items[*]}{.metadata.name}={.spec.volumeName}{"\n"}{end}'); do
   [[ ${claim%%=*} == mnist5k || -z ${claim#*=} ]] && continue
-  path=$(k get pv "${claim#*=}" -o jsonpath='{.spec.local.path}')
+  path=$(k get pv "${claim#*=}" -o jsonpath='{.spec.local.path}{.spec.hostPath.path}')
   log "claim ${claim%%=*} (${claim#*=}):"
   find "$path" -mindepth 1 -maxdepth 3 -printf '  %P %s bytes\n' | head -n 20 >&2
 done
