@@ -31,7 +31,7 @@ force=0
 for arg in "$@"; do
   case $arg in
     --force) force=1 ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
     *) die "unknown argument: $arg" ;;
   esac
 done

@@ -29,7 +29,7 @@ for arg in "$@"; do
   case $arg in
     --force) force=1 ;;
     --no-apt) apt=0 ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
     *) die "unknown argument: $arg" ;;
   esac
 done

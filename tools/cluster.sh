@@ -13,13 +13,14 @@
 # Parts: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 # (tools/build-control-plane.sh), containerd + runc + the CNI bridge, kubelet and kube-proxy
 # (tools/build-node.sh), CoreDNS as a Deployment behind the kube-dns Service (cluster.local),
-# a pause image built here from a few lines of C, local PersistentVolumes with a default
-# StorageClass, and the node advertising 4 nvidia.com/gpu (extended resource, no device
+# a pause image built here from a few lines of C, rancher/local-path-provisioner behind the
+# default StorageClass `local-path` (FORESIGHT_CLUSTER_STORAGE=local-pvs: pre-created local
+# PVs instead), and the node advertising 4 nvidia.com/gpu (extended resource, no device
 # plugin: pods that ask for GPUs schedule and run on the CPU).
 #
 # Everything lives under one state directory, FORESIGHT_CLUSTER_DIR (default
 # ${FORESIGHT_CACHE:-$HOME/.cache/foresight}/cluster): certificates, logs, etcd, containerd,
-# kubelet, CNI state, the PV directories. containerd, its shims and the kubelet run in a
+# kubelet, CNI state, the volumes' directories. containerd, its shims and the kubelet run in a
 # private mount namespace, so their mounts (overlay rootfs, tmpfs volumes, netns files) never
 # appear in the host's mount table and vanish with them. Network: a bridge fsbr0 with
 # 10.244.0.1/24 (pod subnet; the node IP and the API server's address), Services in
@@ -809,5 +810,5 @@ case $cmd in
   kubectl)
     CP_BIN=${CONTROL_PLANE_BIN:-$("$tools_dir/build-control-plane.sh" | tail -n1)}
     k "$@" ;;
-  *) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
