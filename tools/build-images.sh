@@ -68,8 +68,10 @@ app_version=$(awk -F'"' '/^appVersion:/ { print $2 }' "$repo/charts/foresight/Ch
 # --- base rootfs ----------------------------------------------------------------------------
 suite=bookworm
 base_packages=libc6,libgcc-s1,libstdc++6,netbase
+# Keyed on this section of the script (how the base is made), so other edits rebuild nothing.
 base_key=$(printf 'recipe=%s\nsuite=%s\npackages=%s\n' "$RECIPE" "$suite" "$base_packages" |
-  cat - "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)
+  cat - <(awk '/^# --- base rootfs/ { on = 1 } /^# --- images/ { on = 0 } on' "${BASH_SOURCE[0]}") |
+  sha256sum | cut -c1-12)
 base_ref=localhost/foresight-base:$base_key
 if [[ $force == 1 ]] || ! bah inspect --type image "$base_ref" >/dev/null 2>&1; then
   t0=$SECONDS
