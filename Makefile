@@ -54,3 +54,18 @@ crd: ## Regenerate crds/trainingjob.yaml from the TrainingJob types (a test fail
 clean: ## Remove build outputs and demo output
 	$(CARGO) clean
 	rm -rf $(OUT)
+
+# A real single-node cluster and the images it runs (tools/README.md). Declared .PHONY here,
+# not on the list at the top, so that the two lists never collide in a merge.
+.PHONY: images cluster-up cluster-down
+
+images: build ## Operator, PS and worker images: buildah on a Debian rootfs (no Docker daemon, no registry)
+	@tools/build-node.sh >/dev/null
+	tools/build-images.sh
+
+cluster-up: ## A real single-node Kubernetes cluster: kubelet, containerd, CNI bridge, kube-proxy, CoreDNS
+	@tools/build-node.sh >/dev/null
+	tools/cluster.sh up
+
+cluster-down: ## Take the cluster down and put the host back as it was (checked by diffing)
+	tools/cluster.sh down
