@@ -318,6 +318,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         unschedulable,
         finalize,
         progress,
+        has_run: matches!(old.phase, Some(Phase::Running | Phase::Restarting)),
     };
     let state = status::decide(&observed);
     let new = write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
@@ -349,6 +350,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         unschedulable: None,
         finalize: Finalize::NotYet,
         progress: None,
+        has_run: false,
     }
 }
 

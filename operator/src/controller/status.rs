@@ -47,6 +47,10 @@ pub struct Observed {
     pub finalize: Finalize,
     /// Fresh progress from the PS (`None`: keep the last one).
     pub progress: Option<Progress>,
+    /// The job was Running or Restarting at the last reconcile: it has started, and never goes
+    /// back to Created (a worker pod that finished, or was replaced, is briefly not ready before
+    /// the Job counts it).
+    pub has_run: bool,
 }
 
 /// A phase with the reason and message that explain it.
@@ -124,7 +128,7 @@ pub fn decide(o: &Observed) -> State {
     }
     if w.ready >= remaining && !o.ps_ready {
         return State::new(
-            if w.ready > 0 { Phase::Restarting } else { Phase::Created },
+            if o.has_run { Phase::Restarting } else { Phase::Created },
             "ParameterServerNotReady",
             "waiting for the parameter server to become ready",
         );
@@ -136,14 +140,21 @@ pub fn decide(o: &Observed) -> State {
             format!("{} of {} workers running, {} finished", w.ready, o.replicas, w.succeeded),
         );
     }
+    let ps = if o.ps_ready { "ready" } else { "not ready" };
+    if o.has_run {
+        return State::new(
+            Phase::Running,
+            "WorkersNotAllReady",
+            format!(
+                "{} of {remaining} workers ready, {} finished; parameter server {ps}",
+                w.ready, w.succeeded
+            ),
+        );
+    }
     State::new(
         Phase::Created,
         "Starting",
-        format!(
-            "{} of {remaining} workers ready; parameter server {}",
-            w.ready,
-            if o.ps_ready { "ready" } else { "not ready" }
-        ),
+        format!("{} of {remaining} workers ready; parameter server {ps}", w.ready),
     )
 }
 

@@ -11,6 +11,7 @@ fn observed() -> Observed {
         unschedulable: None,
         finalize: Finalize::NotYet,
         progress: None,
+        has_run: false,
     }
 }
 
@@ -35,8 +36,25 @@ fn each_observation_leads_to_its_phase() {
         (observed(), Phase::Created, "Starting"),
         (Observed { unschedulable: Some("0/1 nodes".into()), ..observed() }, Phase::Created, "Unschedulable"),
         (Observed { ps_ready: true, ..with_workers(running) }, Phase::Running, "WorkersRunning"),
-        // Workers up, the PS gone: not healthy.
-        (with_workers(running), Phase::Restarting, "ParameterServerNotReady"),
+        // Workers up before the PS at the start: still starting.
+        (with_workers(running), Phase::Created, "ParameterServerNotReady"),
+        // Workers up, the PS gone after the job ran: not healthy.
+        (Observed { has_run: true, ..with_workers(running) }, Phase::Restarting, "ParameterServerNotReady"),
+        // Seen on a real node: finished workers' pods stop being ready before the Job counts
+        // them; a job that ran never goes back to Created.
+        (
+            Observed {
+                ps_ready: true,
+                has_run: true,
+                ..with_workers(|w| {
+                    w.active = 2;
+                    w.ready = 0;
+                    w.succeeded = 2;
+                })
+            },
+            Phase::Running,
+            "WorkersNotAllReady",
+        ),
         (
             Observed {
                 ps_ready: true,
