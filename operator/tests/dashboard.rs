@@ -465,7 +465,7 @@ impl Prometheus {
             .spawn()
             .expect("prometheus (Debian's prometheus package) is not installed: run `make setup`");
         let mut p = Self { child, addr };
-        wait_until("prometheus to be ready", || {
+        wait("prometheus to be ready", || {
             if let Some(status) = p.child.try_wait().unwrap() {
                 let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
                 panic!("prometheus exited ({status}):\n{log}");
@@ -494,7 +494,7 @@ impl Prometheus {
     fn wait_scrapes(&self, instances: &[String], n: f64) {
         let before = self.scrape_counts();
         let count = |c: &BTreeMap<String, f64>, i: &String| c.get(i).copied().unwrap_or(0.0);
-        wait_until(&format!("{n} more scrapes of {instances:?}"), || {
+        wait(&format!("{n} more scrapes of {instances:?}"), || {
             let now = self.scrape_counts();
             instances.iter().all(|i| count(&now, i) >= count(&before, i) + n).then_some(())
         });
@@ -503,7 +503,7 @@ impl Prometheus {
     /// Waits until Prometheus holds a sample of `selector` above zero.
     fn wait_for_positive_sample(&self, selector: &str) {
         let q = format!("/api/v1/query?query={}", urlencode(&format!("max_over_time({selector}[1h]) > 0")));
-        wait_until(&format!("a sample of {selector} above 0 in Prometheus"), || {
+        wait(&format!("a sample of {selector} above 0 in Prometheus"), || {
             self.api(&q).ok()?["result"].as_array().is_some_and(|r| !r.is_empty()).then_some(())
         });
     }
@@ -551,7 +551,7 @@ impl Foresight {
 
     /// Polls `f` until it answers, while the run keeps running (a bound of [`LIMIT`]).
     fn wait_for<T>(&mut self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-        wait_until(what, || {
+        wait(what, || {
             if let Some(status) = self.0.try_wait().unwrap() {
                 panic!("foresight run exited early ({status}) while the test waited for {what}");
             }
@@ -560,7 +560,7 @@ impl Foresight {
     }
 
     fn wait(&mut self) -> std::process::ExitStatus {
-        wait_until("foresight run to finish", || self.0.try_wait().unwrap())
+        wait("foresight run to finish", || self.0.try_wait().unwrap())
     }
 }
 
@@ -586,17 +586,8 @@ impl Drop for Foresight {
 /// for and how long it took).
 const LIMIT: Duration = Duration::from_secs(300);
 
-/// Polls `f` every 100 ms until it answers; panics naming `what` after [`LIMIT`].
-fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            eprintln!("waited {:.1?} for {what}", started.elapsed());
-            return v;
-        }
-        assert!(started.elapsed() < LIMIT, "waited {LIMIT:?} for {what} in vain");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    support::wait_for(what, LIMIT, f)
 }
 
 /// A minimal HTTP/1.0 exchange (the response ends when the server closes): (status, body).

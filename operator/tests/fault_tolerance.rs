@@ -7,9 +7,11 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
+
+mod support;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -24,16 +26,8 @@ fn bin(name: &str) -> PathBuf {
 /// How long the test waits for any one thing: a generous bound, never a measure of speed.
 const LIMIT: Duration = Duration::from_secs(600);
 
-fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            eprintln!("waited {:.1?} for {what}", started.elapsed());
-            return v;
-        }
-        assert!(started.elapsed() < LIMIT, "waited {LIMIT:?} for {what} in vain");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    support::wait_for(what, LIMIT, f)
 }
 
 /// A minimal HTTP/1.0 exchange with the PS: (status, body).
@@ -130,7 +124,7 @@ impl Run {
     /// The PS's address, from the run's Prometheus targets.
     fn ps(&mut self) -> String {
         let sd = self.out.join("prometheus-targets.json");
-        wait_until("the run's prometheus-targets.json", || {
+        wait("the run's prometheus-targets.json", || {
             assert!(self.child.try_wait().unwrap().is_none(), "foresight run exited early");
             let v: Value = serde_json::from_str(&std::fs::read_to_string(&sd).ok()?).ok()?;
             Some(v[0]["targets"][0].as_str()?.to_string())
@@ -138,7 +132,7 @@ impl Run {
     }
 
     fn wait(&mut self) -> ExitStatus {
-        wait_until("foresight run to finish", || self.child.try_wait().unwrap())
+        wait("foresight run to finish", || self.child.try_wait().unwrap())
     }
 
     fn summary(&self) -> Value {
@@ -154,7 +148,7 @@ impl Drop for Run {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
             let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-            let _ = wait_until("foresight run to stop", || self.child.try_wait().ok().flatten());
+            let _ = wait("foresight run to stop", || self.child.try_wait().ok().flatten());
         }
     }
 }
@@ -179,7 +173,7 @@ fn a_killed_worker_is_started_again_and_resumes_where_it_left_off() {
     let yaml = job_yaml(tmp.path(), "  optimizer: {algorithm: dc-asgd-a}\n");
     let mut run = Run::start(tmp.path(), &yaml, token);
     let ps = run.ps();
-    let before = wait_until("worker 1 to have 20 steps in the model", || {
+    let before = wait("worker 1 to have 20 steps in the model", || {
         status(&ps, token).filter(|s| s["workers"][1]["resume_step"].as_u64().unwrap_or(0) >= 20)
     });
     let pid = pids_with(token, "FORESIGHT_WORKER_INDEX", "1");
@@ -229,7 +223,7 @@ fn a_killed_parameter_server_comes_back_from_its_checkpoint() {
             })
             .max()
     };
-    wait_until("a checkpoint of version ≥ 20", || newest_checkpoint().filter(|v| *v >= 20));
+    wait("a checkpoint of version ≥ 20", || newest_checkpoint().filter(|v| *v >= 20));
     let at_kill = status(&ps, token).unwrap()["version"].as_u64().unwrap();
     let pid = pids_with(token, "FORESIGHT_PS_LISTEN", &ps);
     assert_eq!(pid.len(), 1, "one parameter server: {pid:?}");
@@ -285,7 +279,7 @@ impl Ps {
             .stderr(log)
             .spawn()
             .unwrap();
-        wait_until("the PS to listen", || http(addr, "GET", "/readyz", "").map(|_| ()));
+        wait("the PS to listen", || http(addr, "GET", "/readyz", "").map(|_| ()));
         Self(child)
     }
 }
@@ -331,8 +325,7 @@ fn a_parameter_server_that_lost_everything_is_reseeded_from_the_workers_copies()
                 .unwrap()
         })
         .collect();
-    let before =
-        wait_until("40 updates", || status(&addr, token).filter(|s| s["version"].as_u64() >= Some(40)));
+    let before = wait("40 updates", || status(&addr, token).filter(|s| s["version"].as_u64() >= Some(40)));
     let at_kill = before["version"].as_u64().unwrap();
     // The freshest copy a worker holds is its last pull: the newest updates may be nobody's yet.
     let pulled =
@@ -380,12 +373,12 @@ fn a_sync_round_never_waits_forever_for_a_stuck_worker() {
     let mut run = Run::start(tmp.path(), &yaml, token);
     let ps = run.ps();
     let version = || status(&ps, token).and_then(|s| s["version"].as_u64());
-    wait_until("10 sync rounds", || version().filter(|v| *v >= 10));
+    wait("10 sync rounds", || version().filter(|v| *v >= 10));
     let pid = pids_with(token, "FORESIGHT_WORKER_INDEX", "1");
     assert_eq!(pid.len(), 1, "{pid:?}");
     signal(pid[0], "STOP");
     let stopped_at = version().unwrap();
-    wait_until("3 rounds without worker 1", || {
+    wait("3 rounds without worker 1", || {
         (metric(&ps, "foresight_ps_sync_rounds_closed_short_total") >= 3.0).then_some(())
     });
     assert!(version().unwrap() >= stopped_at + 3);

@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 use crate::api::{self, TrainingJob};
+use crate::controller::children::WORKER_EXIT_PERMANENT;
 pub use summary::Summary;
 use summary::{History, WorkerEvent};
 
@@ -375,7 +376,9 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                 Some(Msg::Exit(_, status)) if status.success() => exited += 1,
                 Some(Msg::Exit(i, status)) => {
                     let what = workers.procs[i].name.clone();
-                    if !backoff.allow(&what, false, status, started.elapsed().as_secs_f64()) {
+                    // Like the worker Job's podFailurePolicy: a failure no retry fixes is final.
+                    let permanent = status.code() == Some(WORKER_EXIT_PERMANENT);
+                    if permanent || !backoff.allow(&what, false, status, started.elapsed().as_secs_f64()) {
                         bar.abandon();
                         stop_all(&workers, &ps, "TERM");
                         let _ = tokio::time::timeout(Duration::from_secs(30), ps.child.wait()).await;
