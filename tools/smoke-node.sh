@@ -104,12 +104,22 @@ spec:
 EOF
   k rollout status deploy/ps-smoke --timeout=120s >&2
   log "PS Deployment ready after $((SECONDS - t))s"
+  # The Service answers once its EndpointSlice lists the ready pod and kube-proxy has synced;
+  # before that, connections are refused (seen once). Wait for the slice; the Job's retries
+  # cover kube-proxy's sync.
+  for _ in $(seq 120); do
+    ready=$(k get endpointslice -l kubernetes.io/service-name=ps-smoke \
+      -o jsonpath='{.items[*].endpoints[*].conditions.ready}' 2>/dev/null || true)
+    [[ $ready == *true* ]] && break
+    sleep 0.5
+  done
+  [[ $ready == *true* ]] || die "the ps-smoke Service never listed a ready endpoint"
   k apply -f - >&2 <<EOF
 apiVersion: batch/v1
 kind: Job
 metadata: {name: ps-client}
 spec:
-  backoffLimit: 0
+  backoffLimit: 3
   template:
     spec:
       restartPolicy: Never

@@ -177,6 +177,13 @@ enum Msg {
     Exit(usize, ExitStatus),
 }
 
+/// The `namespace` label of a local run's metrics.
+const NAMESPACE: &str = "local";
+
+fn job_name(job: &TrainingJob) -> String {
+    job.metadata.name.clone().unwrap_or_else(|| "local".into())
+}
+
 /// Kubernetes' default `backoffLimit` for a Job, used when the spec names none.
 const DEFAULT_BACKOFF_LIMIT: u32 = 6;
 
@@ -280,8 +287,8 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     // stop the run in order, instead of the default exit that would orphan the children.
     let mut stop = stop_signals()?;
     let spec = &job.spec;
-    let name = job.metadata.name.clone().unwrap_or_else(|| "local".into());
-    let namespace = "local";
+    let name = job_name(job);
+    let namespace = NAMESPACE;
     check_paths(spec)?;
     let m = spec.workers.replicas as usize;
     let ckpt_dir = opts.out.join("checkpoints");
@@ -316,28 +323,11 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let client = PsClient::new(&ps_url, Some(token.clone())).map_err(setup)?;
 
     // The workers, with the environment the operator would give their pods.
-    let threads = opts.torch_threads.unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (cores / m).max(1)
-    });
     let (tx, mut rx) = mpsc::channel::<Msg>(1024);
     let mut targets = vec![format!("127.0.0.1:{ps_port}")];
-    let mut env = Vec::with_capacity(m);
-    for i in 0..m {
-        let metrics_port = free_port()?;
-        targets.push(format!("127.0.0.1:{metrics_port}"));
-        let mut e = api::worker_env(spec, &name, namespace, &ps_url);
-        e.extend([
-            ("FORESIGHT_WORKER_INDEX".into(), i.to_string()),
-            ("FORESIGHT_TOKEN".into(), token.clone()),
-            ("FORESIGHT_TORCH_THREADS".into(), threads.to_string()),
-            ("FORESIGHT_METRICS_ADDR".into(), format!("127.0.0.1:{metrics_port}")),
-        ]);
-        e.extend(
-            opts.worker_overrides.iter().filter(|(w, _, _)| *w == i).map(|(_, k, v)| (k.clone(), v.clone())),
-        );
-        env.push(e);
-    }
+    let metrics_ports = (0..m).map(|_| free_port()).collect::<Result<Vec<_>, _>>()?;
+    targets.extend(metrics_ports.iter().map(|p| format!("127.0.0.1:{p}")));
+    let env = worker_envs(job, opts, &ps_url, &token, &metrics_ports);
     let mut workers = Workers {
         env,
         procs: Vec::with_capacity(m),
@@ -439,6 +429,39 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     plot::draw(&opts.out.join("plot.png"), &history, &summary)
         .map_err(|e| setup(format!("drawing the plot: {e}")))?;
     Ok(summary)
+}
+
+/// Each worker's environment: what the operator gives its pod, plus its index, the token, its
+/// metrics port, libtorch threads (cores / M by default) and the run's per-worker overrides.
+fn worker_envs(
+    job: &TrainingJob,
+    opts: &RunOptions,
+    ps_url: &str,
+    token: &str,
+    metrics_ports: &[u16],
+) -> Vec<Vec<(String, String)>> {
+    let m = metrics_ports.len();
+    let threads = opts.torch_threads.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / m).max(1)
+    });
+    let name = job_name(job);
+    metrics_ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let mut e = api::worker_env(&job.spec, &name, NAMESPACE, ps_url);
+            e.extend([
+                ("FORESIGHT_WORKER_INDEX".into(), i.to_string()),
+                ("FORESIGHT_TOKEN".into(), token.to_string()),
+                ("FORESIGHT_TORCH_THREADS".into(), threads.to_string()),
+                ("FORESIGHT_METRICS_ADDR".into(), format!("127.0.0.1:{port}")),
+            ]);
+            let overrides = opts.worker_overrides.iter().filter(|(w, _, _)| *w == i);
+            e.extend(overrides.map(|(_, k, v)| (k.clone(), v.clone())));
+            e
+        })
+        .collect()
 }
 
 /// The data and model files the spec names must exist here.
