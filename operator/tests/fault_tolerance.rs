@@ -2,6 +2,11 @@
 //! replaced mid-run resumes where it left off; a parameter server that dies comes back from
 //! its checkpoint, or without one from the freshest copy a worker holds; a `sync` round never
 //! waits forever for a stuck worker. MNIST-5k, libtorch workers, the real `foresight-ps`.
+//!
+//! Nothing here depends on how fast the machine trains: every job has an epoch budget no run
+//! reaches ([`EPOCHS`]), each step waits for what it needs (updates, a checkpoint, a join),
+//! and the test ends the job itself with `/v1/finalize` once it has seen the recovery, as the
+//! operator does when the workers are done; the workers then stop and exit 0.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -88,12 +93,15 @@ fn signal(pid: u32, sig: &str) {
     assert!(ok.success(), "kill -{sig} {pid}");
 }
 
+/// An epoch budget that bounds the runs without being reached: the tests finalize them.
+const EPOCHS: u32 = 10_000;
+
 fn job_yaml(dir: &Path, spec: &str) -> PathBuf {
     let p = dir.join("job.yaml");
     let text = format!(
         "apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: ft}}\nspec:\n  \
          model: {{name: mlp}}\n  dataset: {{format: csv, path: data/mnist5k}}\n  \
-         training: {{epochs: 2, batchSize: 32, learningRate: 0.1}}\n  workers: {{replicas: 2}}\n{spec}"
+         training: {{epochs: {EPOCHS}, batchSize: 32, learningRate: 0.1}}\n  workers: {{replicas: 2}}\n{spec}"
     );
     std::fs::write(&p, text).unwrap();
     p
@@ -131,7 +139,10 @@ impl Run {
         })
     }
 
-    fn wait(&mut self) -> ExitStatus {
+    /// Ends the job as the operator does, then waits for the run to finish.
+    fn finalize(&mut self, ps: &str, token: &str) -> ExitStatus {
+        let (code, body) = http(ps, "POST", "/v1/finalize", token).expect("the PS answers");
+        assert_eq!(code, 200, "POST /v1/finalize: {body}");
         wait("foresight run to finish", || self.child.try_wait().unwrap())
     }
 
@@ -153,7 +164,8 @@ impl Drop for Run {
     }
 }
 
-/// (steps, discarded, test accuracy) from worker `w`'s last `done` event.
+/// (accepted pushes, discarded gradients, test accuracy) from worker `w`'s `done` event (the
+/// last process of that worker).
 fn done(summary: &Value, w: u64) -> (u64, u64, f64) {
     let d = summary["per_worker"]
         .as_array()
@@ -161,7 +173,12 @@ fn done(summary: &Value, w: u64) -> (u64, u64, f64) {
         .iter()
         .find(|e| e["worker"] == w)
         .unwrap_or_else(|| panic!("no done event of worker {w}: {summary:#}"));
-    (d["steps"].as_u64().unwrap(), d["discarded"].as_u64().unwrap(), d["test_accuracy"].as_f64().unwrap())
+    (d["pushes"].as_u64().unwrap(), d["discarded"].as_u64().unwrap(), d["test_accuracy"].as_f64().unwrap())
+}
+
+/// Worker `w`'s entry in the PS's `/v1/status`, once `ready` holds for it.
+fn worker_status(ps: &str, token: &str, w: usize, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    wait(what, || status(ps, token).map(|s| s["workers"][w].clone()).filter(&ready))
 }
 
 /// The bug this prevents: a replacement worker used to number its pushes from 1 again, the PS
@@ -173,35 +190,45 @@ fn a_killed_worker_is_started_again_and_resumes_where_it_left_off() {
     let yaml = job_yaml(tmp.path(), "  optimizer: {algorithm: dc-asgd-a}\n");
     let mut run = Run::start(tmp.path(), &yaml, token);
     let ps = run.ps();
-    let before = wait("worker 1 to have 20 steps in the model", || {
-        status(&ps, token).filter(|s| s["workers"][1]["resume_step"].as_u64().unwrap_or(0) >= 20)
-    });
+    let has = |key: &'static str, at_least: u64| move |w: &Value| w[key].as_u64().unwrap_or(0) >= at_least;
+    worker_status(&ps, token, 1, "worker 1 to have 20 steps in the model", has("resume_step", 20));
     let pid = pids_with(token, "FORESIGHT_WORKER_INDEX", "1");
     assert_eq!(pid.len(), 1, "one process is worker 1: {pid:?}");
     signal(pid[0], "KILL");
-    eprintln!("killed worker 1 (pid {}) at PS version {}", pid[0], before["version"]);
-
-    let exit = run.wait();
+    // The replacement joins as generation 2 and resumes where the PS says; then it trains on.
+    let joined = worker_status(&ps, token, 1, "worker 1's replacement to join", has("generation", 2));
+    let seen = joined["resume_step"].as_u64().unwrap();
+    worker_status(&ps, token, 1, "the replacement's steps in the model", has("resume_step", seen + 20));
+    let exit = run.finalize(&ps, token);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
+
     let summary = run.summary();
     let restarts = summary["restarts"].as_array().unwrap();
     assert_eq!(restarts.len(), 1, "{restarts:?}");
     assert_eq!(restarts[0]["process"], "worker 1");
     assert!(restarts[0]["status"].as_str().unwrap().contains("9"), "{restarts:?}");
-    let worker_log = std::fs::read_to_string(run.out.join("logs/worker-1.log")).unwrap();
-    assert!(worker_log.contains("resuming where this worker's earlier process left off"), "{worker_log}");
-
-    // The job did exactly the work its spec asks for: both workers ended at the same step, and
-    // every step of both is in the model once (the replacement redid only the steps that had
-    // not reached it).
-    let ((s0, d0, acc), (s1, d1, _)) = (done(&summary, 0), done(&summary, 1));
-    assert_eq!(s1, s0, "the replaced worker ends where its spec says");
+    let worker_log = strip_ansi(&std::fs::read_to_string(run.out.join("logs/worker-1.log")).unwrap());
+    let resumed_at: u64 = worker_log
+        .lines()
+        .find(|l| l.contains("resuming where this worker's earlier process left off"))
+        .and_then(|l| l.split(" step=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the replacement logs where it resumed:\n{worker_log}"));
+    assert!(
+        resumed_at >= 20 && resumed_at <= seen,
+        "resumed at {resumed_at}; the PS said {seen} after the join"
+    );
+    // Every step is in the model exactly once: worker 0's pushes, the first process's steps
+    // 1..=resumed_at, and the replacement's pushes from resumed_at + 1 on.
+    let ((p0, d0, acc), (p1, d1, _)) = (done(&summary, 0), done(&summary, 1));
     assert_eq!((d0, d1), (0, 0), "no gradient was discarded");
-    assert_eq!(summary["updates"].as_u64().unwrap(), s0 + s1, "{summary:#}");
+    assert_eq!(summary["updates"].as_u64().unwrap(), p0 + resumed_at + p1, "{summary:#}");
     let rejected = &summary["rejected_gradients"];
     assert!(rejected.get("stale_seq").is_none_or(|n| n == 0), "{rejected}");
-    assert!(acc > 0.8, "held-out accuracy of the final model {acc}");
-    eprintln!("worker 1 resumed; {} updates, final held-out accuracy {acc:.4}", summary["updates"]);
+    assert!(acc > 0.5, "held-out accuracy of the final model {acc}");
+    eprintln!(
+        "worker 1 resumed at step {resumed_at}; {} updates, final held-out accuracy {acc:.4}",
+        summary["updates"]
+    );
 }
 
 /// With a checkpoint: the PS is killed, `foresight run` starts it again (as its Deployment
@@ -228,26 +255,28 @@ fn a_killed_parameter_server_comes_back_from_its_checkpoint() {
     let pid = pids_with(token, "FORESIGHT_PS_LISTEN", &ps);
     assert_eq!(pid.len(), 1, "one parameter server: {pid:?}");
     signal(pid[0], "KILL");
-
-    let exit = run.wait();
+    let version = || status(&ps, token).and_then(|s| s["version"].as_u64());
+    let ps_log = || strip_ansi(&std::fs::read_to_string(run.out.join("logs/ps.log")).unwrap_or_default());
+    let restored: u64 = wait("the new PS to restore a checkpoint", || {
+        ps_log()
+            .lines()
+            .find(|l| l.contains("restored checkpoint"))
+            .and_then(|l| l.split("version=").nth(1)?.split_whitespace().next()?.parse().ok())
+    });
+    wait("20 updates after the restore", || version().filter(|v| *v >= restored + 20));
+    let exit = run.finalize(&ps, token);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
+
     let summary = run.summary();
     let restarts = summary["restarts"].as_array().unwrap();
     assert_eq!(restarts.len(), 1, "{restarts:?}");
     assert_eq!(restarts[0]["process"], "parameter server");
-    let ps_log = strip_ansi(&std::fs::read_to_string(run.out.join("logs/ps.log")).unwrap());
-    let restored: u64 = ps_log
-        .lines()
-        .find(|l| l.contains("restored checkpoint"))
-        .and_then(|l| l.split("version=").nth(1)?.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("the PS did not restore a checkpoint:\n{ps_log}"));
     assert!(
         restored >= 20 && restored <= at_kill + 1,
         "restored version {restored}, {at_kill} read before the kill"
     );
-    let ((s0, _, acc), (s1, _, _)) = (done(&summary, 0), done(&summary, 1));
-    assert_eq!(s0, s1, "both workers went through their whole budget");
-    assert!(acc > 0.8, "held-out accuracy of the final model {acc}");
+    let ((_, _, acc), _) = (done(&summary, 0), done(&summary, 1));
+    assert!(acc > 0.5, "held-out accuracy of the final model {acc}");
     // `at_kill` was read just before the kill, so the loss is at least the difference.
     eprintln!(
         "PS killed at version ≥ {at_kill}, restored version {restored}: at least {} updates lost; final held-out accuracy {acc:.4}",
@@ -315,7 +344,7 @@ fn a_parameter_server_that_lost_everything_is_reseeded_from_the_workers_copies()
                 .env("FORESIGHT_MODEL", "mlp")
                 .env("FORESIGHT_DATASET_FORMAT", "csv")
                 .env("FORESIGHT_DATASET_PATH", &data)
-                .env("FORESIGHT_EPOCHS", "2")
+                .env("FORESIGHT_EPOCHS", EPOCHS.to_string())
                 .env("FORESIGHT_BATCH_SIZE", "32")
                 .env("FORESIGHT_TORCH_THREADS", "1")
                 .env("FORESIGHT_METRICS_ADDR", "")
@@ -332,6 +361,10 @@ fn a_parameter_server_that_lost_everything_is_reseeded_from_the_workers_copies()
         before["workers"].as_array().unwrap().iter().filter_map(|w| w["pulled_version"].as_u64()).max();
     drop(first); // SIGKILL: the model existed only in its memory
     let second = Ps::start(tmp.path(), &addr, token, &ps_args);
+    let updates_since = || metric(&addr, "foresight_ps_updates_total");
+    wait("20 updates on the re-seeded PS", || (updates_since() >= 20.0).then_some(()));
+    let (code, body) = http(&addr, "POST", "/v1/finalize", token).unwrap();
+    assert_eq!(code, 200, "{body}");
 
     let mut finished = vec![];
     for (i, w) in workers.into_iter().enumerate() {
@@ -351,10 +384,8 @@ fn a_parameter_server_that_lost_everything_is_reseeded_from_the_workers_copies()
     assert!(metric(&addr, "foresight_ps_reseeds_total") >= 1.0, "the model came from a worker's copy");
     let pulled = pulled.expect("the workers had pulled");
     assert!(seed >= pulled, "seeded at version {seed}: a worker had pulled version {pulled} before the kill");
-    let steps: Vec<u64> = finished.iter().map(|d| d["steps"].as_u64().unwrap()).collect();
-    assert_eq!(steps[0], steps[1], "both workers went through their whole budget");
     let acc = finished[0]["test_accuracy"].as_f64().unwrap();
-    assert!(acc > 0.8, "held-out accuracy of the final model {acc}");
+    assert!(acc > 0.5, "held-out accuracy of the final model {acc}");
     eprintln!(
         "PS lost at version ≥ {at_kill}; re-seeded at version {seed} from a worker's copy (at least {} updates lost); \
          final version {version}, accuracy {acc:.4}",
@@ -383,13 +414,16 @@ fn a_sync_round_never_waits_forever_for_a_stuck_worker() {
     });
     assert!(version().unwrap() >= stopped_at + 3);
     signal(pid[0], "CONT");
-    let exit = run.wait();
+    let pushes = |w: &Value| w["pushes"].as_u64().unwrap_or(0);
+    let before = pushes(&status(&ps, token).unwrap()["workers"][1]);
+    worker_status(&ps, token, 1, "worker 1 to push again", |w| pushes(w) > before);
+    let exit = run.finalize(&ps, token);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
     let summary = run.summary();
     assert!(summary["restarts"].as_array().unwrap().is_empty());
     // Whether worker 1's first gradient after waking is late (`round_closed`, dropped) depends on
-    // where SIGSTOP caught it (computing, or waiting for a round); either way it finishes.
-    let ((s0, _, acc), (s1, _, _)) = (done(&summary, 0), done(&summary, 1));
-    assert_eq!(s0, s1, "the stuck worker finished its budget too");
+    // where SIGSTOP caught it (computing, or waiting for a round); either way it carries on.
+    let ((_, _, acc), (p1, _, _)) = (done(&summary, 0), done(&summary, 1));
+    assert!(p1 > before, "worker 1 pushed after it woke");
     assert!(acc > 0.5, "held-out accuracy of the final model {acc}");
 }

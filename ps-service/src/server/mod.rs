@@ -199,24 +199,30 @@ impl AppState {
                 current.reseed(values.params(), version)
             }
         };
-        if version > 0 {
+        if version > 0 && taken {
+            self.metrics.reseeds.inc();
+            tracing::info!(version, worker, "model seeded from a worker's copy");
             let mut seeding = self.seeding.lock();
-            if taken {
-                self.metrics.reseeds.inc();
-                tracing::info!(version, worker, "model seeded from a worker's copy");
-                if matches!(*seeding, Seeding::Idle) {
-                    let until = Instant::now() + self.config.reseed_hold;
-                    *seeding = Seeding::Holding { until, offered: vec![false; self.config.workers] };
-                }
+            if matches!(*seeding, Seeding::Idle) {
+                let until = Instant::now() + self.config.reseed_hold;
+                *seeding = Seeding::Holding { until, offered: vec![false; self.config.workers] };
             }
-            if let (Seeding::Holding { offered, .. }, Some(w)) = (&mut *seeding, worker) {
-                offered[w] = true;
-            }
+        }
+        if version > 0 {
+            self.offered(worker);
         }
         if taken {
             self.metrics.model_version.set(version as i64);
         }
         taken
+    }
+
+    /// Notes that `worker` has offered its copy, whether or not it was taken: the hold waits
+    /// for every worker's offer, not for every worker's copy to win.
+    pub(crate) fn offered(&self, worker: Option<usize>) {
+        if let (Seeding::Holding { offered, .. }, Some(w)) = (&mut *self.seeding.lock(), worker) {
+            offered[w] = true;
+        }
     }
 
     /// Whether pushes must still wait for the workers' copies (see [`AppState::offer`]).
