@@ -320,6 +320,10 @@ fn suspend_stops_the_workers_and_the_ps_keeps_its_checkpoint_then_resume_continu
     assert_eq!(cp.get_json(&ns, "deployment/pausable-ps").unwrap()["spec"]["replicas"], 0);
     worker_pods(cp, &ns, "pausable", 0);
     assert!(cp.get_json(&ns, "pvc/pausable-ps-checkpoints").is_some(), "the checkpoint stays");
+    // Play the kubelet: the deleted pods' containers stop and the pods go. (With a
+    // podFailurePolicy the Job controller replaces a pod only once it is gone or terminal.)
+    let selector = "foresight.dev/job=pausable,app.kubernetes.io/component=worker";
+    cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
 
     cp.kubectl_ok(
         &[
