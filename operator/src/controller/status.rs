@@ -199,13 +199,19 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         });
     }
     let w = o.workers.clone().unwrap_or_default();
+    let mut progress = o.progress.clone().or_else(|| old.progress.clone());
+    // Progress is read at most once per period while training; the final model's version is
+    // the last word on how far it went (seen on the real node: step 588 shown, 640 final).
+    if let Finalize::Done { version } = o.finalize {
+        progress.get_or_insert_default().step = version;
+    }
     TrainingJobStatus {
         phase: Some(state.phase),
         conditions,
         observed_generation: o.generation,
         workers: Some(WorkersStatus { active: w.active, succeeded: w.succeeded, failed: w.failed }),
         parameter_server: Some(crate::api::ParameterServerStatus { ready: o.ps_ready }),
-        progress: o.progress.clone().or_else(|| old.progress.clone()),
+        progress,
         start_time: old.start_time.clone().or_else(|| created.then(|| now.clone())),
         completion_time: old.completion_time.clone().or_else(|| state.is_finished().then(|| now.clone())),
     }

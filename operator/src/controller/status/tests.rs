@@ -181,3 +181,15 @@ fn a_transition_is_a_change_of_phase_or_reason() {
     let t2 = transition(&s, &unschedulable).expect("same phase, new reason");
     assert!(t2.is_warning());
 }
+
+#[test]
+fn a_succeeded_job_shows_the_final_models_version_as_its_step() {
+    let old = TrainingJobStatus {
+        progress: Some(Progress { step: 588, epoch: 3, ..Default::default() }),
+        ..Default::default()
+    };
+    let o = Observed { finalize: Finalize::Done { version: 640 }, ..with_workers(|w| w.complete = true) };
+    let st = next_status(&old, &o, &decide(&o), &t("2026-01-01T00:00:00Z"));
+    let p = st.progress.unwrap();
+    assert_eq!((p.step, p.epoch), (640, 3), "the step follows the final model; the rest is kept");
+}
