@@ -348,10 +348,6 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let mut done: Vec<Option<WorkerEvent>> = vec![None; m];
     let mut exited = 0;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let stop_all = |workers: &Workers, ps: &ParameterServer, sig: &str| {
-        workers.signal_all(sig);
-        ps.proc_.signal(sig);
-    };
     while exited < m {
         tokio::select! {
             msg = rx.recv() => match msg {
@@ -370,8 +366,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                     let permanent = status.code() == Some(WORKER_EXIT_PERMANENT);
                     if permanent || !backoff.allow(&what, false, status, started.elapsed().as_secs_f64()) {
                         bar.abandon();
-                        stop_all(&workers, &ps, "TERM");
-                        let _ = tokio::time::timeout(Duration::from_secs(30), ps.child.wait()).await;
+                        stop_everything(&workers, &mut ps, &mut rx, m - exited - 1).await;
                         return Err(workers.procs[i].failed(status));
                     }
                     bar.println(format!("{what} failed ({status}); starting it again ({} of {limit} restarts)", backoff.workers));
@@ -383,7 +378,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                 let status = status.unwrap_or_else(|_| failed_status());
                 if !backoff.allow("parameter server", true, status, started.elapsed().as_secs_f64()) {
                     bar.abandon();
-                    stop_all(&workers, &ps, "TERM");
+                    stop_everything(&workers, &mut ps, &mut rx, m - exited).await;
                     return Err(ps.proc_.failed(status));
                 }
                 bar.println(format!("the parameter server failed ({status}); starting it again ({} of {limit} restarts)", backoff.ps));
@@ -396,8 +391,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
             }
             _ = stop.changed() => {
                 bar.abandon();
-                stop_all(&workers, &ps, "TERM");
-                let _ = tokio::time::timeout(Duration::from_secs(60), ps.child.wait()).await;
+                stop_everything(&workers, &mut ps, &mut rx, m - exited).await;
                 return Err(RunError::Interrupted(ckpt_dir.display().to_string()));
             }
         }
@@ -429,6 +423,39 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     plot::draw(&opts.out.join("plot.png"), &history, &summary)
         .map_err(|e| setup(format!("drawing the plot: {e}")))?;
     Ok(summary)
+}
+
+/// Stops every process in order — SIGTERM to all, the parameter server's last checkpoint (up to
+/// 60 s), then the exit of each of the `live` workers (up to 30 s, then SIGKILL) — so that no
+/// process outlives `foresight run`.
+async fn stop_everything(
+    workers: &Workers,
+    ps: &mut ParameterServer,
+    rx: &mut mpsc::Receiver<Msg>,
+    live: usize,
+) {
+    workers.signal_all("TERM");
+    ps.proc_.signal("TERM");
+    let _ = tokio::time::timeout(Duration::from_secs(60), ps.child.wait()).await;
+    let mut live = live;
+    for (sig, limit) in [(None, 30), (Some("KILL"), 10)] {
+        if live == 0 {
+            return;
+        }
+        if let Some(sig) = sig {
+            workers.signal_all(sig);
+        }
+        let exits = async {
+            while live > 0 {
+                match rx.recv().await {
+                    Some(Msg::Exit(..)) => live -= 1,
+                    Some(Msg::Line(..)) => {}
+                    None => break,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(limit), exits).await;
+    }
 }
 
 /// Each worker's environment: what the operator gives its pod, plus its index, the token, its
