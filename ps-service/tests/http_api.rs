@@ -523,6 +523,11 @@ async fn joins_generations_and_reseeding() {
     let r = c.push(PushId::unjoined(1, 30, 1), None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap_err();
     assert_eq!(r.reason(), Some("seeding"), "pushes wait while copies may still come");
     assert!(r.is_transient());
+    // Worker 0 has not offered yet: it is told to, instead of pulling the seed over its own
+    // (possibly fresher) copy or waiting out the hold behind `seeding`.
+    assert_eq!(c.pull(0, None, Duration::ZERO).await.unwrap_err().reason(), Some("not_registered"));
+    let r = c.push(PushId::unjoined(0, 30, 1), None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap_err();
+    assert_eq!(r.reason(), Some("not_registered"));
     assert!(!c.offer(0, 20, &l, &copy(0)).await.unwrap(), "an older copy is refused");
     assert!(c.offer(0, 45, &l, &copy(0)).await.unwrap(), "a fresher copy replaces the seed");
     let model = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
@@ -546,7 +551,7 @@ async fn joins_generations_and_reseeding() {
     let m = scrape(&ps.url).await;
     assert_eq!(metric(&m, "foresight_ps_worker_joins_total", &[]), 2.0);
     assert_eq!(metric(&m, "foresight_ps_reseeds_total", &[]), 2.0, "two copies taken, 30 then 45");
-    for reason in ["seeding", "superseded", "rejoin_required"] {
+    for reason in ["seeding", "not_registered", "superseded", "rejoin_required"] {
         let label = format!("reason=\"{reason}\"");
         assert_eq!(metric(&m, "foresight_ps_gradients_rejected_total", &[&label]), 1.0, "{reason}");
     }

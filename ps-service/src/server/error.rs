@@ -36,6 +36,16 @@ impl ApiError {
         )
     }
 
+    /// The PS lost its model and holds for the workers' copies; this worker has not offered
+    /// its own yet. Same reason as before any registration: the worker's answer is the same.
+    pub fn lost_model() -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "not_registered",
+            "the parameter server lost its model: offer your copy with PUT /v1/model?version=V&worker=M, then join",
+        )
+    }
+
     pub fn too_large(limit: usize) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -147,6 +147,8 @@ async fn join(
     let store = registered(&state)?;
     state.saw(worker);
     let joined = store.join(worker, step)?;
+    // A process that joins after the PS lost its model has offered its copy, or has none.
+    state.offered(Some(worker));
     state.metrics.joins.inc();
     tracing::info!(worker, generation = joined.generation, resume_step = joined.resume_step, "worker joined");
     Ok(Json(joined))
@@ -171,6 +173,9 @@ async fn pull(
     let wait_ms: u64 = q.get("wait_ms")?.unwrap_or(0);
     worker_in_range(&state, worker)?;
     let store = registered(&state)?;
+    if state.must_offer(worker) {
+        return Err(ApiError::lost_model());
+    }
     state.saw(worker);
     if let Some(min) = min_version {
         let wait = Duration::from_millis(wait_ms).min(state.config.max_long_poll);
@@ -257,6 +262,9 @@ async fn push_inner(
     }
     worker_in_range(state, worker)?;
     let store = registered(state)?;
+    if state.must_offer(worker) {
+        return Err(ApiError::lost_model());
+    }
     state.saw(worker);
     if state.seeding() {
         return Err(ApiError::new(

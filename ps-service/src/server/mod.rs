@@ -225,6 +225,13 @@ impl AppState {
         }
     }
 
+    /// Whether `worker` must offer its copy (or join) before it may pull or push: the PS is
+    /// holding for the workers' copies and has not heard from this one. Were it to pull first,
+    /// the seeded, possibly older model would replace the fresher copy it holds.
+    pub(crate) fn must_offer(&self, worker: usize) -> bool {
+        matches!(&*self.seeding.lock(), Seeding::Holding { offered, .. } if !offered[worker])
+    }
+
     /// Whether pushes must still wait for the workers' copies (see [`AppState::offer`]).
     fn seeding(&self) -> bool {
         let mut seeding = self.seeding.lock();
