@@ -574,4 +574,17 @@ async fn joins_generations_and_reseeding() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let r = http.post(format!("{}/v1/join", ps.url)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+
+    // A worker that had pulled nothing newer than the initial model offers version 0: that is
+    // still an offer after a loss, so pushes wait for the other worker's fresher copy.
+    let mut cfg = config(Algorithm::Asgd, 2);
+    cfg.reseed_hold = Duration::from_secs(60);
+    let ps = start(cfg).await;
+    let c = client(&ps);
+    assert!(c.offer(0, 0, &l, &copy(0)).await.unwrap());
+    c.join(0, None).await.unwrap();
+    let r = c.push(PushId::unjoined(0, 0, 1), None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap_err();
+    assert_eq!(r.reason(), Some("seeding"));
+    assert!(c.offer(1, 12, &l, &copy(1)).await.unwrap(), "the fresher copy wins");
+    assert_eq!(c.pull(0, None, Duration::ZERO).await.unwrap().unwrap().version, 12);
 }

@@ -97,9 +97,7 @@ async fn register(
         worker_in_range(&state, w)?;
     }
     if state.store().is_some_and(|s| !s.takes_copy(version)) {
-        if version > 0 {
-            state.offered(worker);
-        }
+        state.offered(worker);
         return Err(already_registered());
     }
     let mut buf = state.bodies.take();

@@ -186,10 +186,10 @@ impl AppState {
         ok
     }
 
-    /// A worker offers its copy of the model (`PUT /v1/model` with `version`): the first
-    /// becomes the model; while no update has been applied since, a fresher one replaces it.
-    /// Returns whether the offer was taken. A copy newer than version 0 means the PS lost the
-    /// model, so pushes are held until every worker has offered or the hold has passed.
+    /// A model arrives (`PUT /v1/model`): the first becomes the model; while no update has been
+    /// applied since, a fresher one replaces it. Returns whether it was taken. An offer (a
+    /// worker's copy, the request names the `worker`) means the PS lost its model, so pushes
+    /// are held until every worker has offered or the hold has passed.
     fn offer(self: &Arc<Self>, store: Store, worker: Option<usize>) -> bool {
         let version = store.version();
         let taken = match self.store() {
@@ -199,7 +199,10 @@ impl AppState {
                 current.reseed(values.params(), version)
             }
         };
-        if version > 0 && taken {
+        // An offer names its worker; a job's first registration does not. Any offer, even of
+        // the initial model (a worker that had pulled nothing newer), means the PS lost its
+        // model: hold for the others' copies, or training could go on from an old one.
+        if worker.is_some() && taken {
             self.metrics.reseeds.inc();
             tracing::info!(version, worker, "model seeded from a worker's copy");
             let mut seeding = self.seeding.lock();
@@ -208,9 +211,7 @@ impl AppState {
                 *seeding = Seeding::Holding { until, offered: vec![false; self.config.workers] };
             }
         }
-        if version > 0 {
-            self.offered(worker);
-        }
+        self.offered(worker);
         if taken {
             self.metrics.model_version.set(version as i64);
         }
