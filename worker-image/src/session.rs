@@ -189,8 +189,8 @@ impl<'rt> Session<'rt> {
 /// Retries transient failures with exponential backoff and jitter until `deadline` has passed
 /// since the first failure of the call.
 pub struct Retry {
-    pub deadline: Duration,
-    pub rng: rand::rngs::StdRng,
+    deadline: Duration,
+    rng: rand::rngs::StdRng,
 }
 
 impl Retry {
