@@ -51,6 +51,9 @@ fn four_dc_asgd_a_workers_train_and_write_every_output() {
         serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     let acc = summary["accuracy"].as_f64().unwrap();
     assert!(acc > 0.5, "accuracy {acc} is not far above chance (0.1)");
+    // The accuracy is the final model's: the one the PS wrote after the last update.
+    assert_eq!(summary["final_model"]["version"], summary["updates"], "{summary}");
+    assert_eq!(summary["final_model"]["examples"], 1000, "20 % of MNIST-5k is held out");
     assert_eq!(summary["workers"], 4);
     assert_eq!(summary["algorithm"], "dc-asgd-a");
     assert!(summary["updates"].as_u64().unwrap() > 0);
@@ -65,6 +68,26 @@ fn four_dc_asgd_a_workers_train_and_write_every_output() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(png.len() > 10_000, "the plot is suspiciously small");
     assert!(out.join("logs/ps.log").exists() && out.join("logs/worker-3.log").exists());
+
+    // The evaluator, run by hand on the same file, gives the same figure; on a model of another
+    // architecture it refuses clearly, as a permanent error.
+    let evaluate = |model: &str| {
+        Command::new(bin_dir().join("foresight-worker"))
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .args(["evaluate", "--model", model, "--dataset-format", "csv", "--dataset-path", "data/mnist5k"])
+            .arg("--model-file")
+            .arg(out.join("model-final.safetensors"))
+            .output()
+            .unwrap()
+    };
+    let o = evaluate("mlp");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["accuracy"], summary["accuracy"]);
+    assert_eq!(e["finalized"], true);
+    let o = evaluate("lenet5");
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("differ from --model lenet5"), "{o:?}");
 }
 
 #[test]

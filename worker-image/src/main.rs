@@ -3,6 +3,7 @@
 //! `foresight run`) injects, or by flags.
 
 mod data;
+mod evaluate;
 mod exit;
 mod metrics;
 mod model;
@@ -18,7 +19,11 @@ use foresight_ps::client::GradDtype;
 
 /// Train on a shard of the data against a Foresight parameter server.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(
+    version,
+    about,
+    after_help = "To evaluate a saved model on the held-out split: foresight-worker evaluate --help"
+)]
 struct Args {
     /// Parameter server base URL (h2c).
     #[arg(long, env = "FORESIGHT_PS_URL")]
@@ -102,20 +107,33 @@ fn parse_format(s: &str) -> Result<data::Format, String> {
 }
 
 fn main() {
+    // `evaluate` is a subcommand of the same binary so that the worker image (whose entrypoint
+    // this is) can evaluate a saved model; training keeps its flat flags and environment.
+    let result = if std::env::args_os().nth(1).is_some_and(|a| a == "evaluate") {
+        let args = evaluate::EvaluateArgs::parse_from(std::env::args_os().skip(1));
+        init_logs();
+        evaluate::run(&args).map(|e| println!("{}", serde_json::to_string(&e).expect("plain data")))
+    } else {
+        run(Args::parse())
+    };
     // Errors end the process with one readable line (no backtrace, whatever RUST_BACKTRACE says).
-    if let Err(e) = run(Args::parse()) {
+    if let Err(e) = result {
         eprintln!("foresight-worker: {e:#}");
         std::process::exit(exit::code(&e));
     }
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+fn init_logs() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    init_logs();
     let cfg = configure(&args).map_err(exit::permanent)?;
     if args.torch_threads > 0 {
         tch::set_num_threads(args.torch_threads);

@@ -65,7 +65,7 @@ impl Iterator for Batches<'_> {
     }
 }
 
-fn to_tensors(ex: &Examples) -> (Tensor, Tensor) {
+pub(crate) fn to_tensors(ex: &Examples) -> (Tensor, Tensor) {
     let [c, h, w] = ex.shape.map(|d| d as i64);
     let xs = Tensor::from_slice(&ex.pixels).view([ex.len() as i64, c, h, w]);
     let ys = Tensor::from_slice(&ex.labels);
@@ -108,7 +108,7 @@ fn add_grads(params: &[(String, Tensor)], out: &mut [f32]) -> anyhow::Result<()>
 }
 
 /// Copies the flat model `values` into `params`.
-fn load_params(params: &[(String, Tensor)], values: &[f32]) {
+pub(crate) fn load_params(params: &[(String, Tensor)], values: &[f32]) {
     let _guard = tch::no_grad_guard();
     let mut off = 0;
     for (_, p) in params {
@@ -130,7 +130,7 @@ fn flat_params(params: &[(String, Tensor)]) -> anyhow::Result<Vec<f32>> {
     Ok(out)
 }
 
-fn layout_of(params: &[(String, Tensor)]) -> anyhow::Result<Layout> {
+pub(crate) fn layout_of(params: &[(String, Tensor)]) -> anyhow::Result<Layout> {
     let specs = params
         .iter()
         .map(|(name, p)| TensorSpec {

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use crate::api::{self, TrainingJob};
 use crate::controller::children::WORKER_EXIT_PERMANENT;
 pub use summary::Summary;
-use summary::{History, WorkerEvent};
+use summary::{FinalEvaluation, History, WorkerEvent};
 
 /// How to run a job locally.
 #[derive(Clone, Debug)]
@@ -408,6 +408,11 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         Ok(Ok(s)) => return Err(ps.proc_.failed(s)),
         _ => return Err(setup("the parameter server did not stop within 60 s of SIGTERM")),
     }
+    let model = finalized.get("path").and_then(|p| p.as_str()).map(PathBuf::from);
+    let final_model = match &model {
+        Some(path) => Some(evaluate_final_model(&opts.worker_bin, &workers.env[0], path).await?),
+        None => None,
+    };
     let mut summary = Summary::build(
         &name,
         spec,
@@ -415,7 +420,8 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         done.into_iter().flatten().collect(),
         &status,
         &metrics,
-        finalized.get("path").and_then(|p| p.as_str()).map(PathBuf::from),
+        model,
+        final_model,
         &history,
     );
     summary.restarts = backoff.restarts;
@@ -423,6 +429,30 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     plot::draw(&opts.out.join("plot.png"), &history, &summary)
         .map_err(|e| setup(format!("drawing the plot: {e}")))?;
     Ok(summary)
+}
+
+/// The final model's held-out loss and accuracy, by `foresight-worker evaluate` with the job's
+/// model and dataset settings (a worker's environment).
+async fn evaluate_final_model(
+    worker_bin: &Path,
+    env: &[(String, String)],
+    model: &Path,
+) -> Result<FinalEvaluation, RunError> {
+    let out = Command::new(worker_bin)
+        .arg("evaluate")
+        .arg("--model-file")
+        .arg(model)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| setup(format!("cannot start {} evaluate: {e}", worker_bin.display())))?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr);
+        return Err(setup(format!("evaluating the final model {} failed: {}", model.display(), why.trim())));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| setup(format!("reading the evaluation of the final model: {e}")))
 }
 
 /// Stops every process in order — SIGTERM to all, the parameter server's last checkpoint (up to

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use foresight_ps::wire::progress::WorkerEvent;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::api::TrainingJobSpec;
 
@@ -56,15 +56,31 @@ impl History {
     }
 }
 
+/// `foresight-worker evaluate`'s verdict on the final model (the fields `foresight run` reads).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct FinalEvaluation {
+    /// The model version (updates applied) the evaluated file holds.
+    pub version: u64,
+    /// Held-out examples evaluated.
+    pub examples: usize,
+    pub loss: f64,
+    pub accuracy: f64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
     pub job: String,
     pub algorithm: String,
     pub workers: u32,
     pub epochs: u32,
-    /// Held-out accuracy of the final model (worker 0's evaluation).
+    /// Held-out accuracy of the PS's final model, written after every worker finished and
+    /// evaluated by `foresight-worker evaluate` (each worker's own last evaluation is in
+    /// `per_worker`).
     pub accuracy: Option<f64>,
+    /// Held-out loss of the same model.
     pub loss: Option<f64>,
+    /// The evaluation of the final model: its version and the examples it was evaluated on.
+    pub final_model: Option<FinalEvaluation>,
     pub seconds: f64,
     /// Model updates the parameter server applied.
     pub updates: u64,
@@ -90,14 +106,9 @@ impl Summary {
         status: &serde_json::Value,
         metrics: &str,
         model: Option<PathBuf>,
+        final_model: Option<FinalEvaluation>,
         history: &History,
     ) -> Self {
-        let final_eval = done.iter().find_map(|e| match e {
-            WorkerEvent::Done { worker: 0, test_accuracy, test_loss, .. } => {
-                Some((*test_accuracy, *test_loss))
-            }
-            _ => None,
-        });
         let mut histogram = Vec::new();
         let mut rejected = BTreeMap::new();
         for line in metrics.lines().filter(|l| !l.starts_with('#')) {
@@ -118,8 +129,9 @@ impl Summary {
             algorithm: spec.optimizer.algorithm.as_str().to_string(),
             workers: spec.workers.replicas,
             epochs: spec.training.epochs,
-            accuracy: final_eval.map(|e| e.0),
-            loss: final_eval.map(|e| e.1),
+            accuracy: final_model.as_ref().map(|e| e.accuracy),
+            loss: final_model.as_ref().map(|e| e.loss),
+            final_model,
             seconds,
             updates: status["version"].as_u64().unwrap_or(0),
             staleness: status["staleness"].clone(),

@@ -88,6 +88,16 @@ impl Model {
         }
     }
 
+    /// Whether the model has state besides its trainable parameters (BatchNorm running
+    /// statistics), which the parameter server does not hold. A TorchScript module's buffers are
+    /// not visible through tch, so it is assumed to have some.
+    pub fn has_buffers(&self) -> bool {
+        match self {
+            Self::Native { vs, .. } => vs.variables().values().any(|t| !t.requires_grad()),
+            Self::Script { .. } => true,
+        }
+    }
+
     /// Logits for a batch; `train` selects training mode (BatchNorm statistics, dropout).
     pub fn forward(&mut self, xs: &Tensor, train: bool) -> anyhow::Result<Tensor> {
         match self {

@@ -1,0 +1,111 @@
+//! `foresight-worker evaluate`: the held-out loss and accuracy of a saved model (the PS's
+//! `model-final.safetensors` or any `ckpt-*.safetensors`). This is the one evaluator of a final
+//! model: `foresight run` calls it, and in a cluster it runs from the worker image with the job's
+//! environment, so the figure never depends on which worker happened to report last.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use foresight_ps::store::checkpoint;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde::Serialize;
+use tch::Device;
+
+use crate::data::{self, Dataset};
+use crate::exit::permanent;
+use crate::model::{Model, ModelSpec};
+use crate::train::{evaluate, layout_of, load_params, to_tensors};
+
+/// Evaluate a saved model on the held-out split of a dataset; prints one JSON line.
+#[derive(Parser, Debug)]
+#[command(name = "foresight-worker evaluate", version)]
+pub struct EvaluateArgs {
+    /// The model file: model-final.safetensors or a ckpt-*.safetensors the PS wrote.
+    #[arg(long, env = "FORESIGHT_EVAL_MODEL_FILE")]
+    model_file: PathBuf,
+    /// Model: mlp, lenet5, resnet20 or torchscript (as the job trained).
+    #[arg(long, env = "FORESIGHT_MODEL", default_value = "mlp")]
+    model: String,
+    /// TorchScript module file, for --model torchscript.
+    #[arg(long, env = "FORESIGHT_MODEL_PATH")]
+    model_path: Option<PathBuf>,
+    /// Dataset format: mnist, cifar10 or csv.
+    #[arg(long, env = "FORESIGHT_DATASET_FORMAT", value_parser = |s: &str| s.parse::<data::Format>())]
+    dataset_format: data::Format,
+    /// Directory holding the dataset.
+    #[arg(long, env = "FORESIGHT_DATASET_PATH")]
+    dataset_path: PathBuf,
+    /// Fraction held out, for formats without a test split (csv): the job's value.
+    #[arg(long, env = "FORESIGHT_HOLDOUT", default_value_t = 0.2)]
+    holdout: f64,
+    /// The job's seed (it draws the csv holdout).
+    #[arg(long, env = "FORESIGHT_SEED", default_value_t = 1)]
+    seed: u64,
+    /// Training batches run in training mode before evaluating, to recompute BatchNorm running
+    /// statistics: the parameter server holds trainable parameters only (0: skip).
+    #[arg(long, default_value_t = 50)]
+    recalibrate_batches: usize,
+}
+
+/// What `evaluate` prints.
+#[derive(Debug, Serialize)]
+pub struct Evaluation {
+    pub model_file: PathBuf,
+    /// The model version (updates applied) the file holds.
+    pub version: u64,
+    pub finalized: bool,
+    pub examples: usize,
+    pub loss: f64,
+    pub accuracy: f64,
+}
+
+pub fn run(args: &EvaluateArgs) -> anyhow::Result<Evaluation> {
+    anyhow::ensure!(args.holdout > 0.0 && args.holdout < 1.0, "holdout must be in (0, 1)");
+    let spec = ModelSpec::parse(&args.model, args.model_path.as_deref()).map_err(anyhow::Error::msg)?;
+    let bytes = std::fs::read(&args.model_file)
+        .with_context(|| format!("reading {}", args.model_file.display()))
+        .map_err(permanent)?;
+    let (layout, saved, _) = checkpoint::decode(&bytes)
+        .map_err(|why| permanent(anyhow::anyhow!("{}: {why}", args.model_file.display())))?;
+    let ds = Dataset::load(args.dataset_format, &args.dataset_path, args.seed, args.holdout).map_err(permanent)?;
+    let device = Device::cuda_if_available();
+    let mut model = Model::build(&spec, ds.train.shape, ds.classes, device).map_err(permanent)?;
+    let params = model.parameters()?;
+    if layout_of(&params)? != layout {
+        return Err(permanent(anyhow::anyhow!(
+            "{} holds a model whose tensors differ from --model {}'s",
+            args.model_file.display(),
+            args.model
+        )));
+    }
+    load_params(&params, &saved.params);
+    recalibrate(&mut model, &ds, args.seed, args.recalibrate_batches, device)?;
+    let (loss, accuracy) = evaluate(&mut model, &ds.test, device)?;
+    Ok(Evaluation {
+        model_file: args.model_file.clone(),
+        version: saved.version,
+        finalized: saved.finalized,
+        examples: ds.test.len(),
+        loss,
+        accuracy,
+    })
+}
+
+/// Forward passes in training mode (no gradients) over `batches` seeded training batches, so
+/// that BatchNorm layers hold statistics of the trained weights instead of their initial (0, 1).
+/// Models without BatchNorm are left as they were.
+fn recalibrate(model: &mut Model, ds: &Dataset, seed: u64, batches: usize, device: Device) -> anyhow::Result<()> {
+    if batches == 0 || !model.has_buffers() {
+        return Ok(());
+    }
+    let _guard = tch::no_grad_guard();
+    let mut order: Vec<usize> = (0..ds.train.len()).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    for idx in order.chunks(64).take(batches) {
+        let (xs, _) = to_tensors(&ds.train.select(idx));
+        let _logits = model.forward(&xs.to_device(device), true)?;
+    }
+    Ok(())
+}
