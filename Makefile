@@ -50,6 +50,7 @@ observability: build ## Run a job under Prometheus, render the dashboard's panel
 
 crd: ## Regenerate crds/trainingjob.yaml from the TrainingJob types (a test fails when it is stale)
 	$(CARGO) run -q -p foresight-operator --bin foresight -- crd > crds/trainingjob.yaml
+	cp crds/trainingjob.yaml charts/foresight/crds/trainingjob.yaml
 
 clean: ## Remove build outputs and demo output
 	$(CARGO) clean

@@ -88,7 +88,7 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     assert_eq!(condition(&st, "Running")["status"], "False", "{st:#}");
 
     // The PS runs (a real one on loopback, the pod marked ready), then the workers.
-    let ps = Ps::start(cp, &ns, "mnist", ps_port, 2);
+    let mut ps = Ps::start(cp, &ns, "mnist", ps_port, 2);
     assert_eq!(ps.token.len(), 64, "a 64-hex-digit token");
     ps.train_one_step();
     cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "mnist"), "Running");
@@ -117,6 +117,26 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     assert!(during <= 14.0, "{during} reconciles in 4 s: a status write must not set off a reconcile loop");
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
     assert!(table.contains("Running"), "{table}");
+
+    // The PS process restarts (SIGTERM: it leaves a checkpoint, which the new one restores):
+    // the status counts it once, with a condition and a Warning event saying what it restored.
+    let first =
+        st["parameterServer"]["incarnation"].as_str().expect("the PS process is recorded").to_string();
+    assert_eq!(st["parameterServer"].get("restarts"), None, "no restart yet: {st:#}");
+    let version = ps.status()["version"].as_u64().unwrap();
+    ps.restart("TERM");
+    let st = wait_for("the PS restart in the status", LONG, || {
+        let s = status(cp, &ns, "mnist");
+        (s["parameterServer"]["restarts"] == 1).then_some(s)
+    });
+    assert_ne!(st["parameterServer"]["incarnation"], first.as_str());
+    let restarted = condition(&st, "ParameterServerRestarted");
+    assert_eq!((&restarted["status"], &restarted["reason"]), (&json!("True"), &json!("RestoredCheckpoint")));
+    assert!(restarted["message"].as_str().unwrap().contains(&format!("version {version}")), "{st:#}");
+    wait_for("the ParameterServerRestarted event", LONG, || {
+        events(cp, &ns, "mnist").iter().any(|e| e.1 == "ParameterServerRestarted").then_some(())
+    });
+    assert_eq!(ps.status()["version"], version, "the new process holds the model where the old one left it");
 
     // The workers finish: the operator finalizes the model, then removes the PS.
     for p in worker_pods(cp, &ns, "mnist", 2) {

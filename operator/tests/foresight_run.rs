@@ -68,6 +68,11 @@ fn four_dc_asgd_a_workers_train_and_write_every_output() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(png.len() > 10_000, "the plot is suspiciously small");
     assert!(out.join("logs/ps.log").exists() && out.join("logs/worker-3.log").exists());
+    let ps_log = std::fs::read_to_string(out.join("logs/ps.log")).unwrap();
+    assert!(
+        ps_log.contains("worker joined") && !ps_log.contains('\x1b'),
+        "plain text, no colour codes:\n{ps_log}"
+    );
 
     // The evaluator, run by hand on the same file, gives the same figure; on a model of another
     // architecture it refuses clearly, as a permanent error.

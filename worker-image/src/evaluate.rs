@@ -69,7 +69,8 @@ pub fn run(args: &EvaluateArgs) -> anyhow::Result<Evaluation> {
         .map_err(permanent)?;
     let (layout, saved, _) = checkpoint::decode(&bytes)
         .map_err(|why| permanent(anyhow::anyhow!("{}: {why}", args.model_file.display())))?;
-    let ds = Dataset::load(args.dataset_format, &args.dataset_path, args.seed, args.holdout).map_err(permanent)?;
+    let ds =
+        Dataset::load(args.dataset_format, &args.dataset_path, args.seed, args.holdout).map_err(permanent)?;
     let device = Device::cuda_if_available();
     let mut model = Model::build(&spec, ds.train.shape, ds.classes, device).map_err(permanent)?;
     let params = model.parameters()?;
@@ -96,7 +97,13 @@ pub fn run(args: &EvaluateArgs) -> anyhow::Result<Evaluation> {
 /// Forward passes in training mode (no gradients) over `batches` seeded training batches, so
 /// that BatchNorm layers hold statistics of the trained weights instead of their initial (0, 1).
 /// Models without BatchNorm are left as they were.
-fn recalibrate(model: &mut Model, ds: &Dataset, seed: u64, batches: usize, device: Device) -> anyhow::Result<()> {
+fn recalibrate(
+    model: &mut Model,
+    ds: &Dataset,
+    seed: u64,
+    batches: usize,
+    device: Device,
+) -> anyhow::Result<()> {
     if batches == 0 || !model.has_buffers() {
         return Ok(());
     }

@@ -462,6 +462,22 @@ pub struct ParameterServerStatus {
     /// Whether the parameter server's pod is ready.
     #[serde(default)]
     pub ready: bool,
+    /// How many times the parameter server was seen to start again while the job ran (a
+    /// crashed container or a replaced pod): each is also a `ParameterServerRestarted`
+    /// condition and Warning event saying what the new process started from.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+    /// The running parameter server process (random, new in every process, from its
+    /// `/v1/status`): a different value means it restarted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
+    /// When the running parameter server process started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Training progress, read from the parameter server's `/v1/status`.

@@ -31,7 +31,7 @@ use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
 use children::{COMPONENT_PS, ChildDefaults, LABEL_JOB, Owner};
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
-use status::{Finalize, Observed, State, WorkerJob};
+use status::{Finalize, Observed, PsProcess, State, WorkerJob};
 use token::TokenKey;
 
 /// The field manager of everything the operator applies.
@@ -302,7 +302,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let worker_job = worker_state(&workers);
     let unschedulable = unschedulable_message(ctx, &owner).await?;
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
-    let progress = if ps_ready && ctx.progress_due(uid) { read_progress(&ps, &token).await } else { None };
+    let (progress, ps_process) =
+        if ps_ready && ctx.progress_due(uid) { read_ps_status(&ps, &token).await } else { (None, None) };
     let finalize = if worker_job.complete {
         finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await
     } else {
@@ -318,6 +319,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         unschedulable,
         finalize,
         progress,
+        ps_process,
         has_run: matches!(old.phase, Some(Phase::Running | Phase::Restarting)),
     };
     let state = status::decide(&observed);
@@ -350,6 +352,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         unschedulable: None,
         finalize: Finalize::NotYet,
         progress: None,
+        ps_process: None,
         has_run: false,
     }
 }
@@ -444,27 +447,42 @@ async fn unschedulable_message(ctx: &Context, owner: &Owner<'_>) -> Result<Optio
     }))
 }
 
-/// The job's progress from the parameter server's `/v1/status`; `None` when it does not answer
-/// (the last progress stays in the status).
-async fn read_progress(url: &str, token: &str) -> Option<Progress> {
-    let client = foresight_ps::client::PsClient::new(url, Some(token.to_string())).ok()?;
-    let v = match tokio::time::timeout(Duration::from_secs(3), client.status()).await {
-        Ok(Ok(v)) => v,
+/// The job's progress and the PS process from the parameter server's `/v1/status`; `None` when
+/// it does not answer (the last progress stays in the status).
+async fn read_ps_status(url: &str, token: &str) -> (Option<Progress>, Option<PsProcess>) {
+    let Ok(client) = foresight_ps::client::PsClient::new(url, Some(token.to_string())) else {
+        return (None, None);
+    };
+    match tokio::time::timeout(Duration::from_secs(3), client.status()).await {
+        Ok(Ok(v)) => (Some(progress_of(&v)), ps_process_of(&v)),
         Ok(Err(e)) => {
             tracing::debug!(%url, error = %e, "parameter server status");
-            return None;
+            (None, None)
         }
-        Err(_) => return None,
-    };
-    let num = |path: &[&str]| path.iter().try_fold(&v, |v, k| v.get(k)).and_then(serde_json::Value::as_f64);
-    Some(Progress {
+        Err(_) => (None, None),
+    }
+}
+
+fn ps_process_of(v: &serde_json::Value) -> Option<PsProcess> {
+    let p = v.get("process")?;
+    let started_ms = p.get("started_at_ms")?.as_i64()?;
+    Some(PsProcess {
+        incarnation: p.get("incarnation")?.as_str()?.to_string(),
+        started_at: Time(Timestamp::from_millisecond(started_ms).ok()?),
+        restored_version: p.get("restored_version").and_then(serde_json::Value::as_u64),
+    })
+}
+
+fn progress_of(v: &serde_json::Value) -> Progress {
+    let num = |path: &[&str]| path.iter().try_fold(v, |v, k| v.get(k)).and_then(serde_json::Value::as_f64);
+    Progress {
         step: num(&["version"]).unwrap_or(0.0) as u64,
         epoch: num(&["epoch"]).unwrap_or(0.0).floor() as u32,
         loss: num(&["loss"]),
         accuracy: num(&["accuracy"]),
         staleness_p50: num(&["staleness", "p50"]),
         staleness_p99: num(&["staleness", "p99"]),
-    })
+    }
 }
 
 /// Asks the parameter server to write the final model; gives up `grace` after the workers
@@ -513,6 +531,10 @@ async fn write_status(
         tracing::info!(phase = phase_name(t.phase), reason = %t.reason, message = %t.message, "transition");
         let type_ = if t.is_warning() { EventType::Warning } else { EventType::Normal };
         publish(ctx, job, type_, &t.reason, phase_name(t.phase), &t.message).await;
+    }
+    if let Some(message) = status::ps_restart_event(old, &new) {
+        tracing::warn!(%message, "parameter server restarted");
+        publish(ctx, job, EventType::Warning, status::PS_RESTARTED, "WatchParameterServer", &message).await;
     }
     Ok(new)
 }

@@ -4,7 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{Phase, Progress, TrainingJobStatus, WorkersStatus};
+use crate::api::{ParameterServerStatus, Phase, Progress, TrainingJobStatus, WorkersStatus};
 
 /// The worker Job as the Job controller reports it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -47,10 +47,38 @@ pub struct Observed {
     pub finalize: Finalize,
     /// Fresh progress from the PS (`None`: keep the last one).
     pub progress: Option<Progress>,
+    /// The PS process that answered that read (`None`: not read this time).
+    pub ps_process: Option<PsProcess>,
     /// The job was Running or Restarting at the last reconcile: it has started, and never goes
     /// back to Created (a worker pod that finished, or was replaced, is briefly not ready before
     /// the Job counts it).
     pub has_run: bool,
+}
+
+/// The parameter server process that answered `/v1/status`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PsProcess {
+    /// Random, new in every process.
+    pub incarnation: String,
+    pub started_at: Time,
+    /// The checkpoint version it restored at start; `None`: it started without a model.
+    pub restored_version: Option<u64>,
+}
+
+impl PsProcess {
+    /// The `ParameterServerRestarted` condition's reason and message for this process.
+    fn restart(&self) -> (&'static str, String) {
+        match self.restored_version {
+            Some(v) => (
+                "RestoredCheckpoint",
+                format!("the parameter server restarted and restored its newest checkpoint (version {v}); workers continue from it"),
+            ),
+            None => (
+                "StartedWithoutCheckpoint",
+                "the parameter server restarted without a checkpoint (none kept: no checkpoint.storage, or none written yet); the workers re-seed it from their copies of the model".into(),
+            ),
+        }
+    }
 }
 
 /// A phase with the reason and message that explain it.
@@ -198,6 +226,20 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
             observed_generation: o.generation,
         });
     }
+    let (parameter_server, restarted) = next_ps_status(old.parameter_server.as_ref(), o);
+    if let Some(process) = restarted {
+        let (reason, message) = process.restart();
+        conditions.push(Condition {
+            type_: PS_RESTARTED.into(),
+            status: "True".into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: now.clone(),
+            observed_generation: o.generation,
+        });
+    } else if let Some(c) = old.conditions.iter().find(|c| c.type_ == PS_RESTARTED) {
+        conditions.push(c.clone());
+    }
     let w = o.workers.clone().unwrap_or_default();
     let mut progress = o.progress.clone().or_else(|| old.progress.clone());
     // Progress is read at most once per period while training; the final model's version is
@@ -210,11 +252,43 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         conditions,
         observed_generation: o.generation,
         workers: Some(WorkersStatus { active: w.active, succeeded: w.succeeded, failed: w.failed }),
-        parameter_server: Some(crate::api::ParameterServerStatus { ready: o.ps_ready }),
+        parameter_server: Some(parameter_server),
         progress,
         start_time: old.start_time.clone().or_else(|| created.then(|| now.clone())),
         completion_time: old.completion_time.clone().or_else(|| state.is_finished().then(|| now.clone())),
     }
+}
+
+/// The condition that says the parameter server restarted (the latest restart).
+pub const PS_RESTARTED: &str = "ParameterServerRestarted";
+
+/// The PS's status, and the process that answered if it is a new one (a restart). The first
+/// process ever seen is not a restart.
+fn next_ps_status<'a>(
+    old: Option<&ParameterServerStatus>,
+    o: &'a Observed,
+) -> (ParameterServerStatus, Option<&'a PsProcess>) {
+    let old = old.cloned().unwrap_or_default();
+    let mut new = ParameterServerStatus { ready: o.ps_ready, ..old.clone() };
+    let Some(p) = &o.ps_process else {
+        return (new, None);
+    };
+    let restarted = old.incarnation.as_ref().is_some_and(|i| *i != p.incarnation);
+    new.incarnation = Some(p.incarnation.clone());
+    new.started_at = Some(p.started_at.clone());
+    if restarted {
+        new.restarts += 1;
+    }
+    (new, restarted.then_some(p))
+}
+
+/// The Warning to record when the status shows a parameter server restart it did not before.
+pub fn ps_restart_event(old: &TrainingJobStatus, new: &TrainingJobStatus) -> Option<String> {
+    let count = |s: &TrainingJobStatus| s.parameter_server.as_ref().map_or(0, |p| p.restarts);
+    if count(new) <= count(old) {
+        return None;
+    }
+    new.conditions.iter().find(|c| c.type_ == PS_RESTARTED).map(|c| c.message.clone())
 }
 
 /// The transition to report as an Event: the phase or its reason changed. (The Running

@@ -161,9 +161,10 @@ pub fn ps_pod(cp: &ControlPlane, ns: &str, name: &str) -> String {
 
 /// A real parameter server on loopback, holding the job's token from its Secret.
 pub struct Ps {
-    _proc: KillOnDrop,
+    proc_: KillOnDrop,
     pub port: u16,
     pub token: String,
+    args: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -172,19 +173,46 @@ impl Ps {
         let secret = wait_for("the token Secret", LONG, || cp.get_json(ns, &format!("secret/{name}-token")));
         let token = base64_decode(secret["data"]["token"].as_str().expect("the Secret holds a token"));
         let dir = tempfile::tempdir().unwrap();
-        let bin = foresight_bin().with_file_name("foresight-ps");
-        let child = Command::new(bin)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--workers", &workers.to_string()])
-            .args(["--algorithm", "dc-asgd-a", "--job-name", name, "--namespace", ns])
-            .arg("--checkpoint-dir")
-            .arg(dir.path())
-            .env("FORESIGHT_TOKEN", &token)
+        let args = [
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--workers",
+            &workers.to_string(),
+            "--algorithm",
+            "dc-asgd-a",
+            "--job-name",
+            name,
+            "--namespace",
+            ns,
+            "--checkpoint-dir",
+            &dir.path().display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        let proc_ = Self::spawn(&args, &token, port);
+        Self { proc_, port, token, args, _dir: dir }
+    }
+
+    fn spawn(args: &[String], token: &str, port: u16) -> KillOnDrop {
+        let child = Command::new(foresight_bin().with_file_name("foresight-ps"))
+            .args(args)
+            .env("FORESIGHT_TOKEN", token)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("foresight-ps starts");
         wait_for("the parameter server", LONG, || http_get(port, "/healthz").filter(|(c, _)| *c == 200));
-        Self { _proc: KillOnDrop(child), port, token, _dir: dir }
+        KillOnDrop(child)
+    }
+
+    /// Stops the process with `signal` (SIGTERM: it writes a checkpoint first) and starts a
+    /// new one on the same port and checkpoint directory, as a restarted container would be.
+    pub fn restart(&mut self, signal: &str) {
+        let pid = self.proc_.0.id().to_string();
+        assert!(Command::new("kill").args(["-s", signal, &pid]).status().unwrap().success());
+        let exit = self.proc_.0.wait().unwrap();
+        eprintln!("the parameter server exited on SIG{signal}: {exit}");
+        self.proc_ = Self::spawn(&self.args, &self.token, self.port);
     }
 
     /// Registers a 4-float model and applies one gradient from worker 0: step 1.

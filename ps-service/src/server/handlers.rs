@@ -414,6 +414,8 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         "accuracy": mean(&|r| r.accuracy),
         "samples_per_second": reported.iter().filter_map(|r| r.samples_per_second).fold(0.0, |a, b| a + b),
         "reports": reports,
+        "process": state.process,
+        "reseeds": state.metrics.reseeds.get(),
     });
     if let Some(store) = state.store() {
         let st = store.status();

@@ -85,6 +85,20 @@ pub struct AppState {
     bodies: body::Pool<u8>,
     grads: body::Pool<f32>,
     seeding: Mutex<Seeding>,
+    /// Which process this is and how it began: the operator compares `incarnation` between
+    /// reads of `/v1/status` to see a restart (a crashed container or a replaced pod alike).
+    pub process: ProcessInfo,
+}
+
+/// This PS process, as `/v1/status` reports it under `process`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProcessInfo {
+    /// Random, new in every process.
+    pub incarnation: String,
+    /// Unix time in milliseconds.
+    pub started_at_ms: u64,
+    /// The version of the checkpoint it restored at start; `None`: it started without a model.
+    pub restored_version: Option<u64>,
 }
 
 /// Whether the PS is collecting the workers' copies of a model it lost. A process loses its
@@ -132,6 +146,11 @@ impl AppState {
         metrics.max_staleness.set(config.hyper.max_staleness.map_or(0, |b| b as i64));
         let (version_tx, _) = watch::channel(0);
         let workers = config.workers;
+        let restored = match &checkpoints {
+            Some(dir) => dir.load_newest()?,
+            None => None,
+        };
+        let restored_version = restored.as_ref().map(|(_, _, data, _)| data.version);
         let state = Arc::new(Self {
             config,
             store: OnceLock::new(),
@@ -145,10 +164,15 @@ impl AppState {
             bodies: body::Pool::new(8),
             grads: body::Pool::new(8),
             seeding: Mutex::new(Seeding::Idle),
+            process: ProcessInfo {
+                incarnation: format!("{:016x}", rand::random::<u64>()),
+                started_at_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                restored_version,
+            },
         });
-        if let Some(dir) = &state.checkpoints
-            && let Some((path, layout, data, saved)) = dir.load_newest()?
-        {
+        if let Some((path, layout, data, saved)) = restored {
             if saved.algorithm != state.config.hyper.algorithm {
                 tracing::warn!(saved = %saved.algorithm, configured = %state.config.hyper.algorithm,
                     "checkpoint was written by another algorithm; continuing with the configured one");

@@ -11,6 +11,7 @@ fn observed() -> Observed {
         unschedulable: None,
         finalize: Finalize::NotYet,
         progress: None,
+        ps_process: None,
         has_run: false,
     }
 }
@@ -192,4 +193,50 @@ fn a_succeeded_job_shows_the_final_models_version_as_its_step() {
     let st = next_status(&old, &o, &decide(&o), &t("2026-01-01T00:00:00Z"));
     let p = st.progress.unwrap();
     assert_eq!((p.step, p.epoch), (640, 3), "the step follows the final model; the rest is kept");
+}
+
+#[test]
+fn a_new_parameter_server_process_is_a_restart_with_a_condition_and_one_event() {
+    let process = |incarnation: &str, restored_version| PsProcess {
+        incarnation: incarnation.into(),
+        started_at: t("2026-01-01T00:00:00Z"),
+        restored_version,
+    };
+    let running = with_workers(|w| {
+        w.active = 4;
+        w.ready = 4;
+    });
+    let seen = |p: Option<PsProcess>| Observed { ps_ready: true, ps_process: p, ..running.clone() };
+    let step = |old: &TrainingJobStatus, o: &Observed, at: &str| next_status(old, o, &decide(o), &t(at));
+
+    // The first process seen is not a restart.
+    let s1 = step(&TrainingJobStatus::default(), &seen(Some(process("a", None))), "2026-01-01T00:01:00Z");
+    let ps = s1.parameter_server.clone().unwrap();
+    assert_eq!((ps.restarts, ps.incarnation.as_deref()), (0, Some("a")));
+    assert!(s1.conditions.iter().all(|c| c.type_ != PS_RESTARTED));
+    assert_eq!(ps_restart_event(&TrainingJobStatus::default(), &s1), None);
+
+    // Read again, or not read at all: nothing changes.
+    let s2 = step(&s1, &seen(Some(process("a", None))), "2026-01-01T00:02:00Z");
+    let s2 = step(&s2, &seen(None), "2026-01-01T00:03:00Z");
+    assert_eq!(s2.parameter_server, s1.parameter_server.map(|p| ParameterServerStatus { ready: true, ..p }));
+
+    // Another process answers: a restart, said once, with what it started from.
+    let s3 = step(&s2, &seen(Some(process("b", Some(1200)))), "2026-01-01T00:04:00Z");
+    assert_eq!(s3.parameter_server.as_ref().unwrap().restarts, 1);
+    let cond = s3.conditions.iter().find(|c| c.type_ == PS_RESTARTED).unwrap();
+    assert_eq!((cond.status.as_str(), cond.reason.as_str()), ("True", "RestoredCheckpoint"));
+    assert!(cond.message.contains("version 1200"), "{}", cond.message);
+    assert!(ps_restart_event(&s2, &s3).unwrap().contains("version 1200"));
+    let s4 = step(&s3, &seen(Some(process("b", Some(1200)))), "2026-01-01T00:05:00Z");
+    assert_eq!(ps_restart_event(&s3, &s4), None, "the same process again is not another restart");
+    assert_eq!(s4.conditions.iter().find(|c| c.type_ == PS_RESTARTED), Some(cond), "the condition stays");
+
+    // One without a checkpoint says the workers re-seed it.
+    let s5 = step(&s4, &seen(Some(process("c", None))), "2026-01-01T00:06:00Z");
+    assert_eq!(s5.parameter_server.as_ref().unwrap().restarts, 2);
+    let cond = s5.conditions.iter().find(|c| c.type_ == PS_RESTARTED).unwrap();
+    assert_eq!(cond.reason, "StartedWithoutCheckpoint");
+    assert_eq!(cond.last_transition_time, t("2026-01-01T00:06:00Z"));
+    assert!(ps_restart_event(&s4, &s5).unwrap().contains("re-seed"));
 }
