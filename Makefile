@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup build test test-stress lint fmt bench demo loadgen convergence crd observability clean
+.PHONY: help setup build test test-stress lint fmt bench demo loadgen convergence chaos crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-p
 
 convergence: build ## Table 1 of the paper on MNIST-5k, rewrites docs/convergence.md (about 15 min)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md
+
+chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 15 min; ARGS=...)
+	python3 scripts/chaos.py --out $(OUT)/chaos --doc docs/reliability.md $(ARGS)
 
 observability: build ## Run a job under Prometheus, render the dashboard's panels to docs/img/dashboard.png (1 min)
 	python3 scripts/render-dashboard.py --out $(OUT)/observability --png docs/img/dashboard.png

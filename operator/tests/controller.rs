@@ -373,9 +373,18 @@ fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
     let ns = cp.namespace("cleanup");
     // No PS answers here: the operator gives up finalizing at once and the job still succeeds.
     let _op = Operator::start(cp, &ns, &["--leader-elect=false", "--finalize-grace-seconds", "0"]);
-    apply_job(cp, &ns, "doomed", json!({}));
+    apply_job(
+        cp,
+        &ns,
+        "doomed",
+        json!({"parameterServer": {"checkpoint": {"storage": "1Gi"}}, "output": {"storage": "1Gi"}}),
+    );
     wait_for("the worker Job", LONG, || cp.get_json(&ns, "job/doomed-workers"));
     worker_pods(cp, &ns, "doomed", 2);
+    let pvcs = cp.names(&ns, "pvc", "foresight.dev/job=doomed");
+    assert_eq!(pvcs, ["doomed-output", "doomed-ps-checkpoints"]);
+    let output = cp.get_json(&ns, "pvc/doomed-output").unwrap();
+    assert!(output["metadata"]["ownerReferences"].is_null(), "the output claim has no owner: {output:#}");
     cp.kubectl_ok(&["delete", "-n", &ns, "tj", "doomed", "--wait=false"], None);
     wait_for("the garbage collector to remove every child", LONG, || {
         let left: Vec<String> = ["deployments", "replicasets", "services", "secrets", "jobs"]
@@ -392,6 +401,13 @@ fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
             .count();
         (left.is_empty() && live == 0).then_some(())
     });
+    // The checkpoints go with the job (once no pod uses them); the output claim stays.
+    wait_for("the checkpoint claim to be deleted", LONG, || {
+        let ckpt = cp.get_json(&ns, "pvc/doomed-ps-checkpoints");
+        ckpt.is_none_or(|c| c["metadata"]["deletionTimestamp"].is_string()).then_some(())
+    });
+    let output = cp.get_json(&ns, "pvc/doomed-output").expect("the output claim outlives the job");
+    assert!(output["metadata"]["deletionTimestamp"].is_null(), "{output:#}");
 
     apply_job(
         cp,

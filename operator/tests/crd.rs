@@ -173,6 +173,27 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
     // (what to change, the field validate() names, what the API server's message contains)
     type Changes<'a> = &'a [(&'a str, Value)];
     let cases: &[(Changes, &str, &str)] = &[
+        (
+            &[("spec.output", json!({"claimName": "models", "storage": "1Gi"}))],
+            "output",
+            "set exactly one of output.claimName",
+        ),
+        (&[("spec.output", json!({}))], "output", "set exactly one of output.claimName"),
+        (
+            &[("spec.output", json!({"claimName": "Models_1"}))],
+            "output.claimName",
+            "spec.output.claimName: Invalid value: |must be a PersistentVolumeClaim name",
+        ),
+        (
+            &[("spec.output", json!({"storage": "0"}))],
+            "output.storage",
+            "spec.output.storage: Invalid value: |must be a quantity > 0",
+        ),
+        (
+            &[("spec.output", json!({"claimName": "models", "path": "runs/../../etc"}))],
+            "output.path",
+            "spec.output.path: Invalid value: |must be a relative path without '..'",
+        ),
         (&[("spec.model.torchscript", json!({"path": "m.pt"}))], "model", "set exactly one of model.name"),
         (&[("spec.model.name", Value::Null)], "model", "set exactly one of model.name"),
         (
@@ -381,6 +402,7 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
     set(&mut full, "spec.parameterServer.checkpoint", json!({"intervalSeconds": 1, "storage": "1Gi"}));
     set(&mut full, "spec.runPolicy", json!({"backoffLimit": 0, "activeDeadlineSeconds": 1, "suspend": true}));
     set(&mut full, "spec.workers", json!({"replicas": 1024, "gpus": 0}));
+    set(&mut full, "spec.output", json!({"claimName": "models.v1", "path": "mnist/run-1"}));
     let out = cp.kubectl(&["create", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&yaml(&full)));
     if !out.status.success() {
         failures.push(format!("the full object was refused: {}", String::from_utf8_lossy(&out.stderr)));

@@ -93,6 +93,33 @@ pub struct TrainingJobSpec {
     /// Retries, deadlines, clean-up and suspension.
     #[serde(default)]
     pub run_policy: RunPolicy,
+    /// Where the final model is kept after the job (and its parameter server) are gone.
+    /// Absent: the final model is written next to the checkpoints, and goes with them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSpec>,
+}
+
+/// A claim that outlives the job, for the final model: an existing one (`claimName`, never
+/// created or deleted by the operator) or one the operator creates for the job and keeps
+/// (`storage`: a claim named `<job>-output` with no owner, so deleting the job leaves it).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.claimName) != has(self.storage)").message("set exactly one of output.claimName (an existing claim) and output.storage (a claim the job creates and keeps)"))]
+#[serde(rename_all = "camelCase")]
+pub struct OutputSpec {
+    /// An existing PersistentVolumeClaim in the job's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("must be a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.')"))]
+    pub claim_name: Option<String>,
+    /// Size of a claim the job creates (`<job>-output`) and keeps, a quantity > 0 (e.g. 1Gi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("must be a quantity > 0, e.g. 1Gi"))]
+    pub storage: Option<String>,
+    /// Directory inside the claim (default: the job's name), relative, without `..`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 200))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("must be a relative path without '..'"))]
+    pub path: Option<String>,
 }
 
 /// A built-in model by `name`, or a TorchScript module by `torchscript.path`.
@@ -421,6 +448,10 @@ pub struct TrainingJobStatus {
     /// Training progress, read from the parameter server while the job runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// Where the final model was written, once it was, when that place is a claim (an emptyDir
+    /// goes with the parameter server: the Succeeded condition says so instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_model: Option<FinalModelStatus>,
     /// When the operator started the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
@@ -478,6 +509,21 @@ pub struct ParameterServerStatus {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// Where the final model was written (only once it was).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FinalModelStatus {
+    /// Updates the final model contains.
+    pub version: u64,
+    /// The claim holding it; absent: the parameter server's emptyDir, deleted with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+    /// The file, relative to the claim's root.
+    pub path: String,
+    /// Whether the claim outlives the job (spec.output) or goes with it (checkpoint storage).
+    pub kept: bool,
 }
 
 /// Training progress, read from the parameter server's `/v1/status`.

@@ -112,6 +112,20 @@ fn every_rule_names_its_field() {
             s.parameter_server.checkpoint = Some(CheckpointSpec { interval_seconds: Some(0), storage: None })
         }),
         ("runPolicy.activeDeadlineSeconds", |s| s.run_policy.active_deadline_seconds = Some(0)),
+        ("output", |s| s.output = Some(OutputSpec::default())),
+        ("output.claimName", |s| {
+            s.output = Some(OutputSpec { claim_name: Some("-models".into()), ..Default::default() })
+        }),
+        ("output.storage", |s| {
+            s.output = Some(OutputSpec { storage: Some("1 Gi".into()), ..Default::default() })
+        }),
+        ("output.path", |s| {
+            s.output = Some(OutputSpec {
+                claim_name: Some("models".into()),
+                path: Some("/abs".into()),
+                ..Default::default()
+            })
+        }),
     ];
     for (field, mutate) in cases {
         let mut spec = example().spec;

@@ -124,6 +124,32 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             );
         }
     }
+    if let Some(o) = &spec.output {
+        check(
+            o.claim_name.is_some() != o.storage.is_some(),
+            "output",
+            "set exactly one of output.claimName (an existing claim) and output.storage (a claim the job creates and keeps)"
+                .into(),
+        );
+        if let Some(c) = &o.claim_name {
+            let name_ok = c.len() <= 253
+                && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+                && c.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                && c.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+            check(name_ok, "output.claimName", format!("must be a PersistentVolumeClaim name, got {c:?}"));
+        }
+        if let Some(size) = &o.storage {
+            check(
+                is_positive_quantity(size),
+                "output.storage",
+                format!("must be a quantity > 0, e.g. 1Gi, got {size:?}"),
+            );
+        }
+        if let Some(p) = &o.path {
+            let ok = !p.starts_with('/') && p.split('/').all(|part| part != "..") && p.len() <= 200;
+            check(ok, "output.path", format!("must be a relative path without '..', got {p:?}"));
+        }
+    }
     check(
         spec.run_policy.active_deadline_seconds != Some(0),
         "runPolicy.activeDeadlineSeconds",

@@ -32,6 +32,8 @@ pub const WORKER_METRICS_PORT: i32 = 9090;
 pub const TOKEN_KEY: &str = "token";
 /// Where the parameter server keeps its checkpoints and writes the final model.
 pub const CHECKPOINT_DIR: &str = "/checkpoints";
+/// Where `spec.output`'s claim is mounted in the PS pod.
+pub const OUTPUT_DIR: &str = "/output";
 
 /// The worker's exit status for a failure no retry can fix (bad configuration or data, a wrong
 /// token, a model the PS does not hold): the worker Job's podFailurePolicy fails at once.
@@ -75,6 +77,43 @@ pub fn ps_name(job: &str) -> String {
 pub fn pvc_name(job: &str) -> String {
     format!("{job}-ps-checkpoints")
 }
+/// The claim a job with `output.storage` creates and keeps.
+pub fn output_pvc_name(job: &str) -> String {
+    format!("{job}-output")
+}
+
+/// Where a job's final model goes, as the PS pod sees it and as the status reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelPlace {
+    /// `spec.output`: a claim that outlives the job, mounted at [`OUTPUT_DIR`].
+    Output { claim: String, dir: String },
+    /// Next to the checkpoints on the job's own claim, deleted with the job.
+    CheckpointClaim { claim: String },
+    /// The PS pod's emptyDir, deleted with the PS.
+    EmptyDir,
+}
+
+impl ModelPlace {
+    /// The directory the PS writes `model-final.safetensors` into.
+    pub fn ps_dir(&self) -> String {
+        match self {
+            Self::Output { dir, .. } => format!("{OUTPUT_DIR}/{dir}"),
+            _ => CHECKPOINT_DIR.to_string(),
+        }
+    }
+
+    /// The claim and the file's path inside it, for a file the PS wrote at `ps_path`.
+    pub fn locate(&self, ps_path: &str) -> Option<(String, String)> {
+        let (claim, mount) = match self {
+            Self::Output { claim, .. } => (claim, OUTPUT_DIR),
+            Self::CheckpointClaim { claim } => (claim, CHECKPOINT_DIR),
+            Self::EmptyDir => return None,
+        };
+        let relative = ps_path.strip_prefix(mount)?.trim_start_matches('/');
+        Some((claim.clone(), relative.to_string()))
+    }
+}
+
 pub fn workers_name(job: &str) -> String {
     format!("{job}-workers")
 }
@@ -132,6 +171,28 @@ impl<'a> Owner<'a> {
         self.job.spec.parameter_server.checkpoint.as_ref()?.storage.as_deref()
     }
 
+    pub fn model_place(&self) -> ModelPlace {
+        match &self.job.spec.output {
+            Some(o) => ModelPlace::Output {
+                claim: o.claim_name.clone().unwrap_or_else(|| output_pvc_name(&self.name)),
+                dir: o.path.clone().unwrap_or_else(|| self.name.clone()),
+            },
+            None if self.checkpoint_storage().is_some() => {
+                ModelPlace::CheckpointClaim { claim: pvc_name(&self.name) }
+            }
+            None => ModelPlace::EmptyDir,
+        }
+    }
+
+    /// The claim `output.storage` asks for: labelled as the job's, but with no owner, so that
+    /// deleting the job (or its TTL) leaves the model.
+    pub fn output_pvc(&self) -> Option<PersistentVolumeClaim> {
+        let size = self.job.spec.output.as_ref()?.storage.as_deref()?;
+        let mut pvc = claim(self.meta(output_pvc_name(&self.name), COMPONENT_PS), size);
+        pvc.metadata.owner_references = None;
+        Some(pvc)
+    }
+
     /// The Secret holding the job's bearer token.
     pub fn secret(&self, token: &str) -> Secret {
         Secret {
@@ -145,18 +206,7 @@ impl<'a> Owner<'a> {
     /// The checkpoint PVC, when `parameterServer.checkpoint.storage` asks for one.
     pub fn pvc(&self) -> Option<PersistentVolumeClaim> {
         let size = self.checkpoint_storage()?;
-        Some(PersistentVolumeClaim {
-            metadata: self.meta(pvc_name(&self.name), COMPONENT_PS),
-            spec: Some(PersistentVolumeClaimSpec {
-                access_modes: Some(vec!["ReadWriteOnce".into()]),
-                resources: Some(VolumeResourceRequirements {
-                    requests: Some(BTreeMap::from([("storage".into(), Quantity(size.into()))])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
+        Some(claim(self.meta(pvc_name(&self.name), COMPONENT_PS), size))
     }
 
     /// Replicas of the parameter server: 1, or 0 while the job is suspended *and* a PVC keeps
@@ -172,7 +222,7 @@ impl<'a> Owner<'a> {
         env.push(token_var(&self.name));
         env.extend(vars([
             ("FORESIGHT_CHECKPOINT_DIR", CHECKPOINT_DIR.to_string()),
-            ("FORESIGHT_OUTPUT_DIR", CHECKPOINT_DIR.to_string()),
+            ("FORESIGHT_OUTPUT_DIR", self.model_place().ps_dir()),
             ("FORESIGHT_PS_LISTEN", format!("0.0.0.0:{PS_PORT}")),
             ("FORESIGHT_LOG_FORMAT", "json".to_string()),
         ]));
@@ -187,6 +237,19 @@ impl<'a> Owner<'a> {
             },
             None => empty_dir("checkpoints"),
         };
+        let mut volumes = vec![checkpoints, empty_dir("tmp")];
+        let mut mounts = vec![mount("checkpoints", CHECKPOINT_DIR, false), mount("tmp", "/tmp", false)];
+        if let ModelPlace::Output { claim, .. } = self.model_place() {
+            volumes.push(Volume {
+                name: "output".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim,
+                    read_only: None,
+                }),
+                ..Default::default()
+            });
+            mounts.push(mount("output", OUTPUT_DIR, false));
+        }
         let probe = |path: &str, period: i32| Probe {
             http_get: Some(HTTPGetAction {
                 path: Some(path.into()),
@@ -210,10 +273,7 @@ impl<'a> Owner<'a> {
             liveness_probe: Some(Probe { failure_threshold: Some(6), ..probe("/healthz", 10) }),
             resources: spec.parameter_server.resources.clone(),
             security_context: Some(container_security()),
-            volume_mounts: Some(vec![
-                mount("checkpoints", CHECKPOINT_DIR, false),
-                mount("tmp", "/tmp", false),
-            ]),
+            volume_mounts: Some(mounts),
             ..Default::default()
         };
         let template = PodTemplateSpec {
@@ -224,7 +284,7 @@ impl<'a> Owner<'a> {
                 automount_service_account_token: Some(false),
                 // Time for the checkpoint it writes on SIGTERM.
                 termination_grace_period_seconds: Some(60),
-                volumes: Some(vec![checkpoints, empty_dir("tmp")]),
+                volumes: Some(volumes),
                 ..Default::default()
             }),
         };
@@ -386,6 +446,22 @@ fn token_var(job: &str) -> EnvVar {
                 name: secret_name(job),
                 key: TOKEN_KEY.into(),
                 optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A ReadWriteOnce claim of `size`.
+fn claim(metadata: ObjectMeta, size: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata,
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), Quantity(size.into()))])),
+                ..Default::default()
             }),
             ..Default::default()
         }),

@@ -273,6 +273,9 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     if let Some(pvc) = owner.pvc() {
         apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
     }
+    if let Some(pvc) = owner.output_pvc() {
+        apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
+    }
     apply(ctx, &owner, owner.ps_service()).await?;
     let ps_deployment = apply_ps_deployment(ctx, job, &owner).await?;
     let workers = match apply(ctx, &owner, owner.worker_job(&ctx.settings.defaults)).await {
@@ -318,6 +321,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         ps_ready,
         unschedulable,
         finalize,
+        model_place: owner.model_place(),
         progress,
         ps_process,
         has_run: matches!(old.phase, Some(Phase::Running | Phase::Restarting)),
@@ -351,6 +355,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         ps_ready: false,
         unschedulable: None,
         finalize: Finalize::NotYet,
+        model_place: children::ModelPlace::EmptyDir,
         progress: None,
         ps_process: None,
         has_run: false,
@@ -491,7 +496,9 @@ async fn finalize(url: &str, token: &str, workers: &Job, grace: Duration) -> Fin
     let result = match foresight_ps::client::PsClient::new(url, Some(token.to_string())) {
         Ok(client) => match tokio::time::timeout(Duration::from_secs(30), client.finalize()).await {
             Ok(Ok(v)) => {
-                return Finalize::Done { version: v.get("version").and_then(|v| v.as_u64()).unwrap_or(0) };
+                let version = v.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+                let path = v.get("path").and_then(|p| p.as_str()).map(String::from);
+                return Finalize::Done { version, path };
             }
             Ok(Err(e)) => e.to_string(),
             Err(_) => "no answer within 30s".to_string(),

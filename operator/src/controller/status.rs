@@ -4,7 +4,10 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{ParameterServerStatus, Phase, Progress, TrainingJobStatus, WorkersStatus};
+use crate::api::{
+    FinalModelStatus, ParameterServerStatus, Phase, Progress, TrainingJobStatus, WorkersStatus,
+};
+use crate::controller::children::ModelPlace;
 
 /// The worker Job as the Job controller reports it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -24,8 +27,8 @@ pub struct WorkerJob {
 pub enum Finalize {
     /// Not attempted (workers still running).
     NotYet,
-    /// `/v1/finalize` answered: the final model is written.
-    Done { version: u64 },
+    /// `/v1/finalize` answered: the final model is written, at `path` in the PS's filesystem.
+    Done { version: u64, path: Option<String> },
     /// It failed (the PS unreachable, a write error); the reconciler retries.
     Failed(String),
     /// The reconciler gave up retrying; the job succeeds without a final model.
@@ -45,6 +48,8 @@ pub struct Observed {
     /// The scheduler's message for a worker or PS pod it cannot place.
     pub unschedulable: Option<String>,
     pub finalize: Finalize,
+    /// Where the final model goes.
+    pub model_place: ModelPlace,
     /// Fresh progress from the PS (`None`: keep the last one).
     pub progress: Option<Progress>,
     /// The PS process that answered that read (`None`: not read this time).
@@ -115,10 +120,14 @@ pub fn decide(o: &Observed) -> State {
     }
     if w.complete {
         return match &o.finalize {
-            Finalize::Done { version } => State::new(
+            Finalize::Done { version, path } => State::new(
                 Phase::Succeeded,
                 "Completed",
-                format!("{} workers finished; final model written at version {version}", o.replicas),
+                format!(
+                    "{} workers finished; {}",
+                    o.replicas,
+                    where_the_model_is(*version, path, &o.model_place)
+                ),
             ),
             Finalize::GaveUp(e) => State::new(
                 Phase::Succeeded,
@@ -186,6 +195,24 @@ pub fn decide(o: &Observed) -> State {
     )
 }
 
+/// What the Succeeded condition says about the final model: only what was done.
+fn where_the_model_is(version: u64, path: &Option<String>, place: &ModelPlace) -> String {
+    let located = path.as_deref().and_then(|p| place.locate(p));
+    match (place, located) {
+        (ModelPlace::Output { .. }, Some((claim, file))) => {
+            format!(
+                "final model (version {version}) written to claim {claim} at {file}; the claim outlives the job"
+            )
+        }
+        (ModelPlace::CheckpointClaim { .. }, Some((claim, file))) => format!(
+            "final model (version {version}) written to the checkpoint claim {claim} at {file}, which is deleted with the job: set spec.output to keep the model"
+        ),
+        _ => format!(
+            "final model (version {version}) written to the parameter server's emptyDir, which is removed with it: set spec.output to keep the model"
+        ),
+    }
+}
+
 const CONDITION_TYPES: [(Phase, &str); 6] = [
     (Phase::Created, "Created"),
     (Phase::Running, "Running"),
@@ -244,8 +271,14 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
     let mut progress = o.progress.clone().or_else(|| old.progress.clone());
     // Progress is read at most once per period while training; the final model's version is
     // the last word on how far it went (seen on the real node: step 588 shown, 640 final).
-    if let Finalize::Done { version } = o.finalize {
-        progress.get_or_insert_default().step = version;
+    let mut final_model = old.final_model.clone();
+    if let Finalize::Done { version, path } = &o.finalize {
+        progress.get_or_insert_default().step = *version;
+        if let Some((claim, file)) = path.as_deref().and_then(|p| o.model_place.locate(p)) {
+            let kept = matches!(o.model_place, ModelPlace::Output { .. });
+            final_model =
+                Some(FinalModelStatus { version: *version, claim_name: Some(claim), path: file, kept });
+        }
     }
     TrainingJobStatus {
         phase: Some(state.phase),
@@ -254,6 +287,7 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         workers: Some(WorkersStatus { active: w.active, succeeded: w.succeeded, failed: w.failed }),
         parameter_server: Some(parameter_server),
         progress,
+        final_model,
         start_time: old.start_time.clone().or_else(|| created.then(|| now.clone())),
         completion_time: old.completion_time.clone().or_else(|| state.is_finished().then(|| now.clone())),
     }

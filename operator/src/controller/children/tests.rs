@@ -152,3 +152,42 @@ fn disruptions_are_not_charged_and_a_permanent_failure_fails_the_job() {
     // The policy needs restartPolicy Never, which also makes every failure a new pod.
     assert_eq!(spec.template.spec.unwrap().restart_policy.as_deref(), Some("Never"));
 }
+
+#[test]
+fn the_final_model_goes_to_the_output_claim_which_no_one_owns() {
+    let ps_of = |yaml: &str| {
+        let j = job(yaml);
+        let o = Owner::new(&j).unwrap();
+        let d = o.ps_deployment(&defaults());
+        (o.output_pvc(), d.spec.template.spec.unwrap())
+    };
+    let output_dir = |p: &PodSpec| env(&p.containers[0], "FORESIGHT_OUTPUT_DIR").value.clone().unwrap();
+    let claim_of = |p: &PodSpec, volume: &str| {
+        let v = p.volumes.as_ref().unwrap().iter().find(|v| v.name == volume);
+        v.and_then(|v| v.persistent_volume_claim.as_ref()).map(|c| c.claim_name.clone())
+    };
+
+    // A claim the job creates: named after the job, labelled, but with no owner.
+    let (pvc, pod) = ps_of(&format!("{BASE}  output: {{storage: 2Gi}}\n"));
+    let pvc = pvc.expect("output.storage creates a claim");
+    assert_eq!(pvc.metadata.name.as_deref(), Some("mnist-output"));
+    assert_eq!(pvc.metadata.owner_references, None, "deleting the job must leave it");
+    assert_eq!(pvc.metadata.labels.unwrap()[LABEL_JOB], "mnist");
+    assert_eq!(claim_of(&pod, "output").as_deref(), Some("mnist-output"));
+    assert_eq!(output_dir(&pod), "/output/mnist");
+    let mounts = pod.containers[0].volume_mounts.clone().unwrap();
+    assert!(
+        mounts.iter().any(|m| m.name == "output" && m.mount_path == OUTPUT_DIR && m.read_only != Some(true))
+    );
+
+    // An existing claim: used, never created.
+    let (pvc, pod) = ps_of(&format!("{BASE}  output: {{claimName: models, path: team/run-7}}\n"));
+    assert!(pvc.is_none());
+    assert_eq!(claim_of(&pod, "output").as_deref(), Some("models"));
+    assert_eq!(output_dir(&pod), "/output/team/run-7");
+
+    // No output: next to the checkpoints, as before.
+    let (pvc, pod) = ps_of(BASE);
+    assert!(pvc.is_none() && claim_of(&pod, "output").is_none());
+    assert_eq!(output_dir(&pod), CHECKPOINT_DIR);
+}

@@ -10,6 +10,7 @@ fn observed() -> Observed {
         ps_ready: false,
         unschedulable: None,
         finalize: Finalize::NotYet,
+        model_place: ModelPlace::EmptyDir,
         progress: None,
         ps_process: None,
         has_run: false,
@@ -107,7 +108,10 @@ fn each_observation_leads_to_its_phase() {
             "Finalizing",
         ),
         (
-            Observed { finalize: Finalize::Done { version: 9 }, ..with_workers(|w| w.complete = true) },
+            Observed {
+                finalize: Finalize::Done { version: 9, path: None },
+                ..with_workers(|w| w.complete = true)
+            },
             Phase::Succeeded,
             "Completed",
         ),
@@ -189,7 +193,10 @@ fn a_succeeded_job_shows_the_final_models_version_as_its_step() {
         progress: Some(Progress { step: 588, epoch: 3, ..Default::default() }),
         ..Default::default()
     };
-    let o = Observed { finalize: Finalize::Done { version: 640 }, ..with_workers(|w| w.complete = true) };
+    let o = Observed {
+        finalize: Finalize::Done { version: 640, path: None },
+        ..with_workers(|w| w.complete = true)
+    };
     let st = next_status(&old, &o, &decide(&o), &t("2026-01-01T00:00:00Z"));
     let p = st.progress.unwrap();
     assert_eq!((p.step, p.epoch), (640, 3), "the step follows the final model; the rest is kept");
@@ -239,4 +246,45 @@ fn a_new_parameter_server_process_is_a_restart_with_a_condition_and_one_event() 
     assert_eq!(cond.reason, "StartedWithoutCheckpoint");
     assert_eq!(cond.last_transition_time, t("2026-01-01T00:06:00Z"));
     assert!(ps_restart_event(&s4, &s5).unwrap().contains("re-seed"));
+}
+
+#[test]
+fn the_status_says_where_the_final_model_is_and_whether_it_outlives_the_job() {
+    let done = |place: ModelPlace, path: &str| {
+        let o = Observed {
+            finalize: Finalize::Done { version: 640, path: Some(path.into()) },
+            model_place: place,
+            ..with_workers(|w| w.complete = true)
+        };
+        let state = decide(&o);
+        (
+            state.message.clone(),
+            next_status(&TrainingJobStatus::default(), &o, &state, &t("2026-01-01T00:00:00Z")),
+        )
+    };
+    let output = ModelPlace::Output { claim: "models".into(), dir: "runs/mnist".into() };
+    assert_eq!(output.ps_dir(), "/output/runs/mnist");
+    let (msg, st) = done(output, "/output/runs/mnist/model-final.safetensors");
+    let m = st.final_model.unwrap();
+    assert_eq!(
+        (m.version, m.claim_name.as_deref(), m.path.as_str(), m.kept),
+        (640, Some("models"), "runs/mnist/model-final.safetensors", true)
+    );
+    assert!(msg.contains("claim models") && msg.contains("outlives the job"), "{msg}");
+
+    let (msg, st) = done(
+        ModelPlace::CheckpointClaim { claim: "mnist-ps-checkpoints".into() },
+        "/checkpoints/model-final.safetensors",
+    );
+    let m = st.final_model.unwrap();
+    assert_eq!(
+        (m.claim_name.as_deref(), m.path.as_str(), m.kept),
+        (Some("mnist-ps-checkpoints"), "model-final.safetensors", false)
+    );
+    assert!(msg.contains("deleted with the job") && msg.contains("spec.output"), "{msg}");
+
+    // An emptyDir goes with the PS: no location is claimed, and the message says so.
+    let (msg, st) = done(ModelPlace::EmptyDir, "/checkpoints/model-final.safetensors");
+    assert_eq!(st.final_model, None);
+    assert!(msg.contains("emptyDir, which is removed with it"), "{msg}");
 }
