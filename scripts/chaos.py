@@ -23,7 +23,7 @@ Measured per run, from the run's own outputs:
   log's "worker joined"); for the PS, the version before the kill, the version it restarted at
   (restored or re-seeded, from its log) and the updates lost between them.
 
-Usage: scripts/chaos.py [--epochs 12] [--kill-every 30] [--seed 1] [--target 0.97]
+Usage: scripts/chaos.py [--epochs 200] [--kill-every 30] [--seed 1] [--target 0.97]
                         [--out out/chaos] [--doc docs/reliability.md]
 """
 
@@ -56,7 +56,8 @@ def job_yaml(name, epochs, seed):
         "spec:\n"
         "  model: {name: lenet5}\n"
         "  dataset: {format: csv, path: data/mnist5k, holdout: 0.2}\n"
-        f"  training: {{epochs: {epochs}, batchSize: 32, learningRate: 0.05, seed: {seed}}}\n"
+        f"  training: {{epochs: {epochs}, batchSize: 32, learningRate: 0.05, seed: {seed},\n"
+        f"    lrDecay: {{factor: 0.1, milestones: [{epochs * 0.5}, {epochs * 0.75}]}}}}\n"
         "  optimizer: {algorithm: dc-asgd-a, lambda0: 2.0, meanSquareDecay: 0.95}\n"
         "  parameterServer: {checkpoint: {intervalSeconds: 5}}\n"
         "  workers: {replicas: 4}\n"
@@ -186,7 +187,7 @@ class Run:
         shutil.rmtree(self.out, ignore_errors=True)
         self.out.mkdir(parents=True)
         job = self.out / "job.yaml"
-        job.write_text(job_yaml(name, args.epochs, args.seed))
+        job.write_text(job_yaml(name.replace("/", "-"), args.epochs, args.seed))
         self.cmd = [str(args.foresight), "run", str(job), "--out", str(self.out), "--no-progress",
                     "--token", TOKEN, *extra]
         self.name = name
@@ -228,12 +229,14 @@ def failure_costs(out, events):
                            if msg.startswith("worker joined") and f.get("worker") == str(ev["worker"])), None)
             ev["down_seconds"] = None if joined is None else round(joined - ev["wall"], 2)
         else:
-            restart = next(((msg, f) for t, msg, f in after
-                            if msg.startswith("restored checkpoint") or msg.startswith("model seeded")), None)
-            if restart:
-                ev["restarted_at"] = int(restart[1]["version"])
-                ev["how"] = "restored checkpoint" if restart[0].startswith("restored") else "re-seeded from a worker"
-                ev["updates_lost"] = ev["version_before"] - ev["restarted_at"]
+            restored = next((int(f["version"]) for t, msg, f in after if msg.startswith("restored checkpoint")), None)
+            # Offers replace one another while the PS holds for every worker's copy: the last
+            # (freshest) one taken is the model it continued from.
+            seeds = [int(f["version"]) for t, msg, f in after if msg.startswith("model seeded")]
+            if restored is not None:
+                ev["restarted_at"], ev["how"] = restored, "restored checkpoint"
+            elif seeds:
+                ev["restarted_at"], ev["how"] = max(seeds), "re-seeded from a worker's copy"
             ready = next((t for t, msg, f in after if "listening" in msg), None)
             ev["down_seconds"] = None if ready is None else round(ready - ev["wall"], 2)
     return events
@@ -294,29 +297,45 @@ def scenario(args, name, extra=(), workers_every=None, ps_at=None, take_checkpoi
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--kill-every", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of every scenario, interleaved")
     ap.add_argument("--target", type=float, default=0.97)
     ap.add_argument("--out", default="out/chaos")
     ap.add_argument("--doc", default=None)
     ap.add_argument("--bin", default=str(REPO / "target/release"))
+    ap.add_argument("--render-only", action="store_true",
+                    help="write the report from --out's results.json without running anything")
     args = ap.parse_args()
     args.foresight = Path(args.bin) / "foresight"
     args.worker = Path(args.bin) / "foresight-worker"
+    if args.render_only:
+        saved = json.loads((Path(args.out) / "results.json").read_text())
+        report = render(args, saved["results"], saved["minutes"])
+        print(report)
+        if args.doc:
+            Path(args.doc).write_text(report)
+        return
     t0 = time.time()
 
-    base = scenario(args, "baseline")
-    results = [
-        base,
-        scenario(args, "worker-kills", workers_every=args.kill_every),
-        scenario(args, "ps-kill-storage", ps_at=base["seconds"] / 2),
-        scenario(args, "ps-kill-no-storage", ps_at=base["seconds"] / 2, take_checkpoints=True),
-        scenario(args, "slow-worker", extra=["--slow-worker", "1=3"]),
-        scenario(args, "baseline-again"),
-    ]
+    # Rounds of every scenario in turn, then one more failure-free run: the machine's drift
+    # falls on every scenario alike, and the baselines bracket it.
+    results = []
+    for k in range(args.repeats):
+        base = scenario(args, f"baseline/{k}")
+        half = base["seconds"] / 2
+        results += [
+            base,
+            scenario(args, f"worker-kills/{k}", workers_every=args.kill_every),
+            scenario(args, f"ps-kill-storage/{k}", ps_at=half),
+            scenario(args, f"ps-kill-no-storage/{k}", ps_at=half, take_checkpoints=True),
+            scenario(args, f"slow-worker/{k}", extra=["--slow-worker", "1=3"]),
+        ]
+    results.append(scenario(args, f"baseline/{args.repeats}"))
     minutes = (time.time() - t0) / 60
-    (Path(args.out) / "results.json").write_text(json.dumps(results, indent=1))
+    saved = {"results": results, "minutes": minutes}
+    (Path(args.out) / "results.json").write_text(json.dumps(saved, indent=1))
     report = render(args, results, minutes)
     print(report)
     if args.doc:
@@ -331,18 +350,36 @@ def pct(x):
     return "–" if x is None else f"{100 * x:.2f} %"
 
 
+def spread(values, fmt):
+    """mean (min–max) of the values, or the one value."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "not reached"
+    if len(values) == 1:
+        return fmt(values[0])
+    return f"{fmt(statistics.mean(values))} ({fmt(min(values))}–{fmt(max(values))})"
+
+
 def render(args, results, minutes):
-    baselines = [r for r in results if r["name"].startswith("baseline")]
+    kind = lambda r: r["name"].split("/")[0]  # noqa: E731
+    baselines = [r for r in results if kind(r) == "baseline"]
     ref_rate = statistics.mean(r["updates_per_second"] for r in baselines)
     ref_acc = statistics.mean(r["accuracy"] for r in baselines)
+    # Every step of the spec is one update (pushEvery 1, asynchronous), and replaced workers
+    # resume rather than redo: what the final model lacks against a baseline's is what was lost.
+    total = max(r["version"] for r in baselines)
     rows = []
-    for r in results:
+    for name in dict.fromkeys(kind(r) for r in results):
+        runs = [r for r in results if kind(r) == name]
+        reached = [r["time_to_target"] for r in runs]
         rows.append(
-            f"| {r['name']} | {r['seconds']:.1f} | {r['version']} | {r['updates_per_second']:.1f} | "
-            f"{r['updates_per_second'] / ref_rate:.3f} | {pct(r['accuracy'])} | "
-            f"{100 * (r['accuracy'] - ref_acc):+.2f} pp | "
-            f"{seconds(r['time_to_target'])} | "
-            f"{r['restarts']} |")
+            f"| {name} | {len(runs)} | {spread([r['seconds'] for r in runs], seconds)} | "
+            f"{spread([r['version'] for r in runs], lambda v: f'{v:.0f}')} | "
+            f"{spread([r['updates_per_second'] / ref_rate for r in runs], lambda v: f'{v:.3f}')} | "
+            f"{spread([r['accuracy'] for r in runs], pct)} | "
+            f"{100 * (statistics.mean(r['accuracy'] for r in runs) - ref_acc):+.2f} pp | "
+            f"{spread(reached, seconds)}{'' if None not in reached else f' ({reached.count(None)} not reached)'} | "
+            f"{sum(r['restarts'] for r in runs)} |")
     costs = []
     for r in results:
         for ev in r["events"]:
@@ -350,15 +387,16 @@ def render(args, results, minutes):
                 costs.append(f"| {r['name']} | {ev['at']:.1f} | SIGKILL worker {ev['worker']} | "
                              f"replacement joined after {ev['down_seconds']} s | – |")
             else:
-                costs.append(f"| {r['name']} | {ev['at']:.1f} | SIGKILL PS at v{ev['version_before']} | "
+                costs.append(f"| {r['name']} | {ev['at']:.1f} | SIGKILL PS at v{ev['version_before']} or later | "
                              f"{ev.get('how', '?')} at v{ev.get('restarted_at', '?')}, listening after "
-                             f"{ev['down_seconds']} s | {ev.get('updates_lost', '?')} |")
-    spread = max(r["updates_per_second"] for r in baselines) / min(r["updates_per_second"] for r in baselines)
+                             f"{ev['down_seconds']} s | {total - r['version']} |")
+    drift = max(r["updates_per_second"] for r in baselines) / min(r["updates_per_second"] for r in baselines)
     return TEMPLATE.format(
         epochs=args.epochs, kill_every=args.kill_every, seed=args.seed, target=pct(args.target),
-        rows="\n".join(rows), costs="\n".join(costs) or "| – | | | | |", minutes=minutes, spread=spread,
+        rows="\n".join(rows), costs="\n".join(costs) or "| – | | | | |", minutes=minutes, drift=drift,
         machine=f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}",
-        date=dt.date.today().isoformat(),
+        date=dt.date.today().isoformat(), repeats=args.repeats, baselines=len(baselines),
+        half=args.epochs // 2, three_quarters=args.epochs * 3 // 4, total=total,
     )
 
 
@@ -368,17 +406,19 @@ Written by `make chaos` (`scripts/chaos.py --doc docs/reliability.md`) on {date}
 {minutes:.1f} minutes on this machine ({machine}). Every figure below is from that one invocation.
 
 The job: LeNet-5 on MNIST-5k (4,000 training / 1,000 held-out examples), 4 workers, dc-asgd-a
-(λ0 = 2, μ = 0.95), η = 0.05, batch 32, {epochs} epochs, seed {seed}, PS checkpoints every 5 s,
-`runPolicy.backoffLimit: 100`, run with `foresight run` (release binaries). Each scenario is the same
-job with one kind of failure:
+(λ0 = 2, μ = 0.95), η = 0.05 (×0.1 after epochs {half} and {three_quarters}), batch 32, {epochs}
+epochs, seed {seed}, PS checkpoints every 5 s, `runPolicy.backoffLimit: 100`, run with
+`foresight run` (release binaries). Each scenario is the same job with one kind of failure, and
+the scenarios run in {repeats} interleaved rounds (then one more baseline), so that the machine's
+drift falls on all of them alike:
 
-- **baseline**, **baseline-again**: no failure, first and last, so the machine's drift is visible
-  (their updates/s differ by a factor {spread:.3f}); goodput is relative to their mean;
+- **baseline**: no failure ({baselines} runs, bracketing the others; their updates/s differ by up
+  to a factor {drift:.3f}: that is the noise floor of every ratio below);
 - **worker-kills**: every {kill_every:.0f} s, SIGKILL one of the 4 workers (seeded choice);
   `foresight run` starts it again, as the worker Job would, and it resumes from the PS's record
   of its step;
-- **ps-kill-storage**: SIGKILL the parameter server half-way (by the baseline's duration); it
-  restarts from its newest checkpoint;
+- **ps-kill-storage**: SIGKILL the parameter server half-way (by the round's baseline duration);
+  it restarts from its newest checkpoint;
 - **ps-kill-no-storage**: the same, with its checkpoints taken away just before the kill (a PS
   whose emptyDir died with its node): it restarts empty and is re-seeded from the freshest model a
   worker holds;
@@ -386,16 +426,21 @@ job with one kind of failure:
 
 ## Results
 
+Per scenario: the mean over its runs, and (min–max).
+
 - *final model*: the PS's model after every worker finished, evaluated on the held-out split by
-  `foresight-worker evaluate` (summary.json's `accuracy`); its *version* is the number of updates it
-  contains;
-- *goodput*: updates in the final model per second of the run, as a share of the failure-free
-  runs' mean;
+  `foresight-worker evaluate` (summary.json's `accuracy`); its *version* is the number of updates
+  it contains (the spec's total work is {total} steps, each one update: every baseline's final
+  model has them all);
+- *goodput*: updates in the final model per second of the run, as a share of the baselines' mean
+  updates per second;
 - *time to {target}*: the first PS checkpoint (copied as written, every 5 s, and evaluated
   afterwards by the same evaluator) at or above {target} held-out accuracy, by the time it was
-  written (a 5 s resolution).
+  written (a 5 s resolution). A scenario whose target comes before its first failure (30 s for
+  worker kills, half-way for the PS) cannot differ here from the baseline: then the final
+  accuracy and the goodput are what tell.
 
-| scenario | seconds | final model version | updates/s | goodput | final accuracy | vs failure-free | time to {target} (s) | restarts |
+| scenario | runs | seconds | final model version | goodput | final accuracy | vs baselines | time to {target} (s) | restarts |
 |---|---|---|---|---|---|---|---|---|
 {rows}
 
@@ -404,10 +449,11 @@ job with one kind of failure:
 Worker kills: the time from SIGKILL until the replacement process joined the PS (the PS log's
 `worker joined`); the work lost is at most the killed worker's step in flight (`pushEvery: 1`), as
 the replacement resumes at the step after its predecessor's last applied gradient. PS kills: the
-version before the kill (read from `/v1/status` just before it), the version the new PS started
-from (its log), and the updates lost between them.
+version read from `/v1/status` just before the kill (updates went on until the signal landed),
+the version the new PS started from (its log), and the updates lost: the spec's {total} steps
+minus the final model's version (exact: each step is one update, and no step is done twice).
 
-| scenario | at (s) | failure | recovery | updates lost |
+| run | at (s) | failure | recovery | updates lost |
 |---|---|---|---|---|
 {costs}
 
@@ -420,9 +466,10 @@ from (its log), and the updates lost between them.
 - The job's total work is fixed by its epochs, so a slow worker's shard is finished by that worker
   alone at its own pace after the others are done: asynchronous training does not wait for it,
   but cannot finish its data faster either.
-- This machine is shared with builds while this runs; the two baselines bound the noise.
+- This machine (2 cores) was shared with other work while this ran; the baselines bound the noise.
 
-Rerun: `make chaos` (about {minutes:.0f} minutes here; `ARGS="--epochs 6"` for a shorter one).
+Rerun: `make chaos` (about {minutes:.0f} minutes here; `ARGS="--epochs 20 --repeats 1"` for a
+shorter one).
 """
 
 if __name__ == "__main__":

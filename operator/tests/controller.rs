@@ -425,6 +425,74 @@ fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
 }
 
 #[test]
+fn a_running_job_scales_up_and_down_without_restarting_its_parameter_server() {
+    let cp = control_plane();
+    let ns = cp.namespace("elastic");
+    let ps_port = free_port();
+    let _op = Operator::start(
+        cp,
+        &ns,
+        &["--leader-elect=false", "--ps-url", &format!("http://127.0.0.1:{ps_port}")],
+    );
+    apply_job(cp, &ns, "grow", json!({"workers": {"replicas": 2, "minReplicas": 1}}));
+    let ps = Ps::start(cp, &ns, "grow", ps_port, 2);
+    ps.train_one_step();
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "grow"), "Running");
+    let pods = worker_pods(cp, &ns, "grow", 2);
+    // minReplicas: one ready worker is enough to call the job Running.
+    cp.set_pod_phase(&ns, &pods[0], "Running");
+    let st = wait_phase(cp, &ns, "grow", "Running");
+    assert_eq!((&st["workers"]["ready"], &st["workers"]["desired"]), (&json!(1), &json!(2)), "{st:#}");
+    let ps_template = |cp: &support::ControlPlane| {
+        let d = cp.get_json(&ns, "deployment/grow-ps").unwrap();
+        (
+            d["metadata"]["annotations"]["foresight.dev/ps-template-hash"].clone(),
+            d["metadata"]["generation"].clone(),
+        )
+    };
+    let before = ps_template(cp);
+
+    for (replicas, pods_after) in [(3, 3), (1, 1)] {
+        apply_job(cp, &ns, "grow", json!({"workers": {"replicas": replicas, "minReplicas": 1}}));
+        let spec = wait_for(&format!("the worker Job at {replicas}"), LONG, || {
+            let j = cp.get_json(&ns, "job/grow-workers")?;
+            (j["spec"]["completions"] == replicas && j["spec"]["parallelism"] == replicas).then_some(j)
+        });
+        assert!(
+            spec["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|e| e["name"] != "FORESIGHT_WORKERS"),
+            "workers learn the count from the PS"
+        );
+        wait_for(&format!("the PS to expect {replicas} workers"), LONG, || {
+            (ps.status()["workers_expected"] == replicas).then_some(())
+        });
+        let st = wait_for("the status to follow", LONG, || {
+            let s = status(cp, &ns, "grow");
+            (s["workers"]["desired"] == replicas).then_some(s)
+        });
+        assert_eq!(st["phase"], "Running", "{st:#}");
+        // The Job controller adds or removes the highest indices; the PS is never rolled.
+        let live = wait_for(&format!("{pods_after} worker pods"), LONG, || {
+            let pods = cp.get_json(&ns, "pods")?;
+            let indices: Vec<String> = pods["items"]
+                .as_array()?
+                .iter()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == "worker")
+                .map(|p| p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"].to_string())
+                .collect();
+            (indices.len() == pods_after).then_some(indices)
+        });
+        eprintln!("scaled to {replicas}: worker indices {live:?}");
+        assert_eq!(ps_template(cp), before, "the PS Deployment was not changed");
+    }
+    assert!(events(cp, &ns, "grow").iter().any(|e| e.1 == "WorkersScaled"));
+}
+
+#[test]
 fn an_operator_restarted_mid_job_converges_without_duplicates() {
     let cp = control_plane();
     let ns = cp.namespace("restart");

@@ -59,7 +59,7 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "WORKERS", "ALGORITHM", "STEP", "STALENESS", "P99", "AGE"],
+        ["NAME", "PHASE", "WORKERS", "READY", "ALGORITHM", "STEP", "STALENESS", "P99", "AGE"],
         "{table}"
     );
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
@@ -72,7 +72,7 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
         "observedGeneration": 1,
         "conditions": [{"type": "Running", "status": "True", "reason": "WorkersRunning",
                         "message": "4 of 4 workers running", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-        "workers": {"active": 4, "succeeded": 0, "failed": 0},
+        "workers": {"desired": 4, "ready": 3, "active": 4, "succeeded": 0, "failed": 0},
         "parameterServer": {"ready": true},
         "progress": {"step": 1234, "epoch": 2, "loss": 0.31, "accuracy": 0.91,
                      "stalenessP50": 3.0, "stalenessP99": 7.5},
@@ -94,7 +94,7 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
     );
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns, "--no-headers"], None);
     let row: Vec<&str> = table.split_whitespace().collect();
-    assert_eq!(row[..6], ["mnist-dcasgd", "Running", "4", "dc-asgd-a", "1234", "7.5"], "{table}");
+    assert_eq!(row[..7], ["mnist-dcasgd", "Running", "4", "3", "dc-asgd-a", "1234", "7.5"], "{table}");
 
     // What the server stored reads back as the Rust type.
     let stored: TrainingJob =
@@ -179,6 +179,19 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "set exactly one of output.claimName",
         ),
         (&[("spec.output", json!({}))], "output", "set exactly one of output.claimName"),
+        (
+            &[("spec.workers", json!({"replicas": 2, "minReplicas": 3}))],
+            "workers.minReplicas",
+            "spec.workers.minReplicas: Invalid value: |workers.minReplicas must be at most workers.replicas",
+        ),
+        (
+            &[
+                ("spec.workers", json!({"replicas": 2, "minReplicas": 1})),
+                ("spec.optimizer", json!({"algorithm": "sync"})),
+            ],
+            "workers.minReplicas",
+            "spec.workers.minReplicas: Invalid value: |needs an asynchronous algorithm",
+        ),
         (
             &[("spec.output", json!({"claimName": "Models_1"}))],
             "output.claimName",
@@ -401,7 +414,7 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
     );
     set(&mut full, "spec.parameterServer.checkpoint", json!({"intervalSeconds": 1, "storage": "1Gi"}));
     set(&mut full, "spec.runPolicy", json!({"backoffLimit": 0, "activeDeadlineSeconds": 1, "suspend": true}));
-    set(&mut full, "spec.workers", json!({"replicas": 1024, "gpus": 0}));
+    set(&mut full, "spec.workers", json!({"replicas": 1024, "minReplicas": 512, "gpus": 0}));
     set(&mut full, "spec.output", json!({"claimName": "models.v1", "path": "mnist/run-1"}));
     let out = cp.kubectl(&["create", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&yaml(&full)));
     if !out.status.success() {

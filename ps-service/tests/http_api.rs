@@ -588,3 +588,48 @@ async fn joins_generations_and_reseeding() {
     assert!(c.offer(1, 12, &l, &copy(1)).await.unwrap(), "the fresher copy wins");
     assert_eq!(c.pull(0, None, Duration::ZERO).await.unwrap().unwrap().version, 12);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_count_changes_without_a_restart_and_bad_counts_change_nothing() {
+    let ps = start(config(Algorithm::Asgd, 2)).await;
+    let (c, l) = (client(&ps), layout());
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let put = |query: &str, token: Option<&str>| {
+        let r = http.put(format!("{}/v1/workers{query}", ps.url));
+        match token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+        .send()
+    };
+    // Before any model: the count is kept for the store to come.
+    c.set_workers(3).await.unwrap();
+    c.register(&l, &init(&l)).await.unwrap();
+    let joined = c.join(2, None).await.unwrap();
+    assert_eq!(joined.workers, 3);
+    c.pull(2, None, Duration::ZERO).await.unwrap().unwrap();
+    let id = PushId { worker: 2, generation: Some(joined.generation), version: 0, seq: 1 };
+    c.push(id, None, &l, &init(&l), GradDtype::F32).await.unwrap();
+    let status = c.status().await.unwrap();
+    assert_eq!(
+        (status["workers_expected"].as_u64(), status["workers"].as_array().unwrap().len()),
+        (Some(3), 3)
+    );
+    // Refused: no token, no count, zero, too many, not a number; nothing changes.
+    assert_eq!(put("?count=4", None).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    for bad in ["", "?count=0", "?count=1025", "?count=two", "?count=-1"] {
+        let r = put(bad, Some(TOKEN)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "bad_request", "{bad}");
+    }
+    assert_eq!(c.status().await.unwrap()["workers_expected"], 3);
+    // Down to 2: the highest index is refused from now on.
+    c.set_workers(2).await.unwrap();
+    let err = c.pull(2, None, Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.reason(), Some("unknown_worker"));
+    let metrics = reqwest::get(format!("{}/metrics", ps.url)).await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("foresight_ps_workers_expected") && l.ends_with(" 2")),
+        "{metrics}"
+    );
+}

@@ -503,13 +503,23 @@ def run(ps):
     r = ps.request("POST", "/v1/join?worker=1")
     j = r.json() if r.status == 200 else {}
     check("POST /v1/join?worker=1 -> generation 1, nothing to resume, version 3",
-          r.status == 200 and j == {"generation": 1, "resume_step": 0, "version": 3}, r.describe())
+          r.status == 200 and j == {"generation": 1, "resume_step": 0, "version": 3, "workers": 2}, r.describe())
     refused_push("a push of generation 0 after the join", ps.push(body_f32, worker=1, version=3, seq=1, generation=0),
                  409, "superseded")
     refused_push("a generation the PS never handed out", ps.push(body_f32, worker=1, version=3, seq=1, generation=2),
                  409, "rejoin_required")
     expect_error("join of an unknown worker", ps.request("POST", "/v1/join?worker=2"), 400, "unknown_worker")
     check("the refusals changed nothing", ps.status().json().get("version") == 3)
+
+    # --- Scaling: the job gets a third worker ------------------------------------------------------
+    for bad in ["", "?count=0", "?count=1025", "?count=x"]:
+        expect_error(f"PUT /v1/workers{bad}", ps.request("PUT", f"/v1/workers{bad}"), 400, "bad_request")
+    check("refused counts changed nothing", ps.status().json().get("workers_expected") == 2)
+    r = ps.request("PUT", "/v1/workers?count=3")
+    check("PUT /v1/workers?count=3 -> 200 {workers: 3}", r.status == 200 and r.json() == {"workers": 3}, r.describe())
+    r = ps.request("POST", "/v1/join?worker=2")
+    check("worker 2 joins the scaled job", r.status == 200 and r.json().get("workers") == 3, r.describe())
+    check("status: workers_expected follows", ps.status().json().get("workers_expected") == 3)
 
     # --- Finalize --------------------------------------------------------------------------------
     r = ps.finalize()

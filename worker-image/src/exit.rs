@@ -20,8 +20,8 @@ pub fn permanent(e: impl Into<anyhow::Error>) -> anyhow::Error {
 }
 
 /// Refusals of the parameter server that the same request will meet again, whoever sends it.
-const PERMANENT_REFUSALS: [&str; 5] =
-    ["unauthorized", "unknown_worker", "layout_mismatch", "shape_mismatch", "dtype_mismatch"];
+/// (`unknown_worker` is not one: a job being scaled may know the index a moment later.)
+const PERMANENT_REFUSALS: [&str; 4] = ["unauthorized", "layout_mismatch", "shape_mismatch", "dtype_mismatch"];
 
 /// The exit status for an error that ended the worker.
 pub fn code(e: &anyhow::Error) -> i32 {

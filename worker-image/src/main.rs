@@ -34,12 +34,10 @@ struct Args {
     /// File holding the token (a mounted Secret).
     #[arg(long, env = "FORESIGHT_TOKEN_FILE", conflicts_with = "token")]
     token_file: Option<PathBuf>,
-    /// This worker's index, 0..workers (in a cluster: the Indexed Job's completion index).
+    /// This worker's index (in a cluster: the Indexed Job's completion index). The job's worker
+    /// count, which can change while it runs, comes from the parameter server when it joins.
     #[arg(long, env = "FORESIGHT_WORKER_INDEX")]
     worker: usize,
-    /// Number of workers in the job.
-    #[arg(long, env = "FORESIGHT_WORKERS")]
-    workers: usize,
 
     /// Model: mlp, lenet5, resnet20 or torchscript.
     #[arg(long, env = "FORESIGHT_MODEL", default_value = "mlp")]
@@ -152,13 +150,6 @@ fn run(args: Args) -> anyhow::Result<()> {
 /// The training configuration from the flags and environment; any error here is the
 /// configuration's, which no retry fixes.
 fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
-    anyhow::ensure!(args.workers > 0, "workers must be at least 1");
-    anyhow::ensure!(
-        args.worker < args.workers,
-        "worker index {} is out of range 0..{}",
-        args.worker,
-        args.workers
-    );
     anyhow::ensure!(args.batch_size > 0 && args.epochs > 0, "batch size and epochs must be at least 1");
     anyhow::ensure!(args.pull_every > 0 && args.push_every > 0, "pullEvery and pushEvery must be at least 1");
     anyhow::ensure!(args.holdout > 0.0 && args.holdout < 1.0, "holdout must be in (0, 1)");
@@ -179,7 +170,6 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
         ps_url: args.ps_url.clone(),
         token,
         worker: args.worker,
-        workers: args.workers,
         model,
         format: args.dataset_format,
         data_dir: args.dataset_path.clone(),

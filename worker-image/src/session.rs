@@ -76,7 +76,12 @@ impl<'rt> Session<'rt> {
 
     fn join(&mut self, step: Option<u64>) -> Result<Joined, ClientError> {
         let worker = self.worker;
-        let joined = self.retry("joining", |c| async move { c.join(worker, step).await })?;
+        // `unknown_worker` at join: the job was scaled up and the Job started this pod before
+        // the operator told the PS the new count; it is told within seconds.
+        let scaling = |e: &ClientError| e.is_transient() || e.reason() == Some("unknown_worker");
+        let joined = self
+            .retry
+            .run(self.rt, &self.client, "joining", scaling, |c| async move { c.join(worker, step).await })?;
         self.generation = joined.generation;
         Ok(joined)
     }
@@ -182,12 +187,12 @@ impl<'rt> Session<'rt> {
         F: FnMut(PsClient) -> Fut,
         Fut: std::future::Future<Output = Result<T, ClientError>>,
     {
-        self.retry.run(self.rt, &self.client, what, f)
+        self.retry.run(self.rt, &self.client, what, ClientError::is_transient, f)
     }
 }
 
-/// Retries transient failures with exponential backoff and jitter until `deadline` has passed
-/// since the first failure of the call.
+/// Retries failures that may pass (`retryable`: transient ones, by default) with exponential
+/// backoff and jitter until `deadline` has passed since the first failure of the call.
 pub struct Retry {
     deadline: Duration,
     rng: rand::rngs::StdRng,
@@ -203,6 +208,7 @@ impl Retry {
         rt: &tokio::runtime::Runtime,
         client: &PsClient,
         what: &str,
+        retryable: impl Fn(&ClientError) -> bool,
         mut f: F,
     ) -> Result<T, ClientError>
     where
@@ -214,14 +220,14 @@ impl Retry {
         loop {
             match rt.block_on(f(client.clone())) {
                 Ok(v) => return Ok(v),
-                Err(e) if e.is_transient() && started.elapsed() < self.deadline => {
+                Err(e) if retryable(&e) && started.elapsed() < self.deadline => {
                     let wait = backoff.mul_f64(self.rng.random_range(0.5..1.5));
                     tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
                     std::thread::sleep(wait);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => {
-                    if e.is_transient() {
+                    if retryable(&e) {
                         tracing::error!(error = %e, "{what}: giving up after {}s without success", self.deadline.as_secs());
                     }
                     return Err(e);

@@ -24,7 +24,6 @@ pub struct TrainConfig {
     pub ps_url: String,
     pub token: Option<String>,
     pub worker: usize,
-    pub workers: usize,
     pub model: ModelSpec,
     pub format: Format,
     pub data_dir: PathBuf,
@@ -188,30 +187,39 @@ struct Progress {
 pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetrics) -> anyhow::Result<()> {
     let started = Instant::now();
     let ds = Dataset::load(cfg.format, &cfg.data_dir, cfg.seed, cfg.holdout).map_err(permanent)?;
-    let shard = ds.shard(cfg.worker, cfg.workers, cfg.seed);
-    if shard.is_empty() {
-        let why = format!("worker {}'s shard of {} examples is empty", cfg.worker, ds.train.len());
-        return Err(permanent(anyhow::anyhow!(why)));
-    }
     let device = Device::cuda_if_available();
-    tracing::info!(
-        worker = cfg.worker, device = ?device, train = shard.len(), test = ds.test.len(),
-        shape = ?shard.shape, "data loaded"
-    );
     // Same seed on every worker: whichever registers first, the initial weights are the same.
     tch::manual_seed(cfg.seed as i64);
-    let mut model = Model::build(&cfg.model, shard.shape, ds.classes, device).map_err(permanent)?;
+    let mut model = Model::build(&cfg.model, ds.train.shape, ds.classes, device).map_err(permanent)?;
     let params = model.parameters().map_err(permanent)?;
     let layout = layout_of(&params).map_err(permanent)?;
     let client = PsClient::new(&cfg.ps_url, cfg.token.clone())?;
     let retry = Retry::new(cfg.ps_deadline, cfg.seed ^ cfg.worker as u64);
     let init = flat_params(&params)?;
     let (mut ps, joined) = Session::start(client, rt, cfg.worker, layout.clone(), &init, retry)?;
+    // The job's worker count as the PS has it now (the job may have been scaled since it
+    // started): this process's shard is taken by it, and kept until the process ends.
+    let workers = joined.workers;
+    // (The PS refuses the join of an index beyond its count, so `worker < workers` here.)
+    if workers == 0 {
+        return Err(permanent(anyhow::anyhow!(
+            "the parameter server did not say how many workers the job has (a PS older than this worker?)"
+        )));
+    }
+    let shard = ds.shard(cfg.worker, workers, cfg.seed);
+    if shard.is_empty() {
+        let why = format!("worker {}'s shard of {} examples is empty", cfg.worker, ds.train.len());
+        return Err(permanent(anyhow::anyhow!(why)));
+    }
+    tracing::info!(
+        worker = cfg.worker, workers, device = ?device, train = shard.len(), test = ds.test.len(),
+        shape = ?shard.shape, "data loaded"
+    );
 
     // Every worker takes the same number of steps per epoch (the smallest shard's), so `sync`
     // rounds always find all M workers; the few extra examples of larger shards are simply
     // visited in other epochs.
-    let per_worker = ds.train.len() / cfg.workers;
+    let per_worker = ds.train.len() / workers;
     let pos = Position { steps_per_epoch: per_worker.div_ceil(cfg.batch_size) as u64 };
     let total = pos.steps_per_epoch * cfg.epochs as u64;
     let resume = joined.resume_step.min(total);

@@ -203,7 +203,7 @@ fn args(list: &[&str]) -> Vec<String> {
 
 /// The common flags: one worker of one, one libtorch thread, no fixed ports.
 fn worker_args(ps_url: &str, extra: &[&str]) -> Vec<String> {
-    let mut a = args(&["--ps-url", ps_url, "--token", TOKEN, "--worker", "0", "--workers", "1"]);
+    let mut a = args(&["--ps-url", ps_url, "--token", TOKEN, "--worker", "0"]);
     a.extend(args(&["--torch-threads", "1", "--metrics-addr", "127.0.0.1:0", "--seed", "1"]));
     a.extend(args(extra));
     a
@@ -274,6 +274,42 @@ fn one_worker_and_a_ps_learn_mnist_5k_to_90_percent() {
     assert!(metric(metrics, "foresight_worker_samples_total") > 0.0);
     assert!(metric(metrics, "foresight_worker_step_seconds_count") > 0.0);
     assert!(metric(metrics, "foresight_worker_loss") > 0.0);
+}
+
+#[test]
+fn a_worker_added_by_scaling_waits_for_the_ps_to_know_it_then_takes_its_share() {
+    let data = mnist5k();
+    let ps = Ps::start(Algorithm::Asgd, 0.1, 1);
+    let data = data.to_string_lossy();
+    let mut a = worker_args(&ps.url, &["--model", "mlp", "--dataset-format", "csv", "--dataset-path", &data]);
+    a.extend(args(&["--epochs", "1", "--batch-size", "32"]));
+    assert_eq!(a[4], "--worker");
+    a[5] = "1".into();
+    // Worker 1 of a job the PS still thinks has 1 worker (the Job started the new pod before
+    // the operator told the PS): its join is refused; once it has retried, the PS is told.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_foresight-worker"))
+        .args(&a)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = String::new();
+    let mut scaled = false;
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if !scaled && line.contains("joining failed; retrying") && line.contains("unknown_worker") {
+            ps.state.set_workers(2).unwrap();
+            scaled = true;
+        }
+        log.push_str(&line);
+        log.push('\n');
+    }
+    let status = child.wait().unwrap();
+    assert!(scaled && status.success(), "{status}, scaled: {scaled}:\n{log}");
+    // Its share of 4,000 training examples at 2 workers: 2,000, 63 steps of 32.
+    assert!(log.contains("workers=2") && log.contains("train=2000"), "{log}");
+    assert_eq!(ps.status()["workers"][1]["pushes"].as_u64(), Some(63), "{log}");
 }
 
 /// The venv's python (its torch matches the linked libtorch), else the first on PATH.

@@ -58,7 +58,8 @@ pub fn worker_env(spec: &TrainingJobSpec, job: &str, namespace: &str, ps_url: &s
     push(&mut env, "FORESIGHT_PS_URL", ps_url);
     push(&mut env, "FORESIGHT_JOB_NAME", job);
     push(&mut env, "FORESIGHT_NAMESPACE", namespace);
-    push(&mut env, "FORESIGHT_WORKERS", spec.workers.replicas);
+    // No worker count: a worker learns it from the PS when it joins, so that scaling the job
+    // changes the Job's completions and parallelism but never its pod template.
     match (&spec.model.name, &spec.model.torchscript) {
         (Some(name), _) => push(&mut env, "FORESIGHT_MODEL", name.as_str()),
         (None, Some(ts)) => {

@@ -65,12 +65,15 @@ pub fn crd_yaml() -> String {
     doc = "A distributed training job: a parameter server and its workers, trained with synchronous SGD, ASGD or delay-compensated ASGD (DC-ASGD).",
     printcolumn = r#"{"name":"Phase","type":"string","description":"Created, Running, Restarting, Succeeded, Failed or Suspended.","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Workers","type":"integer","description":"Requested workers (spec.workers.replicas).","jsonPath":".spec.workers.replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","description":"Worker pods running and ready.","jsonPath":".status.workers.ready"}"#,
     printcolumn = r#"{"name":"Algorithm","type":"string","description":"The update rule of the parameter server.","jsonPath":".spec.optimizer.algorithm"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","description":"Updates applied by the parameter server.","jsonPath":".status.progress.step"}"#,
     printcolumn = r#"{"name":"Staleness p99","type":"number","description":"99th percentile of gradient staleness, in model versions.","jsonPath":".status.progress.stalenessP99"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("!has(self.optimizer.backupWorkers) || self.optimizer.backupWorkers < self.workers.replicas").message("optimizer.backupWorkers must be fewer than workers.replicas").field_path(".optimizer.backupWorkers"))]
+#[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || self.workers.minReplicas <= self.workers.replicas").message("workers.minReplicas must be at most workers.replicas").field_path(".workers.minReplicas"))]
+#[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || !has(self.optimizer) || !has(self.optimizer.algorithm) || self.optimizer.algorithm != 'sync'").message("workers.minReplicas needs an asynchronous algorithm: every sync round waits for every worker").field_path(".workers.minReplicas"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
     /// The model to train: a built-in `name` or a `torchscript` module, exactly one. Cannot
@@ -385,9 +388,16 @@ pub struct CheckpointSpec {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkersSpec {
-    /// Number of workers, 1 to 1024.
+    /// Number of workers, 1 to 1024. It can change while the job runs: the worker Job's
+    /// completions and parallelism follow (scale-down removes the highest indices) and the
+    /// parameter server is told the new count without a restart.
     #[schemars(range(min = 1, max = 1024))]
     pub replicas: u32,
+    /// With an asynchronous algorithm, the job is Running once this many workers are ready
+    /// (the others join when they come); absent: all of them. At most `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub min_replicas: Option<u32>,
     /// Image of the workers (default: the operator's worker image).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -475,6 +485,12 @@ pub enum Phase {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkersStatus {
+    /// Workers the spec asks for now (`workers.replicas`).
+    #[serde(default)]
+    pub desired: u32,
+    /// Worker pods running and ready.
+    #[serde(default)]
+    pub ready: u32,
     /// Worker pods pending or running.
     #[serde(default)]
     pub active: u32,

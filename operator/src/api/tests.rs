@@ -113,6 +113,11 @@ fn every_rule_names_its_field() {
         }),
         ("runPolicy.activeDeadlineSeconds", |s| s.run_policy.active_deadline_seconds = Some(0)),
         ("output", |s| s.output = Some(OutputSpec::default())),
+        ("workers.minReplicas", |s| s.workers.min_replicas = Some(5)),
+        ("workers.minReplicas", |s| {
+            s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, ..Default::default() };
+            s.workers.min_replicas = Some(2);
+        }),
         ("output.claimName", |s| {
             s.output = Some(OutputSpec { claim_name: Some("-models".into()), ..Default::default() })
         }),
@@ -225,7 +230,7 @@ fn every_field_is_described() {
         .iter()
         .map(|c| c["name"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(columns, ["Phase", "Workers", "Algorithm", "Step", "Staleness p99", "Age"]);
+    assert_eq!(columns, ["Phase", "Workers", "Ready", "Algorithm", "Step", "Staleness p99", "Age"]);
     assert_eq!(crd["spec"]["versions"][0]["subresources"]["status"], serde_json::json!({}));
     assert_eq!(crd["spec"]["names"]["categories"], serde_json::json!(["foresight"]));
 }

@@ -124,6 +124,19 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             );
         }
     }
+    if let Some(min) = spec.workers.min_replicas {
+        check(
+            min >= 1 && min <= spec.workers.replicas,
+            "workers.minReplicas",
+            format!("must be in 1..=workers.replicas ({}), got {min}", spec.workers.replicas),
+        );
+        check(
+            spec.optimizer.algorithm != Algorithm::Sync,
+            "workers.minReplicas",
+            "workers.minReplicas needs an asynchronous algorithm: every sync round waits for every worker"
+                .into(),
+        );
+    }
     if let Some(o) = &spec.output {
         check(
             o.claim_name.is_some() != o.storage.is_some(),

@@ -32,6 +32,16 @@ pub const WORKER_METRICS_PORT: i32 = 9090;
 pub const TOKEN_KEY: &str = "token";
 /// Where the parameter server keeps its checkpoints and writes the final model.
 pub const CHECKPOINT_DIR: &str = "/checkpoints";
+/// The PS's start-up worker count (see [`Owner::ps_deployment`]).
+pub const PS_WORKERS_ENV: &str = "FORESIGHT_WORKERS";
+
+/// The worker count a PS Deployment was made with.
+pub fn ps_workers_of(d: &Deployment) -> Option<u32> {
+    let spec = d.spec.template.spec.as_ref()?;
+    let env = spec.containers.first()?.env.as_ref()?;
+    env.iter().find(|e| e.name == PS_WORKERS_ENV)?.value.as_ref()?.parse().ok()
+}
+
 /// Where `spec.output`'s claim is mounted in the PS pod.
 pub const OUTPUT_DIR: &str = "/output";
 
@@ -215,10 +225,19 @@ impl<'a> Owner<'a> {
         if self.suspended() && self.checkpoint_storage().is_some() { 0 } else { 1 }
     }
 
-    pub fn ps_deployment(&self, defaults: &ChildDefaults) -> Deployment {
+    /// The PS Deployment; its pod starts with `workers` as the job's worker count. That is the
+    /// count the running Deployment was made with, not today's `workers.replicas`: scaling the
+    /// job must not roll the PS (it is told the new count over HTTP instead).
+    pub fn ps_deployment(&self, defaults: &ChildDefaults, workers: u32) -> Deployment {
         let spec = &self.job.spec;
         let pod_labels = labels(&self.name, COMPONENT_PS);
-        let mut env = vars(ps_env(spec, &self.name, &self.namespace));
+        let mut ps_settings = ps_env(spec, &self.name, &self.namespace);
+        for (k, v) in &mut ps_settings {
+            if k == PS_WORKERS_ENV {
+                *v = workers.to_string();
+            }
+        }
+        let mut env = vars(ps_settings);
         env.push(token_var(&self.name));
         env.extend(vars([
             ("FORESIGHT_CHECKPOINT_DIR", CHECKPOINT_DIR.to_string()),

@@ -305,8 +305,20 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let worker_job = worker_state(&workers);
     let unschedulable = unschedulable_message(ctx, &owner).await?;
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
-    let (progress, ps_process) =
-        if ps_ready && ctx.progress_due(uid) { read_ps_status(&ps, &token).await } else { (None, None) };
+    // A spec change (a new workers.replicas among others) is told to the PS at once; otherwise
+    // the count it reports is checked with each progress read (a restarted PS starts with the
+    // count its Deployment was made with).
+    let spec_changed = job.metadata.generation != old.observed_generation;
+    let ps_status = if ps_ready && (ctx.progress_due(uid) || spec_changed) {
+        read_ps_status(&ps, &token).await
+    } else {
+        None
+    };
+    if let Some(v) = &ps_status {
+        tell_ps_workers(ctx, job, &ps, &token, v).await;
+    }
+    let progress = ps_status.as_ref().map(progress_of);
+    let ps_process = ps_status.as_ref().and_then(ps_process_of);
     let finalize = if worker_job.complete {
         finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await
     } else {
@@ -315,6 +327,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let observed = Observed {
         generation: job.metadata.generation,
         replicas: job.spec.workers.replicas,
+        min_replicas: job.spec.workers.min_replicas,
         backoff_limit: job.spec.run_policy.backoff_limit,
         suspend: job.spec.run_policy.suspend == Some(true),
         workers: Some(worker_job),
@@ -349,6 +362,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
     Observed {
         generation: job.metadata.generation,
         replicas: job.spec.workers.replicas,
+        min_replicas: job.spec.workers.min_replicas,
         backoff_limit: job.spec.run_policy.backoff_limit,
         suspend: false,
         workers: None,
@@ -386,11 +400,15 @@ where
 /// running PS keeps its settings and a Warning event says why. Returns the Deployment as the
 /// API server has it (status included).
 async fn apply_ps_deployment(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<Deployment> {
-    let desired = owner.ps_deployment(&ctx.settings.defaults);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let running = deployments.get_opt(&children::ps_name(&owner.name)).await?;
+    // The worker count the PS started with stays in its template (scaling tells the PS over
+    // HTTP, see `tell_ps_workers`), so that a change of workers.replicas never rolls it.
+    let workers = running.as_ref().and_then(children::ps_workers_of).unwrap_or(job.spec.workers.replicas);
+    let desired = owner.ps_deployment(&ctx.settings.defaults, workers);
     if owner.checkpoint_storage().is_none() {
-        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
         let hash = |d: &Deployment| d.annotations().get(children::PS_TEMPLATE_HASH).cloned();
-        if let Some(running) = deployments.get_opt(&children::ps_name(&owner.name)).await?
+        if let Some(running) = running
             && hash(&running) != hash(&desired)
         {
             let message = "the parameter server's settings changed, but it keeps them: without \
@@ -452,19 +470,49 @@ async fn unschedulable_message(ctx: &Context, owner: &Owner<'_>) -> Result<Optio
     }))
 }
 
-/// The job's progress and the PS process from the parameter server's `/v1/status`; `None` when
-/// it does not answer (the last progress stays in the status).
-async fn read_ps_status(url: &str, token: &str) -> (Option<Progress>, Option<PsProcess>) {
-    let Ok(client) = foresight_ps::client::PsClient::new(url, Some(token.to_string())) else {
-        return (None, None);
-    };
+/// The parameter server's `/v1/status`; `None` when it does not answer (the last progress
+/// stays in the status).
+async fn read_ps_status(url: &str, token: &str) -> Option<serde_json::Value> {
+    let client = foresight_ps::client::PsClient::new(url, Some(token.to_string())).ok()?;
     match tokio::time::timeout(Duration::from_secs(3), client.status()).await {
-        Ok(Ok(v)) => (Some(progress_of(&v)), ps_process_of(&v)),
+        Ok(Ok(v)) => Some(v),
         Ok(Err(e)) => {
             tracing::debug!(%url, error = %e, "parameter server status");
-            (None, None)
+            None
         }
-        Err(_) => (None, None),
+        Err(_) => None,
+    }
+}
+
+/// Tells the PS the job's worker count when the count it reports (`status`) differs: after a
+/// change of workers.replicas, or a PS restarted with its Deployment's original count.
+async fn tell_ps_workers(
+    ctx: &Context,
+    job: &TrainingJob,
+    url: &str,
+    token: &str,
+    status: &serde_json::Value,
+) {
+    let desired = job.spec.workers.replicas;
+    let Some(current) = status.get("workers_expected").and_then(serde_json::Value::as_u64) else { return };
+    if current == u64::from(desired) {
+        return;
+    }
+    let result = match foresight_ps::client::PsClient::new(url, Some(token.to_string())) {
+        Ok(c) => match tokio::time::timeout(Duration::from_secs(3), c.set_workers(desired as usize)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer within 3s".into()),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    match result {
+        Ok(()) => {
+            let message = format!("the parameter server now expects {desired} workers (was {current})");
+            tracing::info!(%message, "workers scaled");
+            publish(ctx, job, EventType::Normal, "WorkersScaled", "ScaleWorkers", &message).await;
+        }
+        // The next reconcile tries again; the new workers retry their join meanwhile.
+        Err(e) => tracing::warn!(error = %e, desired, "telling the parameter server the worker count"),
     }
 }
 

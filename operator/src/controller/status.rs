@@ -40,6 +40,8 @@ pub enum Finalize {
 pub struct Observed {
     pub generation: Option<i64>,
     pub replicas: u32,
+    /// `workers.minReplicas`: ready workers enough to call the job Running (asynchronous rules).
+    pub min_replicas: Option<u32>,
     pub backoff_limit: Option<u32>,
     pub suspend: bool,
     /// The worker Job; `None` before it exists.
@@ -155,7 +157,10 @@ pub fn decide(o: &Observed) -> State {
         return State::new(Phase::Created, "Unschedulable", format!("pods cannot be scheduled: {msg}"));
     }
     let remaining = o.replicas.saturating_sub(w.succeeded);
-    if w.failed > 0 && w.ready < remaining {
+    // Workers that must be ready for the job to train: all that have not finished, or
+    // minReplicas of them (an asynchronous job trains on the ones it has).
+    let needed = o.min_replicas.map_or(remaining, |m| m.min(remaining));
+    if w.failed > 0 && w.ready < needed {
         let limit = o.backoff_limit.map_or("6 (the default)".to_string(), |b| b.to_string());
         return State::new(
             Phase::Restarting,
@@ -163,14 +168,14 @@ pub fn decide(o: &Observed) -> State {
             format!("{} worker pod(s) failed so far, replacing them; backoffLimit {limit}", w.failed),
         );
     }
-    if w.ready >= remaining && !o.ps_ready {
+    if w.ready >= needed && !o.ps_ready {
         return State::new(
             if o.has_run { Phase::Restarting } else { Phase::Created },
             "ParameterServerNotReady",
             "waiting for the parameter server to become ready",
         );
     }
-    if w.ready >= remaining {
+    if w.ready >= needed {
         return State::new(
             Phase::Running,
             "WorkersRunning",
@@ -284,7 +289,13 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         phase: Some(state.phase),
         conditions,
         observed_generation: o.generation,
-        workers: Some(WorkersStatus { active: w.active, succeeded: w.succeeded, failed: w.failed }),
+        workers: Some(WorkersStatus {
+            desired: o.replicas,
+            ready: w.ready,
+            active: w.active,
+            succeeded: w.succeeded,
+            failed: w.failed,
+        }),
         parameter_server: Some(parameter_server),
         progress,
         final_model,

@@ -65,6 +65,9 @@ pub struct Joined {
     /// Steps of this worker already in the model: continue after them.
     pub resume_step: u64,
     pub version: u64,
+    /// The job's worker count M now (absent from a PS older than elastic jobs: 0).
+    #[serde(default)]
+    pub workers: usize,
 }
 
 /// The PS's answer to a push.
@@ -244,6 +247,13 @@ impl PsClient {
 
     pub async fn status(&self) -> Result<serde_json::Value, ClientError> {
         Ok(Self::check(self.req(reqwest::Method::GET, "/v1/status").send().await?).await?.json().await?)
+    }
+
+    /// `PUT /v1/workers?count=N`: tells the PS the job now has `count` workers.
+    pub async fn set_workers(&self, count: usize) -> Result<(), ClientError> {
+        let req = self.req(reqwest::Method::PUT, &format!("/v1/workers?count={count}"));
+        Self::check(req.send().await?).await?;
+        Ok(())
     }
 
     pub async fn finalize(&self) -> Result<serde_json::Value, ClientError> {

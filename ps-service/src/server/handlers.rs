@@ -28,6 +28,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/report", post(report))
         .route("/v1/status", get(status))
         .route("/v1/finalize", post(finalize))
+        .route("/v1/workers", put(set_workers))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
     Router::new()
         .merge(v1)
@@ -71,7 +72,7 @@ fn registered(state: &AppState) -> Result<Arc<Store>, ApiError> {
 }
 
 fn worker_in_range(state: &AppState, worker: usize) -> Result<(), ApiError> {
-    let workers = state.config.workers;
+    let workers = state.workers();
     if worker >= workers {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -407,7 +408,7 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         "namespace": state.config.namespace,
         "registered": state.store().is_some(),
         "algorithm": state.config.hyper.algorithm,
-        "workers_expected": state.config.workers,
+        "workers_expected": state.workers(),
         "step": step,
         "epoch": epoch,
         "loss": mean(&|r| Some(r.loss)),
@@ -429,6 +430,17 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         body["workers"] = serde_json::to_value(&st.workers).expect("plain data");
     }
     Json(body)
+}
+
+/// `PUT /v1/workers?count=N`: the job was scaled to N workers (the operator calls it when
+/// `workers.replicas` changes); the PS follows without a restart.
+async fn set_workers(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let count: usize = Params(q).require("count")?;
+    state.set_workers(count)?;
+    Ok(Json(serde_json::json!({ "workers": count })))
 }
 
 async fn finalize(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {

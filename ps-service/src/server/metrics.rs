@@ -27,6 +27,7 @@ pub struct Metrics {
     pub compensation_ratio: Gauge,
     pub lambda: Gauge,
     pub workers: IntGauge,
+    pub workers_expected: IntGauge,
     pub checkpoint_age: Gauge,
     /// The configured staleness bound (0: none) and the accepted gradients exactly at it.
     pub max_staleness: IntGauge,
@@ -116,6 +117,10 @@ impl Metrics {
             workers: int_gauge(
                 "foresight_ps_workers",
                 "Workers seen (pull, push or report) in the last 60 seconds.",
+            ),
+            workers_expected: int_gauge(
+                "foresight_ps_workers_expected",
+                "The job's worker count M (changes when the job is scaled).",
             ),
             checkpoint_age: gauge(
                 "foresight_ps_checkpoint_age_seconds",

@@ -70,6 +70,9 @@ impl PsConfig {
     }
 }
 
+/// The most workers a job may have (the TrainingJob CRD's bound).
+pub const MAX_WORKERS: usize = 1024;
+
 /// Shared state of the running PS.
 pub struct AppState {
     pub config: PsConfig,
@@ -85,6 +88,8 @@ pub struct AppState {
     bodies: body::Pool<u8>,
     grads: body::Pool<f32>,
     seeding: Mutex<Seeding>,
+    /// The job's worker count M: `--workers` at start, then whatever `PUT /v1/workers` set.
+    workers: std::sync::atomic::AtomicUsize,
     /// Which process this is and how it began: the operator compares `incarnation` between
     /// reads of `/v1/status` to see a restart (a crashed container or a replaced pod alike).
     pub process: ProcessInfo,
@@ -144,6 +149,7 @@ impl AppState {
         };
         let metrics = metrics::Metrics::new(&config.job, &config.namespace);
         metrics.max_staleness.set(config.hyper.max_staleness.map_or(0, |b| b as i64));
+        metrics.workers_expected.set(config.workers as i64);
         let (version_tx, _) = watch::channel(0);
         let workers = config.workers;
         let restored = match &checkpoints {
@@ -164,6 +170,7 @@ impl AppState {
             bodies: body::Pool::new(8),
             grads: body::Pool::new(8),
             seeding: Mutex::new(Seeding::Idle),
+            workers: std::sync::atomic::AtomicUsize::new(workers),
             process: ProcessInfo {
                 incarnation: format!("{:016x}", rand::random::<u64>()),
                 started_at_ms: std::time::SystemTime::now()
@@ -203,6 +210,11 @@ impl AppState {
             });
         }));
         let ok = self.store.set(Arc::new(store)).is_ok();
+        if let Some(store) = self.store() {
+            // Built for the count at start; the job may have been scaled since (read after the
+            // store is visible, so a concurrent `set_workers` is never missed).
+            store.set_workers(self.workers());
+        }
         if ok {
             self.version_tx.send_replace(version);
             self.metrics.model_version.set(version as i64);
@@ -232,7 +244,7 @@ impl AppState {
             let mut seeding = self.seeding.lock();
             if matches!(*seeding, Seeding::Idle) {
                 let until = Instant::now() + self.config.reseed_hold;
-                *seeding = Seeding::Holding { until, offered: vec![false; self.config.workers] };
+                *seeding = Seeding::Holding { until, offered: vec![false; self.workers()] };
             }
         }
         self.offered(worker);
@@ -245,8 +257,10 @@ impl AppState {
     /// Notes that `worker` has offered its copy, whether or not it was taken: the hold waits
     /// for every worker's offer, not for every worker's copy to win.
     pub(crate) fn offered(&self, worker: Option<usize>) {
-        if let (Seeding::Holding { offered, .. }, Some(w)) = (&mut *self.seeding.lock(), worker) {
-            offered[w] = true;
+        if let (Seeding::Holding { offered, .. }, Some(w)) = (&mut *self.seeding.lock(), worker)
+            && let Some(o) = offered.get_mut(w)
+        {
+            *o = true;
         }
     }
 
@@ -254,7 +268,8 @@ impl AppState {
     /// holding for the workers' copies and has not heard from this one. Were it to pull first,
     /// the seeded, possibly older model would replace the fresher copy it holds.
     pub(crate) fn must_offer(&self, worker: usize) -> bool {
-        matches!(&*self.seeding.lock(), Seeding::Holding { offered, .. } if !offered[worker])
+        // A worker added while the PS holds was not asked for a copy.
+        matches!(&*self.seeding.lock(), Seeding::Holding { offered, .. } if offered.get(worker) == Some(&false))
     }
 
     /// Whether pushes must still wait for the workers' copies (see [`AppState::offer`]).
@@ -307,6 +322,45 @@ impl AppState {
             self.metrics.updates.inc();
             self.metrics.model_version.set(o.version as i64);
         }
+    }
+
+    /// The job's worker count M now.
+    pub fn workers(&self) -> usize {
+        // Acquire: whoever sees the new count also sees the tables grown for it.
+        self.workers.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The job was scaled to `n` workers (`PUT /v1/workers`): the tables grow before the new
+    /// count is visible, so a new index is never looked up in a table too short for it.
+    pub fn set_workers(&self, n: usize) -> Result<(), ApiError> {
+        if n == 0 || n > MAX_WORKERS {
+            return Err(ApiError::bad_request(format!("count must be in 1..={MAX_WORKERS}, got {n}")));
+        }
+        let backup = self.config.hyper.backup_workers;
+        if backup >= n {
+            return Err(ApiError::bad_request(format!(
+                "count {n} must be above the job's backupWorkers ({backup})"
+            )));
+        }
+        let mut reports = self.reports.lock();
+        if reports.len() < n {
+            reports.resize(n, None);
+        }
+        drop(reports);
+        let mut seen = self.last_seen.lock();
+        if seen.len() < n {
+            seen.resize(n, None);
+        }
+        drop(seen);
+        if let Some(store) = self.store() {
+            store.set_workers(n);
+        }
+        let old = self.workers.swap(n, std::sync::atomic::Ordering::AcqRel);
+        self.metrics.workers_expected.set(n as i64);
+        if old != n {
+            tracing::info!(from = old, to = n, "the job's worker count changed");
+        }
+        Ok(())
     }
 
     fn saw(&self, worker: usize) {

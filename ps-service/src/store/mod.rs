@@ -20,6 +20,7 @@ mod staleness;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
@@ -178,6 +179,8 @@ pub struct Joined {
     pub resume_step: u64,
     /// The model version now.
     pub version: u64,
+    /// The job's worker count M now: a worker takes its shard of the data by it.
+    pub workers: usize,
 }
 
 /// A consistent view for `/v1/status`.
@@ -239,7 +242,9 @@ pub type VersionListener = Box<dyn Fn(u64) + Send + Sync>;
 pub struct Store {
     layout: Layout,
     hyper: Hyper,
-    workers: usize,
+    /// The job's current worker count M (it changes when the job is scaled: [`Store::set_workers`]).
+    /// The per-worker tables may be longer: a scale-down keeps the removed workers' entries.
+    workers: AtomicUsize,
     header: Vec<u8>,
     shards: Vec<Shard>,
     seq: Mutex<Sequencer>,
@@ -269,7 +274,10 @@ impl Store {
         let (finalized, seqs) = (data.finalized, std::mem::take(&mut data.worker_seqs));
         let generations = std::mem::take(&mut data.worker_generations);
         let (version, epoch) = (data.version, data.epoch);
-        let store = Self::build(layout, hyper, workers, DEFAULT_SHARD_LEN, data);
+        // A job scaled up before the checkpoint keeps its later workers' seqs and generations.
+        let tables = workers.max(seqs.len()).max(generations.len());
+        let store = Self::build(layout, hyper, tables, DEFAULT_SHARD_LEN, data);
+        store.workers.store(workers, Ordering::Release);
         {
             let mut seq = store.seq.lock();
             seq.finalized = finalized;
@@ -371,7 +379,7 @@ impl Store {
         Self {
             layout,
             hyper,
-            workers,
+            workers: AtomicUsize::new(workers),
             header,
             shards,
             seq: Mutex::new(seq),
@@ -401,7 +409,31 @@ impl Store {
     }
 
     pub fn workers(&self) -> usize {
-        self.workers
+        // Acquire: whoever sees the new count also sees the tables grown for it.
+        self.workers.load(Ordering::Acquire)
+    }
+
+    /// The job now has `n` workers: indices below `n` may pull and push, the `sync` quorum is
+    /// `n` minus the backup workers from the next round on (a round in progress closes with
+    /// what it has at the latest when its timeout passes). New workers get fresh entries; the
+    /// entries of removed ones are kept, so a worker scaled away and back resumes as a new
+    /// generation of itself.
+    pub fn set_workers(&self, n: usize) {
+        assert!(n > 0, "a job has at least one worker");
+        {
+            let mut seq = self.seq.lock();
+            if seq.workers.len() < n {
+                seq.workers.resize(n, WorkerStatus::default());
+                seq.backups.resize(n, None);
+            }
+        }
+        {
+            let mut round = self.round.lock();
+            if round.contributed.len() < n {
+                round.contributed.resize(n, None);
+            }
+        }
+        self.workers.store(n, Ordering::Release);
     }
 
     pub fn version(&self) -> u64 {
@@ -413,11 +445,8 @@ impl Store {
     }
 
     fn check_worker(&self, worker: usize) -> Result<(), StoreError> {
-        if worker < self.workers {
-            Ok(())
-        } else {
-            Err(StoreError::UnknownWorker { worker, workers: self.workers })
-        }
+        let workers = self.workers();
+        if worker < workers { Ok(()) } else { Err(StoreError::UnknownWorker { worker, workers }) }
     }
 
     /// Pull: the current model, recorded as w_bak(worker).
@@ -509,7 +538,8 @@ impl Store {
         w.generation += 1;
         w.last = None;
         w.durable_seq = w.durable_seq.max(offered);
-        Ok(Joined { generation: w.generation, resume_step: w.durable_seq.unwrap_or(0), version })
+        let workers = self.workers();
+        Ok(Joined { generation: w.generation, resume_step: w.durable_seq.unwrap_or(0), version, workers })
     }
 
     /// Whether a copy of `version` would replace the model ([`Store::reseed`]).
@@ -692,7 +722,7 @@ impl Store {
 
     /// Gradients that close a `sync` round: M minus the backup workers, at least one.
     fn round_quorum(&self) -> usize {
-        self.workers.saturating_sub(self.hyper.backup_workers).max(1)
+        self.workers().saturating_sub(self.hyper.backup_workers).max(1)
     }
 
     /// The `sync` round in progress: (its version, contributions so far); `None` for the
@@ -716,7 +746,7 @@ impl Store {
     /// Applies a round with the round lock held: the next round's contributions need the
     /// version this produces, so nobody else can use the lock now.
     fn apply_round(&self, round: &mut SyncRound) -> PushOutcome {
-        if round.count < self.workers {
+        if round.count < self.workers() {
             self.rounds_closed_short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);
@@ -812,7 +842,7 @@ impl Store {
             learning_rate: self.hyper.lr.at(seq.epoch),
             finalized: seq.finalized,
             staleness: seq.staleness.summary(self.hyper.max_staleness),
-            workers: seq.workers.clone(),
+            workers: seq.workers[..self.workers().min(seq.workers.len())].to_vec(),
         }
     }
 

@@ -353,7 +353,7 @@ fn generations_survive_a_checkpoint() {
     let b = Store::restore(layout(2), data, hyper, 2);
     assert_eq!(b.push(pushed_by(0, 1, 1, 8), &[1.0, 1.0]).unwrap_err().reason(), "superseded");
     assert!(b.push(pushed_by(0, 2, 1, 7), &[1.0, 1.0]).unwrap().replayed);
-    assert_eq!(b.join(0, None).unwrap(), Joined { generation: 3, resume_step: 7, version: 1 });
+    assert_eq!(b.join(0, None).unwrap(), Joined { generation: 3, resume_step: 7, version: 1, workers: 2 });
 }
 
 #[test]
@@ -404,4 +404,32 @@ fn an_open_round_can_be_closed_with_the_gradients_it_has() {
     assert_eq!(s.sync_round(), Some((1, 0)));
     assert_eq!(s.rounds_closed_short(), 1);
     assert_eq!(store(Algorithm::Asgd, 1.0, vec![0.0; 2], 3, 1).sync_round(), None);
+}
+
+#[test]
+fn a_job_scaled_up_and_down_follows_its_worker_count() {
+    let s = store(Algorithm::Sync, 1.0, vec![0.0; 2], 2, 1);
+    assert_eq!(s.pull(2).err(), Some(StoreError::UnknownWorker { worker: 2, workers: 2 }));
+    // Up to 3: worker 2 joins, pulls and its gradient is part of the round, which now needs 3.
+    s.set_workers(3);
+    assert_eq!(s.join(2, None).unwrap().workers, 3);
+    s.pull(2).unwrap();
+    assert!(!s.push(push(0, 0, 1), &[3.0, 0.0]).unwrap().applied);
+    assert!(!s.push(push(1, 0, 1), &[0.0, 3.0]).unwrap().applied, "two of three is not a round any more");
+    let o = s.push(push(2, 0, 1), &[3.0, 3.0]).unwrap();
+    assert!(o.applied && o.version == 1);
+    assert_eq!(s.snapshot_now().params(), &[-2.0, -2.0], "the mean of three");
+    assert_eq!(s.status().workers.len(), 3);
+    // Down to 2: the highest index is gone, its entries kept for a later scale-up.
+    s.set_workers(2);
+    assert_eq!(s.push(push(2, 1, 2), &[1.0, 1.0]).unwrap_err().reason(), "unknown_worker");
+    s.push(push(0, 1, 2), &[1.0, 1.0]).unwrap();
+    assert!(s.push(push(1, 1, 2), &[1.0, 1.0]).unwrap().applied, "two make a round again");
+    assert_eq!(s.status().workers.len(), 2);
+    assert_eq!(s.checkpoint().worker_seqs, [Some(2), Some(2), Some(1)]);
+    // A restore at the old count keeps the scaled-away worker's seq for when it comes back.
+    let r = Store::restore(layout(2), s.checkpoint(), Hyper::new(Algorithm::Sync, 1.0), 2);
+    assert_eq!(r.workers(), 2);
+    r.set_workers(3);
+    assert_eq!(r.join(2, None).unwrap().resume_step, 1);
 }

@@ -37,7 +37,7 @@ fn every_child_is_owned_by_the_job_and_labelled() {
     let metas = [
         o.secret("t").metadata,
         o.ps_service().metadata,
-        o.ps_deployment(&defaults()).metadata,
+        o.ps_deployment(&defaults(), 3).metadata,
         o.worker_job(&defaults()).metadata,
     ];
     for m in metas {
@@ -84,6 +84,27 @@ fn the_worker_job_is_indexed_with_gpus_index_token_and_data() {
 }
 
 #[test]
+fn scaling_changes_completions_and_parallelism_but_no_pod_template() {
+    let template = |yaml: &str| {
+        let j = job(yaml);
+        let o = Owner::new(&j).unwrap();
+        let s = o.worker_job(&defaults()).spec.unwrap();
+        let ps = o.ps_deployment(&defaults(), 3);
+        ((s.completions, s.parallelism), s.template, ps.spec.template)
+    };
+    let (three, workers3, ps3) = template(BASE);
+    let (five, workers5, ps5) = template(&BASE.replace("replicas: 3", "replicas: 5"));
+    assert_eq!((three, five), ((Some(3), Some(3)), (Some(5), Some(5))));
+    assert_eq!(workers3, workers5, "the workers learn the count from the PS, not from their pod");
+    assert_eq!(ps3, ps5, "the PS keeps the count it started with (it is told the new one)");
+    let c = &workers3.spec.unwrap().containers[0];
+    assert!(c.env.as_ref().unwrap().iter().all(|e| e.name != "FORESIGHT_WORKERS"));
+    let j = job(BASE);
+    let d = Owner::new(&j).unwrap().ps_deployment(&defaults(), 7);
+    assert_eq!(ps_workers_of(&d), Some(7));
+}
+
+#[test]
 fn no_gpus_means_no_gpu_limit_and_no_resources_block() {
     let j = job(&BASE.replace("gpus: 2", "gpus: 0"));
     let w = Owner::new(&j).unwrap().worker_job(&defaults());
@@ -96,7 +117,7 @@ fn the_parameter_server_gets_its_settings_and_a_pvc_only_when_asked() {
         "{BASE}  parameterServer: {{image: my/ps:2, checkpoint: {{intervalSeconds: 30, storage: 2Gi}}}}\n"
     ));
     let o = Owner::new(&j).unwrap();
-    let d = o.ps_deployment(&defaults());
+    let d = o.ps_deployment(&defaults(), 3);
     let pod = d.spec.template.spec.unwrap();
     let c = &pod.containers[0];
     assert_eq!(c.image.as_deref(), Some("my/ps:2"));
@@ -126,7 +147,7 @@ fn suspending_stops_the_ps_only_when_a_pvc_keeps_its_checkpoint() {
 fn the_ps_template_hash_follows_the_pod_template_only() {
     let hash = |yaml: &str| {
         let j = job(yaml);
-        let d = Owner::new(&j).unwrap().ps_deployment(&defaults());
+        let d = Owner::new(&j).unwrap().ps_deployment(&defaults(), 3);
         d.metadata.annotations.unwrap()[PS_TEMPLATE_HASH].clone()
     };
     let base = hash(BASE);
@@ -158,7 +179,7 @@ fn the_final_model_goes_to_the_output_claim_which_no_one_owns() {
     let ps_of = |yaml: &str| {
         let j = job(yaml);
         let o = Owner::new(&j).unwrap();
-        let d = o.ps_deployment(&defaults());
+        let d = o.ps_deployment(&defaults(), 3);
         (o.output_pvc(), d.spec.template.spec.unwrap())
     };
     let output_dir = |p: &PodSpec| env(&p.containers[0], "FORESIGHT_OUTPUT_DIR").value.clone().unwrap();

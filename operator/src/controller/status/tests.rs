@@ -4,6 +4,7 @@ fn observed() -> Observed {
     Observed {
         generation: Some(3),
         replicas: 4,
+        min_replicas: None,
         backoff_limit: Some(2),
         suspend: false,
         workers: Some(WorkerJob::default()),
@@ -287,4 +288,26 @@ fn the_status_says_where_the_final_model_is_and_whether_it_outlives_the_job() {
     let (msg, st) = done(ModelPlace::EmptyDir, "/checkpoints/model-final.safetensors");
     assert_eq!(st.final_model, None);
     assert!(msg.contains("emptyDir, which is removed with it"), "{msg}");
+}
+
+#[test]
+fn an_asynchronous_job_with_min_replicas_runs_on_part_of_its_workers() {
+    let ready = |n: u32, min: Option<u32>| {
+        let o = Observed {
+            ps_ready: true,
+            min_replicas: min,
+            ..with_workers(|w| {
+                w.active = 4;
+                w.ready = n;
+            })
+        };
+        let state = decide(&o);
+        let st = next_status(&TrainingJobStatus::default(), &o, &state, &t("2026-01-01T00:00:00Z"));
+        let w = st.workers.unwrap();
+        (state.phase, (w.ready, w.desired))
+    };
+    assert_eq!(ready(2, None), (Phase::Created, (2, 4)), "all four are needed by default");
+    assert_eq!(ready(2, Some(2)), (Phase::Running, (2, 4)));
+    assert_eq!(ready(1, Some(2)), (Phase::Created, (1, 4)));
+    assert_eq!(ready(4, Some(2)), (Phase::Running, (4, 4)));
 }
