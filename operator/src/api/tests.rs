@@ -156,9 +156,10 @@ fn environment_carries_the_job() {
     let w: std::collections::HashMap<_, _> =
         worker_env(&spec, "j", "ns", "http://ps:8080").into_iter().collect();
     assert_eq!(w["FORESIGHT_PS_URL"], "http://ps:8080");
-    assert_eq!(w["FORESIGHT_MODEL"], "mlp");
+    assert_eq!(w["FORESIGHT_MODEL"], "lenet5");
     assert_eq!(w["FORESIGHT_DATASET_FORMAT"], "csv");
-    assert_eq!(w["FORESIGHT_EPOCHS"], "5");
+    assert_eq!(w["FORESIGHT_EPOCHS"], "12");
+    assert!(!w.contains_key("FORESIGHT_WORKERS"), "a worker learns the count from the PS");
     assert!(!w.contains_key("FORESIGHT_WORKER_INDEX"), "the index comes from the pod or the runner");
 }
 
