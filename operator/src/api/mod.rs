@@ -25,21 +25,29 @@ pub use validate::{ValidationError, validate, validate_update};
 /// `lambda0: null` neither trips the CEL rules (`has(self.lambda0)` is false) nor defeats the
 /// defaults (`training: null` becomes the default training block), exactly as serde reads it.
 pub fn crd() -> CustomResourceDefinition {
-    fn strip_nullable(v: &mut serde_json::Value) {
+    // `nullable` and null enum values come from `Option` fields, which are simply absent here.
+    // `format: uint32`/`uint64` (unsigned Rust integers) are not formats Kubernetes knows: the
+    // API server warns "unrecognized format" on every apply. The schema keeps the bound they
+    // stand for as `minimum: 0`.
+    fn clean(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(map) => {
                 map.remove("nullable");
                 if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
                     values.retain(|v| !v.is_null());
                 }
-                map.values_mut().for_each(strip_nullable);
+                if map.get("format").and_then(|f| f.as_str()).is_some_and(|f| f.starts_with("uint")) {
+                    map.remove("format");
+                    map.entry("minimum").or_insert(0.into());
+                }
+                map.values_mut().for_each(clean);
             }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(strip_nullable),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(clean),
             _ => {}
         }
     }
     let mut value = serde_json::to_value(TrainingJob::crd()).expect("the CRD serializes");
-    strip_nullable(&mut value);
+    clean(&mut value);
     serde_json::from_value(value).expect("the CRD deserializes")
 }
 
