@@ -332,7 +332,7 @@ case_suspend() {
   local ns=e2e-suspend name=suspend-resume
   kc create namespace $ns
   load_mnist $ns
-  small_job $ns $name 3 2 "  parameterServer: {checkpoint: {intervalSeconds: 5, storage: 100Mi}}"
+  small_job $ns $name 2 2 "  parameterServer: {checkpoint: {intervalSeconds: 5, storage: 100Mi}}"
   wait_for 600 "tj/$name training (PS version ≥ 30)" version_at_least $ns $name 30
   local v dir
   v=$(ps_version $ns $name || true)
@@ -379,12 +379,11 @@ case_worker_kill() {
   local ns=e2e-worker-kill name=worker-kill
   kc create namespace $ns
   load_mnist $ns
-  small_job $ns $name 3 2
+  small_job $ns $name 2 2
   wait_for 600 "tj/$name training (PS version ≥ 30)" version_at_least $ns $name 30
-  local victim
-  victim=$(kc -n $ns get pods -l "foresight.dev/job=$name,batch.kubernetes.io/job-completion-index=0" \
-    -o jsonpath='{.items[?(@.status.phase=="Running")].metadata.name}')
-  [[ -n $victim ]] || fail "no running pod of worker 0"
+  local victim sel="foresight.dev/job=$name,batch.kubernetes.io/job-completion-index=0"
+  wait_for 300 "worker 0 running" eval '[[ -n $(kc -n '$ns' get pods -l '$sel' -o jsonpath="{.items[?(@.status.phase==\"Running\")].metadata.name}") ]]'
+  victim=$(kc -n $ns get pods -l "$sel" -o jsonpath='{.items[?(@.status.phase=="Running")].metadata.name}')
   kc -n $ns delete pod "$victim" --wait=false
   log "deleted worker pod $victim at PS version $(ps_version $ns $name)"
   # The PS's metrics until the job ends (the PS goes with it): the last scrape counts.
@@ -417,7 +416,7 @@ case_ps_kill() {
   local ns=e2e-ps-kill name=ps-kill
   kc create namespace $ns
   load_mnist $ns
-  small_job $ns $name 3 2 "  parameterServer: {checkpoint: {intervalSeconds: 1, storage: 100Mi}}"
+  small_job $ns $name 2 2 "  parameterServer: {checkpoint: {intervalSeconds: 1, storage: 100Mi}}"
   local dir
   wait_for 120 "claim $name-ps-checkpoints bound" eval '[[ -n $(claim_dir '$ns' '$name'-ps-checkpoints) ]]'
   dir=$(claim_dir $ns $name-ps-checkpoints)
