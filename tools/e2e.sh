@@ -316,9 +316,10 @@ EOF
   log "Failed: $reason: $msg"
   [[ $reason == PodFailurePolicy ]] || fail "the reason is '$reason', expected PodFailurePolicy (exit 3 is permanent)"
   [[ $msg == *"exit code 3"* ]] || fail "the message does not name exit code 3: $msg"
+  # The pod the Job controller names (the other worker may have been stopped and removed).
   local w
-  w=$(pods_of $ns $name worker | head -n1)
-  [[ -n $w ]] || fail "no failed worker pod left"
+  w=$(sed -n 's|.* for pod [^/ ]*/\([^ ]*\) failed with exit code 3.*|\1|p' <<<"$msg")
+  [[ -n $w ]] || fail "the message names no pod"
   kc -n $ns logs "$w" >"$out/badpath-worker.log" 2>&1 || true
   grep -q 'does-not-exist' "$out/badpath-worker.log" || fail "the worker's log does not name the path: $(cat "$out/badpath-worker.log")"
   log "worker log: $(grep -m1 'does-not-exist' "$out/badpath-worker.log")"
