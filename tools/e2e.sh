@@ -210,7 +210,13 @@ case_main() {
       last=$row
     fi
     p=$(field $ns tj/$name '{.status.phase}')
-    [[ $p == Succeeded || $p == Failed ]] && break
+    if [[ $p == Succeeded || $p == Failed ]]; then
+      # The phase may have changed since the row above was read: the final row too.
+      line=$(kc -n $ns get tj $name --no-headers | tr -s ' ')
+      [[ ${line% *} == "$last" ]] || printf 't=%ss %s\n' "$((SECONDS - t0))" "$line" >>"$seq"
+      log "kubectl get tj: $line"
+      break
+    fi
     ((SECONDS < deadline)) || fail "tj/$name did not finish in 900s"
     sleep 0.5
   done
