@@ -246,11 +246,11 @@ case_main() {
   [[ $(field $ns tj/$name '{.status.workers.succeeded}') == 4 ]] || fail "status.workers.succeeded is not 4"
   [[ -n $(field $ns tj/$name '{.status.completionTime}') ]] || fail "no completionTime"
   # kubectl describe: the conditions and the events.
-  kc -n $ns describe tj $name >"$out/main-describe.txt"
+  # (The operator records the transition's Event just after it writes the phase.)
+  wait_for 60 "a Completed event in kubectl describe tj $name" eval \
+    'kc -n '$ns' describe tj '$name' >"$out/main-describe.txt" && grep -Eq "^ *Normal +Completed " "$out/main-describe.txt"'
   grep -q '^ *Conditions:' "$out/main-describe.txt" || fail "describe shows no Conditions"
   grep -q '^Events:' "$out/main-describe.txt" || fail "describe shows no Events"
-  grep -Eq '^ *Normal +Completed ' "$out/main-describe.txt" ||
-    fail "describe shows no Completed event: $(sed -n '/^Events:/,$p' "$out/main-describe.txt")"
   log "describe: $(sed -n '/^Events:/,$p' "$out/main-describe.txt" | tail -n +3 | awk '{ print $2 }' | paste -sd, )"
   # A worker's log: progress lines.
   local w
@@ -364,6 +364,11 @@ case_suspend() {
   wait_for 300 "a new Ready operator pod" operator_ready_pod_not "$old"
   log "operator pod $old deleted; a new one is Ready"
   kc -n $ns patch tj $name --type merge -p '{"spec":{"runPolicy":{"suspend":false}}}'
+  wait_for 300 "a PS pod for the resumed tj/$name" eval '[[ -n $(pods_of '$ns' '$name' parameter-server) ]]'
+  local ps
+  ps=$(pods_of $ns $name parameter-server | head -n1)
+  wait_for 300 "the resumed PS $ps logs its restore" eval 'kc -n '$ns' logs '"$ps"' 2>/dev/null | grep -q "restored checkpoint"'
+  log "resumed PS: $(kc -n $ns logs "$ps" | grep -m1 'restored checkpoint')"
   wait_for 300 "tj/$name resumed (Running)" eval '[[ $(field '$ns' tj/'$name' "{.status.phase}") =~ ^(Running|Succeeded)$ ]]'
   local after
   after=$(children $ns $name)
@@ -373,11 +378,8 @@ $before
 after:
 $after"
   log "after the operator restart: the same children (same UIDs), one each: $(awk '{ print $1 }' <<<"$after" | paste -sd' ')"
-  local ps
-  ps=$(pods_of $ns $name parameter-server | head -n1)
-  wait_for 300 "the resumed PS logs its restore" eval 'kc -n '$ns' logs '"$ps"' 2>/dev/null | grep -q "restored checkpoint"'
-  log "resumed PS: $(kc -n $ns logs "$ps" | grep -m1 'restored checkpoint')"
-  wait_for 300 "tj/$name training again past version $ckpt" version_at_least $ns $name $((ckpt + 1))
+  wait_for 300 "tj/$name training again past version $ckpt (or done)" eval \
+    'version_at_least '$ns' '$name' '$((ckpt + 1))' || phase_is '$ns' '$name' Succeeded'
   wait_phase $ns $name Succeeded 600
   log "resumed and Succeeded: $(condition $ns $name Succeeded message)"
 }
