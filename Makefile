@@ -8,13 +8,19 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup build test test-stress lint fmt bench demo loadgen convergence chaos crd observability clean
+.PHONY: help setup setup-test build test test-stress lint fmt bench demo loadgen convergence chaos crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
 
-setup: ## Install what builds and tests need (idempotent)
+setup: ## Install what builds and the demo need (idempotent)
 	@scripts/setup.sh
+
+# Only the tests need a Kubernetes control plane, helm and kubeconform (built from Go modules:
+# about 25 minutes the first time on 2 cores, cached in ~/.cache/foresight afterwards).
+setup-test: setup ## Also the control plane, helm and kubeconform for the tests (idempotent)
+	@tools/build-control-plane.sh >/dev/null
+	@tools/build-helm-tools.sh >/dev/null
 
 build: setup ## Build the release binaries
 	$(CARGO) build --release --locked --workspace --bins
@@ -23,10 +29,11 @@ lint: setup ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test: lint ## Lint, then every test (unit, property, integration over loopback HTTP/2)
+test: lint setup-test ## Lint, every test (unit, property, integration over loopback HTTP/2), then make e2e
 	$(CARGO) test --locked --workspace
+	@$(MAKE) --no-print-directory e2e
 
-test-stress: setup ## The tests three times in a row with every core kept busy by stress-ng (ARGS=--release, --runs N, --no-hog)
+test-stress: setup-test ## The tests three times in a row with every core kept busy by stress-ng (ARGS=--release, --runs N, --no-hog)
 	scripts/test-stress.sh $(ARGS)
 
 fmt: ## Format the code
@@ -61,7 +68,7 @@ clean: ## Remove build outputs and demo output
 
 # A real single-node cluster and the images it runs (tools/README.md). Declared .PHONY here,
 # not on the list at the top, so that the two lists never collide in a merge.
-.PHONY: images cluster-up cluster-down
+.PHONY: images cluster-up cluster-down e2e cluster-demo
 
 images: build ## Operator, PS and worker images: buildah on a Debian rootfs (no Docker daemon, no registry)
 	@tools/build-node.sh >/dev/null
@@ -73,3 +80,14 @@ cluster-up: ## A real single-node Kubernetes cluster: kubelet, containerd, CNI b
 
 cluster-down: ## Take the cluster down and put the host back as it was (checked by diffing)
 	tools/cluster.sh down
+
+e2e: setup-test ## The user's path and the failure paths in real pods on a real single-node cluster (tools/e2e.sh)
+	@tools/build-node.sh >/dev/null
+	$(CARGO) build --locked --workspace --bins
+	RELEASE_DIR=$(CURDIR)/target/debug tools/e2e.sh
+
+cluster-demo: build ## A real cluster, the images, helm install, the MNIST TrainingJob watched to the end, its model
+	@tools/build-control-plane.sh >/dev/null
+	@tools/build-helm-tools.sh >/dev/null
+	@tools/build-node.sh >/dev/null
+	OUT=$(OUT)/cluster-demo tools/cluster-demo.sh

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what `make build` and `make test` need. Safe to run again: each step checks first.
+# Installs what `make build` and `make demo` need (`make setup-test` adds the tests' tools).
+# Safe to run again: each step checks first.
 set -euo pipefail
 
 need_apt=()
@@ -23,10 +24,7 @@ fi
 # libtorch (PyPI torch) for the worker, hadolint for its Dockerfile, and the demo data.
 "$(dirname "$0")/setup-torch.sh"
 
-# kube-apiserver, etcd and kubectl for the operator's tests, built from Go modules (about 20
-# minutes the first time on 2 cores; a stamp makes later runs instant).
-"$(dirname "$0")/../tools/build-control-plane.sh" >/dev/null
-# helm and kubeconform for the chart's tests, also from Go modules (about 3 minutes cold).
-"$(dirname "$0")/../tools/build-helm-tools.sh" >/dev/null
+# The tests' Kubernetes control plane, helm and kubeconform are not built here: `make
+# setup-test` (run by `make test` and `make e2e`) builds them, so `make demo` never waits for them.
 
 cargo fetch --locked >/dev/null

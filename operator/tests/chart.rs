@@ -51,7 +51,7 @@ fn tools() -> &'static Tools {
                 assert!(
                     out.status.success(),
                     "{} failed ({}); it builds helm and kubeconform from Go modules and needs `go` \
-                     and the Go module proxy (`make setup` runs it); its log is above",
+                     and the Go module proxy (`make setup-test` runs it); its log is above",
                     script.display(),
                     out.status
                 );
@@ -64,7 +64,7 @@ fn tools() -> &'static Tools {
         for tool in ["helm", "kubeconform"] {
             assert!(
                 bin.join(tool).is_file(),
-                "{} is missing: run tools/build-helm-tools.sh (or `make setup`)",
+                "{} is missing: run tools/build-helm-tools.sh (or `make setup-test`)",
                 bin.join(tool).display()
             );
         }

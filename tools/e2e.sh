@@ -1,0 +1,573 @@
+#!/usr/bin/env bash
+# End-to-end test on the real single-node cluster (tools/cluster.sh): the user's path and the
+# failure paths, in real pods, each step an assertion that can fail. `make e2e` (and `make test`,
+# after the cargo tests) runs it.
+#
+#   1. the cluster up (reused if it is already up), the images built (content-cached) and imported,
+#      `helm install` of charts/foresight with them: the operator runs as a pod with the chart's RBAC;
+#   2. concurrently, each in its own namespace, one cluster for all:
+#      main         the README's path in `default`: MNIST-5k put on the example's claim as its
+#                   comments say, `kubectl apply -f examples/mnist-dcasgd-cluster.yaml`; `kubectl
+#                   get tj` goes Created → Running → Succeeded with the step and staleness columns
+#                   filled and changing, a worker's log has progress lines, `kubectl describe tj`
+#                   shows conditions and events, the PS is gone and model-final.safetensors is on
+#                   its claim;
+#      unsched      a job asking for more nvidia.com/gpu than the node has (4): the status says
+#                   Unschedulable with the scheduler's message; then `kubectl delete tj`: every
+#                   child is gone;
+#      badpath      a dataset path that does not exist: the worker exits 3, the Job's
+#                   podFailurePolicy fails it, the TrainingJob is Failed with that reason;
+#      suspend      suspended mid-run: worker pods gone, phase Suspended; the operator's pod is
+#                   deleted meanwhile: the new one takes over with the same children (same UIDs,
+#                   no duplicates); resumed: the job continues from where it was to Succeeded;
+#      worker-kill  a worker pod deleted mid-run: its replacement resumes (its log says so), the
+#                   PS counts more joins than workers and no stale_seq, the job Succeeds;
+#      ps-kill      the PS pod deleted mid-run, with checkpoint storage: the new PS restores the
+#                   checkpoint, the job Succeeds;
+#   3. `helm uninstall`: the operator is gone, the CRD (and the TrainingJobs) stay;
+#   4. the cluster taken down (always, also on failure; tools/cluster.sh down diffs the host).
+#
+# On failure: the failing assertion, then the operator's logs, the TrainingJobs, pods and events
+# of every namespace (also in out/e2e/). Every wait polls for the thing itself, with a generous
+# bound that only a failure reaches.
+#
+# Environment: RELEASE_DIR (the workspace's binaries for the images; default
+# <repo>/target/release), DATA_DIR (MNIST-5k, default <repo>/data/mnist5k), E2E_OUT (default
+# <repo>/out/e2e), E2E_CASES (default "main unsched badpath suspend worker-kill ps-kill"),
+# KEEP_CLUSTER=1 leaves the cluster up (and a later run reuses it).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+release=${RELEASE_DIR:-$repo/target/release}
+data=${DATA_DIR:-$repo/data/mnist5k}
+out=${E2E_OUT:-$repo/out/e2e}
+cases=${E2E_CASES:-main unsched badpath suspend worker-kill ps-kill}
+t0=$SECONDS
+exec 3>&2 # the terminal: case logs go to files, their log lines here too
+case_name=""
+log() {
+  local line
+  line=$(printf '[e2e%s t=%ss] %s' "${case_name:+ $case_name}" "$((SECONDS - t0))" "$*")
+  printf '%s\n' "$line" >&2
+  [[ -z $case_name ]] || printf '%s\n' "$line" >&3
+}
+fail() {
+  log "FAILED: $*"
+  exit 1
+}
+
+rm -rf "$out"
+mkdir -p "$out"
+for b in foresight foresight-ps foresight-worker; do
+  [[ -x $release/$b ]] || fail "no $release/$b: build the workspace first (make e2e does)"
+done
+[[ -f $data/mnist_5k.csv.gz ]] || fail "no $data/mnist_5k.csv.gz: scripts/setup.sh extracts it"
+CP_BIN=$("$repo/tools/build-control-plane.sh" | tail -n1)
+NODE_BIN=$("$repo/tools/build-node.sh" | tail -n1)
+HELM=$("$repo/tools/build-helm-tools.sh" | tail -n1)/helm
+export CONTROL_PLANE_BIN=$CP_BIN NODE_BIN
+export KUBECONFIG=${FORESIGHT_CLUSTER_DIR:-${FORESIGHT_CACHE:-$HOME/.cache/foresight}/cluster}/admin.kubeconfig
+kc() { "$CP_BIN/kubectl" "$@"; }
+cluster() { "$repo/tools/cluster.sh" "$@"; }
+
+# wait_for TIMEOUT_S WHAT COMMAND...: polls COMMAND until it succeeds; fails after TIMEOUT_S.
+wait_for() {
+  local limit=$1 what=$2
+  shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@"; do
+    ((SECONDS < deadline)) || fail "timed out after ${limit}s waiting for: $what"
+    sleep 0.5
+  done
+}
+# field NS KIND/NAME JSONPATH: one field, empty when the object or the field is absent.
+field() { kc -n "$1" get "$2" -o "jsonpath=$3" 2>/dev/null || true; }
+phase_is() { [[ $(field "$1" "tj/$2" '{.status.phase}') == "$3" ]]; }
+gone() { [[ -z $(kc -n "$1" get "$2" -o name --ignore-not-found 2>/dev/null) ]]; }
+none_left() { [[ -z $(kc -n "$1" get "$2" -l "$3" -o name 2>/dev/null) ]]; }
+condition() { field "$1" "tj/$2" "{.status.conditions[?(@.type==\"$3\")].$4}"; }
+pods_of() { # NS JOB COMPONENT: names of the job's pods of that component
+  kc -n "$1" get pods -l "foresight.dev/job=$2,app.kubernetes.io/component=$3" -o name 2>/dev/null || true
+}
+# The PS's /metrics, from the host (the node: pod IPs are on its bridge), unauthenticated.
+ps_metrics() {
+  local ip
+  ip=$(kc -n "$1" get pods -l "foresight.dev/job=$2,app.kubernetes.io/component=parameter-server" \
+    -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.status.podIP}{"\n"}{end}' 2>/dev/null | head -n1)
+  [[ -n $ip ]] && curl -fsS --max-time 3 "http://$ip:8080/metrics" 2>/dev/null
+}
+metric() { # NAME [LABEL-FILTER]: value from stdin (a /metrics text), 0 when absent
+  awk -v m="$1" -v f="${2:-}" '($1 == m || index($1, m "{") == 1) && index($1, f) { v = $NF } END { print v + 0 }'
+}
+ps_version() { ps_metrics "$1" "$2" | metric foresight_ps_model_version; }
+version_at_least() { local v; v=$(ps_version "$1" "$2") && ((${v%.*} >= $3)); }
+# The host path of a claim's volume (local-path-provisioner: a hostPath PV; local PVs: .local).
+claim_dir() {
+  local pv
+  pv=$(field "$1" "pvc/$2" '{.spec.volumeName}')
+  [[ -n $pv ]] && kc get pv "$pv" -o jsonpath='{.spec.local.path}{.spec.hostPath.path}'
+}
+# A safetensors file with at least one f32 tensor: its header parsed.
+check_safetensors() {
+  python3 - "$1" <<'EOF'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+assert tensors and all(v["dtype"] == "F32" for v in tensors.values()), header
+print(f"{len(tensors)} tensors: " + ", ".join(f"{k} {v['shape']}" for k, v in sorted(tensors.items())))
+EOF
+}
+
+# MNIST-5k onto the example's claim in NS, as its comments tell users: the claim alone first,
+# a loader pod, `kubectl cp`, the loader deleted. The node's busybox image stands in for
+# busybox:1.37, which no registry can serve here.
+load_mnist() {
+  local ns=$1 busybox=localhost/busybox:1.35
+  kc -n "$ns" apply -f "$repo/examples/mnist-dcasgd-cluster.yaml" -l foresight.dev/example-data=mnist5k
+  [[ $(kc -n "$ns" get tj -o name 2>/dev/null) == "" ]] || fail "applying the claim alone created a TrainingJob"
+  wait_for 120 "claim mnist5k Bound" eval '[[ $(field '"$ns"' pvc/mnist5k "{.status.phase}") == Bound ]]'
+  kc -n "$ns" run mnist5k-loader --image=$busybox --restart=Never --overrides='{"spec":{
+    "containers":[{"name":"l","image":"'$busybox'","imagePullPolicy":"Never","command":["sleep","600"],
+    "volumeMounts":[{"name":"d","mountPath":"/data/mnist5k"}]}],
+    "volumes":[{"name":"d","persistentVolumeClaim":{"claimName":"mnist5k"}}]}}'
+  kc -n "$ns" wait --for=condition=Ready pod/mnist5k-loader --timeout=120s
+  kc -n "$ns" cp "$data/mnist_5k.csv.gz" mnist5k-loader:/data/mnist5k/mnist_5k.csv.gz
+  local size
+  size=$(kc -n "$ns" exec mnist5k-loader -- stat -c %s /data/mnist5k/mnist_5k.csv.gz)
+  [[ $size == $(stat -c %s "$data/mnist_5k.csv.gz") ]] || fail "the copy on the claim has $size bytes"
+  kc -n "$ns" delete pod mnist5k-loader --grace-period=1 --wait=false
+  log "MNIST-5k on claim mnist5k in $ns"
+}
+
+# A small TrainingJob on the claim mnist5k: NS NAME EPOCHS REPLICAS [EXTRA SPEC YAML, indented 2].
+small_job() {
+  kc -n "$1" apply -f - <<EOF
+apiVersion: foresight.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $2}
+spec:
+  model: {name: mlp}
+  dataset:
+    format: csv
+    path: /data/mnist5k
+    holdout: 0.2
+    volume: {name: mnist5k, persistentVolumeClaim: {claimName: mnist5k, readOnly: true}}
+  training: {epochs: $3, batchSize: 32, learningRate: 0.1, seed: 1}
+  optimizer: {algorithm: dc-asgd-a, lambda0: 2.0, meanSquareDecay: 0.95}
+  workers: {replicas: $4}
+${5:-}
+EOF
+}
+# The job's children by kind, with their UIDs: one line per object.
+children() {
+  kc -n "$1" get deploy,svc,job,secret,pvc -l "foresight.dev/job=$2" \
+    -o jsonpath='{range .items[*]}{.kind}/{.metadata.name} {.metadata.uid}{"\n"}{end}' | sort
+}
+operator_pod() {
+  kc -n foresight-system get pods -l app.kubernetes.io/name=foresight \
+    -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' 2>/dev/null
+}
+operator_ready_pod_not() { # OLD: a Ready operator pod other than OLD
+  local p
+  p=$(kc -n foresight-system get pods -l app.kubernetes.io/name=foresight \
+    -o jsonpath='{range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null |
+    awk -v old="$1" '$1 != old && $2 == "True" { print $1 }')
+  [[ -n $p ]]
+}
+# Waits for a finished phase; fails at once if it is not the expected one.
+wait_phase() { # NS NAME PHASE TIMEOUT
+  local deadline=$(($4 + SECONDS)) p
+  while :; do
+    p=$(field "$1" "tj/$2" '{.status.phase}')
+    [[ $p == "$3" ]] && return 0
+    if [[ $p == Succeeded || $p == Failed ]]; then
+      fail "tj/$2 in $1 is $p, expected $3: $(field "$1" "tj/$2" '{.status.conditions[?(@.status=="True")].message}')"
+    fi
+    ((SECONDS < deadline)) || fail "timed out after ${4}s waiting for tj/$2 in $1 to be $3 (now ${p:-no phase})"
+    sleep 0.5
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+# The cases. Each runs in its own namespace (main: default), in the background, its output in
+# $out/<case>.log.
+
+case_main() {
+  local ns=default name=mnist-dcasgd ex=$repo/examples/mnist-dcasgd-cluster.yaml
+  load_mnist $ns
+  kc -n $ns apply -f "$ex"
+  # `kubectl get tj` as the user sees it, every change recorded, until the job ends.
+  local seq=$out/main-get-tj.txt last="" line row p step stal deadline=$((SECONDS + 900))
+  kc -n $ns get tj $name | head -n1 >"$seq"
+  while :; do
+    line=$(kc -n $ns get tj $name --no-headers 2>/dev/null | tr -s ' ' || true)
+    row=${line% *} # without AGE
+    if [[ -n $line && $row != "$last" ]]; then
+      printf 't=%ss %s\n' "$((SECONDS - t0))" "$line" >>"$seq"
+      log "kubectl get tj: $line"
+      last=$row
+    fi
+    p=$(field $ns tj/$name '{.status.phase}')
+    if [[ $p == Succeeded || $p == Failed ]]; then
+      # The phase may have changed since the row above was read: the final row too.
+      line=$(kc -n $ns get tj $name --no-headers | tr -s ' ')
+      [[ ${line% *} == "$last" ]] || printf 't=%ss %s\n' "$((SECONDS - t0))" "$line" >>"$seq"
+      log "kubectl get tj: $line"
+      break
+    fi
+    ((SECONDS < deadline)) || fail "tj/$name did not finish in 900s"
+    sleep 0.5
+  done
+  [[ $p == Succeeded ]] || fail "tj/$name ended $p: $(condition $ns $name Failed message)"
+  # The observed sequence: phases in order without repeats.
+  local phases
+  phases=$(awk 'NR > 1 && $3 ~ /^(Created|Running|Restarting|Succeeded|Failed|Suspended)$/ { print $3 }' "$seq" |
+    uniq | paste -sd' ')
+  log "phases seen: $phases"
+  [[ $phases =~ ^(Created\ )?Running\ Succeeded$ ]] || fail "phase sequence '$phases', expected [Created] Running Succeeded"
+  # The step (column 6 of the default columns NAME PHASE WORKERS ALGORITHM STEP STALENESS AGE,
+  # after the t= prefix) and staleness columns were filled, and the step changed.
+  local steps stals
+  steps=$(awk 'NR > 1 && $3 != "Created" && $6 ~ /^[0-9]+$/ { print $6 }' "$seq" | uniq | paste -sd' ')
+  stals=$(awk 'NR > 1 && $3 != "Created" && $7 ~ /^[0-9.]+$/ { print $7 }' "$seq" | paste -sd' ')
+  log "step column: $steps; staleness p99 column: $stals"
+  (($(wc -w <<<"$steps") >= 2)) || fail "the step column never changed while the job ran: '$steps'"
+  [[ -n $stals ]] || fail "the staleness column was never filled"
+  awk -v s="$steps" 'BEGIN { n = split(s, a, " "); for (i = 2; i <= n; i++) if (a[i] + 0 < a[i-1] + 0) exit 1 }' ||
+    fail "the step went backwards: $steps"
+  # The status: conditions and counts.
+  [[ $(condition $ns $name Created status) == True ]] || fail "condition Created is not True"
+  [[ $(condition $ns $name Succeeded status) == True ]] || fail "condition Succeeded is not True"
+  local msg
+  msg=$(condition $ns $name Succeeded message)
+  [[ $msg == *"final model written at version"* ]] || fail "the Succeeded condition says '$msg'"
+  [[ $(field $ns tj/$name '{.status.workers.succeeded}') == 4 ]] || fail "status.workers.succeeded is not 4"
+  [[ -n $(field $ns tj/$name '{.status.completionTime}') ]] || fail "no completionTime"
+  # kubectl describe: the conditions and the events.
+  # (The operator records the transition's Event just after it writes the phase.)
+  wait_for 60 "a Completed event in kubectl describe tj $name" eval \
+    'kc -n '$ns' describe tj '$name' >"$out/main-describe.txt" && grep -Eq "^ *Normal +Completed " "$out/main-describe.txt"'
+  grep -q '^ *Conditions:' "$out/main-describe.txt" || fail "describe shows no Conditions"
+  grep -q '^Events:' "$out/main-describe.txt" || fail "describe shows no Events"
+  log "describe: $(sed -n '/^Events:/,$p' "$out/main-describe.txt" | tail -n +3 | awk '{ print $2 }' | paste -sd, )"
+  # A worker's log: progress lines.
+  local w
+  w=$(pods_of $ns $name worker | head -n1)
+  [[ -n $w ]] || fail "no worker pod left to read"
+  kc -n $ns logs "$w" >"$out/main-worker.log"
+  local n
+  n=$(grep -c '"event":"progress"' "$out/main-worker.log" || true)
+  ((n >= 2)) || fail "kubectl logs $w has $n progress lines"
+  grep -q '"event":"done"' "$out/main-worker.log" || fail "kubectl logs $w has no done line"
+  log "kubectl logs $w: $n progress lines, e.g. $(grep -m1 '"event":"progress"' "$out/main-worker.log")"
+  # The PS is removed after success; the final model stays on its claim.
+  wait_for 120 "PS Deployment of $name gone" gone $ns deploy/$name-ps
+  wait_for 120 "PS pods of $name gone" none_left $ns pods "foresight.dev/job=$name,app.kubernetes.io/component=parameter-server"
+  local dir
+  dir=$(claim_dir $ns $name-ps-checkpoints)
+  [[ -n $dir && -s $dir/model-final.safetensors ]] || fail "no model-final.safetensors on claim $name-ps-checkpoints ($dir)"
+  log "final model on claim $name-ps-checkpoints after the PS is gone: $(check_safetensors "$dir/model-final.safetensors")"
+}
+
+case_unsched() {
+  local ns=e2e-unsched name=too-many-gpus
+  kc create namespace $ns
+  # No data volume: nothing but the GPUs keeps its pods from the node.
+  kc -n $ns apply -f - <<EOF
+apiVersion: foresight.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $name}
+spec:
+  model: {name: mlp}
+  dataset: {format: csv, path: /data/mnist5k}
+  training: {epochs: 1}
+  workers: {replicas: 1, gpus: 8}
+EOF
+  wait_for 180 "tj/$name Unschedulable" eval '[[ $(condition '$ns' '$name' Running reason) == Unschedulable ]]'
+  local msg
+  msg=$(condition $ns $name Running message)
+  log "status: phase $(field $ns tj/$name '{.status.phase}'), Running=False Unschedulable: $msg"
+  [[ $(field $ns tj/$name '{.status.phase}') == Created ]] || fail "phase is not Created"
+  [[ $msg == *"Insufficient nvidia.com/gpu"* ]] || fail "the message is not the scheduler's: $msg"
+  kc -n $ns describe tj $name >"$out/unsched-describe.txt"
+  grep -q 'Unschedulable' "$out/unsched-describe.txt" || fail "describe does not show Unschedulable"
+  # kubectl delete tj: every child goes (owner references, the garbage collector).
+  [[ -n $(children $ns $name) ]] || fail "no children before the delete"
+  kc -n $ns delete tj $name --wait=true --timeout=120s
+  wait_for 180 "every child of $name gone" eval \
+    '[[ -z $(kc -n '$ns' get deploy,rs,svc,job,pod,secret,pvc -o name 2>/dev/null) ]]'
+  log "kubectl delete tj: no Deployment, ReplicaSet, Service, Job, pod, Secret or claim left in $ns"
+}
+
+case_badpath() {
+  local ns=e2e-badpath name=no-such-data
+  kc create namespace $ns
+  kc -n $ns apply -f - <<EOF
+apiVersion: foresight.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $name}
+spec:
+  model: {name: mlp}
+  dataset: {format: csv, path: /data/does-not-exist}
+  training: {epochs: 1}
+  workers: {replicas: 2}
+  runPolicy: {backoffLimit: 4}
+EOF
+  wait_phase $ns $name Failed 300
+  local reason msg
+  reason=$(condition $ns $name Failed reason)
+  msg=$(condition $ns $name Failed message)
+  log "Failed: $reason: $msg"
+  [[ $reason == PodFailurePolicy ]] || fail "the reason is '$reason', expected PodFailurePolicy (exit 3 is permanent)"
+  [[ $msg == *"exit code 3"* ]] || fail "the message does not name exit code 3: $msg"
+  # The pod the Job controller names (the other worker may have been stopped and removed).
+  local w
+  w=$(sed -n 's|.* for pod [^/ ]*/\([^ ]*\) failed with exit code 3.*|\1|p' <<<"$msg")
+  [[ -n $w ]] || fail "the message names no pod"
+  kc -n $ns logs "$w" >"$out/badpath-worker.log" 2>&1 || true
+  grep -q 'does-not-exist' "$out/badpath-worker.log" || fail "the worker's log does not name the path: $(cat "$out/badpath-worker.log")"
+  log "worker log: $(grep -m1 'does-not-exist' "$out/badpath-worker.log")"
+  local failed
+  failed=$(kc -n $ns get job $name-workers -o jsonpath='{.status.failed}')
+  ((failed <= 2)) || fail "$failed worker pods failed: exit 3 must not be retried"
+  wait_for 120 "PS of $name gone after Failed" gone $ns deploy/$name-ps
+}
+
+case_suspend() {
+  local ns=e2e-suspend name=suspend-resume
+  kc create namespace $ns
+  load_mnist $ns
+  small_job $ns $name 2 2 "  parameterServer: {checkpoint: {intervalSeconds: 5, storage: 100Mi}}"
+  wait_for 600 "tj/$name training (PS version ≥ 30)" version_at_least $ns $name 30
+  local v dir
+  v=$(ps_version $ns $name || true)
+  dir=$(claim_dir $ns $name-ps-checkpoints)
+  kc -n $ns patch tj $name --type merge -p '{"spec":{"runPolicy":{"suspend":true}}}'
+  wait_phase $ns $name Suspended 180
+  wait_for 180 "worker pods of $name gone" none_left $ns pods "foresight.dev/job=$name,app.kubernetes.io/component=worker"
+  # The PS stops too; its checkpoint, written as it stopped, holds what was trained.
+  wait_for 180 "PS pods of $name gone" none_left $ns pods "foresight.dev/job=$name,app.kubernetes.io/component=parameter-server"
+  local ckpt
+  ckpt=$(find "$dir" -name 'ckpt-*.safetensors' -printf '%f\n' | sort | tail -n1)
+  ckpt=${ckpt#ckpt-}
+  ckpt=$((10#${ckpt%.safetensors}))
+  log "suspended: worker and PS pods gone; PS was at version ≥ $v, newest checkpoint on the claim: version $ckpt"
+  ((ckpt >= ${v%.*})) || fail "the newest checkpoint ($ckpt) is older than the version seen before the suspend ($v)"
+  # The operator's pod deleted: the new one takes the job over without making anything twice.
+  local before old
+  before=$(children $ns $name)
+  old=$(operator_pod | head -n1)
+  [[ -n $old ]] || fail "no running operator pod"
+  kc -n foresight-system delete pod "$old" --wait=false
+  wait_for 300 "a new Ready operator pod" operator_ready_pod_not "$old"
+  log "operator pod $old deleted; a new one is Ready"
+  kc -n $ns patch tj $name --type merge -p '{"spec":{"runPolicy":{"suspend":false}}}'
+  wait_for 300 "a PS pod for the resumed tj/$name" eval '[[ -n $(pods_of '$ns' '$name' parameter-server) ]]'
+  local ps
+  ps=$(pods_of $ns $name parameter-server | head -n1)
+  wait_for 300 "the resumed PS $ps logs its restore" eval 'kc -n '$ns' logs '"$ps"' 2>/dev/null | grep -q "restored checkpoint"'
+  log "resumed PS: $(kc -n $ns logs "$ps" | grep -m1 'restored checkpoint')"
+  wait_for 300 "tj/$name resumed (Running)" eval '[[ $(field '$ns' tj/'$name' "{.status.phase}") =~ ^(Running|Succeeded)$ ]]'
+  local after
+  after=$(children $ns $name)
+  [[ $before == "$after" ]] || fail "the children changed across the operator's restart:
+before:
+$before
+after:
+$after"
+  log "after the operator restart: the same children (same UIDs), one each: $(awk '{ print $1 }' <<<"$after" | paste -sd' ')"
+  wait_for 300 "tj/$name training again past version $ckpt (or done)" eval \
+    'version_at_least '$ns' '$name' '$((ckpt + 1))' || phase_is '$ns' '$name' Succeeded'
+  wait_phase $ns $name Succeeded 600
+  log "resumed and Succeeded: $(condition $ns $name Succeeded message)"
+}
+
+case_worker_kill() {
+  local ns=e2e-worker-kill name=worker-kill
+  kc create namespace $ns
+  load_mnist $ns
+  small_job $ns $name 2 2
+  wait_for 600 "tj/$name training (PS version ≥ 30)" version_at_least $ns $name 30
+  local victim sel="foresight.dev/job=$name,batch.kubernetes.io/job-completion-index=0"
+  wait_for 300 "worker 0 running" eval '[[ -n $(kc -n '$ns' get pods -l '$sel' -o jsonpath="{.items[?(@.status.phase==\"Running\")].metadata.name}") ]]'
+  victim=$(kc -n $ns get pods -l "$sel" -o jsonpath='{.items[?(@.status.phase=="Running")].metadata.name}')
+  kc -n $ns delete pod "$victim" --wait=false
+  log "deleted worker pod $victim at PS version $(ps_version $ns $name)"
+  # The PS's metrics until the job ends (the PS goes with it): the last scrape counts.
+  local m="" s joins=0
+  while ! phase_is $ns $name Succeeded; do
+    [[ $(field $ns tj/$name '{.status.phase}') != Failed ]] || fail "tj/$name Failed: $(condition $ns $name Failed message)"
+    if s=$(ps_metrics $ns $name); then
+      m=$s
+      joins=$(metric foresight_ps_worker_joins_total <<<"$m")
+    fi
+    ((SECONDS < t0 + 1800)) || fail "tj/$name did not succeed"
+    sleep 0.5
+  done
+  printf '%s\n' "$m" >"$out/worker-kill-ps-metrics.txt"
+  local stale
+  stale=$(metric foresight_ps_gradients_rejected_total 'reason="stale_seq"' <<<"$m")
+  log "Succeeded; the PS's last metrics: worker_joins_total $joins, rejected stale_seq $stale"
+  ((${joins%.*} > 2)) || fail "foresight_ps_worker_joins_total $joins: the replacement never joined"
+  ((${stale%.*} == 0)) || fail "$stale gradients rejected as stale_seq"
+  local r
+  r=$(kc -n $ns get pods -l "foresight.dev/job=$name,batch.kubernetes.io/job-completion-index=0" -o name | grep -v "/$victim$" | head -n1)
+  [[ -n $r ]] || fail "no replacement pod for worker 0"
+  kc -n $ns logs "$r" >"$out/worker-kill-replacement.log"
+  grep -q "resuming where this worker's earlier process left off" "$out/worker-kill-replacement.log" ||
+    fail "the replacement $r did not resume: $(head -n 20 "$out/worker-kill-replacement.log")"
+  log "replacement $r: $(grep -m1 'resuming where' "$out/worker-kill-replacement.log" | sed 's/\x1b\[[0-9;]*m//g')"
+}
+
+case_ps_kill() {
+  local ns=e2e-ps-kill name=ps-kill
+  kc create namespace $ns
+  load_mnist $ns
+  small_job $ns $name 2 2 "  parameterServer: {checkpoint: {intervalSeconds: 1, storage: 100Mi}}"
+  local dir
+  wait_for 120 "claim $name-ps-checkpoints bound" eval '[[ -n $(claim_dir '$ns' '$name'-ps-checkpoints) ]]'
+  dir=$(claim_dir $ns $name-ps-checkpoints)
+  wait_for 600 "tj/$name training (PS version ≥ 30)" version_at_least $ns $name 30
+  wait_for 120 "a checkpoint on claim $name-ps-checkpoints" eval '[[ -n $(find '"$dir"' -name "*.safetensors" -newer '"$out"'/e2e.started 2>/dev/null) ]]'
+  local old v
+  old=$(pods_of $ns $name parameter-server | head -n1)
+  v=$(ps_version $ns $name || true)
+  kc -n $ns delete "$old" --wait=false
+  log "deleted PS $old at version $v; checkpoints: $(ls "$dir" | paste -sd' ')"
+  wait_for 300 "a new PS pod" eval '[[ -n $(pods_of '$ns' '$name' parameter-server | grep -v "^'"$old"'$") ]]'
+  local new
+  new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | head -n1)
+  wait_for 300 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
+  log "new PS $new: $(kc -n $ns logs "$new" | grep -m1 'restored checkpoint' | sed 's/\x1b\[[0-9;]*m//g')"
+  wait_phase $ns $name Succeeded 600
+  [[ -s $dir/model-final.safetensors ]] || fail "no model-final.safetensors on the claim"
+  log "Succeeded after the PS restart: $(condition $ns $name Succeeded message)"
+}
+
+# ---------------------------------------------------------------------------------------------
+
+diagnose() {
+  {
+    echo "==== TrainingJobs"
+    kc get tj -A -o wide
+    echo "==== objects"
+    kc get deploy,job,pods,svc,pvc -A -o wide
+    echo "==== describe tj"
+    kc describe tj -A
+    echo "==== operator logs"
+    kc -n foresight-system logs -l app.kubernetes.io/name=foresight --tail=200 --prefix
+    kc -n foresight-system logs -l app.kubernetes.io/name=foresight --tail=50 --prefix --previous
+    echo "==== pods not Running/Succeeded, described"
+    local ns p
+    for ns in default foresight-system $(kc get ns -o name | sed -n 's|namespace/\(e2e-.*\)|\1|p'); do
+      for p in $(kc -n "$ns" get pods -o jsonpath='{range .items[?(@.status.phase!="Succeeded")]}{.metadata.name}{"\n"}{end}'); do
+        kc -n "$ns" describe pod "$p"
+        kc -n "$ns" logs "$p" --tail=30 --all-containers
+      done
+    done
+    echo "==== events"
+    kc get events -A --sort-by=.lastTimestamp | tail -n 80
+  } >"$out/diagnostics.txt" 2>&1 || true
+  cat "$out/diagnostics.txt" >&2
+  log "diagnostics above, also in $out/diagnostics.txt; case logs in $out/"
+}
+finish() {
+  local rc=$?
+  trap - EXIT
+  if ((rc)); then
+    log "FAILED (rc=$rc)"
+    [[ ! -f $KUBECONFIG ]] || diagnose
+  fi
+  if [[ ${KEEP_CLUSTER:-0} == 1 ]]; then
+    log "KEEP_CLUSTER=1: the cluster stays up (tools/cluster.sh down)"
+  else
+    local t=$SECONDS
+    cluster down || rc=1
+    log "cluster down took $((SECONDS - t))s"
+  fi
+  ((rc)) || log "PASSED in $((SECONDS - t0))s"
+  exit $rc
+}
+trap finish EXIT
+touch "$out/e2e.started"
+
+t=$SECONDS
+cluster up
+log "cluster up took $((SECONDS - t))s"
+kc get node foresight-node -o jsonpath='{.status.allocatable}{"\n"}' >&2
+[[ $(kc get node foresight-node -o jsonpath='{.status.allocatable.nvidia\.com/gpu}') == 4 ]] ||
+  fail "the node does not advertise 4 nvidia.com/gpu"
+
+# A cluster left up by an earlier run (KEEP_CLUSTER=1) is reused: what that run left goes first.
+if [[ -n $("$HELM" list -n foresight-system -q 2>/dev/null) ]]; then
+  log "an earlier run's release and namespaces are removed first"
+  "$HELM" uninstall foresight -n foresight-system --wait >&2
+fi
+kc delete ns --ignore-not-found --wait=true $(kc get ns -o name | sed -n 's|namespace/\(e2e-.*\)|\1|p') foresight-system >&2
+kc -n default delete tj,pvc,pod --all --wait=true >&2
+
+t=$SECONDS
+mapfile -t built < <(RELEASE_DIR=$release IMAGES="operator ps worker" "$repo/tools/build-images.sh")
+((${#built[@]} == 3)) || fail "build-images.sh built ${#built[@]} images"
+log "images built or found in the cache in $((SECONDS - t))s"
+archive_of() { printf '%s\n' "${built[@]}" | awk -v n="$1" '$1 == n { print $3 }'; }
+t=$SECONDS
+cluster import "$(archive_of operator)" "$(archive_of ps)"
+# The worker image (2.8 GB) imports while the operator is installed and the data loaded.
+cluster import "$(archive_of worker)" >"$out/import-worker.log" 2>&1 &
+import_pid=$!
+
+t=$SECONDS
+"$HELM" install foresight "$repo/charts/foresight" --namespace foresight-system --create-namespace \
+  --wait --timeout 300s >&2 || fail "helm install: the operator did not become Ready"
+log "helm install --wait took $((SECONDS - t))s: $(operator_pod | paste -sd' ')"
+kc get crd trainingjobs.foresight.dev >/dev/null || fail "helm install did not install the CRD"
+[[ $(kc -n foresight-system get deploy -l app.kubernetes.io/name=foresight \
+  -o jsonpath='{.items[0].spec.template.spec.serviceAccountName}') == foresight ]] ||
+  fail "the operator does not run as the chart's ServiceAccount"
+[[ $(kc auth can-i get secrets --as=system:serviceaccount:foresight-system:foresight -A || true) == no ]] ||
+  fail "the chart's RBAC lets the operator read Secrets"
+
+t=$SECONDS
+wait "$import_pid" || { cat "$out/import-worker.log" >&2; fail "importing the worker image failed"; }
+log "worker image imported (waited ${t}s → $((SECONDS - t))s more)"
+
+declare -A pids
+for c in $cases; do
+  fn=case_${c//-/_}
+  declare -F "$fn" >/dev/null || fail "no case $c"
+  (
+    exec >"$out/$c.log" 2>&1
+    case_name=$c
+    started=$SECONDS
+    "$fn"
+    log "case passed in $((SECONDS - started))s"
+  ) &
+  pids[$c]=$!
+done
+failed=()
+for c in $cases; do
+  if wait "${pids[$c]}"; then
+    log "case $c passed"
+  else
+    failed+=("$c")
+    log "case $c FAILED; its log ($out/$c.log), last 40 lines:"
+    tail -n 40 "$out/$c.log" >&2
+  fi
+done
+((${#failed[@]} == 0)) || fail "failed cases: ${failed[*]}"
+
+# helm uninstall: the operator goes, the CRD and the TrainingJobs stay (helm keeps crds/).
+t=$SECONDS
+"$HELM" uninstall foresight --namespace foresight-system --wait --timeout 120s >&2
+wait_for 120 "the operator's pods gone" none_left foresight-system pods app.kubernetes.io/name=foresight
+gone foresight-system deploy/foresight || fail "the operator's Deployment is still there"
+kc get crd trainingjobs.foresight.dev >/dev/null || fail "helm uninstall removed the CRD"
+[[ $cases != *main* ]] || phase_is default mnist-dcasgd Succeeded || fail "the TrainingJob did not outlive the operator"
+log "helm uninstall: operator gone, CRD kept ($((SECONDS - t))s)"
+if [[ -f $out/main-get-tj.txt ]]; then
+  log "kubectl get tj, every change seen in the main case ($out/main-get-tj.txt):"
+  cat "$out/main-get-tj.txt" >&2
+fi
