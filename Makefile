@@ -52,7 +52,7 @@ loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-p
 convergence: build ## Table 1 of the paper on MNIST-5k, rewrites docs/convergence.md (about 15 min)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md
 
-chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 15 min; ARGS=...)
+chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 45 min here; ARGS=...)
 	python3 scripts/chaos.py --out $(OUT)/chaos --doc docs/reliability.md $(ARGS)
 
 observability: build ## Run a job under Prometheus, render the dashboard's panels to docs/img/dashboard.png (1 min)

@@ -11,7 +11,9 @@
 #                   get tj` goes Created → Running → Succeeded with the step and staleness columns
 #                   filled and changing, a worker's log has progress lines, `kubectl describe tj`
 #                   shows conditions and events, the PS is gone and model-final.safetensors is on
-#                   its claim;
+#                   the claim status.finalModel names (spec.output: no owner); its held-out
+#                   accuracy (foresight-worker evaluate) is within 2 pp of `foresight run`'s on
+#                   the same training (examples/mnist-dcasgd.yaml); `kubectl delete tj` leaves it;
 #      unsched      a job asking for more nvidia.com/gpu than the node has (4): the status says
 #                   Unschedulable with the scheduler's message; then `kubectl delete tj`: every
 #                   child is gone;
@@ -227,11 +229,11 @@ case_main() {
     uniq | paste -sd' ')
   log "phases seen: $phases"
   [[ $phases =~ ^(Created\ )?Running\ Succeeded$ ]] || fail "phase sequence '$phases', expected [Created] Running Succeeded"
-  # The step (column 6 of the default columns NAME PHASE WORKERS ALGORITHM STEP STALENESS AGE,
-  # after the t= prefix) and staleness columns were filled, and the step changed.
+  # The step (column 7 of the default columns NAME PHASE WORKERS READY ALGORITHM STEP STALENESS
+  # AGE, after the t= prefix) and staleness columns were filled, and the step changed.
   local steps stals
-  steps=$(awk 'NR > 1 && $3 != "Created" && $6 ~ /^[0-9]+$/ { print $6 }' "$seq" | uniq | paste -sd' ')
-  stals=$(awk 'NR > 1 && $3 != "Created" && $7 ~ /^[0-9.]+$/ { print $7 }' "$seq" | paste -sd' ')
+  steps=$(awk 'NR > 1 && $3 != "Created" && $7 ~ /^[0-9]+$/ { print $7 }' "$seq" | uniq | paste -sd' ')
+  stals=$(awk 'NR > 1 && $3 != "Created" && $8 ~ /^[0-9.]+$/ { print $8 }' "$seq" | paste -sd' ')
   log "step column: $steps; staleness p99 column: $stals"
   (($(wc -w <<<"$steps") >= 2)) || fail "the step column never changed while the job ran: '$steps'"
   [[ -n $stals ]] || fail "the staleness column was never filled"
@@ -242,7 +244,7 @@ case_main() {
   [[ $(condition $ns $name Succeeded status) == True ]] || fail "condition Succeeded is not True"
   local msg
   msg=$(condition $ns $name Succeeded message)
-  [[ $msg == *"final model written at version"* ]] || fail "the Succeeded condition says '$msg'"
+  [[ $msg == *"final model (version"*"written to claim"*"outlives the job"* ]] || fail "the Succeeded condition says '$msg'"
   [[ $(field $ns tj/$name '{.status.workers.succeeded}') == 4 ]] || fail "status.workers.succeeded is not 4"
   [[ -n $(field $ns tj/$name '{.status.completionTime}') ]] || fail "no completionTime"
   # kubectl describe: the conditions and the events.
@@ -265,10 +267,32 @@ case_main() {
   # The PS is removed after success; the final model stays on its claim.
   wait_for 120 "PS Deployment of $name gone" gone $ns deploy/$name-ps
   wait_for 120 "PS pods of $name gone" none_left $ns pods "foresight.dev/job=$name,app.kubernetes.io/component=parameter-server"
-  local dir
-  dir=$(claim_dir $ns $name-ps-checkpoints)
-  [[ -n $dir && -s $dir/model-final.safetensors ]] || fail "no model-final.safetensors on claim $name-ps-checkpoints ($dir)"
-  log "final model on claim $name-ps-checkpoints after the PS is gone: $(check_safetensors "$dir/model-final.safetensors")"
+  # The example's spec.output: status.finalModel names a claim the job does not own, and the file.
+  local claim file dir
+  claim=$(field $ns tj/$name '{.status.finalModel.claimName}')
+  file=$(field $ns tj/$name '{.status.finalModel.path}')
+  [[ $claim == $name-output && $(field $ns tj/$name '{.status.finalModel.kept}') == true ]] ||
+    fail "status.finalModel: claim '$claim', kept $(field $ns tj/$name '{.status.finalModel.kept}')"
+  [[ -z $(field $ns pvc/$claim '{.metadata.ownerReferences}') ]] || fail "claim $claim has an owner"
+  dir=$(claim_dir $ns $claim)
+  [[ -n $dir && -s $dir/$file ]] || fail "no $file on claim $claim ($dir)"
+  log "final model on claim $claim at $file after the PS is gone: $(check_safetensors "$dir/$file")"
+  # Its held-out accuracy, by Foresight's evaluator, against `foresight run` of the same training
+  # (examples/mnist-dcasgd.yaml: the api tests hold the two examples' training to be the same).
+  local cluster_acc local_acc
+  cluster_acc=$("$release/foresight-worker" evaluate --model-file "$dir/$file" --model lenet5 \
+    --dataset-format csv --dataset-path "$data" --holdout 0.2 --seed 1 |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["accuracy"])')
+  (cd "$repo" && "$release/foresight" run examples/mnist-dcasgd.yaml --out "$out/main-local" --no-progress \
+    >"$out/main-local.txt" 2>&1) || fail "foresight run of examples/mnist-dcasgd.yaml failed: $(tail -5 "$out/main-local.txt")"
+  local_acc=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["accuracy"])' "$out/main-local/summary.json")
+  log "held-out accuracy of the final model: cluster $cluster_acc, foresight run $local_acc"
+  python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 0.02)' "$cluster_acc" "$local_acc" ||
+    fail "the cluster's final model ($cluster_acc) is more than 2 pp from foresight run's ($local_acc)"
+  # The model outlives the job.
+  kc -n $ns delete tj $name --wait=true >/dev/null
+  [[ -s $dir/$file && -n $(field $ns pvc/$claim '{.metadata.name}') ]] || fail "the model went with the job"
+  log "TrainingJob deleted: claim $claim and $file are still there"
 }
 
 case_unsched() {
@@ -565,7 +589,8 @@ t=$SECONDS
 wait_for 120 "the operator's pods gone" none_left foresight-system pods app.kubernetes.io/name=foresight
 gone foresight-system deploy/foresight || fail "the operator's Deployment is still there"
 kc get crd trainingjobs.foresight.dev >/dev/null || fail "helm uninstall removed the CRD"
-[[ $cases != *main* ]] || phase_is default mnist-dcasgd Succeeded || fail "the TrainingJob did not outlive the operator"
+[[ $cases != *worker-kill* ]] || phase_is e2e-worker-kill worker-kill Succeeded ||
+  fail "the TrainingJob did not outlive the operator"
 log "helm uninstall: operator gone, CRD kept ($((SECONDS - t))s)"
 if [[ -f $out/main-get-tj.txt ]]; then
   log "kubectl get tj, every change seen in the main case ($out/main-get-tj.txt):"
