@@ -309,7 +309,10 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     // the count it reports is checked with each progress read (a restarted PS starts with the
     // count its Deployment was made with).
     let spec_changed = job.metadata.generation != old.observed_generation;
-    let ps_status = if ps_ready && (ctx.progress_due(uid) || spec_changed) {
+    // A PS that has just become ready may be a new process: read it now, so that its restart
+    // is seen even when the job ends before the next periodic read.
+    let ps_came_up = ps_ready && !old.parameter_server.as_ref().is_some_and(|p| p.ready);
+    let ps_status = if ps_ready && (ctx.progress_due(uid) || spec_changed || ps_came_up) {
         read_ps_status(&ps, &token).await
     } else {
         None
