@@ -25,7 +25,8 @@
 #      worker-kill  a worker pod deleted mid-run: its replacement resumes (its log says so), the
 #                   PS counts more joins than workers and no stale_seq, the job Succeeds;
 #      ps-kill      the PS pod deleted mid-run, with checkpoint storage: the new PS restores the
-#                   checkpoint, the job Succeeds;
+#                   checkpoint, the status says so (ParameterServerRestarted condition, reason
+#                   RestoredCheckpoint, and a Warning event), the job Succeeds;
 #   3. `helm uninstall`: the operator is gone, the CRD (and the TrainingJobs) stay;
 #   4. the cluster taken down (always, also on failure; tools/cluster.sh down diffs the host).
 #
@@ -465,6 +466,12 @@ case_ps_kill() {
   new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | head -n1)
   wait_for 300 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
   log "new PS $new: $(kc -n $ns logs "$new" | grep -m1 'restored checkpoint' | sed 's/\x1b\[[0-9;]*m//g')"
+  # The operator saw a new PS process: a condition saying what it restored, a Warning event.
+  wait_for 300 "the ParameterServerRestarted condition" eval \
+    '[[ $(condition '$ns' '$name' ParameterServerRestarted reason) == RestoredCheckpoint ]]'
+  log "status: $(condition $ns $name ParameterServerRestarted message); restarts $(field $ns tj/$name '{.status.parameterServer.restarts}')"
+  wait_for 60 "the ParameterServerRestarted event" eval \
+    'kc -n '$ns' get events --field-selector reason=ParameterServerRestarted -o name | grep -q .'
   wait_phase $ns $name Succeeded 600
   [[ -s $dir/model-final.safetensors ]] || fail "no model-final.safetensors on the claim"
   log "Succeeded after the PS restart: $(condition $ns $name Succeeded message)"
