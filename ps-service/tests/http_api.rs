@@ -328,6 +328,14 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
             reason: "non_finite",
         },
         Case {
+            what: "finite but too large to square (1e20 squares to +Inf: NaN all over the model)",
+            token: Some(TOKEN),
+            query: q(1, 2, 1),
+            body: with(&|g| g[7] = 1e20),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "too_large",
+        },
+        Case {
             what: "version from the future",
             token: Some(TOKEN),
             query: q(1, 3, 1),

@@ -9,6 +9,7 @@ use http_body_util::BodyExt;
 use parking_lot::Mutex;
 
 use super::error::ApiError;
+use crate::wire;
 
 /// A bounded stack of reusable vectors.
 pub struct Pool<T> {
@@ -73,8 +74,9 @@ pub async fn read_limited(
 /// How a gradient body arrived.
 pub enum Gradient {
     /// The body was the layout's own F32 encoding; its values are in the gradient buffer and
-    /// `first_non_finite` is the flat index of the first NaN or ±Inf, if any.
-    Direct { first_non_finite: Option<usize> },
+    /// `first_unusable` is the flat index of the first element that is not
+    /// [`wire::usable_gradient`] (NaN, ±Inf, beyond ±1e12), if any.
+    Direct { first_unusable: Option<usize> },
     /// Anything else (BF16, F16, other tensor order…): the whole body is in `buf` for the decoder.
     Collected,
 }
@@ -133,8 +135,11 @@ pub async fn read_gradient(
                 bytes[off..off + data.len()].copy_from_slice(data);
                 off += data.len();
                 let upto = off / 4;
-                if bad.is_none() && !grad[checked..upto].iter().all(|x| x.is_finite()) {
-                    bad = grad[checked..upto].iter().position(|x| !x.is_finite()).map(|i| checked + i);
+                if bad.is_none() {
+                    bad = grad[checked..upto]
+                        .iter()
+                        .position(|x| !wire::usable_gradient(*x))
+                        .map(|i| checked + i);
                 }
                 checked = upto;
             }
@@ -142,7 +147,7 @@ pub async fn read_gradient(
         }
     }
     if direct == Some(true) && header.len() + off == expected {
-        return Ok((Gradient::Direct { first_non_finite: bad }, total));
+        return Ok((Gradient::Direct { first_unusable: bad }, total));
     }
     if direct == Some(true) {
         // Truncated: hand what arrived to the general decoder, which reports it.

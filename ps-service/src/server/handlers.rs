@@ -291,8 +291,8 @@ async fn push_inner(
     let s2 = store.clone();
     let (buf, grad, result) = tokio::task::spawn_blocking(move || {
         let decoded = match received {
-            Gradient::Direct { first_non_finite: None } => Ok(()),
-            Gradient::Direct { first_non_finite: Some(i) } => Err(wire::non_finite_at(s2.layout(), &grad, i)),
+            Gradient::Direct { first_unusable: None } => Ok(()),
+            Gradient::Direct { first_unusable: Some(i) } => Err(wire::unusable_at(s2.layout(), &grad, i)),
             Gradient::Collected => wire::decode_gradient(&buf, s2.layout(), &mut grad),
         };
         let result = decoded.map_err(ApiError::from).and_then(|()| {

@@ -149,6 +149,11 @@ pub enum WireError {
     Dtype { name: String, got: String, allowed: &'static str },
     #[error("tensor {name:?} holds a non-finite value ({value}) at element {index}")]
     NonFinite { name: String, index: usize, value: f32 },
+    #[error(
+        "gradient tensor {name:?} holds {value} at element {index}, beyond ±{MAX_GRADIENT:e}: its square \
+         would overflow the update (training has diverged; lower the learning rate)"
+    )]
+    TooLarge { name: String, index: usize, value: f32 },
 }
 
 impl WireError {
@@ -159,6 +164,7 @@ impl WireError {
             Self::Shape { .. } => "shape_mismatch",
             Self::Dtype { .. } => "dtype_mismatch",
             Self::NonFinite { .. } => "non_finite",
+            Self::TooLarge { .. } => "too_large",
         }
     }
 }
@@ -200,7 +206,23 @@ pub fn decode_model(body: &[u8]) -> Result<(Layout, Vec<f32>, Metadata), WireErr
 /// every registered tensor exactly once, right shape, F32/BF16/F16, all values finite.
 pub fn decode_gradient(body: &[u8], layout: &Layout, out: &mut [f32]) -> Result<(), WireError> {
     let parsed = parse(body)?;
-    fill(layout, &parsed, true, out)
+    fill(layout, &parsed, true, out)?;
+    match out.iter().position(|g| !usable_gradient(*g)) {
+        Some(i) => Err(unusable_at(layout, out, i)),
+        None => Ok(()),
+    }
+}
+
+/// The largest gradient element, in magnitude, the PS applies. A finite f32 above about 1.8e19
+/// squares to infinity, and the delay-compensated rules multiply g² by λ and by w − w_bak: one
+/// such element turned the whole model into NaN (dc-asgd-a: λ = λ0/√∞ = 0, and 0·∞ is NaN).
+/// 1e12 keeps λ·g²·(w − w_bak) finite for λ up to 1e3 and |w − w_bak| up to 1e11; no training
+/// that has not diverged comes near it.
+pub const MAX_GRADIENT: f32 = 1e12;
+
+/// Whether a gradient element can be applied: finite and within ±[`MAX_GRADIENT`].
+pub fn usable_gradient(g: f32) -> bool {
+    g.is_finite() && g.abs() <= MAX_GRADIENT
 }
 
 fn fill(layout: &Layout, parsed: &Parsed<'_>, allow_half: bool, out: &mut [f32]) -> Result<(), WireError> {
@@ -235,9 +257,15 @@ fn fill(layout: &Layout, parsed: &Parsed<'_>, allow_half: bool, out: &mut [f32])
 }
 
 /// The error for a non-finite value at flat index `i` of a gradient in `layout`.
-pub fn non_finite_at(layout: &Layout, values: &[f32], i: usize) -> WireError {
+/// The refusal of gradient element `i` of `values`, which is not [`usable_gradient`].
+pub fn unusable_at(layout: &Layout, values: &[f32], i: usize) -> WireError {
     let (spec, range) = layout.iter().find(|(_, r)| r.contains(&i)).expect("index inside the layout");
-    WireError::NonFinite { name: spec.name.clone(), index: i - range.start, value: values[i] }
+    let (name, index, value) = (spec.name.clone(), i - range.start, values[i]);
+    if value.is_finite() {
+        WireError::TooLarge { name, index, value }
+    } else {
+        WireError::NonFinite { name, index, value }
+    }
 }
 
 /// Converts little-endian `bytes` of `dtype` into `out`, failing on the first non-finite value.

@@ -108,6 +108,26 @@ fn non_finite_values_are_refused_with_their_place() {
 }
 
 #[test]
+fn finite_gradients_too_large_to_square_are_refused_with_their_place() {
+    let l = layout();
+    let mut out = vec![0.0; 8];
+    let mut g = [0.0f32; 8];
+    g[2] = MAX_GRADIENT;
+    g[3] = -MAX_GRADIENT;
+    decode_gradient(&encode_f32(&l, &g, &BTreeMap::new()), &l, &mut out).expect("the bound itself is usable");
+    (g[2], g[3]) = (0.5e12, -0.5e12); // usable in bf16 too (which rounds 1e12 up past the bound)
+    for big in [2e12f32, -1e19, 1e30] {
+        g[6] = big;
+        for body in [encode_f32(&l, &g, &BTreeMap::new()), encode_bf16(&l, &g)] {
+            let e = decode_gradient(&body, &l, &mut out).unwrap_err();
+            assert!(matches!(e, WireError::TooLarge { ref name, index: 0, .. } if name == "fc.bias"), "{e}");
+            assert_eq!(e.reason(), "too_large");
+        }
+    }
+    assert!(!usable_gradient(f32::NAN) && usable_gradient(-1e12) && !usable_gradient(1.1e12));
+}
+
+#[test]
 fn truncated_and_garbled_bodies_are_malformed() {
     let l = layout();
     let body = encode_f32(&l, &[1.0; 8], &BTreeMap::new());
