@@ -305,23 +305,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let worker_job = worker_state(&workers);
     let unschedulable = unschedulable_message(ctx, &owner).await?;
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
-    // A spec change (a new workers.replicas among others) is told to the PS at once; otherwise
-    // the count it reports is checked with each progress read (a restarted PS starts with the
-    // count its Deployment was made with).
-    let spec_changed = job.metadata.generation != old.observed_generation;
-    // A PS that has just become ready may be a new process: read it now, so that its restart
-    // is seen even when the job ends before the next periodic read.
-    let ps_came_up = ps_ready && !old.parameter_server.as_ref().is_some_and(|p| p.ready);
-    let ps_status = if ps_ready && (ctx.progress_due(uid) || spec_changed || ps_came_up) {
-        read_ps_status(&ps, &token).await
-    } else {
-        None
-    };
-    if let Some(v) = &ps_status {
-        tell_ps_workers(ctx, job, &ps, &token, v).await;
-    }
-    let progress = ps_status.as_ref().map(progress_of);
-    let ps_process = ps_status.as_ref().and_then(ps_process_of);
+    let (progress, ps_process) =
+        if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
     let finalize = if worker_job.complete {
         finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await
     } else {
@@ -473,8 +458,32 @@ async fn unschedulable_message(ctx: &Context, owner: &Owner<'_>) -> Result<Optio
     }))
 }
 
-/// The parameter server's `/v1/status`; `None` when it does not answer (the last progress
-/// stays in the status).
+/// Reads the ready PS's `/v1/status` when it is due, and tells it the worker count if it has
+/// another: the progress and the PS process, or `None`s (not due, or no answer: the last
+/// progress stays in the status).
+async fn observe_ps(
+    ctx: &Context,
+    job: &TrainingJob,
+    old: &TrainingJobStatus,
+    url: &str,
+    token: &str,
+) -> (Option<Progress>, Option<PsProcess>) {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    // A spec change (a new workers.replicas among others) reaches the PS at once; otherwise the
+    // count it reports is checked with each periodic read (a restarted PS starts with the count
+    // its Deployment was made with). A PS that has just become ready may be a new process: it is
+    // read at once, so that its restart is seen even when the job ends before the next read.
+    let spec_changed = job.metadata.generation != old.observed_generation;
+    let came_up = !old.parameter_server.as_ref().is_some_and(|p| p.ready);
+    if !(ctx.progress_due(uid) || spec_changed || came_up) {
+        return (None, None);
+    }
+    let Some(status) = read_ps_status(url, token).await else { return (None, None) };
+    tell_ps_workers(ctx, job, url, token, &status).await;
+    (Some(progress_of(&status)), ps_process_of(&status))
+}
+
+/// The parameter server's `/v1/status`; `None` when it does not answer.
 async fn read_ps_status(url: &str, token: &str) -> Option<serde_json::Value> {
     let client = foresight_ps::client::PsClient::new(url, Some(token.to_string())).ok()?;
     match tokio::time::timeout(Duration::from_secs(3), client.status()).await {
