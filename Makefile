@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 .PHONY: help setup setup-test build test test-stress lint fmt bench demo loadgen convergence chaos crd observability clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
 
 setup: ## Install what builds and the demo need (idempotent)
 	@scripts/setup.sh
