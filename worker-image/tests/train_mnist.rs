@@ -444,6 +444,15 @@ fn an_unreadable_dataset_fails_at_start_naming_the_file() {
         "{err}"
     );
     assert!(!err.contains("retrying"), "it failed before contacting the PS:\n{err}");
+    // An I/O error is said once (it was repeated: "…: No such file or directory (os error 2):
+    // No such file or directory (os error 2)").
+    let run = run_worker(
+        &worker_args(&url, &["--dataset-format", "csv", "--dataset-path", &missing.to_string_lossy()]),
+        false,
+    );
+    let said = final_error(&run);
+    assert_eq!(said.matches("(os error 2)").count(), 1, "{said}");
+    assert!(said.contains(&missing.display().to_string()), "{said}");
 
     let bad = dir.path().join("bad.csv");
     std::fs::write(&bad, "1,2,3,0\n4,five,6,1\n7,8,9,0\n").unwrap();

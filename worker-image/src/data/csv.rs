@@ -9,7 +9,7 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     if dir.is_file() {
         return Ok(vec![dir.to_path_buf()]);
     }
-    let rd = std::fs::read_dir(dir).map_err(|source| DataError::Io { path: dir.to_path_buf(), source })?;
+    let rd = std::fs::read_dir(dir).map_err(|error| DataError::Io { path: dir.to_path_buf(), error })?;
     let mut v: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {

@@ -45,8 +45,9 @@ impl fmt::Display for Format {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    // Not a `source`: the message already says it, and `{:#}` would say it twice.
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: {why}")]
     Invalid { path: PathBuf, why: String },
     #[error("{dir}: {why}")]
@@ -60,7 +61,7 @@ pub(crate) fn invalid(path: &Path, why: impl Into<String>) -> DataError {
 /// Reads a file, transparently gunzipping names ending in `.gz`.
 pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
     use std::io::Read;
-    let io = |source| DataError::Io { path: path.to_path_buf(), source };
+    let io = |error| DataError::Io { path: path.to_path_buf(), error };
     let raw = std::fs::read(path).map_err(io)?;
     if path.extension().is_some_and(|e| e == "gz") {
         let mut out = Vec::new();
