@@ -96,7 +96,7 @@ pods_of() { # NS JOB COMPONENT: names of the job's pods of that component
 ps_metrics() {
   local ip
   ip=$(kc -n "$1" get pods -l "foresight.dev/job=$2,app.kubernetes.io/component=parameter-server" \
-    -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.status.podIP}{"\n"}{end}' 2>/dev/null | head -n1)
+    -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.status.podIP}{"\n"}{end}' 2>/dev/null | awk 'NR == 1')
   [[ -n $ip ]] && curl -fsS --max-time 3 "http://$ip:8080/metrics" 2>/dev/null
 }
 metric() { # NAME [LABEL-FILTER]: value from stdin (a /metrics text), 0 when absent
@@ -203,7 +203,9 @@ case_main() {
   kc -n $ns apply -f "$ex"
   # `kubectl get tj` as the user sees it, every change recorded, until the job ends.
   local seq=$out/main-get-tj.txt last="" line row p step stal deadline=$((SECONDS + 900))
-  kc -n $ns get tj $name | head -n1 >"$seq"
+  # (awk, not head: head exits after a line, and kubectl killed by SIGPIPE fails the pipeline
+  # under pipefail: seen once, the case ended without a word.)
+  kc -n $ns get tj $name | awk 'NR == 1' >"$seq"
   while :; do
     line=$(kc -n $ns get tj $name --no-headers 2>/dev/null | tr -s ' ' || true)
     row=${line% *} # without AGE
@@ -257,7 +259,7 @@ case_main() {
   log "describe: $(sed -n '/^Events:/,$p' "$out/main-describe.txt" | tail -n +3 | awk '{ print $2 }' | paste -sd, )"
   # A worker's log: progress lines.
   local w
-  w=$(pods_of $ns $name worker | head -n1)
+  w=$(pods_of $ns $name worker | awk 'NR == 1')
   [[ -n $w ]] || fail "no worker pod left to read"
   kc -n $ns logs "$w" >"$out/main-worker.log"
   local n
@@ -383,7 +385,7 @@ case_suspend() {
   # The operator's pod deleted: the new one takes the job over without making anything twice.
   local before old
   before=$(children $ns $name)
-  old=$(operator_pod | head -n1)
+  old=$(operator_pod | awk 'NR == 1')
   [[ -n $old ]] || fail "no running operator pod"
   kc -n foresight-system delete pod "$old" --wait=false
   wait_for 300 "a new Ready operator pod" operator_ready_pod_not "$old"
@@ -391,7 +393,7 @@ case_suspend() {
   kc -n $ns patch tj $name --type merge -p '{"spec":{"runPolicy":{"suspend":false}}}'
   wait_for 300 "a PS pod for the resumed tj/$name" eval '[[ -n $(pods_of '$ns' '$name' parameter-server) ]]'
   local ps
-  ps=$(pods_of $ns $name parameter-server | head -n1)
+  ps=$(pods_of $ns $name parameter-server | awk 'NR == 1')
   wait_for 300 "the resumed PS $ps logs its restore" eval 'kc -n '$ns' logs '"$ps"' 2>/dev/null | grep -q "restored checkpoint"'
   log "resumed PS: $(kc -n $ns logs "$ps" | grep -m1 'restored checkpoint')"
   wait_for 300 "tj/$name resumed (Running)" eval '[[ $(field '$ns' tj/'$name' "{.status.phase}") =~ ^(Running|Succeeded)$ ]]'
@@ -438,7 +440,7 @@ case_worker_kill() {
   ((${joins%.*} > 2)) || fail "foresight_ps_worker_joins_total $joins: the replacement never joined"
   ((${stale%.*} == 0)) || fail "$stale gradients rejected as stale_seq"
   local r
-  r=$(kc -n $ns get pods -l "foresight.dev/job=$name,batch.kubernetes.io/job-completion-index=0" -o name | grep -v "/$victim$" | head -n1)
+  r=$(kc -n $ns get pods -l "foresight.dev/job=$name,batch.kubernetes.io/job-completion-index=0" -o name | grep -v "/$victim$" | awk 'NR == 1')
   [[ -n $r ]] || fail "no replacement pod for worker 0"
   kc -n $ns logs "$r" >"$out/worker-kill-replacement.log"
   grep -q "resuming where this worker's earlier process left off" "$out/worker-kill-replacement.log" ||
@@ -457,13 +459,13 @@ case_ps_kill() {
   wait_for 600 "tj/$name training (PS version ≥ 30)" version_at_least $ns $name 30
   wait_for 120 "a checkpoint on claim $name-ps-checkpoints" eval '[[ -n $(find '"$dir"' -name "*.safetensors" -newer '"$out"'/e2e.started 2>/dev/null) ]]'
   local old v
-  old=$(pods_of $ns $name parameter-server | head -n1)
+  old=$(pods_of $ns $name parameter-server | awk 'NR == 1')
   v=$(ps_version $ns $name || true)
   kc -n $ns delete "$old" --wait=false
   log "deleted PS $old at version $v; checkpoints: $(ls "$dir" | paste -sd' ')"
   wait_for 300 "a new PS pod" eval '[[ -n $(pods_of '$ns' '$name' parameter-server | grep -v "^'"$old"'$") ]]'
   local new
-  new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | head -n1)
+  new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | awk 'NR == 1')
   wait_for 300 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
   log "new PS $new: $(kc -n $ns logs "$new" | grep -m1 'restored checkpoint' | sed 's/\x1b\[[0-9;]*m//g')"
   # The operator saw a new PS process: a condition saying what it restored, a Warning event.
