@@ -163,6 +163,21 @@ spec:
 ${5:-}
 EOF
 }
+# A one-epoch job with no data volume, for the cases whose pods never read data: NS NAME
+# DATASET_PATH WORKERS [MORE SPEC LINES].
+bare_job() {
+  kc -n "$1" apply -f - <<EOF
+apiVersion: foresight.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $2}
+spec:
+  model: {name: mlp}
+  dataset: {format: csv, path: $3}
+  training: {epochs: 1}
+  workers: $4
+${5:-}
+EOF
+}
 # The job's children by kind, with their UIDs: one line per object.
 children() {
   kc -n "$1" get deploy,svc,job,secret,pvc -l "foresight.dev/job=$2" \
@@ -302,16 +317,7 @@ case_unsched() {
   local ns=e2e-unsched name=too-many-gpus
   kc create namespace $ns
   # No data volume: nothing but the GPUs keeps its pods from the node.
-  kc -n $ns apply -f - <<EOF
-apiVersion: foresight.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $name}
-spec:
-  model: {name: mlp}
-  dataset: {format: csv, path: /data/mnist5k}
-  training: {epochs: 1}
-  workers: {replicas: 1, gpus: 8}
-EOF
+  bare_job $ns $name /data/mnist5k '{replicas: 1, gpus: 8}'
   wait_for 180 "tj/$name Unschedulable" eval '[[ $(condition '$ns' '$name' Running reason) == Unschedulable ]]'
   local msg
   msg=$(condition $ns $name Running message)
@@ -331,17 +337,7 @@ EOF
 case_badpath() {
   local ns=e2e-badpath name=no-such-data
   kc create namespace $ns
-  kc -n $ns apply -f - <<EOF
-apiVersion: foresight.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $name}
-spec:
-  model: {name: mlp}
-  dataset: {format: csv, path: /data/does-not-exist}
-  training: {epochs: 1}
-  workers: {replicas: 2}
-  runPolicy: {backoffLimit: 4}
-EOF
+  bare_job $ns $name /data/does-not-exist '{replicas: 2}' '  runPolicy: {backoffLimit: 4}'
   wait_phase $ns $name Failed 300
   local reason msg
   reason=$(condition $ns $name Failed reason)
