@@ -8,6 +8,7 @@ mod exit;
 mod metrics;
 mod model;
 mod session;
+mod simulate;
 mod train;
 
 use std::path::PathBuf;
@@ -22,7 +23,8 @@ use foresight_ps::client::GradDtype;
 #[command(
     version,
     about,
-    after_help = "To evaluate a saved model on the held-out split: foresight-worker evaluate --help"
+    after_help = "To evaluate a saved model on the held-out split: foresight-worker evaluate --help\n\
+                  To simulate asynchrony deterministically in one process: foresight-worker simulate --help"
 )]
 struct Args {
     /// Parameter server base URL (h2c).
@@ -107,10 +109,15 @@ fn parse_format(s: &str) -> Result<data::Format, String> {
 fn main() {
     // `evaluate` is a subcommand of the same binary so that the worker image (whose entrypoint
     // this is) can evaluate a saved model; training keeps its flat flags and environment.
-    let result = if std::env::args_os().nth(1).is_some_and(|a| a == "evaluate") {
+    let sub = std::env::args_os().nth(1);
+    let result = if sub.as_ref().is_some_and(|a| a == "evaluate") {
         let args = evaluate::EvaluateArgs::parse_from(std::env::args_os().skip(1));
         init_logs();
         evaluate::run(&args).map(|e| println!("{}", serde_json::to_string(&e).expect("plain data")))
+    } else if sub.as_ref().is_some_and(|a| a == "simulate") {
+        let args = simulate::cli::SimulateArgs::parse_from(std::env::args_os().skip(1));
+        init_logs();
+        simulate::cli::run(&args)
     } else {
         run(Args::parse())
     };

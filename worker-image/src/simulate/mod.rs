@@ -1,0 +1,281 @@
+//! `foresight-worker simulate`: M virtual workers in one process against the parameter server's
+//! own store and update rules, with the staleness chosen by a delay model instead of by the
+//! machine. Same arguments, same seed → bit-identical model (the outcome's `digest`).
+//!
+//! Every gradient comes from one seeded stream of shuffled batches of the training set (an epoch
+//! is one pass); the delay model decides only which model version each is computed on
+//! ([`schedule::Plan`]). `sync` runs rounds of M gradients on the same version instead. Accuracy
+//! and loss are the parameter server's model's, on the held-out split, at fixed update counts.
+
+pub mod cli;
+pub mod mlp;
+pub mod schedule;
+
+use foresight_ps::optimizer::{Algorithm, Hyper};
+use foresight_ps::store::{Push, StalenessSummary, Store, StoreError};
+use foresight_ps::wire::{Layout, TensorSpec};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use serde::Serialize;
+
+use mlp::{Mlp, Score};
+use schedule::{Delay, Plan};
+
+/// Training and held-out examples as flat rows of `inputs` values.
+pub struct SimData {
+    pub inputs: usize,
+    pub classes: usize,
+    pub train_x: Vec<f32>,
+    pub train_y: Vec<i64>,
+    pub test_x: Vec<f32>,
+    pub test_y: Vec<i64>,
+}
+
+/// One simulated run.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// The rule and its settings, as the parameter server takes them; the learning-rate
+    /// milestones are in epochs.
+    pub hyper: Hyper,
+    /// The staleness of the asynchronous rules; `sync` uses only its worker count.
+    pub delay: Delay,
+    pub epochs: f64,
+    pub batch: usize,
+    pub hidden: usize,
+    pub seed: u64,
+    /// Points on the accuracy curve (evaluations of the PS model at evenly spaced updates).
+    pub evals: usize,
+}
+
+/// The PS model's held-out score after `updates` updates.
+#[derive(Clone, Debug, Serialize)]
+pub struct CurvePoint {
+    pub updates: u64,
+    pub epoch: f64,
+    pub loss: f64,
+    pub accuracy: f64,
+}
+
+/// What a run did. Everything but `seconds` is a function of the configuration alone.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub algorithm: String,
+    pub delay: String,
+    pub seed: u64,
+    /// Virtual workers (gradients in flight at once at most).
+    pub workers: usize,
+    pub updates: u64,
+    pub gradients: u64,
+    pub loss: f64,
+    pub accuracy: f64,
+    pub staleness: StalenessSummary,
+    /// Mean λ_t over the updates' elements (dc-asgd rules; 0 otherwise).
+    pub mean_lambda: f64,
+    pub curve: Vec<CurvePoint>,
+    /// FNV-1a of the final parameters' bits: equal digests, bit-identical models.
+    pub digest: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("{0}")]
+    Config(String),
+    #[error("the store refused a planned push: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// A seeded endless stream of training batches, reshuffled every epoch.
+struct Batches {
+    order: Vec<usize>,
+    pos: usize,
+    batch: usize,
+    rng: StdRng,
+    served: u64,
+}
+
+impl Batches {
+    fn new(n: usize, batch: usize, seed: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xba7c4);
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(&mut rng);
+        Batches { order, pos: 0, batch, rng, served: 0 }
+    }
+
+    /// The next batch's example indices (a batch never spans two epochs).
+    fn next(&mut self) -> Vec<usize> {
+        if self.pos >= self.order.len() {
+            self.order.shuffle(&mut self.rng);
+            self.pos = 0;
+        }
+        let end = (self.pos + self.batch).min(self.order.len());
+        let b = self.order[self.pos..end].to_vec();
+        self.served += b.len() as u64;
+        self.pos = end;
+        b
+    }
+
+    /// Epochs served so far, fractional.
+    fn epoch(&self) -> f64 {
+        self.served as f64 / self.order.len() as f64
+    }
+}
+
+/// The run's model, data and the parameter server's store.
+struct Run<'a> {
+    data: &'a SimData,
+    net: Mlp,
+    store: Store,
+    batches: Batches,
+    seqs: Vec<u64>,
+    mean_lambda_sum: f64,
+}
+
+impl Run<'_> {
+    /// Pulls for `slot` and computes a gradient on the next batch: (version, gradient, epoch).
+    fn compute(&mut self, slot: usize) -> Result<(u64, Vec<f32>, f64), SimError> {
+        let snap = self.store.pull(slot)?;
+        let idx = self.batches.next();
+        let mut grad = vec![0.0; self.net.len()];
+        self.net.gradient(snap.params(), &self.data.train_x, &self.data.train_y, &idx, &mut grad);
+        Ok((snap.version(), grad, self.batches.epoch()))
+    }
+
+    fn push(&mut self, slot: usize, version: u64, grad: &[f32], epoch: f64) -> Result<bool, SimError> {
+        self.seqs[slot] += 1;
+        let p = Push { worker: slot, generation: None, version, seq: self.seqs[slot], epoch: Some(epoch) };
+        let o = self.store.push(p, grad)?;
+        self.mean_lambda_sum += o.stats.mean_lambda();
+        Ok(o.applied)
+    }
+
+    fn score(&self) -> Score {
+        let snap = self.store.snapshot_now();
+        self.net.evaluate(snap.params(), &self.data.test_x, &self.data.test_y)
+    }
+}
+
+/// Runs one configuration to the end of its epochs.
+pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
+    cfg.hyper.validate().map_err(|e| SimError::Config(e.0))?;
+    cfg.delay.validate().map_err(SimError::Config)?;
+    if cfg.batch == 0 || !(cfg.epochs.is_finite() && cfg.epochs > 0.0) || data.train_y.is_empty() {
+        return Err(SimError::Config("batch size, epochs and the training set must be non-empty".into()));
+    }
+    let net = Mlp { inputs: data.inputs, hidden: cfg.hidden, classes: data.classes };
+    let batches_per_epoch = data.train_y.len().div_ceil(cfg.batch) as f64;
+    let gradients = (cfg.epochs * batches_per_epoch).ceil() as u64;
+    let sync_workers = match (cfg.hyper.algorithm, &cfg.delay) {
+        (Algorithm::Sync, Delay::RoundRobin { workers }) => Some(*workers),
+        (Algorithm::Sync, d) => {
+            return Err(SimError::Config(format!(
+                "sync takes round-robin:M (its round size), not {}",
+                d.label()
+            )));
+        }
+        _ => None,
+    };
+    let plan = match sync_workers {
+        Some(_) => None,
+        None => Some(Plan::new(&cfg.delay, gradients, cfg.seed)),
+    };
+    let workers = sync_workers.unwrap_or_else(|| plan.as_ref().map_or(1, |p| p.slots));
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let specs = net.tensors().into_iter().map(|(name, shape)| TensorSpec { name, shape }).collect();
+    let layout = Layout::new(specs).map_err(|e| SimError::Config(e.to_string()))?;
+    let store = Store::new(layout, net.init(&mut rng), cfg.hyper.clone(), workers);
+    let mut run = Run {
+        data,
+        net,
+        store,
+        batches: Batches::new(data.train_y.len(), cfg.batch, cfg.seed),
+        seqs: vec![0; workers],
+        mean_lambda_sum: 0.0,
+    };
+    let updates = match (sync_workers, &plan) {
+        (Some(m), _) => gradients.div_ceil(m as u64),
+        (None, _) => gradients,
+    };
+    let marks: Vec<u64> = (1..=cfg.evals as u64).map(|k| k * updates / cfg.evals.max(1) as u64).collect();
+    let mut curve = Vec::new();
+    let mut record = |run: &Run, done: u64| {
+        if marks.contains(&done) {
+            let s = run.score();
+            curve.push(CurvePoint {
+                updates: done,
+                epoch: run.batches.epoch(),
+                loss: s.loss,
+                accuracy: s.accuracy,
+            });
+        }
+    };
+    match (sync_workers, plan) {
+        (Some(m), _) => {
+            for round in 0..updates {
+                let mut grads = Vec::with_capacity(m);
+                for slot in 0..m {
+                    grads.push(run.compute(slot)?);
+                }
+                for (slot, (version, grad, epoch)) in grads.into_iter().enumerate() {
+                    run.push(slot, version, &grad, epoch)?;
+                }
+                record(&run, round + 1);
+            }
+        }
+        (None, Some(plan)) => run_plan(&mut run, &plan, &mut record)?,
+        (None, None) => unreachable!("asynchronous rules always have a plan"),
+    }
+    let last = run.score();
+    let params = run.store.snapshot_now();
+    let status = run.store.status();
+    Ok(Outcome {
+        algorithm: cfg.hyper.algorithm.to_string(),
+        delay: cfg.delay.label(),
+        seed: cfg.seed,
+        workers,
+        updates: status.version,
+        gradients,
+        loss: last.loss,
+        accuracy: last.accuracy,
+        staleness: status.staleness,
+        mean_lambda: run.mean_lambda_sum / status.version.max(1) as f64,
+        curve,
+        digest: digest(params.params()),
+    })
+}
+
+/// The asynchronous rules: at each version, the planned pulls (each computes its gradient at
+/// once, on the model it pulled), then the update that version's plan applies.
+fn run_plan(run: &mut Run, plan: &Plan, record: &mut impl FnMut(&Run, u64)) -> Result<(), SimError> {
+    let n = plan.steps.len();
+    let mut by_pull: Vec<usize> = (0..n).collect();
+    by_pull.sort_by_key(|&s| (plan.steps[s].pull_at, s));
+    let mut held: Vec<Option<(u64, Vec<f32>, f64)>> = vec![None; n];
+    let mut next = 0;
+    for v in 0..n {
+        while next < n && plan.steps[by_pull[next]].pull_at == v as u64 {
+            let s = by_pull[next];
+            held[s] = Some(run.compute(plan.steps[s].slot)?);
+            next += 1;
+        }
+        let (version, grad, epoch) =
+            held[v].take().expect("a step's gradient is computed before it is applied");
+        run.push(plan.steps[v].slot, version, &grad, epoch)?;
+        record(run, v as u64 + 1);
+    }
+    Ok(())
+}
+
+/// FNV-1a over the parameters' bit patterns.
+fn digest(w: &[f32]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in w {
+        for b in x.to_bits().to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests;

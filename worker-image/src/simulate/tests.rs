@@ -1,0 +1,82 @@
+use super::*;
+
+/// Four Gaussian blobs in 10 dimensions, overlapping enough that the final error depends on how
+/// well the optimizer did.
+fn blobs(n: usize, seed: u64) -> SimData {
+    use rand::Rng;
+    let (inputs, classes) = (10, 4);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let centres: Vec<f32> = (0..classes * inputs).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut make = |n: usize| {
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let c = i % classes;
+            x.extend((0..inputs).map(|d| centres[c * inputs + d] + rng.random_range(-1.5..1.5)));
+            y.push(c as i64);
+        }
+        (x, y)
+    };
+    let (train_x, train_y) = make(n);
+    let (test_x, test_y) = make(n / 2);
+    SimData { inputs, classes, train_x, train_y, test_x, test_y }
+}
+
+fn config(algorithm: Algorithm, delay: Delay, seed: u64) -> SimConfig {
+    SimConfig { hyper: Hyper::new(algorithm, 0.1), delay, epochs: 2.0, batch: 8, hidden: 8, seed, evals: 4 }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_bits() {
+    let data = blobs(400, 1);
+    for algorithm in Algorithm::ALL {
+        let delay = Delay::RoundRobin { workers: 4 };
+        let a = simulate(&config(algorithm, delay.clone(), 5), &data).unwrap();
+        let b = simulate(&config(algorithm, delay.clone(), 5), &data).unwrap();
+        let c = simulate(&config(algorithm, delay, 6), &data).unwrap();
+        assert_eq!(a.digest, b.digest, "{algorithm}");
+        assert_eq!(a.accuracy.to_bits(), b.accuracy.to_bits());
+        assert_ne!(a.digest, c.digest, "{algorithm}: another seed, another model");
+    }
+    let geo = Delay::Geometric { mean: 2.0 };
+    let a = simulate(&config(Algorithm::DcAsgdA, geo.clone(), 5), &data).unwrap();
+    assert_eq!(a.digest, simulate(&config(Algorithm::DcAsgdA, geo, 5), &data).unwrap().digest);
+}
+
+/// The staleness the parameter server measured is the one the delay model asked for.
+#[test]
+fn round_robin_gives_exactly_m_minus_1_at_the_parameter_server() {
+    let data = blobs(400, 2);
+    for m in [1, 3, 8] {
+        let o = simulate(&config(Algorithm::DcAsgdA, Delay::RoundRobin { workers: m }, 1), &data).unwrap();
+        let n = o.updates;
+        assert_eq!(n, o.gradients);
+        assert_eq!(o.workers, m);
+        let s = &o.staleness;
+        assert_eq!((s.count, s.max, s.p50), (n, m as u64 - 1, m as u64 - 1));
+        // The first M gradients were computed on version 0 (τ = 0, 1, ..., M−1); every later one
+        // has τ = M − 1 exactly.
+        let expected = (m as u64 - 1) * (n - m as u64) + (0..m as u64).sum::<u64>();
+        assert!((s.mean * n as f64 - expected as f64).abs() < 1e-6, "M {m}: mean {}", s.mean);
+    }
+}
+
+#[test]
+fn sync_makes_one_update_per_round_of_m_gradients() {
+    let data = blobs(400, 3);
+    let o = simulate(&config(Algorithm::Sync, Delay::RoundRobin { workers: 4 }, 1), &data).unwrap();
+    assert_eq!(o.updates, o.gradients.div_ceil(4));
+    assert_eq!(o.staleness.max, 0);
+    let err = simulate(&config(Algorithm::Sync, Delay::Uniform { max: 3 }, 1), &data).unwrap_err();
+    assert!(err.to_string().contains("sync takes round-robin"), "{err}");
+}
+
+#[test]
+fn the_curve_evaluates_the_parameter_servers_model_at_fixed_updates() {
+    let data = blobs(400, 4);
+    let o = simulate(&config(Algorithm::Asgd, Delay::RoundRobin { workers: 2 }, 1), &data).unwrap();
+    let at: Vec<u64> = o.curve.iter().map(|p| p.updates).collect();
+    assert_eq!(at, (1..=4).map(|k| k * o.updates / 4).collect::<Vec<_>>());
+    let last = o.curve.last().unwrap();
+    assert_eq!((last.accuracy, last.loss), (o.accuracy, o.loss), "the last point is the final model");
+    assert!(o.accuracy > 0.5, "it learns: {}", o.accuracy);
+}
