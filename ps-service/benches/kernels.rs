@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
-use foresight_ps::optimizer::{Algorithm, Hyper, OptimizerState, apply};
+use foresight_ps::optimizer::{Algorithm, Hyper, OptimizerState, Step, apply};
 
 const RULES: [Algorithm; 3] = [Algorithm::Asgd, Algorithm::DcAsgdC, Algorithm::DcAsgdA];
 const LR: f32 = 1e-4;
@@ -120,7 +120,7 @@ impl Workload {
                 let bak = if a.is_delay_compensated() { Some(x.bak.as_slice()) } else { None };
                 let stats = apply(
                     h,
-                    black_box(LR),
+                    black_box(Step::at(LR, 1000)),
                     black_box(&mut x.w),
                     black_box(&x.g),
                     bak,

@@ -95,6 +95,23 @@ impl LrSchedule {
     }
 }
 
+/// Numerical safeguards of the delay-compensated rules, on by default. Not part of the
+/// TrainingJob API: `foresight-worker simulate` turns them off to measure what they do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Safeguards {
+    /// Clamp each element's compensation gain λ·g² at 1/η.
+    pub gain_clamp: bool,
+    /// Divide dc-asgd-a's MeanSquare by 1 − μ^t (it starts at 0).
+    pub bias_correction: bool,
+}
+
+impl Default for Safeguards {
+    fn default() -> Self {
+        Self { gain_clamp: true, bias_correction: true }
+    }
+}
+
 /// Everything that parameterises an update rule. Validated once at start-up.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Hyper {
@@ -116,6 +133,8 @@ pub struct Hyper {
     /// ones are dropped (Chen et al., "Revisiting Distributed Synchronous SGD", 2016).
     #[serde(default)]
     pub backup_workers: usize,
+    #[serde(default)]
+    pub safeguards: Safeguards,
 }
 
 impl Hyper {
@@ -136,6 +155,7 @@ impl Hyper {
             max_staleness: None,
             combine: Combine::Mean,
             backup_workers: 0,
+            safeguards: Safeguards::default(),
         }
     }
 

@@ -12,6 +12,11 @@ use super::UpdateStats;
 
 pub(crate) const LANES: usize = 8;
 
+/// MeanSquare values below this are flushed to 0: a parameter whose gradient stays 0 would
+/// otherwise decay through the subnormal range, where x86 arithmetic is slow. It is far below
+/// any ε (λ = λ0/√(MeanSquare+ε) is the same f32 either way).
+pub(crate) const MEAN_SQUARE_FLOOR: f32 = 1e-30;
+
 /// Scalars for one pass of a rule.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scalars {
@@ -21,15 +26,21 @@ pub(crate) struct Scalars {
     pub lambda0: f32,
     pub decay: f32,
     pub epsilon: f32,
+    /// The largest per-element compensation gain λ·g² allowed (1/η: the compensation never
+    /// moves a parameter past its backup); +∞ turns the clamp off.
+    pub max_gain: f32,
+    /// MeanSquare's bias correction, 1/(1 − μ^t) (1: none).
+    pub mean_square_scale: f32,
 }
 
 /// Which rule a pass computes; `bak` and the state slices must be as long as `w` when used.
 pub(crate) enum Pass<'a> {
     /// d = g + wd·w
     Sgd,
-    /// d = g + λ0·g⊙g⊙(w − bak) + wd·w
+    /// d = g + min(λ0·g², max_gain)⊙(w − bak) + wd·w
     DcConstant { bak: &'a [f32] },
-    /// ms ← μ·ms + (1−μ)·g²; d = g + λ0/√(ms+ε)·g⊙g⊙(w − bak) + wd·w
+    /// ms ← μ·ms + (1−μ)·g² (flushed to 0 below the floor); λ = λ0/√(ms·scale+ε);
+    /// d = g + min(λ·g², max_gain)⊙(w − bak) + wd·w
     DcAdaptive { bak: &'a [f32], mean_square: &'a mut [f32] },
 }
 
@@ -97,7 +108,14 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
         _mm256_set1_ps(1.0 - s.decay),
         _mm256_set1_ps(s.epsilon),
     );
+    let (floor, scale, max_gain, one) = (
+        _mm256_set1_ps(MEAN_SQUARE_FLOOR),
+        _mm256_set1_ps(s.mean_square_scale),
+        _mm256_set1_ps(s.max_gain),
+        _mm256_set1_ps(1.0),
+    );
     let (mut gs, mut cs, mut ls) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut clamped = _mm256_setzero_ps();
     for c in (0..body).step_by(LANES) {
         // SAFETY: c + LANES <= body <= n, and every slice used is n long (asserted above).
         unsafe {
@@ -110,13 +128,18 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
                 let lambda = if KIND == DC_ADAPTIVE {
                     let m = _mm256_loadu_ps(ms.as_ptr().add(c));
                     let m = _mm256_add_ps(_mm256_mul_ps(decay, m), _mm256_mul_ps(keep, g2));
+                    let m = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(m, floor), m);
                     _mm256_storeu_ps(ms.as_mut_ptr().add(c), m);
-                    _mm256_div_ps(l0, _mm256_sqrt_ps(_mm256_add_ps(m, eps)))
+                    _mm256_div_ps(l0, _mm256_sqrt_ps(_mm256_add_ps(_mm256_mul_ps(m, scale), eps)))
                 } else {
                     l0
                 };
                 let bv = _mm256_loadu_ps(bak.as_ptr().add(c));
-                let comp = _mm256_mul_ps(_mm256_mul_ps(lambda, g2), _mm256_sub_ps(wv, bv));
+                let gain = _mm256_mul_ps(lambda, g2);
+                let over = _mm256_cmp_ps::<_CMP_GT_OQ>(gain, max_gain);
+                clamped = _mm256_add_ps(clamped, _mm256_and_ps(over, one));
+                let gain = _mm256_min_ps(gain, max_gain);
+                let comp = _mm256_mul_ps(gain, _mm256_sub_ps(wv, bv));
                 cs = _mm256_add_ps(cs, _mm256_mul_ps(comp, comp));
                 ls = _mm256_add_ps(ls, lambda);
                 d = _mm256_add_ps(d, comp);
@@ -136,6 +159,7 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
         _mm256_storeu_ps(acc.grad_sq.as_mut_ptr(), gs);
         _mm256_storeu_ps(acc.comp_sq.as_mut_ptr(), cs);
         _mm256_storeu_ps(acc.lambda.as_mut_ptr(), ls);
+        _mm256_storeu_ps(acc.clamped.as_mut_ptr(), clamped);
     }
     remainder::<KIND, MOM>(&s, acc, w, g, bak, ms, mom, body)
 }
@@ -176,6 +200,8 @@ struct Acc {
     grad_sq: [f32; LANES],
     comp_sq: [f32; LANES],
     lambda: [f32; LANES],
+    /// Elements whose gain was clamped (exact: a lane counts at most a shard's 8192 elements).
+    clamped: [f32; LANES],
 }
 
 /// One element of rule `KIND`; `ms` and `mom` are ignored unless the rule/momentum uses them.
@@ -197,12 +223,16 @@ fn element<const KIND: u8, const MOM: bool>(
     let mut d = g + s.weight_decay * *w;
     if KIND != SGD {
         let lambda = if KIND == DC_ADAPTIVE {
-            *ms = s.decay * *ms + (1.0 - s.decay) * g2;
-            s.lambda0 / (*ms + s.epsilon).sqrt()
+            let m = s.decay * *ms + (1.0 - s.decay) * g2;
+            *ms = if m < MEAN_SQUARE_FLOOR { 0.0 } else { m };
+            s.lambda0 / (*ms * s.mean_square_scale + s.epsilon).sqrt()
         } else {
             s.lambda0
         };
-        let comp = lambda * g2 * (*w - bak);
+        let gain = lambda * g2;
+        let over = gain > s.max_gain;
+        acc.clamped[lane] += if over { 1.0 } else { 0.0 };
+        let comp = if over { s.max_gain } else { gain } * (*w - bak);
         acc.comp_sq[lane] += comp * comp;
         acc.lambda[lane] += lambda;
         d += comp;
@@ -285,6 +315,7 @@ fn remainder<const KIND: u8, const MOM: bool>(
         grad_sq: fold(acc.grad_sq),
         compensation_sq: fold(acc.comp_sq),
         lambda_sum: fold(acc.lambda),
+        clamped: fold(acc.clamped) as u64,
         elements: n as u64,
     }
 }

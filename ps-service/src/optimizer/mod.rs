@@ -8,11 +8,16 @@
 //! | `dc-asgd-a` | same with λ_t = λ0/√(MeanSquare+ε), MeanSquare ← μ·MeanSquare+(1−μ)·g² |
 //!
 //! Weight decay adds wd·w to the step, momentum folds the step through a heavy-ball buffer.
+//!
+//! Numerical safeguards of the delay-compensated rules ([`Safeguards`], docs/convergence.md):
+//! the per-element gain λ·g² is clamped at 1/η, so the compensation never moves a parameter
+//! past its backup; dc-asgd-a's MeanSquare, which starts at 0, is bias-corrected like Adam's
+//! second moment (÷ (1 − μ^t)); MeanSquare below 1e-30 is flushed to 0 (no subnormals).
 
 mod hyper;
 pub(crate) mod kernels;
 
-pub use hyper::{Algorithm, Combine, Hyper, HyperError, LrSchedule};
+pub use hyper::{Algorithm, Combine, Hyper, HyperError, LrSchedule, Safeguards};
 
 use kernels::{Pass, Scalars};
 
@@ -41,6 +46,8 @@ pub struct UpdateStats {
     pub compensation_sq: f64,
     /// Σ λ over the elements (0 for rules without compensation)
     pub lambda_sum: f64,
+    /// Elements whose compensation gain λ·g² was clamped at 1/η.
+    pub clamped: u64,
     pub elements: u64,
 }
 
@@ -49,6 +56,7 @@ impl UpdateStats {
         self.grad_sq += o.grad_sq;
         self.compensation_sq += o.compensation_sq;
         self.lambda_sum += o.lambda_sum;
+        self.clamped += o.clamped;
         self.elements += o.elements;
     }
 
@@ -63,27 +71,47 @@ impl UpdateStats {
     }
 }
 
-/// Applies one gradient to `w` under `hyper` at learning rate `lr`.
+/// What the store tells a rule about one update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Step {
+    pub lr: f32,
+    /// MeanSquare updates since it was last zero, this one included (t in dc-asgd-a's bias
+    /// correction; ignored by the other rules).
+    pub mean_square_updates: u64,
+}
+
+impl Step {
+    pub fn at(lr: f32, mean_square_updates: u64) -> Self {
+        Self { lr, mean_square_updates }
+    }
+}
+
+/// Applies one gradient to `w` under `hyper` at `step`'s learning rate.
 ///
 /// `backup` is w_bak(m), the model the pushing worker last pulled; the delay-compensated rules
 /// require it, the others ignore it. `state` must come from [`OptimizerState::new`] for the
 /// same length (or be a same-length slice of one).
 pub fn apply(
     hyper: &Hyper,
-    lr: f32,
+    step: Step,
     w: &mut [f32],
     g: &[f32],
     backup: Option<&[f32]>,
     mean_square: &mut [f32],
     momentum: &mut [f32],
 ) -> UpdateStats {
+    let guard = hyper.safeguards;
+    let t = step.mean_square_updates.clamp(1, i32::MAX as u64) as i32;
+    let bias = 1.0 - f64::from(hyper.mean_square_decay).powi(t);
     let s = Scalars {
-        lr,
+        lr: step.lr,
         weight_decay: hyper.weight_decay,
         momentum: hyper.momentum,
         lambda0: hyper.lambda0,
         decay: hyper.mean_square_decay,
         epsilon: hyper.epsilon,
+        max_gain: if guard.gain_clamp { 1.0 / step.lr } else { f32::INFINITY },
+        mean_square_scale: if guard.bias_correction && bias > 0.0 { (1.0 / bias) as f32 } else { 1.0 },
     };
     let need_backup = || backup.expect("delay-compensated rules need the worker's backup");
     let pass = match hyper.algorithm {

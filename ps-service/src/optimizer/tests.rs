@@ -21,7 +21,8 @@ fn step(
     st: &mut OptimizerState,
 ) -> (Vec<f32>, UpdateStats) {
     let mut w = w.to_vec();
-    let stats = apply(h, h.lr.base, &mut w, g, bak, &mut st.mean_square, &mut st.momentum);
+    // Many updates in: MeanSquare's bias correction is 1 to f32 precision.
+    let stats = apply(h, Step::at(h.lr.base, 1000), &mut w, g, bak, &mut st.mean_square, &mut st.momentum);
     (w, stats)
 }
 
@@ -99,7 +100,7 @@ fn two_worker_sync_example() {
             accumulate(&mut sum, &a);
             accumulate(&mut sum, &b);
             finish_combined(&h, &mut sum, 2);
-            apply(&h, 0.5, &mut w, &sum, None, &mut st.mean_square, &mut st.momentum);
+            apply(&h, Step::at(0.5, 0), &mut w, &sum, None, &mut st.mean_square, &mut st.momentum);
         }
         assert_eq!(w, expect, "{combine:?}");
     }
@@ -114,11 +115,15 @@ fn reference(h: &Hyper, w: &mut [f32], g: &[f32], bak: &[f32], st: &mut Optimize
             let lambda = if h.algorithm == Algorithm::DcAsgdA {
                 let ms = &mut st.mean_square[i];
                 *ms = h.mean_square_decay * *ms + (1.0 - h.mean_square_decay) * g[i] * g[i];
+                if *ms < 1e-30 {
+                    *ms = 0.0;
+                }
                 h.lambda0 / (*ms + h.epsilon).sqrt()
             } else {
                 h.lambda0
             };
-            d += lambda * g[i] * g[i] * (w[i] - bak[i]);
+            let gain = (lambda * g[i] * g[i]).min(1.0 / h.lr.base);
+            d += gain * (w[i] - bak[i]);
         }
         if h.momentum > 0.0 {
             st.momentum[i] = h.momentum * st.momentum[i] + d;
@@ -190,9 +195,20 @@ fn avx2_and_baseline_builds_agree_bit_for_bit() {
     let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
     let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
     let bak: Vec<f32> = (0..n).map(|i| (i as f32 * 0.05).sin()).collect();
-    let s = Scalars { lr: 0.1, weight_decay: 1e-4, momentum: 0.9, lambda0: 2.0, decay: 0.95, epsilon: 1e-7 };
+    // Gains clamped on some elements (max_gain 3), a bias correction, MeanSquare flushed on some.
+    let s = Scalars {
+        lr: 0.1,
+        weight_decay: 1e-4,
+        momentum: 0.9,
+        lambda0: 2.0,
+        decay: 0.95,
+        epsilon: 1e-7,
+        max_gain: 3.0,
+        mean_square_scale: 1.7,
+    };
     let (mut w1, mut w2) = (w0.clone(), w0.clone());
-    let (mut ms1, mut ms2) = (vec![0.1; n], vec![0.1; n]);
+    let ms0: Vec<f32> = (0..n).map(|i| if i % 5 == 0 { 0.0 } else { 0.1 }).collect();
+    let (mut ms1, mut ms2) = (ms0.clone(), ms0.clone());
     let (mut m1, mut m2) = (vec![0.0; n], vec![0.0; n]);
     let a =
         kernels::run(s, &mut w1, &g, Pass::DcAdaptive { bak: &bak, mean_square: &mut ms1 }, Some(&mut m1));
@@ -207,4 +223,72 @@ fn avx2_and_baseline_builds_agree_bit_for_bit() {
     assert_eq!(ms1, ms2);
     assert_eq!(a, b);
     assert_ne!(w1, w0);
+    assert!(a.clamped > 0 && a.clamped < n as u64, "{} of {n} clamped", a.clamped);
+}
+
+/// The compensation's per-element gain λ·g² is clamped at 1/η: a huge λ·g² moves the parameter
+/// at most back to its backup, not past it.
+#[test]
+fn the_gain_clamp_stops_at_the_backup() {
+    for algo in [Algorithm::DcAsgdC, Algorithm::DcAsgdA] {
+        let mut h = hyper(algo, 0.1);
+        h.lambda0 = 1e8;
+        let mut st = OptimizerState::new(&h, 2);
+        // g = 0.001 on the first element makes the plain gradient step tiny; the compensation's
+        // gain (1e8·1e-6 = 100 for dc-asgd-c, larger for dc-asgd-a) is clamped to 1/η = 10.
+        let (w, stats) = step(&h, &[1.0, 1.0], &[1e-3, 0.0], Some(&[0.0, 0.0]), &mut st);
+        assert!((w[0] - (1.0 - 0.1 * 1e-3 - 1.0)).abs() < 1e-6, "{algo}: {w:?}");
+        assert!(w[0] > -1e-3, "{algo}: not past the backup: {w:?}");
+        assert_eq!(w[1], 1.0, "a zero gradient has no compensation");
+        assert_eq!(stats.clamped, 1, "{algo}");
+        h.safeguards.gain_clamp = false;
+        let mut st = OptimizerState::new(&h, 2);
+        let (w, _) = step(&h, &[1.0, 1.0], &[1e-3, 0.0], Some(&[0.0, 0.0]), &mut st);
+        assert!(w[0] < -8.0, "{algo}: unclamped, the step overshoots the backup: {w:?}");
+    }
+}
+
+/// MeanSquare starts at 0; with the bias correction the first update's λ is λ0/|g| (MeanSquare
+/// estimates g²), not λ0/(√(1−μ)·|g|), 4.5× larger at μ = 0.95.
+#[test]
+fn mean_square_is_bias_corrected() {
+    let mut h = hyper(Algorithm::DcAsgdA, 0.01);
+    h.lambda0 = 0.1;
+    let lambda = |h: &Hyper, t: u64| {
+        let mut st = OptimizerState::new(h, 1);
+        let mut w = vec![1.0];
+        let stats =
+            apply(h, Step::at(0.01, t), &mut w, &[2.0], Some(&[0.5]), &mut st.mean_square, &mut st.momentum);
+        stats.mean_lambda()
+    };
+    assert!((lambda(&h, 1) - 0.1 / 2.0).abs() < 1e-6, "{}", lambda(&h, 1));
+    h.safeguards.bias_correction = false;
+    let raw = lambda(&h, 1);
+    assert!((raw - 0.1 / (0.05f64.sqrt() * 2.0)).abs() < 1e-5, "{raw}");
+    assert!(raw / (0.1 / 2.0) > 4.4);
+}
+
+/// A parameter whose gradient stays 0 ends with MeanSquare exactly 0, never subnormal, and its
+/// λ is the same f32 as without the flush.
+#[test]
+fn idle_parameters_never_leave_mean_square_subnormal() {
+    let h = hyper(Algorithm::DcAsgdA, 0.1);
+    let mut st = OptimizerState::new(&h, 9);
+    st.mean_square.fill(1e-6);
+    let mut w = vec![0.5; 9];
+    for t in 0..3000 {
+        let stats = apply(
+            &h,
+            Step::at(0.1, t + 10),
+            &mut w,
+            &[0.0; 9],
+            Some(&[0.4; 9]),
+            &mut st.mean_square,
+            &mut st.momentum,
+        );
+        assert!(st.mean_square.iter().all(|m| *m == 0.0 || m.is_normal()), "step {t}: {:?}", st.mean_square);
+        assert!((stats.mean_lambda() - f64::from(2.0 / (1e-7f32).sqrt())).abs() < 1.0 || t < 400);
+    }
+    assert_eq!(st.mean_square, vec![0.0; 9]);
+    assert_eq!(w, vec![0.5; 9], "no gradient, no compensation");
 }

@@ -25,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::optimizer::{self, Algorithm, Hyper, OptimizerState, UpdateStats};
+use crate::optimizer::{self, Algorithm, Hyper, OptimizerState, Step, UpdateStats};
 use crate::wire::{self, Layout, WireDtype};
 
 pub use checkpoint::CheckpointData;
@@ -225,6 +225,9 @@ struct Sequencer {
     /// The version the model was seeded or restored at, while no update has been applied
     /// since: a fresher copy may still replace it ([`Store::reseed`]).
     seeded_at: Option<u64>,
+    /// The version at which MeanSquare was last all zero (dc-asgd-a's bias correction counts
+    /// updates from there).
+    mean_square_origin: u64,
 }
 
 /// The `sync` rule's round: one gradient per worker for `version`.
@@ -264,8 +267,11 @@ impl Store {
     /// push after a restart is refused with `pull_required` until it has pulled.
     pub fn restore(layout: Layout, mut data: CheckpointData, hyper: Hyper, workers: usize) -> Self {
         let fresh = OptimizerState::new(&hyper, layout.len());
+        // A checkpointed MeanSquare has been accumulating since version 0 (or since a re-seed,
+        // which this cannot tell: then the correction is slightly too small for ~50 updates).
+        let kept_mean_square = data.state.mean_square.len() == fresh.mean_square.len();
         // State the configured rule needs but the checkpoint lacks starts from zero.
-        if data.state.mean_square.len() != fresh.mean_square.len() {
+        if !kept_mean_square {
             data.state.mean_square = fresh.mean_square;
         }
         if data.state.momentum.len() != fresh.momentum.len() {
@@ -281,6 +287,9 @@ impl Store {
         {
             let mut seq = store.seq.lock();
             seq.finalized = finalized;
+            if kept_mean_square {
+                seq.mean_square_origin = 0;
+            }
             let lr = store.hyper.lr.at(epoch);
             for (w, s) in seq.workers.iter_mut().zip(seqs) {
                 // A retry of this seq was applied before the restart: answer it as a replay.
@@ -375,6 +384,7 @@ impl Store {
             workers: vec![WorkerStatus::default(); workers],
             staleness: StalenessCounts::default(),
             seeded_at: Some(data.version),
+            mean_square_origin: data.version,
         };
         Self {
             layout,
@@ -561,6 +571,7 @@ impl Store {
             let op = seq.next_op;
             seq.next_op += 1;
             (seq.version, seq.seeded_at) = (version, Some(version));
+            seq.mean_square_origin = version;
             seq.cached = None;
             seq.backups.fill(None);
             op
@@ -595,7 +606,7 @@ impl Store {
             match self.admit(p, None)? {
                 Admission::Replay(outcome) => return Ok(outcome),
                 Admission::Ticket(t) => {
-                    let stats = self.apply_op(t.op, t.lr, grad, t.backup.as_deref().map(Snapshot::params));
+                    let stats = self.apply_op(t.op, t.step, grad, t.backup.as_deref().map(Snapshot::params));
                     self.notify(t.version);
                     Ok(PushOutcome {
                         version: t.version,
@@ -603,7 +614,7 @@ impl Store {
                         applied: true,
                         replayed: false,
                         stats,
-                        lr: t.lr,
+                        lr: t.step.lr,
                     })
                 }
                 Admission::Contribution => unreachable!("only sync contributes"),
@@ -689,8 +700,8 @@ impl Store {
         // Tickets are issued in model order: once this one is, the update is in every later
         // snapshot and checkpoint, so its seq is what a restored PS must remember.
         seq.workers[p.worker].durable_seq = Some(p.seq);
-        let lr = self.hyper.lr.at(seq.epoch);
-        Ok(Admission::Ticket(Ticket { op, version, lr, backup, staleness }))
+        let step = Step::at(self.hyper.lr.at(seq.epoch), version - seq.mean_square_origin);
+        Ok(Admission::Ticket(Ticket { op, version, step, backup, staleness }))
     }
 
     /// Adds a gradient to the `sync` round, with the round lock held and after `admit` has
@@ -760,7 +771,8 @@ impl Store {
             }
             (op, version, self.hyper.lr.at(seq.epoch))
         };
-        let stats = self.apply_op(op, lr, &round.sum, None);
+        // sync keeps no MeanSquare.
+        let stats = self.apply_op(op, Step::at(lr, 0), &round.sum, None);
         round.sum.fill(0.0);
         round.contributed.fill(None);
         round.count = 0;
@@ -769,7 +781,7 @@ impl Store {
         PushOutcome { version, staleness: 0, applied: true, replayed: false, stats, lr }
     }
 
-    fn apply_op(&self, op: u64, lr: f32, grad: &[f32], backup: Option<&[f32]>) -> UpdateStats {
+    fn apply_op(&self, op: u64, step: Step, grad: &[f32], backup: Option<&[f32]>) -> UpdateStats {
         let mut stats = UpdateStats::default();
         self.walk(op, |shard, d| {
             let r = shard.range.clone();
@@ -777,7 +789,7 @@ impl Store {
             let bak = backup.map(|b| &b[r.clone()]);
             let s = optimizer::apply(
                 &self.hyper,
-                lr,
+                step,
                 &mut d.w,
                 &grad[r],
                 bak,
@@ -867,7 +879,7 @@ enum Admission {
 struct Ticket {
     op: u64,
     version: u64,
-    lr: f32,
+    step: Step,
     backup: Option<Arc<Snapshot>>,
     staleness: u64,
 }

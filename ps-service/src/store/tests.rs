@@ -238,7 +238,7 @@ proptest! {
         crate::optimizer::finish_combined(&hyper, &mut combined, m);
         let asgd = Hyper::new(Algorithm::Asgd, 0.1);
         let mut expect = w0.clone();
-        crate::optimizer::apply(&asgd, 0.1, &mut expect, &combined, None, &mut [], &mut []);
+        crate::optimizer::apply(&asgd, crate::optimizer::Step::at(0.1, 0), &mut expect, &combined, None, &mut [], &mut []);
         let got = s.snapshot_now();
         prop_assert_eq!(got.params(), &expect[..]);
         prop_assert_eq!(s.version(), 1);

@@ -58,6 +58,12 @@ pub struct SimulateArgs {
     /// μ of dc-asgd-a's MeanSquare.
     #[arg(long, default_value_t = 0.95)]
     mean_square_decay: f32,
+    /// Turn off the clamp of the compensation gain λ·g² at 1/η (to measure it).
+    #[arg(long)]
+    no_gain_clamp: bool,
+    /// Turn off dc-asgd-a's MeanSquare bias correction (to measure it).
+    #[arg(long)]
+    no_bias_correction: bool,
     /// Points on each run's accuracy curve.
     #[arg(long, default_value_t = 10)]
     evals: usize,
@@ -102,6 +108,8 @@ fn hyper(args: &SimulateArgs, algorithm: Algorithm) -> Hyper {
         h.lambda0 = l;
     }
     h.mean_square_decay = args.mean_square_decay;
+    h.safeguards.gain_clamp = !args.no_gain_clamp;
+    h.safeguards.bias_correction = !args.no_bias_correction;
     h
 }
 

@@ -72,6 +72,11 @@ pub struct Outcome {
     pub staleness: StalenessSummary,
     /// Mean λ_t over the updates' elements (dc-asgd rules; 0 otherwise).
     pub mean_lambda: f64,
+    /// Share of the updated elements whose compensation gain λ·g² was clamped at 1/η.
+    pub clamped_fraction: f64,
+    /// The safeguards the run had on ([`Hyper::safeguards`]).
+    pub gain_clamp: bool,
+    pub bias_correction: bool,
     pub curve: Vec<CurvePoint>,
     /// FNV-1a of the final parameters' bits: equal digests, bit-identical models.
     pub digest: String,
@@ -129,6 +134,8 @@ struct Run<'a> {
     batches: Batches,
     seqs: Vec<u64>,
     mean_lambda_sum: f64,
+    clamped: u64,
+    elements: u64,
 }
 
 impl Run<'_> {
@@ -146,6 +153,7 @@ impl Run<'_> {
         let p = Push { worker: slot, generation: None, version, seq: self.seqs[slot], epoch: Some(epoch) };
         let o = self.store.push(p, grad)?;
         self.mean_lambda_sum += o.stats.mean_lambda();
+        (self.clamped, self.elements) = (self.clamped + o.stats.clamped, self.elements + o.stats.elements);
         Ok(o.applied)
     }
 
@@ -191,6 +199,8 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         batches: Batches::new(data.train_y.len(), cfg.batch, cfg.seed),
         seqs: vec![0; workers],
         mean_lambda_sum: 0.0,
+        clamped: 0,
+        elements: 0,
     };
     let updates = match (sync_workers, &plan) {
         (Some(m), _) => gradients.div_ceil(m as u64),
@@ -239,6 +249,9 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         accuracy: last.accuracy,
         staleness: status.staleness,
         mean_lambda: run.mean_lambda_sum / status.version.max(1) as f64,
+        clamped_fraction: run.clamped as f64 / run.elements.max(1) as f64,
+        gain_clamp: cfg.hyper.safeguards.gain_clamp,
+        bias_correction: cfg.hyper.safeguards.bias_correction,
         curve,
         digest: digest(params.params()),
     })
