@@ -31,6 +31,9 @@ pub struct StalenessSummary {
     pub zero_fraction: f64,
     /// Fraction at exactly `maxStaleness` (0 when there is no bound).
     pub bound_fraction: f64,
+    /// (τ, gradients applied with that τ) for every τ seen, ascending; τ above 4096 are counted
+    /// at 4096. `foresight-worker simulate --delays trace:FILE` replays this distribution.
+    pub counts: Vec<(u64, u64)>,
 }
 
 impl StalenessCounts {
@@ -69,6 +72,10 @@ impl StalenessCounts {
             max: self.max,
             zero_fraction: frac(at(0)),
             bound_fraction: bound.map_or(0.0, |b| frac(at(b))),
+            counts: (self.counts.iter().enumerate())
+                .filter(|&(_, &c)| c > 0)
+                .map(|(tau, &c)| (tau as u64, c))
+                .collect(),
         }
     }
 }
@@ -91,6 +98,10 @@ mod tests {
         assert!((s.zero_fraction - 0.01).abs() < 1e-12);
         assert!((s.bound_fraction - 0.01).abs() < 1e-12);
         assert!((s.mean - 49.5).abs() < 1e-12);
+        assert_eq!(s.counts.len(), 100);
+        assert_eq!(s.counts[7], (7, 1));
+        c.record(7);
+        assert_eq!(c.summary(None).counts[7], (7, 2));
     }
 
     #[test]

@@ -80,3 +80,47 @@ fn the_curve_evaluates_the_parameter_servers_model_at_fixed_updates() {
     assert_eq!((last.accuracy, last.loss), (o.accuracy, o.loss), "the last point is the final model");
     assert!(o.accuracy > 0.5, "it learns: {}", o.accuracy);
 }
+
+/// The ordering the paper reports, on a problem small enough for every `make test`: at τ = 15
+/// (round-robin over 16 workers) plain ASGD loses accuracy, dc-asgd-c recovers part of it and
+/// dc-asgd-a nearly all of it. Means over three seeds; the runs are deterministic, so these
+/// figures are the same on every machine (sequential 28.4 %, dc-asgd-a 28.5 %, dc-asgd-c 32.9 %,
+/// asgd 35.3 % when written).
+#[test]
+fn delay_compensation_recovers_what_staleness_costs() {
+    let data = blobs(2000, 11);
+    let error = |algorithm, workers| {
+        let runs = (1..=3).map(|seed| {
+            let mut c = config(algorithm, Delay::RoundRobin { workers }, seed);
+            (c.hyper.lr.base, c.epochs, c.hyper.lr.milestones) = (0.2, 5.0, vec![2.5, 3.75]);
+            1.0 - simulate(&c, &data).unwrap().accuracy
+        });
+        runs.sum::<f64>() / 3.0
+    };
+    let sequential = error(Algorithm::Asgd, 1);
+    let (asgd, dc_c, dc_a) =
+        (error(Algorithm::Asgd, 16), error(Algorithm::DcAsgdC, 16), error(Algorithm::DcAsgdA, 16));
+    let got = format!("sequential {sequential:.4}, asgd {asgd:.4}, dc-asgd-c {dc_c:.4}, dc-asgd-a {dc_a:.4}");
+    assert!(asgd > sequential + 0.03, "staleness costs asgd accuracy: {got}");
+    assert!(dc_a < dc_c && dc_c < asgd, "dc-asgd-a < dc-asgd-c < asgd: {got}");
+    assert!(dc_a < sequential + 0.01, "dc-asgd-a within 1 pp of sequential: {got}");
+}
+
+/// A trace is the `staleness.counts` of a summary.json or /v1/status: the run replays its
+/// distribution, and what it measures at the PS follows it.
+#[test]
+fn a_recorded_staleness_trace_is_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("summary.json");
+    std::fs::write(&path, r#"{"staleness": {"p50": 2, "counts": [[0, 10], [2, 30], [5, 10]]}}"#).unwrap();
+    let delay = cli::parse_delay(&format!("trace:{}", path.display())).unwrap();
+    assert_eq!(delay, Delay::Trace { counts: vec![(0, 10), (2, 30), (5, 10)] });
+    let o = simulate(&config(Algorithm::DcAsgdA, delay, 1), &blobs(400, 5)).unwrap();
+    let seen: Vec<u64> = o.staleness.counts.iter().map(|&(t, _)| t).collect();
+    assert!(seen.iter().all(|t| [0, 1, 2, 3, 4, 5].contains(t)), "{seen:?}");
+    assert!(o.staleness.mean > 1.5 && o.staleness.mean < 3.0, "{}", o.staleness.mean);
+    std::fs::write(&path, r#"{"staleness": {"p50": 2}}"#).unwrap();
+    let err = cli::parse_delay(&format!("trace:{}", path.display())).unwrap_err();
+    assert!(format!("{err:#}").contains("staleness.counts"), "{err:#}");
+    assert!(cli::parse_delay("sometimes:3").is_err());
+}
