@@ -29,8 +29,6 @@ pub(crate) struct Scalars {
     /// The largest per-element compensation gain λ·g² allowed (1/η: the compensation never
     /// moves a parameter past its backup); +∞ turns the clamp off.
     pub max_gain: f32,
-    /// MeanSquare's bias correction, 1/(1 − μ^t) (1: none).
-    pub mean_square_scale: f32,
 }
 
 /// Which rule a pass computes; `bak` and the state slices must be as long as `w` when used.
@@ -39,7 +37,7 @@ pub(crate) enum Pass<'a> {
     Sgd,
     /// d = g + min(λ0·g², max_gain)⊙(w − bak) + wd·w
     DcConstant { bak: &'a [f32] },
-    /// ms ← μ·ms + (1−μ)·g² (flushed to 0 below the floor); λ = λ0/√(ms·scale+ε);
+    /// ms ← μ·ms + (1−μ)·g² (flushed to 0 below the floor); λ = λ0/√(ms+ε);
     /// d = g + min(λ·g², max_gain)⊙(w − bak) + wd·w
     DcAdaptive { bak: &'a [f32], mean_square: &'a mut [f32] },
 }
@@ -108,12 +106,8 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
         _mm256_set1_ps(1.0 - s.decay),
         _mm256_set1_ps(s.epsilon),
     );
-    let (floor, scale, max_gain, one) = (
-        _mm256_set1_ps(MEAN_SQUARE_FLOOR),
-        _mm256_set1_ps(s.mean_square_scale),
-        _mm256_set1_ps(s.max_gain),
-        _mm256_set1_ps(1.0),
-    );
+    let (floor, max_gain, one) =
+        (_mm256_set1_ps(MEAN_SQUARE_FLOOR), _mm256_set1_ps(s.max_gain), _mm256_set1_ps(1.0));
     let (mut gs, mut cs, mut ls) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
     let mut clamped = _mm256_setzero_ps();
     for c in (0..body).step_by(LANES) {
@@ -130,7 +124,7 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
                     let m = _mm256_add_ps(_mm256_mul_ps(decay, m), _mm256_mul_ps(keep, g2));
                     let m = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(m, floor), m);
                     _mm256_storeu_ps(ms.as_mut_ptr().add(c), m);
-                    _mm256_div_ps(l0, _mm256_sqrt_ps(_mm256_add_ps(_mm256_mul_ps(m, scale), eps)))
+                    _mm256_div_ps(l0, _mm256_sqrt_ps(_mm256_add_ps(m, eps)))
                 } else {
                     l0
                 };
@@ -225,7 +219,7 @@ fn element<const KIND: u8, const MOM: bool>(
         let lambda = if KIND == DC_ADAPTIVE {
             let m = s.decay * *ms + (1.0 - s.decay) * g2;
             *ms = if m < MEAN_SQUARE_FLOOR { 0.0 } else { m };
-            s.lambda0 / (*ms * s.mean_square_scale + s.epsilon).sqrt()
+            s.lambda0 / (*ms + s.epsilon).sqrt()
         } else {
             s.lambda0
         };

@@ -101,17 +101,23 @@ pub fn apply(
     momentum: &mut [f32],
 ) -> UpdateStats {
     let guard = hyper.safeguards;
-    let t = step.mean_square_updates.clamp(1, i32::MAX as u64) as i32;
-    let bias = 1.0 - f64::from(hyper.mean_square_decay).powi(t);
+    // The bias correction λ0/√(ms/b + ε) with b = 1 − μ^t, computed as λ0·√b / √(ms + ε·b): the
+    // kernel's per-element work stays what it is without it (b = 1 gives the same bits).
+    let b = match hyper.algorithm {
+        Algorithm::DcAsgdA if guard.bias_correction => {
+            let t = step.mean_square_updates.clamp(1, i32::MAX as u64) as i32;
+            1.0 - f64::from(hyper.mean_square_decay).powi(t)
+        }
+        _ => 1.0,
+    };
     let s = Scalars {
         lr: step.lr,
         weight_decay: hyper.weight_decay,
         momentum: hyper.momentum,
-        lambda0: hyper.lambda0,
+        lambda0: (f64::from(hyper.lambda0) * b.sqrt()) as f32,
         decay: hyper.mean_square_decay,
-        epsilon: hyper.epsilon,
+        epsilon: (f64::from(hyper.epsilon) * b) as f32,
         max_gain: if guard.gain_clamp { 1.0 / step.lr } else { f32::INFINITY },
-        mean_square_scale: if guard.bias_correction && bias > 0.0 { (1.0 / bias) as f32 } else { 1.0 },
     };
     let need_backup = || backup.expect("delay-compensated rules need the worker's backup");
     let pass = match hyper.algorithm {

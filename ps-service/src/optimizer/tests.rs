@@ -195,7 +195,7 @@ fn avx2_and_baseline_builds_agree_bit_for_bit() {
     let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
     let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
     let bak: Vec<f32> = (0..n).map(|i| (i as f32 * 0.05).sin()).collect();
-    // Gains clamped on some elements (max_gain 3), a bias correction, MeanSquare flushed on some.
+    // Gains clamped on some elements (max_gain 3), MeanSquare flushed on some.
     let s = Scalars {
         lr: 0.1,
         weight_decay: 1e-4,
@@ -204,7 +204,6 @@ fn avx2_and_baseline_builds_agree_bit_for_bit() {
         decay: 0.95,
         epsilon: 1e-7,
         max_gain: 3.0,
-        mean_square_scale: 1.7,
     };
     let (mut w1, mut w2) = (w0.clone(), w0.clone());
     let ms0: Vec<f32> = (0..n).map(|i| if i % 5 == 0 { 0.0 } else { 0.1 }).collect();
