@@ -49,7 +49,7 @@ demo: build ## Train MNIST-5k with dc-asgd-a on 4 workers: foresight run example
 loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-parameter model
 	@scripts/loadgen-demo.sh $(OUT)/loadgen
 
-convergence: build ## Table 1 of the paper on MNIST-5k, rewrites docs/convergence.md (about 15 min)
+convergence: build ## The paper's Table 1 shape: LeNet-5 on MNIST-5k, M = 1, 4, 8, 16, every rule, 5 seeds; rewrites docs/convergence.md (about 30 min)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md
 
 simulate: build ## The rules at any staleness without the machine: foresight-worker simulate sweeps, rewrites part of docs/convergence.md (about 7 min)
