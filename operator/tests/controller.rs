@@ -144,7 +144,18 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     }
     let st = wait_phase(cp, &ns, "mnist", "Succeeded");
     assert_eq!(condition(&st, "Succeeded")["reason"], "Completed", "{st:#}");
+    assert_eq!(condition(&st, "Complete")["status"], "True", "the batch-Job name too: {st:#}");
+    assert_eq!(st["reason"], "Completed", "{st:#}");
     assert_eq!(condition(&st, "Running")["status"], "False", "{st:#}");
+    // What `kubectl get tj` shows, from the CRD's printer columns.
+    let table = cp.kubectl_ok(&["-n", &ns, "get", "tj", "mnist"], None);
+    let (header, row) = table.trim().split_once('\n').expect("a header and a row");
+    let cols: Vec<&str> = header.split_whitespace().collect();
+    let reason = cols.iter().position(|&c| c == "REASON").expect("a REASON column");
+    assert!(cols.contains(&"EPOCH") && cols.contains(&"LOSS"), "{header}");
+    // Columns left of REASON may be empty (no loss reported here): count from the right.
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[cells.len() - (cols.len() - reason)], "Completed", "{table}");
     assert!(st["completionTime"].is_string());
     assert_eq!(ps.status()["finalized"], true, "the operator called /v1/finalize");
     wait_for("the PS Deployment and Service to go", LONG, || {

@@ -68,7 +68,20 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "WORKERS", "READY", "ALGORITHM", "STEP", "STALENESS", "P99", "AGE"],
+        [
+            "NAME",
+            "PHASE",
+            "WORKERS",
+            "READY",
+            "ALGORITHM",
+            "STEP",
+            "STALENESS",
+            "P99",
+            "EPOCH",
+            "LOSS",
+            "REASON",
+            "AGE"
+        ],
         "{table}"
     );
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();

@@ -77,6 +77,9 @@ pub fn crd_yaml() -> String {
     printcolumn = r#"{"name":"Algorithm","type":"string","description":"The update rule of the parameter server.","jsonPath":".spec.optimizer.algorithm"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","description":"Updates applied by the parameter server.","jsonPath":".status.progress.step"}"#,
     printcolumn = r#"{"name":"Staleness p99","type":"number","description":"99th percentile of gradient staleness, in model versions.","jsonPath":".status.progress.stalenessP99"}"#,
+    printcolumn = r#"{"name":"Epoch","type":"integer","description":"The epoch the slowest worker is in.","jsonPath":".status.progress.epoch"}"#,
+    printcolumn = r#"{"name":"Loss","type":"number","description":"Latest training loss the workers reported.","jsonPath":".status.progress.loss"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","description":"Why the job is in its phase (the reason of the phase's condition).","jsonPath":".status.reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("!has(self.optimizer.backupWorkers) || self.optimizer.backupWorkers < self.workers.replicas").message("optimizer.backupWorkers must be fewer than workers.replicas").field_path(".optimizer.backupWorkers"))]
@@ -449,8 +452,14 @@ pub struct TrainingJobStatus {
     /// Created, Running, Restarting, Succeeded, Failed or Suspended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// Why the job is in its phase: the reason of the phase's condition (Completed,
+    /// BackoffLimitExceeded, Unschedulable, WorkersRunning, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The latest observations of the job's state, one per type (Created, Running, Restarting,
-    /// Succeeded, Failed, Suspended), with reason, message and lastTransitionTime.
+    /// Succeeded and Complete, Failed, Suspended), with reason, message and lastTransitionTime.
+    /// `Complete` is `Succeeded` under the name batch Jobs use, so that
+    /// `kubectl wait --for=condition=Complete` works as it does for a Job.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

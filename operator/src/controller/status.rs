@@ -218,11 +218,14 @@ fn where_the_model_is(version: u64, path: &Option<String>, place: &ModelPlace) -
     }
 }
 
-const CONDITION_TYPES: [(Phase, &str); 6] = [
+/// Each condition type and the phase it is true in. `Complete` is `Succeeded` under the name a
+/// batch Job's terminal condition has.
+const CONDITION_TYPES: [(Phase, &str); 7] = [
     (Phase::Created, "Created"),
     (Phase::Running, "Running"),
     (Phase::Restarting, "Restarting"),
     (Phase::Succeeded, "Succeeded"),
+    (Phase::Succeeded, "Complete"),
     (Phase::Failed, "Failed"),
     (Phase::Suspended, "Suspended"),
 ];
@@ -287,6 +290,7 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
     }
     TrainingJobStatus {
         phase: Some(state.phase),
+        reason: Some(state.reason.clone()),
         conditions,
         observed_generation: o.generation,
         workers: Some(WorkersStatus {

@@ -171,7 +171,20 @@ fn condition_times_move_only_when_their_status_changes() {
     assert_eq!(c(&s4, "Running").status, "False");
     assert_eq!(c(&s4, "Running").reason, "DeadlineExceeded");
     assert_eq!(c(&s4, "Failed").status, "True");
+    assert_eq!(s4.reason.as_deref(), Some("DeadlineExceeded"), "the phase's reason, for the column");
     assert_eq!(s4.completion_time, Some(t("2026-01-01T00:03:00Z")));
+    assert!(s4.conditions.iter().all(|c| c.type_ != "Complete"), "never true, not shown");
+
+    // Success sets Succeeded and its batch-Job name Complete, both true, with the same reason.
+    let done = Observed {
+        finalize: Finalize::Done { version: 9, path: None },
+        ..with_workers(|w| w.complete = true)
+    };
+    let s5 = next_status(&s3, &done, &decide(&done), &t("2026-01-01T00:04:00Z"));
+    for ty in ["Succeeded", "Complete"] {
+        assert_eq!((c(&s5, ty).status.as_str(), c(&s5, ty).reason.as_str()), ("True", "Completed"), "{ty}");
+    }
+    assert_eq!(s5.reason.as_deref(), Some("Completed"));
 }
 
 #[test]
