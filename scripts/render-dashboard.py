@@ -252,6 +252,30 @@ def check(prom, dash, subst, start, end, namespace, job):
     return failures
 
 
+def summary(prom, subst, end):
+    """The figures docs/observability.md quotes about the figure, over its whole window."""
+    sel = substitute('{namespace=~"$namespace", job=~"$job"}', subst)
+    r = subst["$__range"]
+    h = "foresight_ps_gradient_staleness"
+    queries = {
+        "updates (max model version)": f"max(max_over_time(foresight_ps_model_version{sel}[{r}]))",
+        "mean τ": f"sum(increase({h}_sum{sel}[{r}])) / sum(increase({h}_count{sel}[{r}]))",
+        "τ p50": f"histogram_quantile(0.5, sum by (le) (increase({h}_bucket{sel}[{r}])))",
+        "τ p99": f"histogram_quantile(0.99, sum by (le) (increase({h}_bucket{sel}[{r}])))",
+        "share at τ = 0": f'sum(increase({h}_bucket{sel[:-1]}, le=~"0|0\\\\.0"}}[{r}])) / sum(increase({h}_count{sel}[{r}]))',
+        "compensation ratio min": f"min(min_over_time(foresight_ps_compensation_ratio{sel}[{r}]) > 0)",
+        "compensation ratio max": f"max(max_over_time(foresight_ps_compensation_ratio{sel}[{r}]))",
+        "λ_t min": f"min(min_over_time(foresight_ps_lambda{sel}[{r}]) > 0)",
+        "λ_t max": f"max(max_over_time(foresight_ps_lambda{sel}[{r}]))",
+        "held-out accuracy max": f"max(max_over_time(foresight_worker_accuracy{sel}[{r}]))",
+    }
+    parts = []
+    for name, q in queries.items():
+        res = prom.api("query", {"query": q, "time": end})["result"]
+        parts.append(f"{name} {float(res[0]['value'][1]):.4g}" if res else f"{name} -")
+    print("render-dashboard: over the figure's window: " + ", ".join(parts), file=sys.stderr)
+
+
 def render(prom, panels, subst, start, end, png, rate_interval, title):
     plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "axes.titleweight": "bold"})
     fig, axes = plt.subplots(4, 3, figsize=(16, 14))
@@ -290,6 +314,7 @@ def render(prom, panels, subst, start, end, png, rate_interval, title):
     os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
     fig.savefig(png, dpi=90)
     print(f"render-dashboard: wrote {png}", file=sys.stderr)
+    summary(prom, subst, end)
 
 
 def main():
@@ -315,7 +340,11 @@ def main():
         if not (args.trainingjob and "/" in args.trainingjob and args.start and args.end):
             ap.error("--prometheus-url needs --trainingjob NS/NAME, --start and --end")
         namespace, job = args.trainingjob.split("/", 1)
-        prom, start, end = RemotePrometheus(args.prometheus_url), args.start, args.end
+        # The window ends on the step grid: query_range evaluates at start + k·step ≤ end, and a
+        # sample scraped in the last second before `end` (the operator's count of a job that
+        # just finished) would otherwise fall after the last evaluation.
+        prom, end = RemotePrometheus(args.prometheus_url), args.end
+        start = end - math.ceil(end - args.start)
         ns, jobs = [namespace], [job]
         title = args.title or f"TrainingJob {namespace}/{job} on the real cluster"
     else:
