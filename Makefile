@@ -55,8 +55,9 @@ convergence: build ## Table 1 of the paper on MNIST-5k, rewrites docs/convergenc
 chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 45 min here; ARGS=...)
 	python3 scripts/chaos.py --out $(OUT)/chaos --doc docs/reliability.md $(ARGS)
 
-observability: build ## Run a job under Prometheus, render the dashboard's panels to docs/img/dashboard.png (1 min)
-	python3 scripts/render-dashboard.py --out $(OUT)/observability --png docs/img/dashboard.png
+# (docs/img/dashboard.png comes from the real cluster now: make cluster-observability.)
+observability: build ## Run a local job under Prometheus, render the dashboard's panels to out/observability/dashboard.png (1 min)
+	python3 scripts/render-dashboard.py --out $(OUT)/observability --png $(OUT)/observability/dashboard.png
 
 crd: ## Regenerate crds/trainingjob.yaml from the TrainingJob types (a test fails when it is stale)
 	$(CARGO) run -q -p foresight-operator --bin foresight -- crd > crds/trainingjob.yaml
