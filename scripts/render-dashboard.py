@@ -8,7 +8,7 @@ own PromQL (read from charts/foresight/dashboards/foresight.json, variables subs
 query_range over the run and draws them into one PNG.
 
   scripts/render-dashboard.py [--job examples/mnist-dcasgd.yaml] [--out out/observability]
-                              [--png docs/img/dashboard.png] [--reuse]
+                              [--png OUT/dashboard.png] [--reuse]
   scripts/render-dashboard.py --prometheus-url URL --trainingjob NS/NAME --start T0 --end T1
                               [--check] [--png FILE] [--rate-interval 8s]
 
@@ -321,7 +321,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--job", default="examples/mnist-dcasgd.yaml")
     ap.add_argument("--out", default="out/observability")
-    ap.add_argument("--png", help="default docs/img/dashboard.png, none with --prometheus-url")
+    ap.add_argument("--png", help="default OUT/dashboard.png; none with --prometheus-url")
     ap.add_argument("--foresight", default=os.path.join(ROOT, "target/release/foresight"))
     ap.add_argument("--epochs", type=int, default=40, help="train this many epochs instead (0: as the job says)")
     ap.add_argument("--slow-worker", action="append", default=[], help="passed to foresight run (N=F)")
@@ -348,8 +348,8 @@ def main():
         ns, jobs = [namespace], [job]
         title = args.title or f"TrainingJob {namespace}/{job} on the real cluster"
     else:
-        args.png = args.png or "docs/img/dashboard.png"
         out = os.path.abspath(args.out)
+        args.png = args.png or os.path.join(out, "dashboard.png")
         run_dir = os.path.join(out, "run")
         window = os.path.join(out, "window.json")
         if not args.reuse:
