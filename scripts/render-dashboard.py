@@ -263,9 +263,10 @@ def summary(prom, subst, end):
         "τ p50": f"histogram_quantile(0.5, sum by (le) (increase({h}_bucket{sel}[{r}])))",
         "τ p99": f"histogram_quantile(0.99, sum by (le) (increase({h}_bucket{sel}[{r}])))",
         "share at τ = 0": f'sum(increase({h}_bucket{sel[:-1]}, le=~"0|0\\\\.0"}}[{r}])) / sum(increase({h}_count{sel}[{r}]))',
-        "compensation ratio min": f"min(min_over_time(foresight_ps_compensation_ratio{sel}[{r}]) > 0)",
+        # (Positive values only: both gauges read 0 until the first delay-compensated update.)
+        "compensation ratio min": f"min(min_over_time((foresight_ps_compensation_ratio{sel} > 0)[{r}:1s]))",
         "compensation ratio max": f"max(max_over_time(foresight_ps_compensation_ratio{sel}[{r}]))",
-        "λ_t min": f"min(min_over_time(foresight_ps_lambda{sel}[{r}]) > 0)",
+        "λ_t min": f"min(min_over_time((foresight_ps_lambda{sel} > 0)[{r}:1s]))",
         "λ_t max": f"max(max_over_time(foresight_ps_lambda{sel}[{r}]))",
         "held-out accuracy max": f"max(max_over_time(foresight_worker_accuracy{sel}[{r}]))",
     }
@@ -331,11 +332,13 @@ def main():
     ap.add_argument("--trainingjob", metavar="NS/NAME", help="with --prometheus-url: the TrainingJob")
     ap.add_argument("--start", type=float, help="with --prometheus-url: the window's start (Unix time)")
     ap.add_argument("--end", type=float, help="with --prometheus-url: the window's end (Unix time)")
-    ap.add_argument("--check", action="store_true", help="every dashboard query must return data (exit 1)")
+    ap.add_argument("--check", action="store_true", help="with --prometheus-url: every dashboard query must return data (exit 1)")
     ap.add_argument("--title", help="the figure's title (default: the run or the TrainingJob)")
     args = ap.parse_args()
     with open(DASHBOARD) as f:
         dash = json.load(f)
+    if args.check and not args.prometheus_url:
+        ap.error("--check needs --prometheus-url: a local run has no operator for the operator row")
     if args.prometheus_url:
         if not (args.trainingjob and "/" in args.trainingjob and args.start and args.end):
             ap.error("--prometheus-url needs --trainingjob NS/NAME, --start and --end")
