@@ -14,6 +14,10 @@
 #                   the claim status.finalModel names (spec.output: no owner); its held-out
 #                   accuracy (foresight-worker evaluate) is within 2 pp of `foresight run`'s on
 #                   the same training (examples/mnist-dcasgd.yaml); `kubectl delete tj` leaves it;
+#                   Prometheus on the host (tools/cluster-prometheus.sh, Kubernetes service
+#                   discovery relabelled as the chart's PodMonitor/ServiceMonitor) scraped the
+#                   operator, the PS and the 4 workers (up = 1) and every query of the Grafana
+#                   dashboard returns data for the job (scripts/render-dashboard.py --check);
 #      unsched      a job asking for more nvidia.com/gpu than the node has (4): the status says
 #                   Unschedulable with the scheduler's message; then `kubectl delete tj`: every
 #                   child is gone;
@@ -37,6 +41,7 @@
 # Environment: RELEASE_DIR (the workspace's binaries for the images; default
 # <repo>/target/release), DATA_DIR (MNIST-5k, default <repo>/data/mnist5k), E2E_OUT (default
 # <repo>/out/e2e), E2E_CASES (default "main unsched badpath suspend worker-kill ps-kill"),
+# E2E_DASHBOARD_PNG (draw the dashboard figure from the main case's Prometheus data there),
 # KEEP_CLUSTER=1 leaves the cluster up (and a later run reuses it).
 set -euo pipefail
 
@@ -208,6 +213,45 @@ wait_phase() { # NS NAME PHASE TIMEOUT
   done
 }
 
+# Prometheus on the host (tools/cluster-prometheus.sh: Kubernetes service discovery with the
+# chart's PodMonitor and ServiceMonitor as relabelling rules, a 2 s scrape interval).
+prom_url=""
+prom_query() { # EXPR [TIME]: "labels value" lines of an instant query
+  curl -fsS --max-time 10 "$prom_url/api/v1/query" --data-urlencode "query=$1" ${2:+--data-urlencode "time=$2"} |
+    python3 -c 'import json, sys
+for r in json.load(sys.stdin)["data"]["result"]:
+    print(",".join(f"{k}={v}" for k, v in sorted(r["metric"].items())), r["value"][1])'
+}
+prom_value() { prom_query "$@" | awk '{ v = $NF } END { print v + 0 }'; }
+# NS NAME APPLIED: the TrainingJob's PS and 4 workers and the operator were discovered and
+# scraped (up = 1), and every query of the dashboard returns data for the run; with
+# E2E_DASHBOARD_PNG the dashboard figure is drawn from it too (make cluster-observability).
+check_prometheus() {
+  local ns=$1 name=$2 applied=$3 done0
+  # The operator's observation of a finished job, once scraped: the TrainingJob duration panels.
+  done0=$(prom_value 'sum(foresight_trainingjob_duration_seconds_count{phase="Succeeded"})' "$applied")
+  wait_for 60 "Prometheus to scrape the operator's count of succeeded jobs past $done0" eval \
+    '(($(prom_value "sum(foresight_trainingjob_duration_seconds_count{phase=\"Succeeded\"})") > '"${done0%.*}"'))'
+  local end w sel
+  end=$(date +%s.%N)
+  w=$(awk -v a="$applied" -v b="$end" 'BEGIN { printf "%ds", b - a + 1 }')
+  sel="namespace=\"$ns\", foresight_dev_job=\"$name\""
+  prom_query "max by (job, app_kubernetes_io_component, pod) (max_over_time(up{job=\"foresight-metrics\"}[$w]) or max_over_time(up{$sel}[$w]))" \
+    >"$out/main-prometheus-targets.txt"
+  log "Prometheus targets seen during the run (up, max over it): $(sed 's/,pod=/ pod=/' "$out/main-prometheus-targets.txt" | paste -sd';')"
+  local ops ps workers
+  ops=$(grep -c '^job=foresight-metrics,.* 1$' "$out/main-prometheus-targets.txt" || true)
+  ps=$(grep -c '^app_kubernetes_io_component=parameter-server,.* 1$' "$out/main-prometheus-targets.txt" || true)
+  workers=$(grep -c '^app_kubernetes_io_component=worker,.* 1$' "$out/main-prometheus-targets.txt" || true)
+  ((ops >= 1 && ps >= 1 && workers == 4)) ||
+    fail "Prometheus scraped (up = 1) $ops operator, $ps PS and $workers worker targets; expected ≥ 1, ≥ 1, 4"
+  "$repo/scripts/render-dashboard.py" --prometheus-url "$prom_url" --trainingjob "$ns/$name" \
+    --start "$applied" --end "$end" --rate-interval 8s --check ${E2E_DASHBOARD_PNG:+--png "$E2E_DASHBOARD_PNG"} \
+    --title "TrainingJob $ns/$name (examples/mnist-dcasgd-cluster.yaml) on the real cluster, scraped by kubernetes_sd" \
+    2>&1 | sed 's/^/  /' || fail "dashboard queries without data for $ns/$name (above)"
+  log "Prometheus: operator, PS and 4 workers discovered and up; every dashboard query returned data"
+}
+
 # ---------------------------------------------------------------------------------------------
 # The cases. Each runs in its own namespace (main: default), in the background, its output in
 # $out/<case>.log.
@@ -215,6 +259,8 @@ wait_phase() { # NS NAME PHASE TIMEOUT
 case_main() {
   local ns=default name=mnist-dcasgd ex=$repo/examples/mnist-dcasgd-cluster.yaml
   load_mnist $ns
+  local applied
+  applied=$(date +%s.%N)
   kc -n $ns apply -f "$ex"
   # `kubectl get tj` as the user sees it, every change recorded, until the job ends.
   local seq=$out/main-get-tj.txt last="" line row p step stal deadline=$((SECONDS + 900))
@@ -285,6 +331,8 @@ case_main() {
   # The PS is removed after success; the final model stays on its claim.
   wait_for 120 "PS Deployment of $name gone" gone $ns deploy/$name-ps
   wait_for 120 "PS pods of $name gone" none_left $ns pods "foresight.dev/job=$name,app.kubernetes.io/component=parameter-server"
+  # Prometheus, discovering pods as the chart's monitors would, scraped the whole run.
+  check_prometheus $ns $name "$applied"
   # The example's spec.output: status.finalModel names a claim the job does not own, and the file.
   local claim file dir
   claim=$(field $ns tj/$name '{.status.finalModel.claimName}')
@@ -509,6 +557,7 @@ finish() {
     log "FAILED (rc=$rc)"
     [[ ! -f $KUBECONFIG ]] || diagnose
   fi
+  "$repo/tools/cluster-prometheus.sh" stop "$out/prometheus" || true
   if [[ ${KEEP_CLUSTER:-0} == 1 ]]; then
     log "KEEP_CLUSTER=1: the cluster stays up (tools/cluster.sh down)"
   else
@@ -548,6 +597,9 @@ cluster import "$(archive_of operator)" "$(archive_of ps)"
 cluster import "$(archive_of worker)" >"$out/import-worker.log" 2>&1 &
 import_pid=$!
 
+t=$SECONDS
+prom_url=$("$repo/tools/cluster-prometheus.sh" start "$out/prometheus")
+log "Prometheus discovering the cluster's pods at $prom_url ($((SECONDS - t))s)"
 t=$SECONDS
 "$HELM" install foresight "$repo/charts/foresight" --namespace foresight-system --create-namespace \
   --wait --timeout 300s >&2 || fail "helm install: the operator did not become Ready"
