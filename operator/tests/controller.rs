@@ -584,6 +584,97 @@ fn two_operators_elect_one_leader_and_the_standby_takes_over() {
     );
 }
 
+/// A leader whose API calls hang (a stuck connection: the proxy in front of the API server
+/// stops moving bytes) gives up leading within its renew deadline, instead of reconciling on
+/// for as long as the client's own timeouts allow; the standby takes over.
+#[test]
+fn a_leader_whose_api_calls_hang_stops_within_the_renew_deadline() {
+    use support::proxy::{FreezableProxy, server_port};
+    let cp = control_plane();
+    let ns = cp.namespace("leader-hang");
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = FreezableProxy::start(server_port(&cp.kubeconfig));
+    let via_proxy = proxy.kubeconfig(&cp.kubeconfig, dir.path());
+    // Lease 3 s: renew deadline 2 s, retry period 0.6 s.
+    let lease = ["--leader-elect=true", "--lease-duration-seconds", "3"];
+    let mut a =
+        Operator::start_with(&via_proxy, Some(&ns), &ns, &[&lease[..], &["--identity", "op-a"]].concat());
+    let holder = || {
+        cp.get_json(&ns, "lease/foresight-operator")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(String::from))
+    };
+    wait_for("op-a to lead", LONG, || (holder()? == "op-a").then_some(()));
+    let _b = Operator::start(cp, &ns, &[&lease[..], &["--identity", "op-b"]].concat());
+
+    proxy.freeze();
+    let frozen = std::time::Instant::now();
+    let status = wait_for("op-a to stop", LONG, || a.exited());
+    let took = frozen.elapsed();
+    assert!(!status.success(), "it stops as a failure: {status:?}");
+    assert!(a.log().contains("lost leadership"), "{}", a.log());
+    // Renew deadline 2 s after its last renewal (≤ 0.6 s before the freeze), plus exiting.
+    // Without the deadline it would hang until the client's own timeout (minutes).
+    assert!(took < Duration::from_secs(15), "op-a went on for {took:?} with no answer from the API server");
+    wait_for("op-b to lead", LONG, || (holder()? == "op-b").then_some(()));
+}
+
+/// A holder whose clock is an hour behind keeps renewing: its renewTime reads an hour old, but
+/// the record changes, so a standby that measures expiry on its own clock from when it saw the
+/// record change never takes the lease, and takes it once the renewals stop.
+#[test]
+fn a_standby_never_takes_a_renewed_lease_whatever_the_holders_clock_says() {
+    let cp = control_plane();
+    let ns = cp.namespace("leader-skew");
+    let skewed = |offset_ms: u64| {
+        let t = std::time::SystemTime::now() - Duration::from_secs(3600) + Duration::from_millis(offset_ms);
+        let t = k8s_openapi::jiff::Timestamp::try_from(t).unwrap();
+        format!("{}", t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ"))
+    };
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "foresight-operator", "namespace": ns},
+        "spec": {"holderIdentity": "skewed-leader", "leaseDurationSeconds": 3,
+                 "acquireTime": skewed(0), "renewTime": skewed(0), "leaseTransitions": 0}
+    });
+    cp.kubectl_ok(&["apply", "-f", "-"], Some(&lease.to_string()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renewer = {
+        let (stop, ns) = (stop.clone(), ns.clone());
+        std::thread::spawn(move || {
+            let mut k = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                k += 1;
+                let patch = json!({"spec": {"renewTime": skewed(500 * k)}}).to_string();
+                let _ = cp.kubectl(
+                    &["-n", &ns, "patch", "lease", "foresight-operator", "--type", "merge", "-p", &patch],
+                    None,
+                );
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+    let lease_args = ["--leader-elect=true", "--lease-duration-seconds", "3", "--identity", "op-b"];
+    let b = Operator::start(cp, &ns, &lease_args);
+    apply_job(cp, &ns, "first", json!({}));
+    let holder = || {
+        cp.get_json(&ns, "lease/foresight-operator")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(String::from))
+    };
+    // Three lease durations of renewals: the standby stays out.
+    std::thread::sleep(Duration::from_secs(9));
+    assert_eq!(holder().as_deref(), Some("skewed-leader"));
+    assert!(cp.get_json(&ns, "job/first-workers").is_none(), "the standby reconciled");
+    assert_eq!(
+        sample(&b.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}"),
+        Some(0.0)
+    );
+    // The renewals stop: the lease expires on the standby's clock and it takes over.
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    renewer.join().unwrap();
+    wait_for("op-b to lead", LONG, || (holder()? == "op-b").then_some(()));
+    wait_for("op-b to reconcile", LONG, || cp.get_json(&ns, "job/first-workers"));
+}
+
 #[test]
 fn the_operator_refuses_to_start_without_a_token_key_or_with_a_bad_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_foresight"))

@@ -4,12 +4,22 @@
 //! renew within `renew_deadline` (shorter than the lease, so the old leader stops before anyone
 //! else may start). Every write carries the resourceVersion it read, so two replicas racing for
 //! a free Lease cannot both win: the API server refuses the second with a conflict.
+//!
+//! Two things are taken from client-go because the obvious way is wrong:
+//! - **Expiry is measured on this replica's clock**, from the moment it first saw the current
+//!   record (holder, renew and acquire times), not by comparing the holder's `renewTime` with
+//!   the local wall clock: with clocks skewed by more than the lease, the latter lets a standby
+//!   take a lease its holder is still renewing (two leaders).
+//! - **Every API call has a deadline.** A renewal that hangs (a stuck connection) would
+//!   otherwise keep a deposed leader reconciling forever; `hold` gives up leading once the
+//!   renew deadline passes, whether the calls failed or never answered.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
 #[derive(Clone, Debug)]
@@ -26,6 +36,34 @@ pub struct LeaseConfig {
 pub struct LeaderElector {
     api: Api<Lease>,
     cfg: LeaseConfig,
+    /// The record as last read, and when (locally) it was first seen so.
+    observed: Mutex<Option<(Record, Instant)>>,
+}
+
+/// The parts of a Lease that change when its holder renews or changes.
+#[derive(Clone, Debug, PartialEq)]
+struct Record {
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+    acquire_time: Option<MicroTime>,
+    transitions: Option<i32>,
+}
+
+impl Record {
+    fn of(spec: &LeaseSpec) -> Self {
+        Self {
+            holder: spec.holder_identity.clone(),
+            renew_time: spec.renew_time.clone(),
+            acquire_time: spec.acquire_time.clone(),
+            transitions: spec.lease_transitions,
+        }
+    }
+}
+
+/// Whether a lease whose record was first seen unchanged at `seen` and lasts `ttl` has expired
+/// at `now`, all on this replica's monotonic clock.
+fn expired(seen: Instant, ttl: Duration, now: Instant) -> bool {
+    now.saturating_duration_since(seen) > ttl
 }
 
 /// What one attempt found.
@@ -38,7 +76,15 @@ enum Attempt {
 
 impl LeaderElector {
     pub fn new(client: kube::Client, cfg: LeaseConfig) -> Self {
-        Self { api: Api::namespaced(client, &cfg.namespace), cfg }
+        Self { api: Api::namespaced(client, &cfg.namespace), cfg, observed: Mutex::new(None) }
+    }
+
+    /// One attempt, abandoned after `limit` (a hung call counts as a failed one).
+    async fn attempt(&self, limit: Duration) -> Result<Attempt, String> {
+        match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer from the API server within {limit:?}")),
+        }
     }
 
     /// Returns once this replica holds the lease; `on_contact` runs after the first answer of
@@ -46,7 +92,7 @@ impl LeaderElector {
     pub async fn acquire(&self, mut on_contact: impl FnMut()) {
         let mut last_holder = None;
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.attempt(self.cfg.renew_deadline).await {
                 Ok(Attempt::Leading) => {
                     on_contact();
                     tracing::info!(lease = %self.cfg.name, identity = %self.cfg.identity, "became the leader");
@@ -68,16 +114,19 @@ impl LeaderElector {
     }
 
     /// Renews the lease until that fails for `renew_deadline`; returns when leadership is lost.
+    /// A renewal that does not answer is cut off at the deadline, so this returns within
+    /// `renew_deadline` of the last successful renewal whatever the API server does.
     pub async fn hold(&self) -> String {
         let mut last_renewed = Instant::now();
         loop {
             tokio::time::sleep(self.cfg.retry_period).await;
-            match self.try_acquire_or_renew().await {
+            let left = self.cfg.renew_deadline.saturating_sub(last_renewed.elapsed());
+            match self.attempt(left.max(Duration::from_millis(1))).await {
                 Ok(Attempt::Leading) => last_renewed = Instant::now(),
                 Ok(Attempt::Held(holder)) => return format!("the lease is held by {holder}"),
                 Err(e) => tracing::warn!(lease = %self.cfg.name, error = %e, "could not renew the lease"),
             }
-            if last_renewed.elapsed() > self.cfg.renew_deadline {
+            if last_renewed.elapsed() >= self.cfg.renew_deadline {
                 return format!("the lease was not renewed for {:?}", self.cfg.renew_deadline);
             }
         }
@@ -85,13 +134,19 @@ impl LeaderElector {
 
     /// Stops leading now (on shutdown), so a standby takes over without waiting for expiry.
     pub async fn release(&self) {
-        if let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await {
+        // Bounded: shutting down must not wait on a hung API server.
+        let read = tokio::time::timeout(self.cfg.retry_period, self.api.get_opt(&self.cfg.name)).await;
+        if let Ok(Ok(Some(mut lease))) = read {
             let spec = lease.spec.get_or_insert_default();
             if spec.holder_identity.as_deref() == Some(&self.cfg.identity) {
                 spec.holder_identity = None;
                 spec.lease_duration_seconds = Some(1);
-                if let Err(e) = self.api.replace(&self.cfg.name, &PostParams::default(), &lease).await {
-                    tracing::warn!(error = %e, "could not release the lease");
+                let pp = PostParams::default();
+                let write = self.api.replace(&self.cfg.name, &pp, &lease);
+                match tokio::time::timeout(self.cfg.retry_period, write).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "could not release the lease"),
+                    Err(_) => tracing::warn!("could not release the lease: no answer from the API server"),
                 }
             }
         }
@@ -121,13 +176,19 @@ impl LeaderElector {
             };
         };
         let spec = lease.spec.get_or_insert_default();
+        let seen = {
+            let mut observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+            let record = Record::of(spec);
+            match &*observed {
+                Some((r, at)) if *r == record => *at,
+                _ => observed.insert((record, Instant::now())).1,
+            }
+        };
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
         let mine = holder.as_deref() == Some(self.cfg.identity.as_str());
         if !mine && let Some(holder) = holder {
-            let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()).map(|t| t.0);
-            let ttl = SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(duration_s).into());
-            let expired = renewed.is_none_or(|r| r.checked_add(ttl).is_ok_and(|end| end < now));
-            if !expired {
+            let ttl = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(duration_s).max(0) as u64);
+            if !expired(seen, ttl, Instant::now()) {
                 return Ok(Attempt::Held(holder));
             }
         }
@@ -151,4 +212,33 @@ impl LeaderElector {
 
 pub fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(holder: &str, renewed_s: i64) -> LeaseSpec {
+        let t = Timestamp::from_second(renewed_s).unwrap();
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            renew_time: Some(MicroTime(t)),
+            acquire_time: Some(MicroTime(Timestamp::UNIX_EPOCH)),
+            lease_transitions: Some(1),
+            ..Default::default()
+        }
+    }
+
+    /// A holder whose clock is an hour behind still renews: its record changes, so a standby
+    /// sees a live lease however old the renewTime reads.
+    #[test]
+    fn a_record_that_changes_is_live_whatever_its_timestamps_say() {
+        let ttl = Duration::from_secs(3);
+        let t0 = Instant::now();
+        assert_ne!(Record::of(&spec("a", 0)), Record::of(&spec("a", 1)), "a renewal is a change");
+        assert_eq!(Record::of(&spec("a", 5)), Record::of(&spec("a", 5)));
+        assert!(!expired(t0, ttl, t0 + Duration::from_secs(2)));
+        assert!(expired(t0, ttl, t0 + Duration::from_secs(4)));
+        assert!(!expired(t0 + Duration::from_secs(1), ttl, t0), "a later sighting never expires early");
+    }
 }

@@ -21,6 +21,7 @@
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
 pub mod operator;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;

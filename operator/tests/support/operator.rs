@@ -59,6 +59,15 @@ impl Operator {
     pub fn pid(&self) -> u32 {
         self._proc.0.id()
     }
+
+    /// The exit status once the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self._proc.0.try_wait().ok().flatten()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
 }
 
 impl Drop for Operator {
