@@ -125,7 +125,8 @@ class SlowHook:
     (forward and backward up to the gradient bucket being ready) before the all-reduce."""
 
     def __init__(self, factor):
-        self.factor, self.t0, self.slept, self.total_sleep, self.total_compute = factor, 0.0, False, 0.0, 0.0
+        self.factor, self.t0, self.slept = factor, 0.0, False
+        self.total_sleep = self.total_compute = 0.0
 
 
 def slow_allreduce(state, bucket):
@@ -133,7 +134,9 @@ def slow_allreduce(state, bucket):
     if state.factor > 1 and not state.slept:
         dt = time.perf_counter() - state.t0
         time.sleep(dt * (state.factor - 1))
-        state.slept, state.total_sleep, state.total_compute = True, state.total_sleep + dt * (state.factor - 1), state.total_compute + dt
+        state.slept = True
+        state.total_compute += dt
+        state.total_sleep += dt * (state.factor - 1)
     return default_hooks.allreduce_hook(None, bucket)
 
 
