@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup setup-test build test test-stress lint fmt bench demo loadgen convergence simulate chaos crd observability clean
+.PHONY: help setup setup-test build test test-stress lint fmt bench demo loadgen convergence compare simulate chaos crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-p
 
 convergence: build ## The paper's Table 1 shape: LeNet-5 on MNIST-5k, M = 1, 4, 8, 16, every rule, 5 seeds; rewrites docs/convergence.md (about 30 min)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md
+
+compare: build ## Foresight against PyTorch DDP and a single process, same model, data and budget; rewrites docs/comparison.md (about 13 min)
+	python3 scripts/compare.py --out $(OUT)/compare --doc docs/comparison.md
 
 simulate: build ## The rules at any staleness without the machine: foresight-worker simulate sweeps, rewrites part of docs/convergence.md (about 7 min)
 	python3 scripts/simulate.py --out $(OUT)/simulate --doc docs/convergence.md
