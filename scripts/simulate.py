@@ -10,6 +10,7 @@ Every run is deterministic (same flags, same bits), so rerunning gives the same 
 
 Usage: scripts/simulate.py [--bin target/release/foresight-worker] [--seeds 5] [--epochs 20]
                            [--out out/simulate] [--doc docs/convergence.md]
+                           [--png docs/img/simulator-curves.png] [--reuse]
 """
 
 import argparse
@@ -26,11 +27,14 @@ RULES = ["sync", "asgd", "dc-asgd-c", "dc-asgd-a"]
 
 
 def simulate(args, name, extra):
+    path = os.path.join(args.out, f"{name}.jsonl")
+    if args.reuse and os.path.exists(path):
+        with open(path) as f:
+            return [json.loads(line) for line in f]
     cmd = [args.bin, "simulate", "--epochs", str(args.epochs), "--lr-milestones",
            f"{args.epochs * 0.5},{args.epochs * 0.75}", "--seeds",
            ",".join(str(s) for s in range(1, args.seeds + 1)), "--evals", "10", "--jobs", str(args.jobs),
            *extra]
-    path = os.path.join(args.out, f"{name}.jsonl")
     with open(path, "w") as f:
         p = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -56,6 +60,38 @@ def group(runs, **match):
     return [r for r in runs if all(r[k] == v for k, v in match.items())]
 
 
+def plot(sweep, big, png):
+    """Held-out error of the PS model against epochs, mean over seeds, one panel per M."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    panels = [4, 8, 16]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), sharey=True)
+    for ax, m in zip(axes, panels):
+        d = f"round-robin:{m}"
+        series = [(a, group(sweep, algorithm=a, delay=d), "-") for a in RULES]
+        series.append(("dc-asgd-a, λ0 = 10", group(big, delay=d), "--"))
+        series.append(("sequential (M = 1)", group(sweep, algorithm="asgd", delay="round-robin:1"), ":"))
+        for label, runs, style in series:
+            xs = [p["epoch"] for p in runs[0]["curve"]]
+            ys = [statistics.mean(100 * (1 - r["curve"][i]["accuracy"]) for r in runs) for i in range(len(xs))]
+            ax.plot(xs, ys, style, label=label)
+        ax.set_yscale("log")
+        ax.set_yticks([5, 10, 20, 50, 90])
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_title(f"M = {m} (τ = {m - 1}), round-robin")
+        ax.set_xlabel("epoch")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("held-out error of the PS model (%)")
+    axes[-1].legend(fontsize=8)
+    fig.suptitle("foresight-worker simulate: MLP on MNIST-5k, mean over seeds (make simulate)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="target/release/foresight-worker")
@@ -64,6 +100,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default="out/simulate")
     ap.add_argument("--doc", default="docs/convergence.md")
+    ap.add_argument("--png", default="docs/img/simulator-curves.png")
+    ap.add_argument("--reuse", action="store_true", help="read the runs a previous call left in --out")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -83,6 +121,13 @@ def main():
         for on in (True, False)
     }
     minutes = (time.time() - t0) / 60
+    # The sweep's own time: a --reuse call reports the run that produced the data.
+    timing = os.path.join(args.out, "minutes.txt")
+    if args.reuse and os.path.exists(timing):
+        minutes = float(open(timing).read())
+    else:
+        with open(timing, "w") as f:
+            f.write(f"{minutes}\n")
 
     seq = group(sweep, algorithm="asgd", delay="round-robin:1")
     lines = [
@@ -126,7 +171,9 @@ def main():
         on, off = group(bias[True], delay=d), group(bias[False], delay=d)
         frac = statistics.mean(r["clamped_fraction"] for r in on)
         lines.append(f"| MeanSquare bias correction, λ0 = 2 | {m} | {cell(on)} | {cell(off)} | {frac:.1e} |")
-    lines += ["", END]
+    plot(sweep, big, args.png)
+    lines += ["", f"![Held-out error against epochs, by M and rule]({os.path.relpath(args.png, os.path.dirname(args.doc))})",
+              "", END]
     with open(args.doc) as f:
         doc = f.read()
     if START in doc and END in doc:
