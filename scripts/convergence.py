@@ -49,8 +49,14 @@ def run(args, name, algo, workers, seed, extra=()):
     out = os.path.join(args.out, name)
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "job.yaml")
+    yaml = job_yaml(name, algo, workers, seed, args.epochs, args.lr, args.batch, args.model)
+    summary = os.path.join(out, "summary.json")
+    # --reuse: a run of exactly this job that finished before is not run again.
+    if args.reuse and not extra and os.path.exists(summary) and open(path).read() == yaml:
+        with open(summary) as f:
+            return json.load(f)
     with open(path, "w") as f:
-        f.write(job_yaml(name, algo, workers, seed, args.epochs, args.lr, args.batch, args.model))
+        f.write(yaml)
     cmd = [args.foresight, "run", path, "--out", out, "--no-progress", *extra]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -88,6 +94,7 @@ def main():
     ap.add_argument("--out", default="out/convergence")
     ap.add_argument("--doc", default="docs/convergence.md")
     ap.add_argument("--foresight", default="target/release/foresight")
+    ap.add_argument("--reuse", action="store_true", help="keep the runs an earlier call finished in --out")
     args = ap.parse_args()
     seeds = list(range(1, args.seeds + 1))
     started = time.time()

@@ -104,10 +104,16 @@ pub fn load_job(path: &Path) -> Result<TrainingJob, RunError> {
     Ok(job)
 }
 
-fn free_port() -> Result<u16, RunError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
+/// `n` distinct free loopback ports. Every listener is held until all are chosen: taken one at
+/// a time and released, the kernel may hand out the same port twice, and two workers then
+/// fight for one metrics port (seen in `make convergence`: a worker of 16 failed to listen on
+/// every restart while its sibling held the port).
+fn free_ports(n: usize) -> Result<Vec<u16>, RunError> {
+    let listeners = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| setup(format!("no free loopback port: {e}")))?;
-    Ok(l.local_addr().map_err(setup)?.port())
+    listeners.iter().map(|l| Ok(l.local_addr().map_err(setup)?.port())).collect()
 }
 
 /// A started child process and where its stderr goes.
@@ -309,7 +315,8 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let started = Instant::now();
 
     // The parameter server.
-    let ps_port = free_port()?;
+    let ports = free_ports(1 + m)?;
+    let (ps_port, metrics_ports) = (ports[0], ports[1..].to_vec());
     let ps_url = format!("http://127.0.0.1:{ps_port}");
     let mut ps_env = api::ps_env(spec, &name, namespace);
     ps_env.extend([
@@ -325,7 +332,6 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     // The workers, with the environment the operator would give their pods.
     let (tx, mut rx) = mpsc::channel::<Msg>(1024);
     let mut targets = vec![format!("127.0.0.1:{ps_port}")];
-    let metrics_ports = (0..m).map(|_| free_port()).collect::<Result<Vec<_>, _>>()?;
     targets.extend(metrics_ports.iter().map(|p| format!("127.0.0.1:{p}")));
     let env = worker_envs(job, opts, &ps_url, &token, &metrics_ports);
     let mut workers = Workers {
@@ -600,4 +606,14 @@ fn progress_bar(visible: bool, epochs: u32) -> ProgressBar {
             .progress_chars("=> "),
     );
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = super::free_ports(200).unwrap();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+    }
 }
