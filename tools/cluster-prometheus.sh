@@ -18,8 +18,9 @@
 # - `foresight-jobs` is templates/podmonitor.yaml as prometheus-operator renders a PodMonitor:
 #   role pod in every namespace, the pods selected by foresight.jobPodSelector (name foresight,
 #   managed-by foresight-operator, component parameter-server or worker), ports `http` (PS) and
-#   `metrics` (workers), Succeeded/Failed pods dropped, honor_labels (the series' own `job` =
-#   TrainingJob and `namespace` win), the podTargetLabels as foresight_dev_job and
+#   `metrics` (workers), Succeeded/Failed pods dropped, no honor_labels (the chart's default:
+#   the series' own `job`/`namespace` become exported_*), `job` from the pod's foresight.dev/job
+#   label (the PodMonitor's jobLabel), the podTargetLabels as foresight_dev_job and
 #   app_kubernetes_io_component on the target (so on `up`).
 # - Pod IPs (10.244.0.0/24) are reached from the host over the bridge fsbr0.
 #
@@ -100,7 +101,6 @@ scrape_configs:
     - {source_labels: [__meta_kubernetes_service_name], target_label: job}
     - {target_label: endpoint, replacement: metrics}
   - job_name: foresight-jobs
-    honor_labels: true
     kubernetes_sd_configs:
     - role: pod
       $sd
@@ -117,6 +117,7 @@ scrape_configs:
     - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], target_label: app_kubernetes_io_component}
     - {source_labels: [__meta_kubernetes_pod_container_port_name], target_label: endpoint}
     - {target_label: job, replacement: $release_ns/foresight-jobs}
+    - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_job], target_label: job, regex: (.+)}
 EOF
   local port
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

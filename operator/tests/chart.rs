@@ -395,7 +395,9 @@ fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
         .iter()
         .map(|e| (e["port"].as_str().unwrap(), e["path"].as_str().unwrap(), e["honorLabels"] == true))
         .collect();
-    assert_eq!(endpoints, [("http", "/metrics", true), ("metrics", "/metrics", true)]);
+    // job and namespace from Kubernetes, not from what the pods expose (tenants cannot spoof).
+    assert_eq!(endpoints, [("http", "/metrics", false), ("metrics", "/metrics", false)]);
+    assert_eq!(pm["spec"]["jobLabel"], "foresight.dev/job");
 
     // Every dashboard file, under the sidecar's label.
     let cm = find(&objs, "ConfigMap", "foresight-dashboards");
