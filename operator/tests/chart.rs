@@ -143,6 +143,18 @@ const ALL_FEATURES: &[&str] = &[
     "imagePullSecrets[0].name=regcred",
     "--set",
     "serviceAccount.annotations.example\\.com/role=foresight",
+    "--set",
+    "priorityClassName=system-cluster-critical",
+    "--set",
+    "topologySpreadConstraints[0].maxSkew=1",
+    "--set",
+    "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+    "--set",
+    "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+    "--set",
+    "leaderElection.leaseDurationSeconds=30",
+    "--set",
+    "progressSeconds=5",
 ];
 
 /// `helm template` of the chart; `extra` are more arguments (values).
@@ -259,7 +271,8 @@ fn default_render_is_the_operator_and_nothing_optional() {
     let container = &pod["containers"][0];
     assert_eq!(deploy["spec"]["replicas"], 1);
     assert_eq!(container["image"], "ghcr.io/foresight-dev/foresight-operator:0.1.0");
-    assert_eq!(container["args"], json!(["--lease-name=foresight-operator"]));
+    assert_eq!(container["args"], json!(["--lease-name=foresight-operator", "--lease-duration-seconds=15"]));
+    assert!(pod.get("priorityClassName").is_none() && pod.get("topologySpreadConstraints").is_none());
     assert_eq!(container["ports"], json!([{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]));
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
@@ -371,6 +384,13 @@ fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
     let env = env(deploy);
     assert_eq!(env["FORESIGHT_LOG_FORMAT"], "json");
     assert_eq!(env["FORESIGHT_LOG_LEVEL"], "debug");
+    assert_eq!(env["FORESIGHT_PROGRESS_SECONDS"], "5");
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert!(pod["containers"][0]["args"].as_array().unwrap().contains(&json!("--lease-duration-seconds=30")));
+    let spread = &pod["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"], "topology.kubernetes.io/zone");
+    assert_eq!(spread["labelSelector"]["matchLabels"], deploy["spec"]["selector"]["matchLabels"], "{spread}");
 
     let sm = find(&objs, "ServiceMonitor", "foresight");
     assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
