@@ -123,8 +123,9 @@ def main():
         "  (sync makes M times fewer). Accuracy: the parameter server's final model on the held-out",
         "  split, evaluated after every worker finished (`foresight-worker evaluate`).",
         "- dc-asgd-c: λ0 = 0.04; dc-asgd-a: λ0 = 2, μ = 0.95 (the paper's CIFAR-10 settings).",
-        f"- Seeds {seeds}; machine: {os.cpu_count()} cores ({cpu}), {platform.system()}; wall time of the",
-        f"  whole run {(time.time() - started) / 60:.1f} min. All M workers share these cores, so staleness is real.",
+        f"- Seeds {seeds}; machine: {os.cpu_count()} cores ({cpu}), {platform.system()}; wall time of",
+        f"  this call {(time.time() - started) / 60:.1f} min" + (" (runs an earlier call finished were reused)" if args.reuse else "")
+        + ". All M workers share these cores, so staleness is real.",
         "",
         "## Final held-out error (%), mean ± std over seeds",
         "",
