@@ -231,7 +231,10 @@ fn every_field_is_described() {
         .iter()
         .map(|c| c["name"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(columns, ["Phase", "Workers", "Ready", "Algorithm", "Step", "Staleness p99", "Age"]);
+    assert_eq!(
+        columns,
+        ["Phase", "Workers", "Ready", "Algorithm", "Step", "Staleness p99", "Epoch", "Loss", "Reason", "Age"]
+    );
     assert_eq!(crd["spec"]["versions"][0]["subresources"]["status"], serde_json::json!({}));
     assert_eq!(crd["spec"]["names"]["categories"], serde_json::json!(["foresight"]));
 }
