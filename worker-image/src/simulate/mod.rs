@@ -90,6 +90,14 @@ pub enum SimError {
     Store(#[from] StoreError),
 }
 
+/// How the run's gradients reach the store.
+enum Schedule {
+    /// `sync`: rounds of one gradient per worker, all computed on the same version.
+    Rounds { workers: usize },
+    /// The asynchronous rules: the delay model's plan.
+    Planned(Plan),
+}
+
 /// A seeded endless stream of training batches, reshuffled every epoch.
 struct Batches {
     order: Vec<usize>,
@@ -173,21 +181,20 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
     let net = Mlp { inputs: data.inputs, hidden: cfg.hidden, classes: data.classes };
     let batches_per_epoch = data.train_y.len().div_ceil(cfg.batch) as f64;
     let gradients = (cfg.epochs * batches_per_epoch).ceil() as u64;
-    let sync_workers = match (cfg.hyper.algorithm, &cfg.delay) {
-        (Algorithm::Sync, Delay::RoundRobin { workers }) => Some(*workers),
+    let schedule = match (cfg.hyper.algorithm, &cfg.delay) {
+        (Algorithm::Sync, Delay::RoundRobin { workers }) => Schedule::Rounds { workers: *workers },
         (Algorithm::Sync, d) => {
             return Err(SimError::Config(format!(
                 "sync takes round-robin:M (its round size), not {}",
                 d.label()
             )));
         }
-        _ => None,
+        _ => Schedule::Planned(Plan::new(&cfg.delay, gradients, cfg.seed)),
     };
-    let plan = match sync_workers {
-        Some(_) => None,
-        None => Some(Plan::new(&cfg.delay, gradients, cfg.seed)),
+    let (workers, updates) = match &schedule {
+        Schedule::Rounds { workers } => (*workers, gradients.div_ceil(*workers as u64)),
+        Schedule::Planned(plan) => (plan.slots, gradients),
     };
-    let workers = sync_workers.unwrap_or_else(|| plan.as_ref().map_or(1, |p| p.slots));
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let specs = net.tensors().into_iter().map(|(name, shape)| TensorSpec { name, shape }).collect();
     let layout = Layout::new(specs).map_err(|e| SimError::Config(e.to_string()))?;
@@ -202,10 +209,6 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         clamped: 0,
         elements: 0,
     };
-    let updates = match (sync_workers, &plan) {
-        (Some(m), _) => gradients.div_ceil(m as u64),
-        (None, _) => gradients,
-    };
     let marks: Vec<u64> = (1..=cfg.evals as u64).map(|k| k * updates / cfg.evals.max(1) as u64).collect();
     let mut curve = Vec::new();
     let mut record = |run: &Run, done: u64| {
@@ -219,8 +222,8 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
             });
         }
     };
-    match (sync_workers, plan) {
-        (Some(m), _) => {
+    match schedule {
+        Schedule::Rounds { workers: m } => {
             for round in 0..updates {
                 let mut grads = Vec::with_capacity(m);
                 for slot in 0..m {
@@ -232,8 +235,7 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
                 record(&run, round + 1);
             }
         }
-        (None, Some(plan)) => run_plan(&mut run, &plan, &mut record)?,
-        (None, None) => unreachable!("asynchronous rules always have a plan"),
+        Schedule::Planned(plan) => run_plan(&mut run, &plan, &mut record)?,
     }
     let last = run.score();
     let params = run.store.snapshot_now();
