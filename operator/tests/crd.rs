@@ -298,6 +298,11 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "strictly ascending",
         ),
         (
+            &[("spec.training.lrWarmupEpochs", json!(-0.5))],
+            "training.lrWarmupEpochs",
+            "spec.training.lrWarmupEpochs: Invalid value: |must be ≥ 0",
+        ),
+        (
             &[("spec.optimizer", json!({"algorithm": "asgd", "lambda0": 0.04}))],
             "optimizer.lambda0",
             "spec.optimizer.lambda0: Invalid value: |lambda0 only applies to dc-asgd-c and dc-asgd-a",

@@ -46,6 +46,9 @@ struct Args {
     /// Comma-separated epochs at which the learning rate decays, e.g. 80,120.
     #[arg(long, env = "FORESIGHT_LR_MILESTONES", value_delimiter = ',')]
     lr_milestones: Vec<f64>,
+    /// Epochs of linear learning-rate warm-up, from a tenth of the rate (0: none).
+    #[arg(long, env = "FORESIGHT_LR_WARMUP_EPOCHS", default_value_t = 0.0)]
+    lr_warmup_epochs: f64,
     /// λ0 (dc-asgd-c: the constant λ, default 0.04; dc-asgd-a: the scale, default 2).
     #[arg(long, env = "FORESIGHT_LAMBDA0")]
     lambda0: Option<f32>,
@@ -139,6 +142,7 @@ impl Args {
             base: self.learning_rate,
             factor: self.lr_decay_factor,
             milestones: self.lr_milestones.clone(),
+            warmup: self.lr_warmup_epochs,
         };
         if let Some(l) = self.lambda0 {
             h.lambda0 = l;

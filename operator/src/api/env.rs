@@ -23,6 +23,9 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
         let ms: Vec<String> = d.milestones.iter().map(f64::to_string).collect();
         push(&mut env, "FORESIGHT_LR_MILESTONES", ms.join(","));
     }
+    if let Some(w) = spec.training.lr_warmup_epochs {
+        push(&mut env, "FORESIGHT_LR_WARMUP_EPOCHS", w);
+    }
     if let Some(l) = o.lambda0 {
         push(&mut env, "FORESIGHT_LAMBDA0", l);
     }

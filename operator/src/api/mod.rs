@@ -236,6 +236,12 @@ pub struct TrainingSpec {
     /// Step decay of the learning rate: multiply it by `factor` at each milestone epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lr_decay: Option<LrDecay>,
+    /// Epochs of linear learning-rate warm-up, ≥ 0: the rate rises from a tenth of η at epoch 0
+    /// to η. With M asynchronous workers the first M gradients are all computed on the initial
+    /// model; a warm-up keeps that M-fold first step small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
+    pub lr_warmup_epochs: Option<f64>,
     /// Seed of the initial weights, the shuffling and the sharding.
     #[serde(default = "defaults::seed")]
     pub seed: u64,
@@ -248,6 +254,7 @@ impl Default for TrainingSpec {
             batch_size: defaults::batch_size(),
             learning_rate: defaults::learning_rate(),
             lr_decay: None,
+            lr_warmup_epochs: None,
             seed: defaults::seed(),
         }
     }

@@ -74,6 +74,7 @@ fn every_rule_names_its_field() {
         ("training.lrDecay.milestones", |s| {
             s.training.lr_decay = Some(LrDecay { factor: 0.1, milestones: vec![20.0, 10.0] })
         }),
+        ("training.lrWarmupEpochs", |s| s.training.lr_warmup_epochs = Some(-1.0)),
         ("optimizer.lambda0", |s| {
             s.optimizer.algorithm = Algorithm::Asgd;
             s.optimizer.mean_square_decay = None;
@@ -145,12 +146,14 @@ fn every_rule_names_its_field() {
 fn environment_carries_the_job() {
     let mut spec = example().spec;
     spec.training.lr_decay = Some(LrDecay { factor: 0.1, milestones: vec![80.0, 120.0] });
+    spec.training.lr_warmup_epochs = Some(1.5);
     spec.optimizer.max_staleness = Some(8);
     let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
     assert_eq!(ps["FORESIGHT_ALGORITHM"], "dc-asgd-a");
     assert_eq!(ps["FORESIGHT_WORKERS"], "4");
     assert_eq!(ps["FORESIGHT_LAMBDA0"], "2");
     assert_eq!(ps["FORESIGHT_LR_MILESTONES"], "80,120");
+    assert_eq!(ps["FORESIGHT_LR_WARMUP_EPOCHS"], "1.5");
     assert_eq!(ps["FORESIGHT_MAX_STALENESS"], "8");
     assert_eq!(ps["FORESIGHT_JOB_NAME"], "j");
     let w: std::collections::HashMap<_, _> =

@@ -56,6 +56,9 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             "must be epochs ≥ 0 in strictly ascending order".into(),
         );
     }
+    if let Some(w) = t.lr_warmup_epochs {
+        check(w.is_finite() && w >= 0.0, "training.lrWarmupEpochs", format!("must be ≥ 0, got {w}"));
+    }
     let o = &spec.optimizer;
     if let Some(l) = o.lambda0 {
         check(

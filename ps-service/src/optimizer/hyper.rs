@@ -75,23 +75,34 @@ impl FromStr for Combine {
     }
 }
 
-/// Step decay: η(epoch) = η0 · factor^(number of milestones ≤ epoch).
+/// Step decay after a linear warm-up: η(epoch) = η0 · factor^(milestones ≤ epoch) · w(epoch),
+/// w rising linearly from 0.1 at epoch 0 to 1 at `warmup` epochs (1 throughout without one).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LrSchedule {
     pub base: f32,
     pub factor: f32,
     /// Epochs at which the rate is multiplied by `factor`, ascending.
     pub milestones: Vec<f64>,
+    /// Epochs of linear warm-up (0: none). Asynchronous training applies the first M gradients,
+    /// all computed on the initial model, one after another: an M-fold first step that the
+    /// warm-up keeps small (docs/convergence.md: a LeNet-5 at M = 16 that collapsed without it).
+    #[serde(default)]
+    pub warmup: f64,
 }
 
 impl LrSchedule {
     pub fn constant(base: f32) -> Self {
-        Self { base, factor: 1.0, milestones: Vec::new() }
+        Self { base, factor: 1.0, milestones: Vec::new(), warmup: 0.0 }
     }
 
     pub fn at(&self, epoch: f64) -> f32 {
         let passed = self.milestones.iter().filter(|&&m| m <= epoch).count();
-        self.base * self.factor.powi(passed as i32)
+        let decayed = self.base * self.factor.powi(passed as i32);
+        if self.warmup > 0.0 && epoch < self.warmup {
+            decayed * (0.1 + 0.9 * (epoch.max(0.0) / self.warmup)) as f32
+        } else {
+            decayed
+        }
     }
 }
 
@@ -173,6 +184,9 @@ impl Hyper {
         check(lr.milestones.windows(2).all(|w| w[0] < w[1]), || {
             "learning-rate milestones must be strictly ascending".to_string()
         })?;
+        check(lr.warmup.is_finite() && lr.warmup >= 0.0, || {
+            format!("learning-rate warm-up must be epochs ≥ 0, got {}", lr.warmup)
+        })?;
         check(self.lambda0.is_finite() && self.lambda0 >= 0.0, || {
             format!("lambda0 must be ≥ 0, got {}", self.lambda0)
         })?;
@@ -220,11 +234,24 @@ mod tests {
 
     #[test]
     fn step_decay_divides_at_each_milestone() {
-        let s = LrSchedule { base: 0.5, factor: 0.1, milestones: vec![80.0, 120.0] };
+        let s = LrSchedule { base: 0.5, factor: 0.1, milestones: vec![80.0, 120.0], warmup: 0.0 };
         assert_eq!(s.at(0.0), 0.5);
         assert_eq!(s.at(79.9), 0.5);
         assert!((s.at(80.0) - 0.05).abs() < 1e-7);
         assert!((s.at(150.0) - 0.005).abs() < 1e-8);
+    }
+
+    #[test]
+    fn warm_up_rises_linearly_from_a_tenth_then_decays_as_before() {
+        let s = LrSchedule { base: 1.0, factor: 0.1, milestones: vec![10.0], warmup: 2.0 };
+        assert!((s.at(0.0) - 0.1).abs() < 1e-7);
+        assert!((s.at(1.0) - 0.55).abs() < 1e-6);
+        assert_eq!(s.at(2.0), 1.0);
+        assert_eq!(s.at(5.0), 1.0);
+        assert!((s.at(10.0) - 0.1).abs() < 1e-7);
+        let mut h = Hyper::new(Algorithm::Asgd, 0.1);
+        h.lr.warmup = f64::NAN;
+        assert!(h.validate().unwrap_err().0.contains("warm-up"));
     }
 
     #[test]

@@ -269,7 +269,7 @@ proptest! {
 #[test]
 fn a_refused_sync_push_does_not_move_the_learning_rate() {
     let mut hyper = Hyper::new(Algorithm::Sync, 0.1);
-    hyper.lr = crate::optimizer::LrSchedule { base: 0.1, factor: 0.1, milestones: vec![6.0] };
+    hyper.lr = crate::optimizer::LrSchedule { base: 0.1, factor: 0.1, milestones: vec![6.0], warmup: 0.0 };
     let s = Store::with_shard_len(layout(2), vec![0.0; 2], hyper, 2, 1);
     s.push(Push { epoch: Some(1.0), ..push(0, 0, 1) }, &[1.0, 1.0]).unwrap();
     let refused = s.push(Push { epoch: Some(7.0), ..push(0, 0, 2) }, &[1.0, 1.0]).unwrap_err();

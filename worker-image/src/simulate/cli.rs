@@ -52,6 +52,9 @@ pub struct SimulateArgs {
     lr_milestones: Vec<f64>,
     #[arg(long, default_value_t = 0.1)]
     lr_factor: f32,
+    /// Epochs of linear learning-rate warm-up, from a tenth of the rate (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    lr_warmup_epochs: f64,
     /// λ0 of the delay-compensated rules (default: the paper's, 0.04 for dc-asgd-c, 2 for dc-asgd-a).
     #[arg(long)]
     lambda0: Option<f32>,
@@ -103,6 +106,7 @@ fn hyper(args: &SimulateArgs, algorithm: Algorithm) -> Hyper {
         base: args.learning_rate,
         factor: args.lr_factor,
         milestones: args.lr_milestones.clone(),
+        warmup: args.lr_warmup_epochs,
     };
     if let (Some(l), true) = (args.lambda0, algorithm.is_delay_compensated()) {
         h.lambda0 = l;
