@@ -312,7 +312,9 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
 pub const PS_RESTARTED: &str = "ParameterServerRestarted";
 
 /// The PS's status, and the process that answered if it is a new one (a restart). The first
-/// process ever seen is not a restart.
+/// process ever seen is a restart only if it restored a checkpoint: the checkpoint claim is the
+/// job's own, so a predecessor wrote it — one that died before any operator recorded it (the
+/// operator itself may have been replaced in the meantime).
 fn next_ps_status<'a>(
     old: Option<&ParameterServerStatus>,
     o: &'a Observed,
@@ -322,7 +324,10 @@ fn next_ps_status<'a>(
     let Some(p) = &o.ps_process else {
         return (new, None);
     };
-    let restarted = old.incarnation.as_ref().is_some_and(|i| *i != p.incarnation);
+    let restarted = match &old.incarnation {
+        Some(seen) => *seen != p.incarnation,
+        None => p.restored_version.is_some(),
+    };
     new.incarnation = Some(p.incarnation.clone());
     new.started_at = Some(p.started_at.clone());
     if restarted {

@@ -260,6 +260,15 @@ fn a_new_parameter_server_process_is_a_restart_with_a_condition_and_one_event() 
     assert_eq!(cond.reason, "StartedWithoutCheckpoint");
     assert_eq!(cond.last_transition_time, t("2026-01-01T00:06:00Z"));
     assert!(ps_restart_event(&s4, &s5).unwrap().contains("re-seed"));
+
+    // The first process seen restored the job's checkpoint: its predecessor died before anyone
+    // recorded it (e.g. while the operator itself was being replaced), so it is a restart too.
+    let late =
+        step(&TrainingJobStatus::default(), &seen(Some(process("d", Some(31)))), "2026-01-01T00:07:00Z");
+    assert_eq!(late.parameter_server.as_ref().unwrap().restarts, 1);
+    let cond = late.conditions.iter().find(|c| c.type_ == PS_RESTARTED).unwrap();
+    assert_eq!(cond.reason, "RestoredCheckpoint");
+    assert!(ps_restart_event(&TrainingJobStatus::default(), &late).unwrap().contains("version 31"));
 }
 
 #[test]
