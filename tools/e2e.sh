@@ -317,6 +317,10 @@ case_main() {
     'kc -n '$ns' describe tj '$name' >"$out/main-describe.txt" && grep -Eq "^ *Normal +Completed " "$out/main-describe.txt"'
   grep -q '^ *Conditions:' "$out/main-describe.txt" || fail "describe shows no Conditions"
   grep -q '^Events:' "$out/main-describe.txt" || fail "describe shows no Events"
+  # A job without faults has nothing to warn about (a claim still being provisioned is not a
+  # scheduling failure).
+  ! grep -Eq '^ *Warning ' "$out/main-describe.txt" ||
+    fail "Warning events on a job without faults: $(grep -E '^ *Warning ' "$out/main-describe.txt" | paste -sd';')"
   log "describe: $(sed -n '/^Events:/,$p' "$out/main-describe.txt" | tail -n +3 | awk '{ print $2 }' | paste -sd, )"
   # A worker's log: progress lines.
   local w

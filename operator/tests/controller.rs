@@ -322,6 +322,42 @@ fn pods_that_cannot_be_scheduled_show_in_the_status_not_as_running() {
 }
 
 #[test]
+fn a_pod_waiting_for_its_claim_to_bind_is_not_unschedulable() {
+    let cp = control_plane();
+    let ns = cp.namespace("claim-binding");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    // No StorageClass or volume yet: the checkpoint claim stays Pending and the scheduler marks
+    // the PS pod Unschedulable ("pod has unbound immediate PersistentVolumeClaims").
+    apply_job(cp, &ns, "claims", json!({"parameterServer": {"checkpoint": {"storage": "1Gi"}}}));
+    let st = wait_for("the WaitingForVolumes reason", LONG, || {
+        let s = status(cp, &ns, "claims");
+        (condition(&s, "Running")["reason"] == "WaitingForVolumes").then_some(s)
+    });
+    assert_eq!(st["phase"], "Created", "{st:#}");
+    let msg = condition(&st, "Running")["message"].as_str().unwrap();
+    assert!(msg.contains("parameter server pod") && msg.contains("claims-ps-checkpoints"), "{msg}");
+
+    // A volume appears (as a provisioner would make one): the claim binds, the pod is placed.
+    let pv = format!(
+        r#"{{"apiVersion":"v1","kind":"PersistentVolume","metadata":{{"name":"{ns}-pv"}},
+            "spec":{{"capacity":{{"storage":"1Gi"}},"accessModes":["ReadWriteOnce"],
+                     "hostPath":{{"path":"/tmp/{ns}-pv"}},"storageClassName":""}}}}"#
+    );
+    cp.kubectl_ok(&["apply", "-f", "-"], Some(&pv));
+    let st = wait_for("the claim bound and the reason moved on", LONG, || {
+        let s = status(cp, &ns, "claims");
+        (condition(&s, "Running")["reason"] != "WaitingForVolumes").then_some(s)
+    });
+    assert_ne!(condition(&st, "Running")["reason"], "Unschedulable", "{st:#}");
+    assert!(
+        events(cp, &ns, "claims").iter().all(|e| e.0 != "Warning"),
+        "no Warning while the claim was binding: {:?}",
+        events(cp, &ns, "claims")
+    );
+    cp.kubectl_ok(&["delete", "pv", &format!("{ns}-pv"), "--wait=false"], None);
+}
+
+#[test]
 fn suspend_stops_the_workers_and_the_ps_keeps_its_checkpoint_then_resume_continues() {
     let cp = control_plane();
     let ns = cp.namespace("suspend");

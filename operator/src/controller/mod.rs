@@ -31,7 +31,7 @@ use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
 use children::{COMPONENT_PS, ChildDefaults, LABEL_JOB, Owner};
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
-use status::{Finalize, Observed, PsProcess, State, WorkerJob};
+use status::{Finalize, Observed, Placement, PsProcess, State, WorkerJob};
 use token::TokenKey;
 
 /// The field manager of everything the operator applies.
@@ -303,7 +303,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
 
     let ps_ready = ps_deployment.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
     let worker_job = worker_state(&workers);
-    let unschedulable = unschedulable_message(ctx, &owner).await?;
+    let placement = placement(ctx, &owner).await?;
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
     let (progress, ps_process) =
         if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
@@ -320,7 +320,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         suspend: job.spec.run_policy.suspend == Some(true),
         workers: Some(worker_job),
         ps_ready,
-        unschedulable,
+        placement,
         finalize,
         model_place: owner.model_place(),
         progress,
@@ -355,7 +355,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         suspend: false,
         workers: None,
         ps_ready: false,
-        unschedulable: None,
+        placement: Placement::Scheduled,
         finalize: Finalize::NotYet,
         model_place: children::ModelPlace::EmptyDir,
         progress: None,
@@ -437,25 +437,54 @@ fn worker_state(job: &Job) -> WorkerJob {
     }
 }
 
-/// The scheduler's message for the first of the job's pods it could not place.
-async fn unschedulable_message(ctx: &Context, owner: &Owner<'_>) -> Result<Option<String>> {
+/// Whether the scheduler placed the job's pods. A pod the scheduler calls Unschedulable only
+/// because a claim it mounts is not bound yet (the claim being provisioned) waits for its
+/// claims; any other unschedulable pod makes the job Unschedulable.
+async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let list = pods.list(&ListParams::default().labels(&format!("{LABEL_JOB}={}", owner.name))).await?;
-    Ok(list.items.iter().find_map(|p| {
-        let status = p.status.as_ref()?;
-        if status.phase.as_deref() != Some("Pending") {
-            return None;
-        }
-        let c = status.conditions.as_ref()?.iter().find(|c| {
-            c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
-        })?;
-        let who = if p.labels().get(children::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
+    let mut waiting = None;
+    for pod in &list.items {
+        let Some(message) = unschedulable_condition(pod) else { continue };
+        let who = if pod.labels().get(children::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
             "parameter server"
         } else {
             "worker"
         };
-        Some(format!("{who} pod {}: {}", p.name_any(), c.message.clone().unwrap_or_default()))
-    }))
+        let mut unbound = Vec::new();
+        for name in claim_names(pod) {
+            let bound = claims.get_opt(name).await?.and_then(|c| c.status?.phase).as_deref() == Some("Bound");
+            if !bound {
+                unbound.push(name);
+            }
+        }
+        if unbound.is_empty() {
+            return Ok(Placement::Unschedulable(format!("{who} pod {}: {message}", pod.name_any())));
+        }
+        waiting.get_or_insert_with(|| {
+            format!("{who} pod {} waits for claim(s) {} to be bound", pod.name_any(), unbound.join(", "))
+        });
+    }
+    Ok(waiting.map_or(Placement::Scheduled, Placement::WaitingForClaims))
+}
+
+/// The scheduler's message for a pending pod it could not place.
+fn unschedulable_condition(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Pending") {
+        return None;
+    }
+    let c = status.conditions.as_ref()?.iter().find(|c| {
+        c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+    })?;
+    Some(c.message.clone().unwrap_or_default())
+}
+
+/// The claims a pod mounts.
+fn claim_names(pod: &Pod) -> impl Iterator<Item = &str> {
+    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    volumes.filter_map(|v| v.persistent_volume_claim.as_ref()).map(|c| c.claim_name.as_str())
 }
 
 /// Reads the ready PS's `/v1/status` when it is due, and tells it the worker count if it has

@@ -47,8 +47,8 @@ pub struct Observed {
     /// The worker Job; `None` before it exists.
     pub workers: Option<WorkerJob>,
     pub ps_ready: bool,
-    /// The scheduler's message for a worker or PS pod it cannot place.
-    pub unschedulable: Option<String>,
+    /// Whether the scheduler placed the job's pods.
+    pub placement: Placement,
     pub finalize: Finalize,
     /// Where the final model goes.
     pub model_place: ModelPlace,
@@ -60,6 +60,19 @@ pub struct Observed {
     /// back to Created (a worker pod that finished, or was replaced, is briefly not ready before
     /// the Job counts it).
     pub has_run: bool,
+}
+
+/// What the scheduler did with the job's pods.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Placement {
+    /// Every pod is placed, or the scheduler has not looked at it yet.
+    #[default]
+    Scheduled,
+    /// A pod waits for a claim it mounts to be bound (the scheduler calls this Unschedulable too,
+    /// but a provisioner usually binds the claim within seconds): which pod and claims.
+    WaitingForClaims(String),
+    /// The scheduler's message for a worker or PS pod it cannot place.
+    Unschedulable(String),
 }
 
 /// The parameter server process that answered `/v1/status`.
@@ -153,8 +166,15 @@ pub fn decide(o: &Observed) -> State {
             "runPolicy.suspend is true: workers stopped, the parameter server's checkpoint kept",
         );
     }
-    if let Some(msg) = &o.unschedulable {
-        return State::new(Phase::Created, "Unschedulable", format!("pods cannot be scheduled: {msg}"));
+    match &o.placement {
+        Placement::Unschedulable(msg) => {
+            return State::new(Phase::Created, "Unschedulable", format!("pods cannot be scheduled: {msg}"));
+        }
+        // Once it has run, the phase says what is missing (the PS or workers not ready).
+        Placement::WaitingForClaims(msg) if !o.has_run => {
+            return State::new(Phase::Created, "WaitingForVolumes", msg.clone());
+        }
+        Placement::WaitingForClaims(_) | Placement::Scheduled => {}
     }
     let remaining = o.replicas.saturating_sub(w.succeeded);
     // Workers that must be ready for the job to train: all that have not finished, or

@@ -9,7 +9,7 @@ fn observed() -> Observed {
         suspend: false,
         workers: Some(WorkerJob::default()),
         ps_ready: false,
-        unschedulable: None,
+        placement: Placement::Scheduled,
         finalize: Finalize::NotYet,
         model_place: ModelPlace::EmptyDir,
         progress: None,
@@ -37,8 +37,28 @@ fn each_observation_leads_to_its_phase() {
     let cases: Vec<(Observed, Phase, &str)> = vec![
         (Observed { workers: None, ..observed() }, Phase::Created, "Creating"),
         (observed(), Phase::Created, "Starting"),
-        (Observed { unschedulable: Some("0/1 nodes".into()), ..observed() }, Phase::Created, "Unschedulable"),
+        (
+            Observed { placement: Placement::Unschedulable("0/1 nodes".into()), ..observed() },
+            Phase::Created,
+            "Unschedulable",
+        ),
         (Observed { ps_ready: true, ..with_workers(running) }, Phase::Running, "WorkersRunning"),
+        // A claim still being provisioned is not a scheduling failure (no Warning)...
+        (
+            Observed { placement: Placement::WaitingForClaims("claim c".into()), ..observed() },
+            Phase::Created,
+            "WaitingForVolumes",
+        ),
+        // ...and once the job ran, the phase says what is not ready.
+        (
+            Observed {
+                placement: Placement::WaitingForClaims("claim c".into()),
+                has_run: true,
+                ..with_workers(running)
+            },
+            Phase::Restarting,
+            "ParameterServerNotReady",
+        ),
         // Workers up before the PS at the start: still starting.
         (with_workers(running), Phase::Created, "ParameterServerNotReady"),
         // Workers up, the PS gone after the job ran: not healthy.
@@ -93,7 +113,7 @@ fn each_observation_leads_to_its_phase() {
         (
             Observed {
                 suspend: true,
-                unschedulable: Some("x".into()),
+                placement: Placement::Unschedulable("x".into()),
                 ..with_workers(|w| w.failed_condition = Some(("DeadlineExceeded".into(), "late".into())))
             },
             Phase::Failed,
@@ -195,7 +215,7 @@ fn a_transition_is_a_change_of_phase_or_reason() {
     assert!(transition(&TrainingJobStatus::default(), &state).is_some());
     let s = next_status(&TrainingJobStatus::default(), &o, &state, &now);
     assert!(transition(&s, &state).is_none(), "same phase and reason");
-    let unschedulable = decide(&Observed { unschedulable: Some("no GPU".into()), ..o });
+    let unschedulable = decide(&Observed { placement: Placement::Unschedulable("no GPU".into()), ..o });
     assert_eq!(unschedulable.phase, Phase::Created);
     let t2 = transition(&s, &unschedulable).expect("same phase, new reason");
     assert!(t2.is_warning());
