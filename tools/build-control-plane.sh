@@ -21,8 +21,7 @@ set -euo pipefail
 # existing caches are rebuilt.
 RECIPE=1
 
-log() { printf '[build-control-plane] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/go-cache.sh"
 
 force=0
 for arg in "$@"; do
@@ -37,10 +36,6 @@ tools_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 k8s_mod=$tools_dir/k8s
 etcd_mod=$tools_dir/etcd
 
-# Pinned versions, read straight from go.mod so the warm path never starts `go`.
-gomod_version() { # $1 = go.mod, $2 = module path
-  awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$1"
-}
 k8s_version=$(gomod_version "$k8s_mod/go.mod" k8s.io/kubernetes)
 etcd_version=$(gomod_version "$etcd_mod/go.mod" go.etcd.io/etcd/server/v3)
 [[ -n $k8s_version ]] || die "k8s.io/kubernetes is not required in $k8s_mod/go.mod"
@@ -49,7 +44,6 @@ etcd_version=$(gomod_version "$etcd_mod/go.mod" go.etcd.io/etcd/server/v3)
 cache_root=${FORESIGHT_CACHE:-$HOME/.cache/foresight}
 out_dir=$cache_root/control-plane/$k8s_version-$etcd_version
 bin_dir=$out_dir/bin
-stamp=$out_dir/stamp
 
 key=$(
   printf 'recipe=%s\nk8s=%s\netcd=%s\n' "$RECIPE" "$k8s_version" "$etcd_version"
@@ -58,31 +52,11 @@ key=$(
 
 binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd)
 up_to_date() {
-  [[ -f $stamp ]] && [[ "$(cat "$stamp")" == "$key" ]] || return 1
+  stamp_matches || return 1
   local b
   for b in "${binaries[@]}"; do [[ -x $bin_dir/$b ]] || return 1; done
 }
-
-if [[ $force == 0 ]] && up_to_date; then
-  log "up to date: kubernetes $k8s_version, etcd $etcd_version"
-  echo "$bin_dir"
-  exit 0
-fi
-
-command -v go >/dev/null || die "go is not on PATH"
-mkdir -p "$out_dir"
-# Serialise concurrent callers (parallel test runs); the loser finds the stamp fresh.
-exec 9>"$out_dir/lock"
-flock 9
-if [[ $force == 0 ]] && up_to_date; then
-  log "up to date (built by a concurrent run): kubernetes $k8s_version, etcd $etcd_version"
-  echo "$bin_dir"
-  exit 0
-fi
-
-export GOWORK=off CGO_ENABLED=0
-# The committed go.sum files are complete: never let a build edit them.
-export GOFLAGS="-mod=readonly -buildvcs=false"
+use_cache_or_lock "kubernetes $k8s_version, etcd $etcd_version"
 
 tmp_bin=$out_dir/bin.tmp
 rm -rf "$tmp_bin"
@@ -131,6 +105,6 @@ for b in "${binaries[@]}"; do [[ -x $tmp_bin/$b ]] || die "$b was not built"; do
 
 rm -rf "$bin_dir"
 mv "$tmp_bin" "$bin_dir"
-printf '%s\n' "$key" >"$stamp"
+write_stamp
 log "done in $((SECONDS - start))s: $bin_dir"
 echo "$bin_dir"

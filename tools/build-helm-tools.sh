@@ -17,8 +17,7 @@ set -euo pipefail
 # Bump when the way the tools are built changes (flags, ldflags), so caches are rebuilt.
 RECIPE=1
 
-log() { printf '[build-helm-tools] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/go-cache.sh"
 
 force=0
 for arg in "$@"; do
@@ -34,10 +33,6 @@ helm_mod=$tools_dir/helm
 kubeconform_mod=$tools_dir/kubeconform
 crds_mod=$tools_dir/monitoring-crds
 
-# Pinned versions, read straight from go.mod so the warm path never starts `go`.
-gomod_version() { # $1 = go.mod, $2 = module path
-  awk -v m="$2" '($1 == m && $2 ~ /^v/) || ($1 == "require" && $2 == m) { print ($1 == "require" ? $3 : $2); exit }' "$1"
-}
 helm_version=$(gomod_version "$helm_mod/go.mod" helm.sh/helm/v3)
 kubeconform_version=$(gomod_version "$kubeconform_mod/go.mod" github.com/yannh/kubeconform)
 promop_version=$(gomod_version "$crds_mod/go.mod" github.com/prometheus-operator/prometheus-operator)
@@ -49,7 +44,6 @@ cache_root=${FORESIGHT_CACHE:-$HOME/.cache/foresight}
 out_dir=$cache_root/helm-tools/helm-$helm_version-kubeconform-$kubeconform_version-promop-$promop_version
 bin_dir=$out_dir/bin
 crd_dir=$out_dir/crds
-stamp=$out_dir/stamp
 
 key=$(
   printf 'recipe=%s\nhelm=%s\nkubeconform=%s\nprometheus-operator=%s\n' \
@@ -60,32 +54,12 @@ key=$(
 
 crd_files=(monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_podmonitors.yaml)
 up_to_date() {
-  [[ -f $stamp ]] && [[ "$(cat "$stamp")" == "$key" ]] || return 1
+  stamp_matches || return 1
   [[ -x $bin_dir/helm && -x $bin_dir/kubeconform ]] || return 1
   local f
   for f in "${crd_files[@]}"; do [[ -f $crd_dir/$f ]] || return 1; done
 }
-
-if [[ $force == 0 ]] && up_to_date; then
-  log "up to date: helm $helm_version, kubeconform $kubeconform_version, prometheus-operator CRDs $promop_version"
-  echo "$bin_dir"
-  exit 0
-fi
-
-command -v go >/dev/null || die "go is not on PATH"
-mkdir -p "$out_dir"
-# Serialise concurrent callers (parallel test binaries); the loser finds the stamp fresh.
-exec 9>"$out_dir/lock"
-flock 9
-if [[ $force == 0 ]] && up_to_date; then
-  log "up to date (built by a concurrent run): helm $helm_version, kubeconform $kubeconform_version"
-  echo "$bin_dir"
-  exit 0
-fi
-
-export GOWORK=off CGO_ENABLED=0
-# The committed go.sum files are complete: never let a build edit them.
-export GOFLAGS="-mod=readonly -buildvcs=false"
+use_cache_or_lock "helm $helm_version, kubeconform $kubeconform_version, prometheus-operator CRDs $promop_version"
 
 tmp_bin=$out_dir/bin.tmp
 tmp_crds=$out_dir/crds.tmp
@@ -145,6 +119,6 @@ chmod u+w "$tmp_crds"/*
 rm -rf "$bin_dir" "$crd_dir"
 mv "$tmp_bin" "$bin_dir"
 mv "$tmp_crds" "$crd_dir"
-printf '%s\n' "$key" >"$stamp"
+write_stamp
 log "done in $((SECONDS - start))s: $bin_dir"
 echo "$bin_dir"

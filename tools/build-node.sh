@@ -20,8 +20,7 @@ set -euo pipefail
 
 RECIPE=1
 
-log() { printf '[build-node] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/go-cache.sh"
 
 force=0
 apt=1
@@ -56,9 +55,6 @@ if [[ $apt == 1 ]]; then
   fi
 fi
 
-gomod_version() { # $1 = go.mod, $2 = module path
-  awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$1"
-}
 k8s_version=$(gomod_version "$tools_dir/k8s/go.mod" k8s.io/kubernetes)
 containerd_version=$(gomod_version "$tools_dir/containerd/go.mod" github.com/containerd/containerd/v2)
 coredns_version=$(gomod_version "$tools_dir/coredns/go.mod" github.com/coredns/coredns)
@@ -69,7 +65,6 @@ lpp_version=$(gomod_version "$tools_dir/local-path-provisioner/go.mod" github.co
 cache_root=${FORESIGHT_CACHE:-$HOME/.cache/foresight}
 out_dir=$cache_root/node/$k8s_version-containerd$containerd_version-coredns$coredns_version-lpp$lpp_version
 bin_dir=$out_dir/bin
-stamp=$out_dir/stamp
 
 key=$(
   printf 'recipe=%s\nk8s=%s\ncontainerd=%s\ncoredns=%s\nlocal-path-provisioner=%s\n' \
@@ -80,29 +75,11 @@ key=$(
 
 binaries=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns local-path-provisioner)
 up_to_date() {
-  [[ -f $stamp ]] && [[ "$(cat "$stamp")" == "$key" ]] || return 1
+  stamp_matches || return 1
   local b
   for b in "${binaries[@]}"; do [[ -x $bin_dir/$b ]] || return 1; done
 }
-
-if [[ $force == 0 ]] && up_to_date; then
-  log "up to date: kubernetes $k8s_version, containerd $containerd_version, coredns $coredns_version, local-path-provisioner $lpp_version"
-  echo "$bin_dir"
-  exit 0
-fi
-
-command -v go >/dev/null || die "go is not on PATH"
-mkdir -p "$out_dir"
-exec 9>"$out_dir/lock"
-flock 9
-if [[ $force == 0 ]] && up_to_date; then
-  log "up to date (built by a concurrent run)"
-  echo "$bin_dir"
-  exit 0
-fi
-
-export GOWORK=off CGO_ENABLED=0
-export GOFLAGS="-mod=readonly -buildvcs=false"
+use_cache_or_lock "kubernetes $k8s_version, containerd $containerd_version, coredns $coredns_version, local-path-provisioner $lpp_version"
 gobuild() { nice -n 10 go build -trimpath "$@"; }
 
 tmp_bin=$out_dir/bin.tmp
@@ -165,6 +142,6 @@ for b in "${binaries[@]}"; do [[ -x $tmp_bin/$b ]] || die "$b was not built"; do
 
 rm -rf "$bin_dir"
 mv "$tmp_bin" "$bin_dir"
-printf '%s\n' "$key" >"$stamp"
+write_stamp
 log "done in $((SECONDS - start))s: $bin_dir"
 echo "$bin_dir"

@@ -9,13 +9,12 @@
 # triple the build; file, static and HTTP discovery are always in. No `builtinassets`: the web
 # UI is not embedded (the HTTP API, which the scripts use, is all there). Installed into
 # ${FORESIGHT_CACHE:-$HOME/.cache/foresight}/prometheus/<version>/bin; prints that directory as
-# the last line of stdout. Same stamp scheme and `--force` as build-helm-tools.sh.
+# the last line of stdout. The stamp scheme of tools/go-cache.sh; `--force` rebuilds.
 set -euo pipefail
 
 RECIPE=1 # bump when the build's flags change
 
-log() { printf '[build-prometheus] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/go-cache.sh"
 force=0
 for arg in "$@"; do
   case $arg in
@@ -26,32 +25,16 @@ done
 
 tools_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mod=$tools_dir/prometheus
-version=$(awk '$1 == "github.com/prometheus/prometheus" && $2 ~ /^v/ { print $2; exit }' "$mod/go.mod")
+version=$(gomod_version "$mod/go.mod" github.com/prometheus/prometheus)
 [[ -n $version ]] || die "github.com/prometheus/prometheus is not required in $mod/go.mod"
 # The module is tagged v0.<major><minor 2 digits>.<patch> for Prometheus <major>.<minor>.<patch>.
 v=${version#v0.}
 release=$((${v%%.*} / 100)).$((${v%%.*} % 100)).${v#*.}
 out_dir=${FORESIGHT_CACHE:-$HOME/.cache/foresight}/prometheus/$release
 bin_dir=$out_dir/bin
-stamp=$out_dir/stamp
 key=$(printf 'recipe=%s\nprometheus=%s\n' "$RECIPE" "$version" && cd "$tools_dir" && sha256sum prometheus/go.mod prometheus/go.sum)
-up_to_date() { [[ -f $stamp && "$(cat "$stamp")" == "$key" && -x $bin_dir/prometheus ]]; }
-
-if [[ $force == 0 ]] && up_to_date; then
-  log "up to date: prometheus $release (kubernetes SD)"
-  echo "$bin_dir"
-  exit 0
-fi
-command -v go >/dev/null || die "go is not on PATH"
-mkdir -p "$out_dir"
-exec 9>"$out_dir/lock"
-flock 9
-if [[ $force == 0 ]] && up_to_date; then
-  echo "$bin_dir"
-  exit 0
-fi
-export GOWORK=off CGO_ENABLED=0
-export GOFLAGS="-mod=readonly -buildvcs=false"
+up_to_date() { stamp_matches && [[ -x $bin_dir/prometheus ]]; }
+use_cache_or_lock "prometheus $release (kubernetes SD)"
 start=$SECONDS
 log "building prometheus $release ($version) with kubernetes SD (several minutes the first time)"
 rm -rf "$out_dir/bin.tmp"
@@ -67,6 +50,6 @@ ldflags+=" -X github.com/prometheus/common/version.Branch=HEAD -X github.com/pro
 "$out_dir/bin.tmp/prometheus" --version >&2
 rm -rf "$bin_dir"
 mv "$out_dir/bin.tmp" "$bin_dir"
-printf '%s\n' "$key" >"$stamp"
+write_stamp
 log "done in $((SECONDS - start))s: $bin_dir"
 echo "$bin_dir"
