@@ -46,6 +46,11 @@ enum Cmd {
         /// to talk to that PS yourself: its address is in --out's prometheus-targets.json.
         #[arg(long, env = "FORESIGHT_TOKEN", hide_env_values = true, value_parser = parse_token)]
         token: Option<String>,
+        /// Have the parameter server write its model every N updates into --out/snapshots and
+        /// evaluate each afterwards: summary.json's `curve` (the PS model's held-out loss and
+        /// accuracy against updates, epochs and seconds).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        snapshot_every: Option<u64>,
     },
     /// Print the TrainingJob CustomResourceDefinition as YAML.
     Crd,
@@ -171,7 +176,18 @@ async fn main() {
         Cmd::Crd => {
             print!("{}", foresight_operator::api::crd_yaml());
         }
-        Cmd::Run { job, out, ps_bin, worker_bin, torch_threads, slow_worker, no_progress, resume, token } => {
+        Cmd::Run {
+            job,
+            out,
+            ps_bin,
+            worker_bin,
+            torch_threads,
+            slow_worker,
+            no_progress,
+            resume,
+            token,
+            snapshot_every,
+        } => {
             let mut opts = RunOptions::beside_current_exe(out);
             opts.ps_bin = ps_bin.unwrap_or(opts.ps_bin);
             opts.worker_bin = worker_bin.unwrap_or(opts.worker_bin);
@@ -179,6 +195,7 @@ async fn main() {
             opts.progress = !no_progress;
             opts.resume = resume;
             opts.token = token;
+            opts.snapshot_every = snapshot_every;
             opts.worker_overrides = slow_worker
                 .into_iter()
                 .map(|(w, f)| (w, "FORESIGHT_SLOWDOWN".into(), f.to_string()))

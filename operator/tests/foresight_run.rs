@@ -42,7 +42,15 @@ fn four_dc_asgd_a_workers_train_and_write_every_output() {
          training: {epochs: 2, batchSize: 32, learningRate: 0.1}\n  \
          optimizer: {algorithm: dc-asgd-a, lambda0: 2}\n  workers: {replicas: 4}\n",
     );
-    let o = foresight(&["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"]);
+    let o = foresight(&[
+        "run",
+        yaml.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--no-progress",
+        "--snapshot-every",
+        "50",
+    ]);
     let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "foresight run failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("held-out accuracy"), "{stdout}");
@@ -60,6 +68,20 @@ fn four_dc_asgd_a_workers_train_and_write_every_output() {
     assert_eq!(summary["staleness"]["count"], summary["updates"]);
     assert_eq!(summary["per_worker"].as_array().unwrap().len(), 4);
     assert!(summary["staleness_histogram"].as_array().unwrap().len() > 5);
+
+    // The curve: the PS's own model at every 50th update (the first version the snapshotter
+    // saw at or after each multiple), evaluated by the same evaluator as the final model.
+    let curve = summary["curve"].as_array().unwrap();
+    let field = |k: &str| curve.iter().map(|p| p[k].as_f64().unwrap()).collect::<Vec<_>>();
+    let (versions, seconds, accuracy) = (field("version"), field("seconds"), field("accuracy"));
+    assert!(curve.len() >= 3, "2 epochs of 125 updates, a snapshot every 50: {curve:?}");
+    assert_eq!(versions[0], 0.0, "the initial model is the first point");
+    let buckets: Vec<u64> = versions.iter().map(|v| *v as u64 / 50).collect();
+    assert!(buckets.windows(2).all(|w| w[0] < w[1]), "one snapshot per 50 updates: {versions:?}");
+    assert!(seconds.windows(2).all(|w| w[0] <= w[1]), "{seconds:?}");
+    assert!(accuracy[0] < 0.3 && *accuracy.last().unwrap() > 0.5, "it learned: {accuracy:?}");
+    let files = std::fs::read_dir(out.join("snapshots")).unwrap().count();
+    assert_eq!(files, curve.len() + 1, "every snapshot and snapshots.jsonl");
 
     let model = std::fs::read(out.join("model-final.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&model).unwrap();

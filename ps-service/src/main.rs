@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use foresight_ps::optimizer::{Algorithm, Combine, Hyper, LrSchedule};
-use foresight_ps::server::{AppState, Listener, PsConfig, TlsFiles, router, serve};
+use foresight_ps::server::{AppState, Listener, PsConfig, SnapshotPolicy, TlsFiles, router, serve};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -95,6 +95,14 @@ struct Args {
     #[arg(long, env = "FORESIGHT_OUTPUT_DIR")]
     output_dir: Option<PathBuf>,
 
+    /// Write the model every this many updates into --snapshot-dir, for learning curves of
+    /// the PS's own model (0: never).
+    #[arg(long, env = "FORESIGHT_SNAPSHOT_EVERY", default_value_t = 0)]
+    snapshot_every: u64,
+    /// Where --snapshot-every writes snapshot-<version>.safetensors and snapshots.jsonl.
+    #[arg(long, env = "FORESIGHT_SNAPSHOT_DIR")]
+    snapshot_dir: Option<PathBuf>,
+
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "FORESIGHT_BODY_LIMIT", default_value_t = 1 << 30)]
     body_limit: usize,
@@ -157,6 +165,20 @@ impl Args {
         h
     }
 
+    /// The snapshot policy: both flags or neither; the directory is made now, so a bad path
+    /// stops the start instead of failing every snapshot later.
+    fn snapshots(&self) -> anyhow::Result<Option<SnapshotPolicy>> {
+        match (self.snapshot_every, &self.snapshot_dir) {
+            (0, None) => Ok(None),
+            (0, Some(_)) => anyhow::bail!("--snapshot-dir needs --snapshot-every N (N ≥ 1)"),
+            (_, None) => anyhow::bail!("--snapshot-every needs --snapshot-dir"),
+            (every, Some(dir)) => {
+                std::fs::create_dir_all(dir).with_context(|| format!("--snapshot-dir {}", dir.display()))?;
+                Ok(Some(SnapshotPolicy { dir: dir.clone(), every }))
+            }
+        }
+    }
+
     fn token(&self) -> anyhow::Result<Option<String>> {
         let token = match (&self.token, &self.token_file) {
             (Some(t), _) => Some(t.trim().to_string()),
@@ -210,6 +232,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (args.checkpoint_interval > 0).then(|| Duration::from_secs(args.checkpoint_interval));
     config.keep_checkpoints = args.keep_checkpoints;
     config.output_dir = args.output_dir.clone();
+    config.snapshots = args.snapshots()?;
     config.job = args.job_name.clone();
     config.namespace = args.namespace.clone();
     config.max_long_poll = Duration::from_secs(args.max_long_poll);
@@ -227,6 +250,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "parameter server listening"
     );
     state.spawn_checkpointer();
+    state.spawn_snapshotter();
     state.spawn_round_watch();
     serve(listener, router(state.clone()), shutdown_signal()).await;
     match state.checkpoint().await {

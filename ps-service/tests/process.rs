@@ -122,6 +122,52 @@ async fn sigkill_loses_only_what_came_after_the_last_periodic_checkpoint() {
     assert!(checkpoints(&ckpt).len() <= 2, "keeps the newest 2: {:?}", checkpoints(&ckpt));
 }
 
+/// --snapshot-every N: the model as first registered, then one file per N updates, each the
+/// model at the version its record names, listed in snapshots.jsonl in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_written_every_n_updates() {
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snapshots");
+    let port = free_port();
+    let mut ps = PsProcess::spawn(
+        port,
+        &["--workers", "2", "--snapshot-every", "4", "--snapshot-dir", snaps.to_str().unwrap()],
+    );
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    c.register(&l, &init(&l)).await.unwrap();
+    train(&c, 2, 7, 1).await; // versions 1..=14
+    let records = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(snaps.join("snapshots.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    // The last multiple reached is 12: a snapshot at 12, 13 or 14 comes whatever the timing.
+    let last = |r: &[serde_json::Value]| r.last().and_then(|r| r["version"].as_u64());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while last(&records()).is_none_or(|v| v < 12) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let records = records();
+    let versions: Vec<u64> = records.iter().map(|r| r["version"].as_u64().unwrap()).collect();
+    assert_eq!(versions[0], 0, "the registered model first: {versions:?}");
+    assert!((12..=14).contains(versions.last().unwrap()), "{versions:?}");
+    // At most one per interval of 4 (a loaded machine may skip one, never repeat one).
+    let intervals: Vec<u64> = versions.iter().map(|v| v / 4).collect();
+    assert!(intervals.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+    for r in &records {
+        let bytes = std::fs::read(snaps.join(r["file"].as_str().unwrap())).unwrap();
+        let (layout, data, _) = checkpoint::decode(&bytes).unwrap();
+        assert_eq!((layout, data.version), (l.clone(), r["version"].as_u64().unwrap()));
+        assert!(data.state.mean_square.is_empty(), "a snapshot is the model only");
+    }
+    ps.signal("TERM");
+    assert!(ps.wait_exit().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_to_start_with_bad_configuration() {
     let bin = env!("CARGO_BIN_EXE_foresight-ps");
@@ -135,6 +181,12 @@ async fn refuses_to_start_with_bad_configuration() {
         (&["--workers", "2", "--token", "t", "--mean-square-decay", "1.5"], "meanSquareDecay"),
         (&["--workers", "0", "--token", "t"], "at least one worker"),
         (&["--workers", "2", "--token-file", "/nonexistent/token"], "/nonexistent/token"),
+        (&["--workers", "2", "--token", "t", "--snapshot-every", "5"], "needs --snapshot-dir"),
+        (&["--workers", "2", "--token", "t", "--snapshot-dir", "/tmp"], "needs --snapshot-every"),
+        (
+            &["--workers", "2", "--token", "t", "--snapshot-every", "5", "--snapshot-dir", "/proc/x"],
+            "/proc/x",
+        ),
     ];
     for (args, expect) in cases {
         let out = Command::new(bin).args(*args).args(["--listen", "127.0.0.1:0"]).output().unwrap();

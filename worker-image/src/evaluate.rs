@@ -3,7 +3,7 @@
 //! model: `foresight run` calls it, and in a cluster it runs from the worker image with the job's
 //! environment, so the figure never depends on which worker happened to report last.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
@@ -18,13 +18,18 @@ use crate::exit::permanent;
 use crate::model::{Model, ModelSpec};
 use crate::train::{evaluate, layout_of, load_params, to_tensors};
 
-/// Evaluate a saved model on the held-out split of a dataset; prints one JSON line.
+/// Evaluate a saved model on the held-out split of a dataset; prints one JSON line (one per
+/// snapshot, in version order, with --snapshot-dir).
 #[derive(Parser, Debug)]
 #[command(name = "foresight-worker evaluate", version)]
 pub struct EvaluateArgs {
     /// The model file: model-final.safetensors or a ckpt-*.safetensors the PS wrote.
-    #[arg(long, env = "FORESIGHT_EVAL_MODEL_FILE")]
-    model_file: PathBuf,
+    #[arg(long, env = "FORESIGHT_EVAL_MODEL_FILE", required_unless_present = "snapshot_dir")]
+    model_file: Option<PathBuf>,
+    /// Every snapshot-*.safetensors the PS wrote with --snapshot-every, instead of one file
+    /// (the dataset is loaded once).
+    #[arg(long, conflicts_with = "model_file")]
+    snapshot_dir: Option<PathBuf>,
     /// Model: mlp, lenet5, resnet20 or torchscript (as the job trained).
     #[arg(long, env = "FORESIGHT_MODEL", default_value = "mlp")]
     model: String,
@@ -61,31 +66,60 @@ pub struct Evaluation {
     pub accuracy: f64,
 }
 
-pub fn run(args: &EvaluateArgs) -> anyhow::Result<Evaluation> {
+pub fn run(args: &EvaluateArgs) -> anyhow::Result<Vec<Evaluation>> {
     anyhow::ensure!(args.holdout > 0.0 && args.holdout < 1.0, "holdout must be in (0, 1)");
+    let files = match &args.snapshot_dir {
+        Some(dir) => snapshot_files(dir).map_err(permanent)?,
+        None => vec![args.model_file.clone().context("--model-file or --snapshot-dir is needed")?],
+    };
     let spec = ModelSpec::parse(&args.model, args.model_path.as_deref()).map_err(anyhow::Error::msg)?;
-    let bytes = std::fs::read(&args.model_file)
-        .with_context(|| format!("reading {}", args.model_file.display()))
-        .map_err(permanent)?;
-    let (layout, saved, _) = checkpoint::decode(&bytes)
-        .map_err(|why| permanent(anyhow::anyhow!("{}: {why}", args.model_file.display())))?;
     let ds =
         Dataset::load(args.dataset_format, &args.dataset_path, args.seed, args.holdout).map_err(permanent)?;
     let device = Device::cuda_if_available();
     let mut model = Model::build(&spec, ds.train.shape, ds.classes, device).map_err(permanent)?;
+    files.iter().map(|file| evaluate_file(args, file, &mut model, &ds, device)).collect()
+}
+
+/// The snapshot files in `dir`, in version order (the names carry it zero-padded).
+fn snapshot_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading --snapshot-dir {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("snapshot-") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    files.sort();
+    anyhow::ensure!(!files.is_empty(), "{} holds no snapshot-*.safetensors", dir.display());
+    Ok(files)
+}
+
+fn evaluate_file(
+    args: &EvaluateArgs,
+    file: &Path,
+    model: &mut Model,
+    ds: &Dataset,
+    device: Device,
+) -> anyhow::Result<Evaluation> {
+    let bytes =
+        std::fs::read(file).with_context(|| format!("reading {}", file.display())).map_err(permanent)?;
+    let (layout, saved, _) =
+        checkpoint::decode(&bytes).map_err(|why| permanent(anyhow::anyhow!("{}: {why}", file.display())))?;
     let params = model.parameters()?;
     if layout_of(&params)? != layout {
         return Err(permanent(anyhow::anyhow!(
             "{} holds a model whose tensors differ from --model {}'s",
-            args.model_file.display(),
+            file.display(),
             args.model
         )));
     }
     load_params(&params, &saved.params);
-    recalibrate(&mut model, &ds, args.seed, args.recalibrate_batches, device)?;
-    let (loss, accuracy) = evaluate(&mut model, &ds.test, device)?;
+    recalibrate(model, ds, args.seed, args.recalibrate_batches, device)?;
+    let (loss, accuracy) = evaluate(model, &ds.test, device)?;
     Ok(Evaluation {
-        model_file: args.model_file.clone(),
+        model_file: file.to_path_buf(),
         version: saved.version,
         finalized: saved.finalized,
         examples: ds.test.len(),

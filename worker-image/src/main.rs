@@ -113,7 +113,11 @@ fn main() {
     let result = if sub.as_ref().is_some_and(|a| a == "evaluate") {
         let args = evaluate::EvaluateArgs::parse_from(std::env::args_os().skip(1));
         init_logs();
-        evaluate::run(&args).map(|e| println!("{}", serde_json::to_string(&e).expect("plain data")))
+        evaluate::run(&args).map(|all| {
+            for e in all {
+                println!("{}", serde_json::to_string(&e).expect("plain data"));
+            }
+        })
     } else if sub.as_ref().is_some_and(|a| a == "simulate") {
         let args = simulate::cli::SimulateArgs::parse_from(std::env::args_os().skip(1));
         init_logs();

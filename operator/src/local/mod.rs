@@ -10,6 +10,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use foresight_ps::client::PsClient;
+use foresight_ps::server::{SNAPSHOT_INDEX, SnapshotRecord};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -36,6 +37,9 @@ pub struct RunOptions {
     pub resume: bool,
     /// The job token (default: a new random one).
     pub token: Option<String>,
+    /// The PS writes its model every N updates into `out/snapshots`, and the run evaluates each
+    /// (summary.json's `curve`).
+    pub snapshot_every: Option<u64>,
 }
 
 impl RunOptions {
@@ -52,6 +56,7 @@ impl RunOptions {
             progress: true,
             resume: false,
             token: None,
+            snapshot_every: None,
         }
     }
 }
@@ -313,6 +318,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         (0..32).map(|_| format!("{:x}", rng.random_range(0..16u8))).collect()
     });
     let started = Instant::now();
+    let started_unix_ms = unix_ms();
 
     // The parameter server.
     let ports = free_ports(1 + m)?;
@@ -325,6 +331,13 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         ("FORESIGHT_CHECKPOINT_DIR".into(), ckpt_dir.display().to_string()),
         ("FORESIGHT_OUTPUT_DIR".into(), opts.out.display().to_string()),
     ]);
+    let snapshot_dir = opts.out.join("snapshots");
+    if let Some(every) = opts.snapshot_every {
+        ps_env.extend([
+            ("FORESIGHT_SNAPSHOT_EVERY".into(), every.to_string()),
+            ("FORESIGHT_SNAPSHOT_DIR".into(), snapshot_dir.display().to_string()),
+        ]);
+    }
     let mut ps =
         ParameterServer::start(&opts.ps_bin, ps_env, opts.out.join("logs/ps.log"), ps_url.clone()).await?;
     let client = PsClient::new(&ps_url, Some(token.clone())).map_err(setup)?;
@@ -415,9 +428,18 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         _ => return Err(setup("the parameter server did not stop within 60 s of SIGTERM")),
     }
     let model = finalized.get("path").and_then(|p| p.as_str()).map(PathBuf::from);
+    let (bin, env) = (&opts.worker_bin, &workers.env[0]);
     let final_model = match &model {
-        Some(path) => Some(evaluate_final_model(&opts.worker_bin, &workers.env[0], path).await?),
+        Some(path) => evaluate_models(bin, env, "--model-file", path).await?.into_iter().next(),
         None => None,
+    };
+    let curve = match opts.snapshot_every {
+        Some(_) => summary::curve(
+            &snapshot_records(&snapshot_dir)?,
+            &evaluate_models(bin, env, "--snapshot-dir", &snapshot_dir).await?,
+            started_unix_ms,
+        ),
+        None => Vec::new(),
     };
     let mut summary = Summary::build(
         &name,
@@ -431,23 +453,27 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         &history,
     );
     summary.restarts = backoff.restarts;
+    summary.curve = curve;
     summary.write(&opts.out).map_err(|e| setup(format!("writing the summary: {e}")))?;
     plot::draw(&opts.out.join("plot.png"), &history, &summary)
         .map_err(|e| setup(format!("drawing the plot: {e}")))?;
     Ok(summary)
 }
 
-/// The final model's held-out loss and accuracy, by `foresight-worker evaluate` with the job's
-/// model and dataset settings (a worker's environment).
-async fn evaluate_final_model(
+/// Held-out loss and accuracy of saved models (the final one, or every snapshot), by
+/// `foresight-worker evaluate` with the job's model and dataset settings (a worker's
+/// environment): one evaluation per line of its output.
+async fn evaluate_models(
     worker_bin: &Path,
     env: &[(String, String)],
-    model: &Path,
-) -> Result<FinalEvaluation, RunError> {
+    flag: &str,
+    path: &Path,
+) -> Result<Vec<FinalEvaluation>, RunError> {
+    let what = format!("{flag} {}", path.display());
     let out = Command::new(worker_bin)
         .arg("evaluate")
-        .arg("--model-file")
-        .arg(model)
+        .arg(flag)
+        .arg(path)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .output()
@@ -455,10 +481,29 @@ async fn evaluate_final_model(
         .map_err(|e| setup(format!("cannot start {} evaluate: {e}", worker_bin.display())))?;
     if !out.status.success() {
         let why = String::from_utf8_lossy(&out.stderr);
-        return Err(setup(format!("evaluating the final model {} failed: {}", model.display(), why.trim())));
+        return Err(setup(format!("evaluating {what} failed: {}", why.trim())));
     }
-    serde_json::from_slice(&out.stdout)
-        .map_err(|e| setup(format!("reading the evaluation of the final model: {e}")))
+    out.stdout
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            serde_json::from_slice(l).map_err(|e| setup(format!("reading the evaluation of {what}: {e}")))
+        })
+        .collect()
+}
+
+/// The PS's record of the snapshots it wrote.
+fn snapshot_records(dir: &Path) -> Result<Vec<SnapshotRecord>, RunError> {
+    let path = dir.join(SNAPSHOT_INDEX);
+    let text = std::fs::read_to_string(&path).map_err(|e| setup(format!("{}: {e}", path.display())))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).map_err(|e| setup(format!("{}: {e}", path.display()))))
+        .collect()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Stops every process in order — SIGTERM to all, the parameter server's last checkpoint (up to

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use foresight_ps::server::SnapshotRecord;
 pub use foresight_ps::wire::progress::WorkerEvent;
 use serde::{Deserialize, Serialize};
 
@@ -67,6 +68,46 @@ pub struct FinalEvaluation {
     pub accuracy: f64,
 }
 
+/// The PS's own model at one snapshot (`foresight run --snapshot-every`): when it was taken and
+/// its held-out figures, by the same evaluator as the final model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CurvePoint {
+    /// Updates the model held.
+    pub version: u64,
+    /// The PS's epoch when it was taken.
+    pub epoch: f64,
+    /// Seconds since the run started.
+    pub seconds: f64,
+    pub loss: f64,
+    pub accuracy: f64,
+}
+
+/// Joins the PS's snapshot records with their evaluations (by version; a snapshot without an
+/// evaluation, or the reverse, is left out), in version order.
+pub fn curve(
+    records: &[SnapshotRecord],
+    evaluations: &[FinalEvaluation],
+    started_unix_ms: u64,
+) -> Vec<CurvePoint> {
+    let taken: BTreeMap<u64, &SnapshotRecord> = records.iter().map(|r| (r.version, r)).collect();
+    let mut points: Vec<CurvePoint> = evaluations
+        .iter()
+        .filter_map(|e| {
+            let r = taken.get(&e.version)?;
+            Some(CurvePoint {
+                version: e.version,
+                epoch: r.epoch,
+                seconds: r.unix_ms.saturating_sub(started_unix_ms) as f64 / 1000.0,
+                loss: e.loss,
+                accuracy: e.accuracy,
+            })
+        })
+        .collect();
+    points.sort_by_key(|p| p.version);
+    points.dedup_by_key(|p| p.version);
+    points
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
     pub job: String,
@@ -94,6 +135,8 @@ pub struct Summary {
     pub evaluations: Vec<(f64, usize, f64)>,
     /// Processes that failed and were started again.
     pub restarts: Vec<super::Restart>,
+    /// The PS model's held-out figures at its snapshots (empty without `--snapshot-every`).
+    pub curve: Vec<CurvePoint>,
 }
 
 impl Summary {
@@ -141,6 +184,7 @@ impl Summary {
             per_worker: done,
             evaluations: history.accuracy.clone(),
             restarts: Vec::new(),
+            curve: Vec::new(),
         }
     }
 
@@ -154,4 +198,29 @@ fn label(key: &str, name: &str) -> Option<String> {
     let start = key.find(&format!("{name}=\""))? + name.len() + 2;
     let end = key[start..].find('"')? + start;
     Some(key[start..end].to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_curve_joins_snapshots_and_evaluations_by_version() {
+        let rec = |version, unix_ms| SnapshotRecord {
+            version,
+            epoch: version as f64 / 100.0,
+            unix_ms,
+            file: format!("snapshot-{version:012}.safetensors"),
+        };
+        let eval =
+            |version, accuracy| FinalEvaluation { version, examples: 1000, loss: 1.0 - accuracy, accuracy };
+        // A restarted PS wrote version 200 twice; 300 was never evaluated; 400 has no record.
+        let records =
+            [rec(0, 10_000), rec(100, 12_500), rec(200, 15_000), rec(200, 15_100), rec(300, 17_000)];
+        let evals = [eval(200, 0.9), eval(0, 0.1), eval(100, 0.5), eval(400, 0.95)];
+        let points = curve(&records, &evals, 10_000);
+        let got: Vec<(u64, f64, f64)> = points.iter().map(|p| (p.version, p.seconds, p.accuracy)).collect();
+        assert_eq!(got, vec![(0, 0.0, 0.1), (100, 2.5, 0.5), (200, 5.1, 0.9)]);
+        assert_eq!(points[2].epoch, 2.0);
+    }
 }

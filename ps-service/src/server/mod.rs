@@ -9,6 +9,7 @@ mod error;
 mod handlers;
 pub mod metrics;
 mod serve;
+mod snapshots;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -24,6 +25,7 @@ use crate::store::{CheckpointData, Store};
 pub use error::ApiError;
 pub use handlers::{Report, router};
 pub use serve::{Listener, TlsFiles, serve};
+pub use snapshots::{SNAPSHOT_INDEX, SnapshotPolicy, SnapshotRecord};
 
 /// Everything the PS is configured with (the binary fills it from flags and environment).
 #[derive(Clone, Debug)]
@@ -38,6 +40,8 @@ pub struct PsConfig {
     pub keep_checkpoints: usize,
     /// Where `POST /v1/finalize` writes `model-final.safetensors` (default: the checkpoint dir).
     pub output_dir: Option<PathBuf>,
+    /// Model snapshots every N updates, for learning curves (`None`: none).
+    pub snapshots: Option<SnapshotPolicy>,
     pub job: String,
     pub namespace: String,
     /// Upper bound on a pull's `wait_ms`.
@@ -61,6 +65,7 @@ impl PsConfig {
             checkpoint_interval: None,
             keep_checkpoints: 3,
             output_dir: None,
+            snapshots: None,
             job: "local".into(),
             namespace: "default".into(),
             max_long_poll: Duration::from_secs(60),
