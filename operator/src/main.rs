@@ -4,7 +4,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use foresight_operator::controller::{self, children::ChildDefaults, leader::LeaseConfig, token::TokenKey};
+use foresight_operator::controller::{
+    self,
+    children::ChildDefaults,
+    leader::LeaseConfig,
+    token::{self, TokenKey},
+};
 use foresight_operator::local::{self, RunOptions};
 
 #[derive(Parser, Debug)]
@@ -76,6 +81,11 @@ struct OperatorArgs {
     /// File holding the token key (instead of --token-key).
     #[arg(long, env = "FORESIGHT_TOKEN_KEY_FILE", conflicts_with = "token_key")]
     token_key_file: Option<PathBuf>,
+    /// Secret in the operator's namespace (POD_NAMESPACE) holding the token key under `key`,
+    /// created with a random key if it does not exist (instead of --token-key): the chart's
+    /// default, so that no render carries key material and GitOps tools see a stable manifest.
+    #[arg(long, env = "FORESIGHT_TOKEN_KEY_SECRET", conflicts_with_all = ["token_key", "token_key_file"])]
+    token_key_secret: Option<String>,
     /// Parameter server image for jobs that name none.
     #[arg(long, env = "FORESIGHT_PS_IMAGE", default_value = "ghcr.io/foresight-dev/foresight-ps:0.1.0")]
     ps_image: String,
@@ -231,13 +241,24 @@ async fn main() {
     }
 }
 
+/// Where the token key comes from.
+enum KeySource {
+    /// --token-key or --token-key-file, checked before connecting.
+    Given(TokenKey),
+    /// --token-key-secret: read (or created) once connected.
+    Secret(String),
+}
+
 async fn operator(a: OperatorArgs) -> Result<(), String> {
-    let key = match (&a.token_key, &a.token_key_file) {
-        (Some(k), _) => k.trim().as_bytes().to_vec(),
-        (None, Some(f)) => std::fs::read(f).map_err(|e| format!("--token-key-file {}: {e}", f.display()))?.trim_ascii().to_vec(),
-        (None, None) => return Err("set FORESIGHT_TOKEN_KEY (or --token-key-file): the key the job tokens are derived from, e.g. `openssl rand -hex 32`".into()),
+    let key = match (&a.token_key, &a.token_key_file, &a.token_key_secret) {
+        (Some(k), _, _) => KeySource::Given(TokenKey::new(k.trim().as_bytes()).map_err(|e| e.to_string())?),
+        (None, Some(f), _) => {
+            let key = std::fs::read(f).map_err(|e| format!("--token-key-file {}: {e}", f.display()))?;
+            KeySource::Given(TokenKey::new(key.trim_ascii()).map_err(|e| e.to_string())?)
+        }
+        (None, None, Some(name)) => KeySource::Secret(name.clone()),
+        (None, None, None) => return Err("set FORESIGHT_TOKEN_KEY (or --token-key-file, or --token-key-secret): the key the job tokens are derived from, e.g. `openssl rand -hex 32`".into()),
     };
-    let token_key = TokenKey::new(&key).map_err(|e| e.to_string())?;
     let example_url = a.ps_url.replace("{name}", "job").replace("{namespace}", "default");
     match reqwest::Url::parse(&example_url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
@@ -255,6 +276,13 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         None => kube::Config::infer().await.map_err(|e| format!("no Kubernetes configuration: {e}"))?,
     };
     let client = kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))?;
+    let token_key = match key {
+        KeySource::Given(key) => key,
+        KeySource::Secret(name) => {
+            let key = token::key_from_secret(&client, &a.lease_namespace, &name).await?;
+            TokenKey::new(&key).map_err(|e| format!("Secret {}/{name}: {e}", a.lease_namespace))?
+        }
+    };
     let lease_duration = Duration::from_secs(a.lease_duration_seconds);
     let lease = a.leader_elect.then(|| LeaseConfig {
         name: a.lease_name.clone(),

@@ -258,13 +258,14 @@ fn default_render_is_the_operator_and_nothing_optional() {
         "Deployment",
         "Role",
         "RoleBinding",
-        "Secret",
         "Service",
         "ServiceAccount",
     ]
     .map(String::from)
     .into();
-    assert_eq!(kinds(&objs), expected);
+    assert_eq!(kinds(&objs), expected, "no Secret: the operator keeps the token key");
+    // Nothing random: GitOps tools (which cannot `lookup`) see the same manifest every render.
+    assert_eq!(template(&[]), template(&[]));
 
     let deploy = find(&objs, "Deployment", "foresight");
     let pod = &deploy["spec"]["template"]["spec"];
@@ -294,16 +295,20 @@ fn default_render_is_the_operator_and_nothing_optional() {
     assert_eq!(env["FORESIGHT_WORKER_IMAGE"], "ghcr.io/foresight-dev/foresight-worker:0.1.0");
     assert!(env["POD_NAMESPACE"].contains("metadata.namespace"), "{}", env["POD_NAMESPACE"]);
     assert!(env["POD_NAME"].contains("metadata.name"), "{}", env["POD_NAME"]);
-    assert_eq!(
-        env["FORESIGHT_TOKEN_KEY"],
-        json!({"secretKeyRef": {"name": "foresight-token-key", "key": "key"}}).to_string()
-    );
+    assert_eq!(env["FORESIGHT_TOKEN_KEY_SECRET"], "foresight-token-key");
+    assert!(!env.contains_key("FORESIGHT_TOKEN_KEY"));
     assert!(!env.contains_key("FORESIGHT_WATCH_NAMESPACE"), "empty watchNamespace means all namespaces");
 
-    let secret = find(&objs, "Secret", "foresight-token-key");
-    let decoded = base64_decode(secret["data"]["key"].as_str().unwrap());
-    assert_eq!(decoded.len(), 64, "a 64-character key");
-    assert!(decoded.bytes().all(|b| b.is_ascii_alphanumeric()));
+    // tokenKey.existingSecret: the key comes from the user's Secret; the operator reads none.
+    let objs = objects(&template(&["--set", "tokenKey.existingSecret=my-key"]));
+    let env = self::env(find(&objs, "Deployment", "foresight"));
+    assert_eq!(
+        env["FORESIGHT_TOKEN_KEY"],
+        json!({"secretKeyRef": {"name": "my-key", "key": "key"}}).to_string()
+    );
+    assert!(!env.contains_key("FORESIGHT_TOKEN_KEY_SECRET"));
+    let own = &find(&objs, "Role", "foresight-leader-election")["rules"];
+    assert!(own.as_array().unwrap().iter().all(|r| r["resources"] != json!(["secrets"])), "{own}");
 
     // The metrics Service selects the operator only: the parameter-server and worker pods
     // also carry app.kubernetes.io/name=foresight and app.kubernetes.io/instance=<job>.
@@ -333,6 +338,8 @@ fn expected_lease_rules() -> Value {
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["foresight-operator"],
          "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["foresight-token-key"], "verbs": ["get"]},
     ])
 }
 
@@ -812,7 +819,6 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
         "deployment.apps/fs-foresight",
         "service/fs-foresight-metrics",
         "serviceaccount/fs-foresight",
-        "secret/fs-foresight-token-key",
         "role.rbac.authorization.k8s.io/fs-foresight-leader-election",
         "networkpolicy.networking.k8s.io/fs-foresight",
         "poddisruptionbudget.policy/fs-foresight",
@@ -823,21 +829,7 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
         assert!(names.lines().any(|l| l == want), "{want} not created; found:\n{names}");
     }
 
-    // The token key survives an upgrade (lookup), and is 64 characters.
-    let key = secret_key(cp, &ns, "fs-foresight-token-key");
-    assert_eq!(base64_decode(&key).len(), 64);
-    let upgrade = [
-        "upgrade",
-        release,
-        chart.to_str().unwrap(),
-        "--namespace",
-        &ns,
-        "--reuse-values",
-        "--set",
-        "logLevel=warn",
-    ];
-    helm_ok(&upgrade, kubeconfig);
-    assert_eq!(secret_key(cp, &ns, "fs-foresight-token-key"), key, "helm upgrade replaced the token key");
+    assert!(!names.contains("secret/fs-foresight-token-key"), "the chart renders no token key: {names}");
 
     // RBAC, as the ServiceAccount.
     let sa = format!("system:serviceaccount:{ns}:fs-foresight");
@@ -858,11 +850,15 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
         (vec!["create", "leases.coordination.k8s.io", "-n", &ns], true),
         (vec!["get", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], true),
         (vec!["update", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], true),
-        // Never read a Secret.
+        // The token key Secret: read by name, created if missing, in its own namespace.
+        (vec!["get", "secrets/fs-foresight-token-key", "-n", &ns], true),
+        (vec!["create", "secrets", "-n", &ns], true),
+        // No other Secret is ever read.
         (vec!["get", "secrets", "-A"], false),
         (vec!["list", "secrets", "-A"], false),
         (vec!["watch", "secrets", "-n", &other], false),
-        (vec!["get", "secrets/fs-foresight-token-key", "-n", &ns], false),
+        (vec!["get", "secrets/another", "-n", &ns], false),
+        (vec!["update", "secrets/fs-foresight-token-key", "-n", &ns], false),
         (vec!["delete", "secrets", "-n", &other], false),
         // Nothing it does not need.
         (vec!["delete", "nodes"], false),
@@ -907,16 +903,24 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
     let created = as_sa(&["create", "-f", file.to_str().unwrap(), "-o", "name"]);
     assert!(created.status.success(), "{}", text(&created));
 
-    // The operator itself, with exactly these permissions (the ServiceAccount's token and the
-    // chart's token key), leading through the chart's Lease and taking a job in another
-    // namespace from creation to Succeeded, the PS's removal and the TTL's deletion.
-    let key = base64_decode(&secret_key(cp, &ns, "fs-foresight-token-key"));
+    // The operator itself, with exactly these permissions (the ServiceAccount's token) and the
+    // chart's settings: it creates the token key Secret, leads through the chart's Lease and
+    // takes a job in another namespace from creation to Succeeded, the PS's removal and the
+    // TTL's deletion.
     let operator = Operator::start_with(
         &sa_kubeconfig,
         None,
         &ns,
-        &["--token-key", &key, "--leader-elect=true", "--finalize-grace-seconds", "0"],
+        &[
+            "--token-key-secret",
+            "fs-foresight-token-key",
+            "--leader-elect=true",
+            "--finalize-grace-seconds",
+            "0",
+        ],
     );
+    let key = secret_key(cp, &ns, "fs-foresight-token-key");
+    assert_eq!(base64_decode(&key).len(), 64, "32 random bytes in hex");
     let lease = wait_for("the operator to take the chart's Lease", LONG, || {
         cp.get_json(&ns, "lease/foresight-operator")
     });
@@ -945,7 +949,44 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
         "{m}"
     );
 
+    // An upgrade leaves the operator's key alone (the chart does not render it), and so does
+    // an uninstall: a reinstall keeps the tokens of jobs that outlive the release.
+    let upgrade = [
+        "upgrade",
+        release,
+        chart.to_str().unwrap(),
+        "--namespace",
+        &ns,
+        "--reuse-values",
+        "--set",
+        "logLevel=warn",
+    ];
+    helm_ok(&upgrade, kubeconfig);
+    assert_eq!(secret_key(cp, &ns, "fs-foresight-token-key"), key, "helm upgrade changed the token key");
     helm_ok(&["uninstall", release, "--namespace", &ns], kubeconfig);
+    assert_eq!(secret_key(cp, &ns, "fs-foresight-token-key"), key, "helm uninstall removed the token key");
+
+    // A release made by an older chart, whose token key Secret Helm itself manages: the chart
+    // keeps rendering that Secret with the same key (lookup), so an upgrade neither deletes it
+    // nor changes a running job's token.
+    let legacy = cp.namespace("chart-legacy-key");
+    let old_key = "a".repeat(64);
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "old-foresight-token-key", "namespace": legacy,
+                     "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                     "annotations": {"meta.helm.sh/release-name": "old", "meta.helm.sh/release-namespace": legacy}},
+        "stringData": {"key": old_key}});
+    cp.kubectl_ok(&["apply", "-f", "-"], Some(&secret.to_string()));
+    let install = ["upgrade", "--install", "old", chart.to_str().unwrap(), "--namespace", &legacy];
+    helm_ok(&install, kubeconfig);
+    let manifest = helm_ok(&["get", "manifest", "old", "--namespace", &legacy], kubeconfig);
+    assert!(
+        manifest.contains("name: old-foresight-token-key"),
+        "the Secret stays in the release:\n{manifest}"
+    );
+    helm_ok(&install, kubeconfig);
+    assert_eq!(base64_decode(&secret_key(cp, &legacy, "old-foresight-token-key")), old_key);
+    helm_ok(&["uninstall", "old", "--namespace", &legacy], kubeconfig);
 }
 
 #[test]

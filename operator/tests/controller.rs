@@ -711,6 +711,42 @@ fn a_standby_never_takes_a_renewed_lease_whatever_the_holders_clock_says() {
     wait_for("op-b to reconcile", LONG, || cp.get_json(&ns, "job/first-workers"));
 }
 
+/// --token-key-secret (the chart's default): the first operator creates the key Secret; a
+/// restarted one reads the same key, so the tokens of running jobs do not change. A key Secret
+/// holding a short key stops the start with the reason.
+#[test]
+fn the_token_key_secret_is_created_once_and_kept_across_restarts() {
+    let cp = control_plane();
+    let ns = cp.namespace("token-key");
+    let flags = ["--leader-elect=false", "--token-key-secret", "op-key"];
+    let op = Operator::start(cp, &ns, &flags);
+    let key = wait_for("the key Secret", LONG, || cp.get_json(&ns, "secret/op-key"));
+    assert_eq!(key["metadata"]["labels"]["app.kubernetes.io/managed-by"], "foresight-operator");
+    assert_eq!(key["data"]["key"].as_str().unwrap().len(), 88, "64 hex digits, base64: {key}");
+    apply_job(cp, &ns, "keyed", json!({"workers": {"replicas": 1}}));
+    let token =
+        wait_for("the job's token Secret", LONG, || cp.get_json(&ns, "secret/keyed-token"))["data"].clone();
+    drop(op);
+
+    let op = Operator::start(cp, &ns, &flags);
+    wait_for("a reconcile by the new operator", LONG, || {
+        op.metrics_text().contains("foresight_operator_reconciles_total{result=\"success\"}").then_some(())
+    });
+    assert_eq!(cp.get_json(&ns, "secret/op-key").unwrap()["data"], key["data"], "the same key");
+    assert_eq!(cp.get_json(&ns, "secret/keyed-token").unwrap()["data"], token, "the same job token");
+    drop(op);
+
+    cp.kubectl_ok(&["create", "secret", "generic", "-n", &ns, "short-key", "--from-literal=key=abc"], None);
+    let out = Command::new(env!("CARGO_BIN_EXE_foresight"))
+        .args(["operator", "--kubeconfig", cp.kubeconfig.to_str().unwrap(), "--leader-elect=false"])
+        .args(["--lease-namespace", &ns, "--namespace", &ns, "--token-key-secret", "short-key"])
+        .env_remove("FORESIGHT_TOKEN_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 32 bytes"), "{out:?}");
+}
+
 #[test]
 fn the_operator_refuses_to_start_without_a_token_key_or_with_a_bad_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_foresight"))

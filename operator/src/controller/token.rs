@@ -3,8 +3,13 @@
 //! Deriving it (HMAC-SHA256) instead of drawing it at random and reading it back from the
 //! job's Secret means the operator never needs permission to read Secrets: it writes the Secret
 //! once per reconcile (the same value every time) and recomputes the token when it calls the
-//! parameter server. Without the key the token of a job cannot be guessed from its UID.
+//! parameter server. Without the key the token of a job cannot be guessed from its UID. The one
+//! Secret the operator may read is the key's own ([`key_from_secret`], `--token-key-secret`).
 
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
 use ring::hmac;
 
 /// The operator's token key: at least 32 bytes of secret material (`FORESIGHT_TOKEN_KEY`).
@@ -34,6 +39,45 @@ impl TokenKey {
 impl std::fmt::Debug for TokenKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("TokenKey(<redacted>)")
+    }
+}
+
+/// The token key kept in the Secret `name` of the operator's namespace, under `key`. A missing
+/// Secret is created with 32 random bytes (hex): replicas starting together race to create it,
+/// and the loser reads the winner's, so every replica derives the same tokens.
+pub async fn key_from_secret(client: &kube::Client, namespace: &str, name: &str) -> Result<Vec<u8>, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let read = |s: Secret| -> Result<Vec<u8>, String> {
+        let data = s.data.and_then(|mut d| d.remove("key"));
+        data.map(|b| b.0.trim_ascii().to_vec())
+            .ok_or_else(|| format!("Secret {namespace}/{name} has no `key`"))
+    };
+    let failed = |e: kube::Error| format!("token key Secret {namespace}/{name}: {e}");
+    if let Some(s) = secrets.get_opt(name).await.map_err(failed)? {
+        return read(s);
+    }
+    let mut bytes = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+        .map_err(|_| "no randomness for a new token key".to_string())?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [("app.kubernetes.io/managed-by".to_string(), "foresight-operator".to_string())].into(),
+            ),
+            ..Default::default()
+        },
+        data: Some([("key".to_string(), ByteString(hex.into_bytes()))].into()),
+        ..Default::default()
+    };
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(created) => {
+            tracing::info!(namespace, name, "created the token key Secret");
+            read(created)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => read(secrets.get(name).await.map_err(failed)?),
+        Err(e) => Err(failed(e)),
     }
 }
 

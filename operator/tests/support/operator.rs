@@ -39,7 +39,11 @@ impl Operator {
             .args(["--log-level", "info", "--log-format", "json"])
             .args(["--lease-namespace", lease_namespace])
             .args(extra)
-            .env("FORESIGHT_TOKEN_KEY", KEY)
+            // Unless the test keeps the key in a Secret (the flags conflict).
+            .envs(
+                (!extra.iter().any(|a| a.starts_with("--token-key-secret")))
+                    .then_some(("FORESIGHT_TOKEN_KEY", KEY)),
+            )
             .env_remove("KUBECONFIG")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
