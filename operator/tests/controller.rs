@@ -357,6 +357,45 @@ fn a_pod_waiting_for_its_claim_to_bind_is_not_unschedulable() {
     cp.kubectl_ok(&["delete", "pv", &format!("{ns}-pv"), "--wait=false"], None);
 }
 
+/// A reconcile the API server refuses (a quota that allows no claims) shows as a Warning event
+/// and the ReconcileFailed condition with the server's reason, and is retried (with growing
+/// delays) until it succeeds: then the claim exists and the condition turns False.
+#[test]
+fn a_refused_reconcile_is_visible_and_retried_until_it_succeeds() {
+    let cp = control_plane();
+    let ns = cp.namespace("quota");
+    cp.kubectl_ok(&["create", "quota", "no-claims", "-n", &ns, "--hard=persistentvolumeclaims=0"], None);
+    wait_for("the quota's status", LONG, || {
+        cp.get_json(&ns, "quota/no-claims")?["status"]["hard"].is_object().then_some(())
+    });
+    let op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    apply_job(cp, &ns, "blocked", json!({"parameterServer": {"checkpoint": {"storage": "1Gi"}}}));
+    let st = wait_for("the ReconcileFailed condition", LONG, || {
+        let s = status(cp, &ns, "blocked");
+        (condition(&s, "ReconcileFailed")["status"] == "True").then_some(s)
+    });
+    let c = condition(&st, "ReconcileFailed");
+    assert_eq!(c["reason"], "Forbidden", "{st:#}");
+    assert!(c["message"].as_str().unwrap().contains("exceeded quota"), "{c}");
+    let warned = wait_for("the ReconcileFailed event", LONG, || {
+        events(cp, &ns, "blocked").into_iter().find(|e| e.0 == "Warning" && e.1 == "ReconcileFailed")
+    });
+    assert!(warned.2.contains("exceeded quota"), "{warned:?}");
+    assert!(cp.get_json(&ns, "pvc/blocked-ps-checkpoints").is_none());
+    let errors =
+        |m: &str| sample(m, "foresight_operator_reconcile_errors_total{reason=\"kube_api\"}").unwrap_or(0.0);
+    assert!(errors(&op.metrics_text()) >= 1.0);
+
+    cp.kubectl_ok(&["delete", "quota", "no-claims", "-n", &ns], None);
+    let st = wait_for("a retry that succeeds", Duration::from_secs(120), || {
+        let s = status(cp, &ns, "blocked");
+        (condition(&s, "ReconcileFailed")["status"] == "False").then_some(s)
+    });
+    assert_eq!(condition(&st, "ReconcileFailed")["reason"], "Reconciled", "{st:#}");
+    assert!(cp.get_json(&ns, "pvc/blocked-ps-checkpoints").is_some(), "the claim was made");
+    assert_eq!(condition(&st, "Created")["status"], "True", "{st:#}");
+}
+
 #[test]
 fn suspend_stops_the_workers_and_the_ps_keeps_its_checkpoint_then_resume_continues() {
     let cp = control_plane();

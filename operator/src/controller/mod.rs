@@ -3,6 +3,7 @@
 //! writes the status and the Events, finalizes the model when the workers are done and removes
 //! the parameter server once the job has ended.
 
+mod backoff;
 pub mod children;
 pub mod leader;
 pub mod metrics;
@@ -48,6 +49,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The `ReconcileFailed` condition's reason: the API server's (Forbidden, Invalid, ...).
+    fn condition_reason(&self) -> String {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if !s.reason.is_empty() => s.reason.clone(),
+            Error::Kube(_) => "KubernetesAPIError".into(),
+            Error::Incomplete => "IncompleteObject".into(),
+        }
+    }
+
     /// The `reason` label of `foresight_operator_reconcile_errors_total` (one of
     /// `metrics::ERROR_REASONS`).
     fn metric_reason(&self) -> &'static str {
@@ -89,6 +99,8 @@ pub struct Context {
     /// status, which wakes the controller again; reading it at most every `progress_every`
     /// keeps that from becoming a loop.
     progress_read: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Per job, when to retry after failed reconciles.
+    backoffs: backoff::Backoffs,
 }
 
 impl Context {
@@ -166,6 +178,7 @@ pub async fn run(client: Client, settings: Settings, metrics_addr: &str) -> Resu
         metrics: metrics.clone(),
         recorder,
         progress_read: Default::default(),
+        backoffs: Default::default(),
     });
     let reconciling = controller.run(reconcile, error_policy, ctx).for_each(|result| {
         count_phases(&store, &metrics);
@@ -225,9 +238,10 @@ fn count_phases(store: &Store<TrainingJob>, metrics: &Metrics) {
     }
 }
 
-fn error_policy(job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(job = %job.name_any(), namespace = ?job.namespace(), %error, "reconcile failed; retrying in 5s");
-    Action::requeue(Duration::from_secs(5))
+fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoffs.next(job.metadata.uid.as_deref().unwrap_or_default());
+    tracing::warn!(job = %job.name_any(), namespace = ?job.namespace(), %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
 }
 
 #[tracing::instrument(skip_all, fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
@@ -237,10 +251,47 @@ async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
     timer.observe_duration();
     let outcome = if result.is_ok() { "success" } else { "error" };
     ctx.metrics.reconciles.with_label_values(&[outcome]).inc();
-    if let Err(e) = &result {
-        ctx.metrics.reconcile_errors.with_label_values(&[e.metric_reason()]).inc();
+    match &result {
+        Ok(_) => ctx.backoffs.reset(job.metadata.uid.as_deref().unwrap_or_default()),
+        Err(e) => {
+            ctx.metrics.reconcile_errors.with_label_values(&[e.metric_reason()]).inc();
+            report_failure(&job, &ctx, e).await;
+        }
     }
     result
+}
+
+/// Tells the user why the job is stuck: a Warning event and the `ReconcileFailed` condition
+/// (the phase stays what was last reached). Best effort: the failure may be one that stops
+/// these writes too.
+async fn report_failure(job: &TrainingJob, ctx: &Context, error: &Error) {
+    let (Some(name), Some(namespace)) = (job.metadata.name.as_deref(), job.metadata.namespace.as_deref())
+    else {
+        return;
+    };
+    let old = job.status.clone().unwrap_or_default();
+    let reason = error.condition_reason();
+    let message = error.to_string();
+    let new = status::with_reconcile_failure(
+        &old,
+        &reason,
+        &message,
+        job.metadata.generation,
+        &Time(Timestamp::now()),
+    );
+    if new == old {
+        return; // reported already: the same failure again
+    }
+    publish(ctx, job, EventType::Warning, status::RECONCILE_FAILED, "Reconcile", &message).await;
+    let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "status": new,
+    });
+    if let Err(e) = api.patch_status(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await {
+        tracing::warn!(error = %e, "could not record the failure in the status");
+    }
 }
 
 async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {

@@ -295,6 +295,20 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
     } else if let Some(c) = old.conditions.iter().find(|c| c.type_ == PS_RESTARTED) {
         conditions.push(c.clone());
     }
+    // This reconcile got this far: a failure the condition reported is over.
+    if let Some(c) = old.conditions.iter().find(|c| c.type_ == RECONCILE_FAILED) {
+        conditions.push(match c.status.as_str() {
+            "True" => Condition {
+                type_: RECONCILE_FAILED.into(),
+                status: "False".into(),
+                reason: "Reconciled".into(),
+                message: format!("reconciled again after: {}", c.message),
+                last_transition_time: now.clone(),
+                observed_generation: o.generation,
+            },
+            _ => c.clone(),
+        });
+    }
     let w = o.workers.clone().unwrap_or_default();
     let mut progress = o.progress.clone().or_else(|| old.progress.clone());
     // Progress is read at most once per period while training; the final model's version is
@@ -354,6 +368,33 @@ fn next_ps_status<'a>(
         new.restarts += 1;
     }
     (new, restarted.then_some(p))
+}
+
+/// The condition that says the last reconcile failed, and why (False once one succeeds again).
+pub const RECONCILE_FAILED: &str = "ReconcileFailed";
+
+/// `old` with the `ReconcileFailed` condition True for this failure (its lastTransitionTime
+/// kept while it stays True, so a retry failing the same way changes nothing).
+pub fn with_reconcile_failure(
+    old: &TrainingJobStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> TrainingJobStatus {
+    let mut new = old.clone();
+    let previous = old.conditions.iter().find(|c| c.type_ == RECONCILE_FAILED);
+    let since = previous.filter(|c| c.status == "True").map_or(now, |c| &c.last_transition_time).clone();
+    new.conditions.retain(|c| c.type_ != RECONCILE_FAILED);
+    new.conditions.push(Condition {
+        type_: RECONCILE_FAILED.into(),
+        status: "True".into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: since,
+        observed_generation: generation,
+    });
+    new
 }
 
 /// The Warning to record when the status shows a parameter server restart it did not before.

@@ -353,3 +353,31 @@ fn an_asynchronous_job_with_min_replicas_runs_on_part_of_its_workers() {
     assert_eq!(ready(1, Some(2)), (Phase::Created, (1, 4)));
     assert_eq!(ready(4, Some(2)), (Phase::Running, (4, 4)));
 }
+
+#[test]
+fn a_failed_reconcile_shows_as_a_condition_until_one_succeeds() {
+    let o = with_workers(|w| {
+        w.active = 4;
+        w.ready = 4;
+    });
+    let o = Observed { ps_ready: true, ..o };
+    let ok = next_status(&TrainingJobStatus::default(), &o, &decide(&o), &t("2026-01-01T00:00:00Z"));
+    assert!(ok.conditions.iter().all(|c| c.type_ != RECONCILE_FAILED), "absent until a failure");
+
+    let quota = "persistentvolumeclaims \"j-ps-checkpoints\" is forbidden: exceeded quota";
+    let failed = with_reconcile_failure(&ok, "Forbidden", quota, Some(3), &t("2026-01-01T00:01:00Z"));
+    let c = failed.conditions.iter().find(|c| c.type_ == RECONCILE_FAILED).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str(), c.message.as_str()), ("True", "Forbidden", quota));
+    assert_eq!(failed.phase, ok.phase, "the phase is what was last reached");
+    // The same failure again changes nothing (no status write, no wake-up loop).
+    let again = with_reconcile_failure(&failed, "Forbidden", quota, Some(3), &t("2026-01-01T00:02:00Z"));
+    assert_eq!(again, failed);
+
+    let recovered = next_status(&again, &o, &decide(&o), &t("2026-01-01T00:03:00Z"));
+    let c = recovered.conditions.iter().find(|c| c.type_ == RECONCILE_FAILED).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Reconciled"));
+    assert!(c.message.contains("exceeded quota"), "{}", c.message);
+    assert_eq!(c.last_transition_time, t("2026-01-01T00:03:00Z"));
+    let later = next_status(&recovered, &o, &decide(&o), &t("2026-01-01T00:04:00Z"));
+    assert_eq!(later.conditions, recovered.conditions, "stays False, unchanged");
+}
