@@ -17,7 +17,7 @@ setup: ## Install what builds and the demo need (idempotent)
 	@scripts/setup.sh
 
 # Only the tests need a Kubernetes control plane, helm and kubeconform (built from Go modules:
-# about 25 minutes the first time on 2 cores, cached in ~/.cache/foresight afterwards).
+# 8 minutes the first time here, on 2 cores, cached in ~/.cache/foresight afterwards).
 setup-test: setup ## Also the control plane, helm and kubeconform for the tests (idempotent)
 	@tools/build-control-plane.sh >/dev/null
 	@tools/build-helm-tools.sh >/dev/null
