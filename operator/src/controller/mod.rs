@@ -58,11 +58,15 @@ impl Error {
         }
     }
 
+    fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(e) if is_status(e, 409))
+    }
+
     /// The `reason` label of `foresight_operator_reconcile_errors_total` (one of
     /// `metrics::ERROR_REASONS`).
     fn metric_reason(&self) -> &'static str {
         match self {
-            Error::Kube(e) if is_status(e, 409) => "conflict",
+            e if e.is_conflict() => "conflict",
             Error::Kube(_) => "kube_api",
             Error::Incomplete => "incomplete_object",
         }
@@ -255,7 +259,10 @@ async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
         Ok(_) => ctx.backoffs.reset(job.metadata.uid.as_deref().unwrap_or_default()),
         Err(e) => {
             ctx.metrics.reconcile_errors.with_label_values(&[e.metric_reason()]).inc();
-            report_failure(&job, &ctx, e).await;
+            // A conflict is optimistic concurrency doing its job: the retry reads anew.
+            if !e.is_conflict() {
+                report_failure(&job, &ctx, e).await;
+            }
         }
     }
     result
