@@ -396,6 +396,85 @@ fn a_refused_reconcile_is_visible_and_retried_until_it_succeeds() {
     assert_eq!(condition(&st, "Created")["status"], "True", "{st:#}");
 }
 
+/// New default images (an operator upgraded by its chart) reach new jobs only: a running job
+/// keeps the images recorded in its status when it started, and one started before that record
+/// existed keeps the images its children run.
+#[test]
+fn new_default_images_never_roll_a_running_job() {
+    let cp = control_plane();
+    let ns = cp.namespace("upgrade-images");
+    let images = |v: &str| {
+        let (ps, w) = (format!("example.com/ps:{v}"), format!("example.com/worker:{v}"));
+        ["--leader-elect=false", "--ps-image", &ps, "--worker-image", &w].map(String::from)
+    };
+    let start = |v: &str| {
+        let flags = images(v);
+        Operator::start(cp, &ns, &flags.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let ps_image = |job: &str| {
+        cp.get_json(&ns, &format!("deployment/{job}-ps"))
+            .map(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].clone())
+    };
+    let worker_image = |job: &str| {
+        cp.get_json(&ns, &format!("job/{job}-workers"))
+            .map(|j| j["spec"]["template"]["spec"]["containers"][0]["image"].clone())
+    };
+    let reconciled = |op: &Operator, n: f64| {
+        wait_for("reconciles by the new operator", LONG, || {
+            (sample(&op.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}")? >= n)
+                .then_some(())
+        })
+    };
+
+    let op = start("1");
+    apply_job(cp, &ns, "old", json!({"workers": {"replicas": 1}}));
+    let st = wait_for("the recorded defaults", LONG, || {
+        let s = status(cp, &ns, "old");
+        s["defaultImages"].is_object().then_some(s)
+    });
+    assert_eq!(
+        st["defaultImages"],
+        json!({"parameterServer": "example.com/ps:1", "worker": "example.com/worker:1"})
+    );
+    drop(op);
+
+    let op = start("2");
+    apply_job(cp, &ns, "new", json!({"workers": {"replicas": 1}}));
+    wait_for("the new job's PS", LONG, || ps_image("new"));
+    reconciled(&op, 3.0);
+    assert_eq!(ps_image("old"), Some(json!("example.com/ps:1")), "the running job's PS is not rolled");
+    assert_eq!(worker_image("old"), Some(json!("example.com/worker:1")));
+    assert_eq!(ps_image("new"), Some(json!("example.com/ps:2")), "a new job takes the new defaults");
+    assert_eq!(worker_image("new"), Some(json!("example.com/worker:2")));
+    drop(op);
+
+    // A job without the record (started by an operator that did not keep it): the images its
+    // children run are kept, and recorded.
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "tj",
+            "old",
+            "--subresource=status",
+            "--type=json",
+            "-p",
+            r#"[{"op": "remove", "path": "/status/defaultImages"}]"#,
+        ],
+        None,
+    );
+    let op = start("3");
+    reconciled(&op, 2.0);
+    let st = wait_for("the record again", LONG, || {
+        let s = status(cp, &ns, "old");
+        s["defaultImages"].is_object().then_some(s)
+    });
+    assert_eq!(st["defaultImages"]["parameterServer"], "example.com/ps:1", "{st:#}");
+    assert_eq!(ps_image("old"), Some(json!("example.com/ps:1")));
+    assert_eq!(worker_image("old"), Some(json!("example.com/worker:1")));
+}
+
 #[test]
 fn suspend_stops_the_workers_and_the_ps_keeps_its_checkpoint_then_resume_continues() {
     let cp = control_plane();

@@ -492,6 +492,21 @@ pub struct TrainingJobStatus {
     /// When the job succeeded or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+    /// The operator's default images when it first handled the job, used for each role whose
+    /// spec names no image: an operator upgraded with new defaults never restarts the pods of a
+    /// job it already runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_images: Option<DefaultImages>,
+}
+
+/// Images for the roles whose spec names none.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultImages {
+    /// The parameter server's.
+    pub parameter_server: String,
+    /// The workers'.
+    pub worker: String,
 }
 
 /// The phase of a TrainingJob.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -28,7 +28,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
+use crate::api::{DefaultImages, Phase, Progress, TrainingJob, TrainingJobStatus};
 use children::{COMPONENT_PS, ChildDefaults, LABEL_JOB, Owner};
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
@@ -335,8 +335,9 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
     }
     apply(ctx, &owner, owner.ps_service()).await?;
-    let ps_deployment = apply_ps_deployment(ctx, job, &owner).await?;
-    let workers = match apply(ctx, &owner, owner.worker_job(&ctx.settings.defaults)).await {
+    let defaults = job_defaults(ctx, &owner, &old).await?;
+    let ps_deployment = apply_ps_deployment(ctx, job, &owner, &defaults).await?;
+    let workers = match apply(ctx, &owner, owner.worker_job(&defaults)).await {
         Ok(workers) => workers,
         // A started Job's pod template is immutable: a change of, say, workers.replicas or the
         // image cannot reach the running workers. Say so and keep following the Job as it is.
@@ -381,6 +382,10 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         placement,
         finalize,
         model_place: owner.model_place(),
+        default_images: Some(DefaultImages {
+            parameter_server: defaults.ps_image.clone(),
+            worker: defaults.worker_image.clone(),
+        }),
         progress,
         ps_process,
         has_run: matches!(old.phase, Some(Phase::Running | Phase::Restarting)),
@@ -416,6 +421,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         placement: Placement::Scheduled,
         finalize: Finalize::NotYet,
         model_place: children::ModelPlace::EmptyDir,
+        default_images: None,
         progress: None,
         ps_process: None,
         has_run: false,
@@ -445,13 +451,18 @@ where
 /// Deployment, and without `checkpoint.storage` the new pod would start from scratch. Then the
 /// running PS keeps its settings and a Warning event says why. Returns the Deployment as the
 /// API server has it (status included).
-async fn apply_ps_deployment(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<Deployment> {
+async fn apply_ps_deployment(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    defaults: &ChildDefaults,
+) -> Result<Deployment> {
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let running = deployments.get_opt(&children::ps_name(&owner.name)).await?;
     // The worker count the PS started with stays in its template (scaling tells the PS over
     // HTTP, see `tell_ps_workers`), so that a change of workers.replicas never rolls it.
     let workers = running.as_ref().and_then(children::ps_workers_of).unwrap_or(job.spec.workers.replicas);
-    let desired = owner.ps_deployment(&ctx.settings.defaults, workers);
+    let desired = owner.ps_deployment(defaults, workers);
     if owner.checkpoint_storage().is_none() {
         let hash = |d: &Deployment| d.annotations().get(children::PS_TEMPLATE_HASH).cloned();
         if let Some(running) = running
@@ -466,6 +477,34 @@ async fn apply_ps_deployment(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>
         }
     }
     apply(ctx, owner, desired).await
+}
+
+/// The images for the roles whose spec names none: those recorded in the job's status when the
+/// operator first handled it, so that new operator defaults (a chart upgrade) never roll a
+/// running job's pods. A job an operator before that record started keeps the images its
+/// children run; a new job takes the operator's defaults.
+async fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobStatus) -> Result<ChildDefaults> {
+    if let Some(d) = &old.default_images {
+        return Ok(ChildDefaults { ps_image: d.parameter_server.clone(), worker_image: d.worker.clone() });
+    }
+    let mut defaults = ctx.settings.defaults.clone();
+    let image = |spec: Option<PodSpec>| spec?.containers.into_iter().next()?.image;
+    let spec = &owner.job.spec;
+    if spec.parameter_server.image.is_none() {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        let running = deployments.get_opt(&children::ps_name(&owner.name)).await?;
+        if let Some(i) = image(running.and_then(|d| d.spec.template.spec)) {
+            defaults.ps_image = i;
+        }
+    }
+    if spec.workers.image.is_none() {
+        let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        let running = jobs.get_opt(&children::workers_name(&owner.name)).await?;
+        if let Some(i) = image(running.and_then(|j| j.spec?.template.spec)) {
+            defaults.worker_image = i;
+        }
+    }
+    Ok(defaults)
 }
 
 fn worker_state(job: &Job) -> WorkerJob {

@@ -5,7 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{
-    FinalModelStatus, ParameterServerStatus, Phase, Progress, TrainingJobStatus, WorkersStatus,
+    DefaultImages, FinalModelStatus, ParameterServerStatus, Phase, Progress, TrainingJobStatus, WorkersStatus,
 };
 use crate::controller::children::ModelPlace;
 
@@ -52,6 +52,8 @@ pub struct Observed {
     pub finalize: Finalize,
     /// Where the final model goes.
     pub model_place: ModelPlace,
+    /// The default images this reconcile used (`None`: it built no children; keep the record).
+    pub default_images: Option<DefaultImages>,
     /// Fresh progress from the PS (`None`: keep the last one).
     pub progress: Option<Progress>,
     /// The PS process that answered that read (`None`: not read this time).
@@ -339,6 +341,7 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         final_model,
         start_time: old.start_time.clone().or_else(|| created.then(|| now.clone())),
         completion_time: old.completion_time.clone().or_else(|| state.is_finished().then(|| now.clone())),
+        default_images: o.default_images.clone().or_else(|| old.default_images.clone()),
     }
 }
 

@@ -12,6 +12,7 @@ fn observed() -> Observed {
         placement: Placement::Scheduled,
         finalize: Finalize::NotYet,
         model_place: ModelPlace::EmptyDir,
+        default_images: None,
         progress: None,
         ps_process: None,
         has_run: false,
