@@ -49,7 +49,7 @@ demo: build ## Train MNIST-5k with dc-asgd-a on 4 workers: foresight run example
 loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-parameter model
 	@scripts/loadgen-demo.sh $(OUT)/loadgen
 
-convergence: build ## The paper's Table 1 shape: LeNet-5 on MNIST-5k, M = 1, 4, 8, 16, every rule, 5 seeds; rewrites docs/convergence.md (47 min here, with other work on the machine; ARGS=--reuse keeps finished runs)
+convergence: build ## The paper's Table 1 shape: LeNet-5 on MNIST-5k, M = 1, 4, 8, 16, every rule, 5 seeds, per-epoch PS-model curves; rewrites docs/convergence.md (26 min here; ARGS=--reuse keeps finished runs)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md $(ARGS)
 
 compare: build ## Foresight against PyTorch DDP and a single process, same model, data and budget; rewrites docs/comparison.md (about 13 min)
