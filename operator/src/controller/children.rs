@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use crate::api::{TrainingJob, ps_env, worker_env};
+use crate::api::{DefaultImages, TrainingJob, ps_env, worker_env};
 
 /// The parameter server's port: its API and `/metrics`.
 pub const PS_PORT: i32 = 8080;
@@ -75,6 +75,18 @@ pub struct ChildDefaults {
     pub ps_image: String,
     /// Image of the workers when the job names none.
     pub worker_image: String,
+}
+
+impl From<&DefaultImages> for ChildDefaults {
+    fn from(d: &DefaultImages) -> Self {
+        Self { ps_image: d.parameter_server.clone(), worker_image: d.worker.clone() }
+    }
+}
+
+impl From<&ChildDefaults> for DefaultImages {
+    fn from(d: &ChildDefaults) -> Self {
+        Self { parameter_server: d.ps_image.clone(), worker: d.worker_image.clone() }
+    }
 }
 
 /// Names of a job's children.

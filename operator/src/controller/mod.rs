@@ -28,7 +28,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::api::{DefaultImages, Phase, Progress, TrainingJob, TrainingJobStatus};
+use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
 use children::{COMPONENT_PS, ChildDefaults, LABEL_JOB, Owner};
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
@@ -382,10 +382,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         placement,
         finalize,
         model_place: owner.model_place(),
-        default_images: Some(DefaultImages {
-            parameter_server: defaults.ps_image.clone(),
-            worker: defaults.worker_image.clone(),
-        }),
+        default_images: Some((&defaults).into()),
         progress,
         ps_process,
         has_run: matches!(old.phase, Some(Phase::Running | Phase::Restarting)),
@@ -485,7 +482,7 @@ async fn apply_ps_deployment(
 /// children run; a new job takes the operator's defaults.
 async fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobStatus) -> Result<ChildDefaults> {
     if let Some(d) = &old.default_images {
-        return Ok(ChildDefaults { ps_image: d.parameter_server.clone(), worker_image: d.worker.clone() });
+        return Ok(d.into());
     }
     let mut defaults = ctx.settings.defaults.clone();
     let image = |spec: Option<PodSpec>| spec?.containers.into_iter().next()?.image;
