@@ -276,21 +276,42 @@ fn pods_that_cannot_be_scheduled_show_in_the_status_not_as_running() {
     assert!(msg.contains("Insufficient nvidia.com/gpu"), "{msg}");
     assert!(events(cp, &ns, "big").iter().any(|e| e.0 == "Warning" && e.1 == "Unschedulable"));
 
-    // Fewer GPUs would fit, but a started Job's pod template cannot change: the operator says so.
-    cp.kubectl_ok(
-        &["patch", "-n", &ns, "tj", "big", "--type=merge", "-p", r#"{"spec":{"workers":{"gpus":1}}}"#],
-        None,
-    );
-    let note = wait_for("the SpecChangeNotApplied event", LONG, || {
-        events(cp, &ns, "big")
-            .into_iter()
-            .find(|e| e.0 == "Warning" && e.1 == "SpecChangeNotApplied")
-            .map(|e| e.2)
+    // Fewer GPUs would fit. A started Job's pod template cannot change, so the API server
+    // refuses the edit of a running job; with a suspension it is applied, by a new worker Job.
+    let patch = |p: &str| cp.kubectl(&["patch", "-n", &ns, "tj", "big", "--type=merge", "-p", p], None);
+    let out = patch(r#"{"spec":{"workers":{"gpus":1}}}"#);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("change only with runPolicy.suspend: true"), "{stderr}");
+    let old_uid = cp.get_json(&ns, "job/big-workers").unwrap()["metadata"]["uid"].clone();
+    assert!(patch(r#"{"spec":{"workers":{"gpus":1},"runPolicy":{"suspend":true}}}"#).status.success());
+    let note = wait_for("the WorkersRecreated event", LONG, || {
+        events(cp, &ns, "big").into_iter().find(|e| e.1 == "WorkersRecreated").map(|e| (e.0, e.2))
     });
-    assert!(note.contains("field is immutable"), "{note}");
-    let limits = &cp.get_json(&ns, "job/big-workers").unwrap()["spec"]["template"]["spec"]["containers"][0]["resources"]
-        ["limits"];
-    assert_eq!(limits["nvidia.com/gpu"], "8", "the Job is unchanged");
+    assert_eq!(note.0, "Normal", "{note:?}");
+    let job = cp.get_json(&ns, "job/big-workers").unwrap();
+    assert_ne!(job["metadata"]["uid"], old_uid, "a new worker Job");
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        "1"
+    );
+    assert_eq!(wait_phase(cp, &ns, "big", "Suspended")["reason"], "Suspended");
+    assert!(patch(r#"{"spec":{"runPolicy":{"suspend":false}}}"#).status.success());
+    worker_pods(cp, &ns, "big", 2);
+    wait_for("the scheduler to place both workers", LONG, || {
+        let pods = cp.get_json(&ns, "pods").unwrap();
+        let placed = pods["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == "worker")
+            .filter(|p| p["spec"]["nodeName"].is_string())
+            .count();
+        (placed == 2).then_some(())
+    });
+    assert!(
+        !events(cp, &ns, "big").iter().any(|e| e.1 == "SpecChangeNotApplied" && e.2.contains("worker Job")),
+        "the change was applied, never refused"
+    );
 
     // A new learning rate would restart the PS, whose memory (no checkpoint storage) is the only
     // copy of the model: it keeps running as it is, and an event says so.
@@ -499,16 +520,24 @@ fn suspend_stops_the_workers_and_the_ps_keeps_its_checkpoint_then_resume_continu
         ],
         None,
     );
-    let st = wait_phase(cp, &ns, "pausable", "Suspended");
-    assert_eq!(condition(&st, "Suspended")["status"], "True", "{st:#}");
-    assert_eq!(cp.get_json(&ns, "job/pausable-workers").unwrap()["spec"]["suspend"], true);
-    assert_eq!(cp.get_json(&ns, "deployment/pausable-ps").unwrap()["spec"]["replicas"], 0);
+    wait_for("the worker Job to be suspended", LONG, || {
+        (cp.get_json(&ns, "job/pausable-workers").unwrap()["spec"]["suspend"] == true).then_some(())
+    });
     worker_pods(cp, &ns, "pausable", 0);
-    assert!(cp.get_json(&ns, "pvc/pausable-ps-checkpoints").is_some(), "the checkpoint stays");
+    // The pods are terminating, not gone (no kubelet here to stop them): not Suspended yet.
+    let st = wait_for("the Suspending reason", LONG, || {
+        let s = status(cp, &ns, "pausable");
+        (s["reason"] == "Suspending").then_some(s)
+    });
+    assert_ne!(st["phase"], "Suspended", "{st:#}");
     // Play the kubelet: the deleted pods' containers stop and the pods go. (With a
     // podFailurePolicy the Job controller replaces a pod only once it is gone or terminal.)
     let selector = "foresight.dev/job=pausable,app.kubernetes.io/component=worker";
     cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
+    let st = wait_phase(cp, &ns, "pausable", "Suspended");
+    assert_eq!(condition(&st, "Suspended")["status"], "True", "{st:#}");
+    assert_eq!(cp.get_json(&ns, "deployment/pausable-ps").unwrap()["spec"]["replicas"], 0);
+    assert!(cp.get_json(&ns, "pvc/pausable-ps-checkpoints").is_some(), "the checkpoint stays");
 
     cp.kubectl_ok(
         &[

@@ -2,7 +2,8 @@
 //! it installs, `kubectl get tj` shows the printer columns, `kubectl explain` shows the
 //! descriptions, the server applies the defaults, each CEL rule and bound refuses a bad object
 //! naming the field (and `api::validate` refuses the same object for the same field), and the
-//! model and algorithm cannot change once the job exists.
+//! transition rules hold (`api::validate_update` agreeing): what a worker resumes from never
+//! changes, the workers' pod template only with a suspension.
 
 mod support;
 
@@ -59,9 +60,13 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
     let ns = cp.namespace("example");
     let example = support::repo_root().join("examples/mnist-dcasgd.yaml");
     cp.kubectl_ok(&["apply", "-n", &ns, "-f", example.to_str().unwrap()], None);
-    // The cluster example (a claim for the data, the job) passes the API server's validation too.
+    // The cluster example (a claim for the data, the job) passes the API server's validation too
+    // (in a namespace of its own: over the job above, of the same name, it would be an update
+    // changing the dataset, which the transition rules refuse).
     let cluster = support::repo_root().join("examples/mnist-dcasgd-cluster.yaml");
-    let out = cp.kubectl_ok(&["apply", "--dry-run=server", "-n", &ns, "-f", cluster.to_str().unwrap()], None);
+    let cluster_ns = cp.namespace("example-cluster");
+    let out = cp
+        .kubectl_ok(&["apply", "--dry-run=server", "-n", &cluster_ns, "-f", cluster.to_str().unwrap()], None);
     assert!(out.contains("persistentvolumeclaim/mnist5k created (server dry run)"), "{out}");
 
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
@@ -458,14 +463,19 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
 }
 
 #[test]
-fn the_model_and_the_algorithm_cannot_change_after_creation() {
+fn what_a_running_job_depends_on_cannot_change_and_its_workers_template_only_while_suspended() {
     let cp = control_plane();
     let ns = cp.namespace("immutable");
     let mut obj = minimal("fixed");
     set(&mut obj, "spec.optimizer", json!({"algorithm": "dc-asgd-a", "lambda0": 2}));
     cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(&obj)));
     let old: TrainingJob = serde_json::from_value(obj.clone()).unwrap();
+    let apply = |changed: &Value| {
+        let out = cp.kubectl(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(changed)));
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
 
+    let template = "change only with runPolicy.suspend: true";
     let refusals: &[(&str, Value, &str)] = &[
         (
             "spec.optimizer",
@@ -482,29 +492,63 @@ fn the_model_and_the_algorithm_cannot_change_after_creation() {
             json!({"torchscript": {"path": "/data/m.pt"}}),
             "model cannot change after the job is created",
         ),
+        ("spec.dataset.path", json!("/data/other"), "spec.dataset: Invalid value: |dataset cannot change"),
+        (
+            "spec.training.batchSize",
+            json!(128),
+            "spec.training: Invalid value: |training.batchSize and training.seed",
+        ),
+        ("spec.training.seed", json!(7), "training.batchSize and training.seed cannot change"),
+        (
+            "spec.parameterServer.checkpoint.storage",
+            json!("1Gi"),
+            "spec.parameterServer: Invalid value: |checkpoint.storage cannot change",
+        ),
+        ("spec.workers.image", json!("worker:2"), template),
+        ("spec.workers.gpus", json!(1), template),
+        ("spec.workers.nodeSelector", json!({"pool": "gpu"}), template),
+        ("spec.workers.tolerations", json!([{"key": "gpu", "operator": "Exists"}]), template),
+        ("spec.workers.resources", json!({"limits": {"cpu": "2"}}), template),
+        ("spec.training.epochs", json!(20), template),
+        ("spec.optimizer.pushEvery", json!(2), template),
     ];
     for (path, value, message) in refusals {
         let mut changed = obj.clone();
         set(&mut changed, path, value.clone());
-        let out = cp.kubectl(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(&changed)));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && message.split('|').all(|m| stderr.contains(m)),
-            "{path}={value}: {stderr}"
-        );
+        let (ok, stderr) = apply(&changed);
+        assert!(!ok && message.split('|').all(|m| stderr.contains(m)), "{path}={value}: {stderr}");
         let new: TrainingJob = serde_json::from_value(changed).unwrap();
         let errs = validate_update(&old.spec, &new.spec).unwrap_err();
-        let field = path.trim_start_matches("spec.");
-        assert!(errs.iter().any(|e| e.field.starts_with(field)), "{path}: {errs:?}");
+        // The template rule names `workers` for all its fields, as the CRD's rule does.
+        let field = if *message == template { "workers" } else { path.trim_start_matches("spec.") };
+        assert!(
+            errs.iter().any(|e| field.starts_with(&e.field) || e.field.starts_with(field)),
+            "{path}: {errs:?}"
+        );
     }
-    // Everything else may change: more epochs, another λ0, more workers.
+    // Scaling and the parameter server's settings change at any time.
     let mut changed = obj.clone();
-    set(&mut changed, "spec.training", json!({"epochs": 20}));
     set(&mut changed, "spec.optimizer.lambda0", json!(1));
+    set(&mut changed, "spec.training.learningRate", json!(0.05));
     set(&mut changed, "spec.workers.replicas", json!(8));
-    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(&changed)));
-    validate_update(&old.spec, &serde_json::from_value::<TrainingJob>(changed).unwrap().spec).unwrap();
-    let got =
-        cp.kubectl_ok(&["get", "tj", "fixed", "-n", &ns, "-o", "jsonpath={.spec.training.epochs}"], None);
-    assert_eq!(got, "20");
+    let (ok, stderr) = apply(&changed);
+    assert!(ok, "{stderr}");
+    validate_update(&old.spec, &serde_json::from_value::<TrainingJob>(changed.clone()).unwrap().spec)
+        .unwrap();
+    // The workers' template changes with the suspension, and stays while resuming.
+    set(&mut changed, "spec.runPolicy.suspend", json!(true));
+    set(&mut changed, "spec.workers.image", json!("worker:2"));
+    set(&mut changed, "spec.training.epochs", json!(20));
+    let (ok, stderr) = apply(&changed);
+    assert!(ok, "{stderr}");
+    validate_update(&old.spec, &serde_json::from_value::<TrainingJob>(changed.clone()).unwrap().spec)
+        .unwrap();
+    set(&mut changed, "spec.runPolicy.suspend", json!(false));
+    let (ok, stderr) = apply(&changed);
+    assert!(ok, "{stderr}");
+    let got = cp.kubectl_ok(
+        &["get", "tj", "fixed", "-n", &ns, "-o", "jsonpath={.spec.training.epochs} {.spec.workers.image}"],
+        None,
+    );
+    assert_eq!(got, "20 worker:2");
 }

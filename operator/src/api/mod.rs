@@ -3,6 +3,7 @@
 //! and for `foresight run`'s local processes.
 
 mod env;
+mod transitions;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -85,13 +86,18 @@ pub fn crd_yaml() -> String {
 #[x_kube(validation = Rule::new("!has(self.optimizer.backupWorkers) || self.optimizer.backupWorkers < self.workers.replicas").message("optimizer.backupWorkers must be fewer than workers.replicas").field_path(".optimizer.backupWorkers"))]
 #[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || self.workers.minReplicas <= self.workers.replicas").message("workers.minReplicas must be at most workers.replicas").field_path(".workers.minReplicas"))]
 #[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || !has(self.optimizer) || !has(self.optimizer.algorithm) || self.optimizer.algorithm != 'sync'").message("workers.minReplicas needs an asynchronous algorithm: every sync round waits for every worker").field_path(".workers.minReplicas"))]
+#[x_kube(validation = Rule::new(transitions::unchanged(&["training.batchSize", "training.seed"])).message("training.batchSize and training.seed cannot change after the job is created (a worker resumes at a batch of its seeded shard); create a new TrainingJob").field_path(".training"))]
+#[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.checkpoint.storage"])).message("parameterServer.checkpoint.storage cannot change after the job is created (adding it restarts a parameter server whose memory holds the model, removing it drops the checkpoints); create a new TrainingJob").field_path(".parameterServer"))]
+#[x_kube(validation = Rule::new(transitions::worker_template_rule()).message("workers.image, gpus, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
     /// The model to train: a built-in `name` or a `torchscript` module, exactly one. Cannot
     /// change after the job is created.
     #[x_kube(validation = Rule::new("self == oldSelf").message("model cannot change after the job is created (the parameter server's weights and checkpoints belong to it); create a new TrainingJob"))]
     pub model: ModelSpec,
-    /// Where the training data is and how it is stored.
+    /// Where the training data is and how it is stored. Cannot change after the job is
+    /// created.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("dataset cannot change after the job is created (a worker resumes at a batch of its shard); create a new TrainingJob"))]
     pub dataset: DatasetSpec,
     /// Epochs, batch size, learning rate and its schedule, seed.
     #[serde(default)]

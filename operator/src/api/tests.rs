@@ -243,20 +243,54 @@ fn every_field_is_described() {
 }
 
 #[test]
-fn the_model_and_the_algorithm_cannot_change() {
+fn what_a_worker_resumes_from_never_changes_and_its_pod_template_only_while_suspended() {
     let old = example().spec;
+    let fields = |new: &TrainingJobSpec| -> Vec<String> {
+        validate_update(&old, new).err().unwrap_or_default().into_iter().map(|e| e.field).collect()
+    };
     let mut new = old.clone();
-    new.training.epochs = 50;
     new.workers.replicas = 8;
-    validate_update(&old, &new).unwrap();
-    new.optimizer.algorithm = Algorithm::DcAsgdC;
-    new.optimizer.mean_square_decay = None;
-    let errs = validate_update(&old, &new).unwrap_err();
-    assert_eq!(errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(), ["optimizer.algorithm"]);
-    new.optimizer.algorithm = old.optimizer.algorithm;
-    new.model.name = Some(BuiltinModel::Resnet20);
-    let errs = validate_update(&old, &new).unwrap_err();
-    assert_eq!(errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(), ["model"]);
+    new.training.learning_rate *= 2.0;
+    new.run_policy.active_deadline_seconds = Some(600);
+    assert_eq!(fields(&new), [] as [&str; 0], "scaling and the parameter server's settings may change");
+
+    let mut algo = old.clone();
+    algo.optimizer.algorithm = Algorithm::DcAsgdC;
+    algo.optimizer.mean_square_decay = None;
+    assert_eq!(fields(&algo), ["optimizer.algorithm"]);
+    let mut model = old.clone();
+    model.model.name = Some(BuiltinModel::Resnet20);
+    assert_eq!(fields(&model), ["model"]);
+    let mut data = old.clone();
+    data.dataset.path = "/elsewhere".into();
+    assert_eq!(fields(&data), ["dataset"]);
+    let mut seed = old.clone();
+    seed.training.seed += 1;
+    assert_eq!(fields(&seed), ["training"]);
+    let mut storage = old.clone();
+    storage.parameter_server.checkpoint =
+        Some(CheckpointSpec { interval_seconds: None, storage: Some("1Gi".into()) });
+    assert_eq!(fields(&storage), ["parameterServer"]);
+    // Suspending does not unfreeze those.
+    seed.run_policy.suspend = Some(true);
+    assert_eq!(fields(&seed), ["training"]);
+
+    // The workers' pod template: refused while running, allowed while suspended.
+    let changes: [fn(&mut TrainingJobSpec); 6] = [
+        |s| s.workers.image = Some("worker:2".into()),
+        |s| s.workers.gpus = Some(s.workers.gpus.unwrap_or(0) + 1),
+        |s| s.workers.node_selector = Some([("pool".to_string(), "gpu".to_string())].into()),
+        |s| s.training.epochs += 10,
+        |s| s.optimizer.pull_every += 1,
+        |s| s.optimizer.push_every += 1,
+    ];
+    for change in changes {
+        let mut new = old.clone();
+        change(&mut new);
+        assert_eq!(fields(&new), ["workers"], "{new:?}");
+        new.run_policy.suspend = Some(true);
+        assert_eq!(fields(&new), [] as [&str; 0], "{new:?}");
+    }
 }
 
 #[test]

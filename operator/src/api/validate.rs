@@ -193,27 +193,49 @@ fn is_positive_quantity(q: &str) -> bool {
     well_formed && int.bytes().chain(frac.bytes()).any(|b| b != b'0')
 }
 
-/// Every problem with changing a job's spec from `old` to `new`: those of `validate(new)`, and
-/// the transition rules. `model` and `optimizer.algorithm` cannot change once the job exists
-/// (the CRD cannot see `status` from a rule on `spec`, and the parameter server's weights,
-/// optimizer state and checkpoints belong to both from the first reconcile on).
+/// Every problem with changing a job's spec from `old` to `new`: `validate(new)` and the CRD's
+/// transition rules. What a worker resumes from (model, algorithm, dataset, batch size, seed,
+/// the checkpoint claim) never changes; the workers' pod template changes only while the job is
+/// suspended (`transitions::WORKER_TEMPLATE_FIELDS`).
 pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     let mut errs = validate(new).err().unwrap_or_default();
-    if old.model != new.model {
-        errs.push(ValidationError {
-            field: "model".into(),
-            message: "model cannot change after the job is created".into(),
-        });
-    }
-    if old.optimizer.algorithm != new.optimizer.algorithm {
-        errs.push(ValidationError {
-            field: "optimizer.algorithm".into(),
-            message: format!(
-                "algorithm cannot change after the job is created ({} -> {})",
-                old.optimizer.algorithm.as_str(),
-                new.optimizer.algorithm.as_str()
-            ),
-        });
-    }
+    let mut frozen = |same: bool, field: &str, message: &str| {
+        if !same {
+            errs.push(ValidationError { field: field.into(), message: message.into() });
+        }
+    };
+    frozen(old.model == new.model, "model", "model cannot change after the job is created");
+    frozen(
+        old.optimizer.algorithm == new.optimizer.algorithm,
+        "optimizer.algorithm",
+        "algorithm cannot change after the job is created",
+    );
+    frozen(old.dataset == new.dataset, "dataset", "dataset cannot change after the job is created");
+    let (t, u) = (&old.training, &new.training);
+    frozen(
+        t.batch_size == u.batch_size && t.seed == u.seed,
+        "training",
+        "training.batchSize and training.seed cannot change after the job is created",
+    );
+    let storage =
+        |s: &TrainingJobSpec| s.parameter_server.checkpoint.as_ref().and_then(|c| c.storage.clone());
+    frozen(
+        storage(old) == storage(new),
+        "parameterServer",
+        "parameterServer.checkpoint.storage cannot change after the job is created",
+    );
+    let template = |s: &TrainingJobSpec| {
+        let w = &s.workers;
+        (
+            (w.image.clone(), w.gpus, w.resources.clone(), w.node_selector.clone(), w.tolerations.clone()),
+            (s.training.epochs, s.optimizer.pull_every, s.optimizer.push_every),
+        )
+    };
+    frozen(
+        new.run_policy.suspend == Some(true) || template(old) == template(new),
+        "workers",
+        "workers.image, gpus, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery \
+         and optimizer.pushEvery change only with runPolicy.suspend: true",
+    );
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }

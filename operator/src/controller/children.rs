@@ -24,6 +24,9 @@ use kube::Resource;
 
 use crate::api::{DefaultImages, TrainingJob, ps_env, worker_env};
 
+mod update;
+pub use update::{WorkerJobUpdate, is_idle_suspended, worker_job_update};
+
 /// The parameter server's port: its API and `/metrics`.
 pub const PS_PORT: i32 = 8080;
 /// The workers' `/metrics` port.
@@ -58,6 +61,11 @@ pub const COMPONENT_WORKER: &str = "worker";
 /// Annotation of the PS Deployment: a digest of the pod template the operator built. A change
 /// of it means the PS would restart with new settings (see `reconcile`).
 pub const PS_TEMPLATE_HASH: &str = "foresight.dev/ps-template-hash";
+
+/// Annotation of the worker Job: a digest of the pod template the operator built it with. A
+/// started Job's template never changes, so a new digest is a change that waits for a
+/// suspension (see [`worker_job_update`]).
+pub const WORKER_TEMPLATE_HASH: &str = "foresight.dev/worker-template-hash";
 
 /// A short digest of a pod template (SHA-256 of its JSON, 16 hex digits).
 fn template_hash(t: &PodTemplateSpec) -> String {
@@ -185,7 +193,7 @@ impl<'a> Owner<'a> {
         }
     }
 
-    fn suspended(&self) -> bool {
+    pub fn suspended(&self) -> bool {
         self.job.spec.run_policy.suspend == Some(true)
     }
 
@@ -406,8 +414,24 @@ impl<'a> Owner<'a> {
             ..Default::default()
         };
         let replicas = i32::try_from(w.replicas).unwrap_or(i32::MAX);
+        let template = PodTemplateSpec {
+            metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
+            spec: Some(PodSpec {
+                restart_policy: Some("Never".into()),
+                containers: vec![container],
+                security_context: Some(pod_security()),
+                automount_service_account_token: Some(false),
+                node_selector: w.node_selector.clone(),
+                tolerations: w.tolerations.clone(),
+                volumes: Some(volumes),
+                ..Default::default()
+            }),
+        };
+        let mut metadata = self.meta(workers_name(&self.name), COMPONENT_WORKER);
+        metadata.annotations =
+            Some(BTreeMap::from([(WORKER_TEMPLATE_HASH.into(), template_hash(&template))]));
         Job {
-            metadata: self.meta(workers_name(&self.name), COMPONENT_WORKER),
+            metadata,
             spec: Some(JobSpec {
                 completion_mode: Some("Indexed".into()),
                 completions: Some(replicas),
@@ -416,19 +440,7 @@ impl<'a> Owner<'a> {
                 pod_failure_policy: Some(worker_failure_policy()),
                 active_deadline_seconds: spec.run_policy.active_deadline_seconds.map(|s| s as i64),
                 suspend: Some(self.suspended()),
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
-                    spec: Some(PodSpec {
-                        restart_policy: Some("Never".into()),
-                        containers: vec![container],
-                        security_context: Some(pod_security()),
-                        automount_service_account_token: Some(false),
-                        node_selector: w.node_selector.clone(),
-                        tolerations: w.tolerations.clone(),
-                        volumes: Some(volumes),
-                        ..Default::default()
-                    }),
-                },
+                template,
                 ..Default::default()
             }),
             ..Default::default()

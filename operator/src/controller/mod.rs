@@ -29,7 +29,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
-use children::{COMPONENT_PS, ChildDefaults, LABEL_JOB, Owner};
+use children::{COMPONENT_PS, ChildDefaults, LABEL_JOB, Owner, WorkerJobUpdate};
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
 use status::{Finalize, Observed, Placement, PsProcess, State, WorkerJob};
@@ -337,28 +337,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     apply(ctx, &owner, owner.ps_service()).await?;
     let defaults = job_defaults(ctx, &owner, &old).await?;
     let ps_deployment = apply_ps_deployment(ctx, job, &owner, &defaults).await?;
-    let workers = match apply(ctx, &owner, owner.worker_job(&defaults)).await {
-        Ok(workers) => workers,
-        // A started Job's pod template is immutable: a change of, say, workers.replicas or the
-        // image cannot reach the running workers. Say so and keep following the Job as it is.
-        Err(Error::Kube(kube::Error::Api(status))) if status.code == 422 => {
-            // The causes name the fields; the message quotes the whole pod template.
-            let causes: Vec<String> = status
-                .details
-                .iter()
-                .flat_map(|d| &d.causes)
-                .map(|c| format!("{}: {}", c.field, c.message.rsplit(": ").next().unwrap_or(&c.message)))
-                .collect();
-            let message = format!(
-                "the running worker Job keeps its spec ({}); create a new TrainingJob for this change",
-                if causes.is_empty() { status.reason.clone() } else { causes.join("; ") }
-            );
-            publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateWorkers", &message).await;
-            let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-            jobs.get(&children::workers_name(&owner.name)).await?
-        }
-        Err(e) => return Err(e),
-    };
+    let workers = apply_worker_job(ctx, job, &owner, &defaults).await?;
 
     let ps_ready = ps_deployment.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
     let worker_job = worker_state(&workers);
@@ -476,6 +455,39 @@ async fn apply_ps_deployment(
     apply(ctx, owner, desired).await
 }
 
+/// Applies the worker Job as `children::worker_job_update` decides: a changed pod template
+/// reaches the workers only through a suspension, and says so while it waits. Returns the Job
+/// as the API server has it.
+async fn apply_worker_job(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    defaults: &ChildDefaults,
+) -> Result<Job> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let running = jobs.get_opt(&children::workers_name(&owner.name)).await?;
+    match children::worker_job_update(owner.worker_job(defaults), running.as_ref()) {
+        WorkerJobUpdate::Apply(desired) => apply(ctx, owner, desired).await,
+        WorkerJobUpdate::Recreate(desired) => {
+            // No pod is left, so nothing goes with the Job; each worker of the new one resumes
+            // at the step the parameter server recorded for it.
+            jobs.delete(&children::workers_name(&owner.name), &DeleteParams::background()).await?;
+            let message = "the workers' pod template changed while the job was suspended: the worker Job \
+                           was recreated with it; on resume each worker continues where it stopped";
+            publish(ctx, job, EventType::Normal, "WorkersRecreated", "UpdateWorkers", message).await;
+            apply(ctx, owner, desired).await
+        }
+        WorkerJobUpdate::Deferred(desired) => {
+            if !owner.suspended() {
+                let message = "the running worker Job keeps its pod template: set runPolicy.suspend: true \
+                               to apply the change (the workers are recreated with it, and resume where they stopped)";
+                publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateWorkers", message).await;
+            }
+            apply(ctx, owner, desired).await
+        }
+    }
+}
+
 /// The images for the roles whose spec names none: those recorded in the job's status when the
 /// operator first handled it, so that new operator defaults (a chart upgrade) never roll a
 /// running job's pods. A job an operator before that record started keeps the images its
@@ -514,6 +526,7 @@ fn worker_state(job: &Job) -> WorkerJob {
         ready: count(s.ready),
         succeeded: count(s.succeeded),
         failed: count(s.failed),
+        stopped: children::is_idle_suspended(job),
         // SuccessCriteriaMet and FailureTarget come first; Complete and Failed follow once every
         // pod has terminated, which can take a node's grace period. The outcome is decided at
         // the first.

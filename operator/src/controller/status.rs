@@ -16,6 +16,8 @@ pub struct WorkerJob {
     pub ready: u32,
     pub succeeded: u32,
     pub failed: u32,
+    /// The Job is suspended and no pod of it runs or terminates.
+    pub stopped: bool,
     /// The Job's `Complete` condition is true: every index succeeded.
     pub complete: bool,
     /// The Job's `Failed` condition (reason, message): backoff limit or deadline.
@@ -162,11 +164,20 @@ pub fn decide(o: &Observed) -> State {
         };
     }
     if o.suspend {
-        return State::new(
-            Phase::Suspended,
-            "Suspended",
-            "runPolicy.suspend is true: workers stopped, the parameter server's checkpoint kept",
-        );
+        // Suspended only once it is true of the pods, not when the spec asks for it.
+        return if w.stopped {
+            State::new(
+                Phase::Suspended,
+                "Suspended",
+                "runPolicy.suspend is true: workers stopped, the parameter server's checkpoint kept",
+            )
+        } else {
+            State::new(
+                if o.has_run { Phase::Running } else { Phase::Created },
+                "Suspending",
+                "runPolicy.suspend is true: stopping the worker pods",
+            )
+        };
     }
     match &o.placement {
         Placement::Unschedulable(msg) => {

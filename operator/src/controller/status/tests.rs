@@ -104,7 +104,18 @@ fn each_observation_leads_to_its_phase() {
             Phase::Running,
             "WorkersRunning",
         ),
-        (Observed { suspend: true, ps_ready: true, ..with_workers(running) }, Phase::Suspended, "Suspended"),
+        // Suspended once the Job is suspended and its pods are gone, not when the spec says so.
+        (
+            Observed { suspend: true, ps_ready: true, has_run: true, ..with_workers(running) },
+            Phase::Running,
+            "Suspending",
+        ),
+        (Observed { suspend: true, ..with_workers(|w| w.active = 2) }, Phase::Created, "Suspending"),
+        (
+            Observed { suspend: true, ps_ready: true, ..with_workers(|w| w.stopped = true) },
+            Phase::Suspended,
+            "Suspended",
+        ),
         (
             with_workers(|w| w.failed_condition = Some(("BackoffLimitExceeded".into(), "too many".into()))),
             Phase::Failed,

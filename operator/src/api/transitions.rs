@@ -1,0 +1,57 @@
+//! The CRD's transition rules (CEL with `oldSelf`), written out from field paths. Plain `has()`
+//! chains, not optional chaining (`oldSelf.?a.?b`): the API server's cost estimate takes an
+//! optional's size to be unbounded and refuses such a rule whatever the field's bounds.
+
+/// Fields of the workers' pod template, below the spec: they change only while the job is
+/// suspended (`api::validate_update` checks the same list).
+pub const WORKER_TEMPLATE_FIELDS: [&str; 8] = [
+    "workers.image",
+    "workers.gpus",
+    "workers.resources",
+    "workers.nodeSelector",
+    "workers.tolerations",
+    "training.epochs",
+    "optimizer.pullEvery",
+    "optimizer.pushEvery",
+];
+
+/// CEL, evaluated on the spec: every field at `paths` is as it was, counting absence.
+pub fn unchanged(paths: &[&str]) -> String {
+    paths.iter().map(|p| unchanged_one(p)).collect::<Vec<_>>().join(" && ")
+}
+
+fn unchanged_one(path: &str) -> String {
+    let parts: Vec<&str> = path.split('.').collect();
+    let present = |root: &str| {
+        (1..=parts.len())
+            .map(|n| format!("has({root}.{})", parts[..n].join(".")))
+            .collect::<Vec<_>>()
+            .join(" && ")
+    };
+    let (old, new) = (present("oldSelf"), present("self"));
+    format!("(({old}) ? (({new}) && oldSelf.{path} == self.{path}) : !({new}))")
+}
+
+/// CEL, evaluated on the spec: the workers' template is unchanged unless the update leaves the
+/// job suspended.
+pub fn worker_template_rule() -> String {
+    format!(
+        "(has(self.runPolicy) && has(self.runPolicy.suspend) && self.runPolicy.suspend) || ({})",
+        unchanged(&WORKER_TEMPLATE_FIELDS)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_is_compared_only_where_it_is_present_on_both_sides() {
+        assert_eq!(
+            unchanged(&["a.b"]),
+            "((has(oldSelf.a) && has(oldSelf.a.b)) ? ((has(self.a) && has(self.a.b)) && oldSelf.a.b == self.a.b) \
+             : !(has(self.a) && has(self.a.b)))"
+        );
+        assert_eq!(unchanged(&["x", "y"]).matches(" && ((has").count(), 1);
+    }
+}
