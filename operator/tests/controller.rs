@@ -342,6 +342,98 @@ fn pods_that_cannot_be_scheduled_show_in_the_status_not_as_running() {
     assert_eq!(env_before, env_after, "the PS Deployment is unchanged");
 }
 
+/// A second simulated node, labelled `pool=<pool>` and tainted `dedicated=training:NoSchedule`
+/// (as a cluster whose training nodes take nothing else), with 2 `amd.com/gpu`.
+fn tainted_node(cp: &support::ControlPlane, pool: &str) -> String {
+    let name = format!("tainted-{pool}");
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "pool": pool}},
+        "spec": {"taints": [{"key": "dedicated", "value": "training", "effect": "NoSchedule"}]}});
+    cp.kubectl_ok(&["apply", "-f", "-"], Some(&node.to_string()));
+    let resources = json!({"cpu": "8", "memory": "32Gi", "pods": "20", "amd.com/gpu": "2"});
+    let status = json!({"status": {"capacity": resources, "allocatable": resources,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated"}]}});
+    cp.kubectl_ok(
+        &["patch", "node", &name, "--subresource=status", "--type=merge", "-p", &status.to_string()],
+        None,
+    );
+    cp.kubectl_ok(&["taint", "node", &name, "node.kubernetes.io/not-ready:NoSchedule-"], None);
+    name
+}
+
+#[test]
+fn each_roles_pod_settings_reach_the_pods_and_place_them_on_a_tainted_pool() {
+    let cp = control_plane();
+    let ns = cp.namespace("podsettings");
+    let node = tainted_node(cp, &ns);
+    let class = format!("{ns}-high");
+    let pc = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                    "metadata": {"name": class}, "value": 1000});
+    cp.kubectl_ok(&["apply", "-f", "-"], Some(&pc.to_string()));
+    cp.kubectl_ok(&["create", "serviceaccount", "-n", &ns, "data-reader"], None);
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    let pod = json!({
+        "nodeSelector": {"pool": ns},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}],
+        "priorityClassName": class,
+        "serviceAccountName": "data-reader",
+        "automountServiceAccountToken": true,
+        "labels": {"team": "ml"},
+        "annotations": {"example.com/owner": "ml"},
+        "env": [{"name": "DATA_BUCKET", "value": "s3://bucket"}],
+        "volumes": [{"name": "cache", "emptyDir": {}}],
+        "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+    });
+    apply_job(
+        cp,
+        &ns,
+        "placed",
+        json!({"parameterServer": {"pod": pod},
+               "workers": {"replicas": 2, "gpus": 1, "gpuResource": "amd.com/gpu", "pod": pod}}),
+    );
+    // Both roles land on the tainted node (node-1, untainted, lacks the label): the scheduler
+    // honoured the selector and the toleration. The admission plugins resolved the priority
+    // class and the service account, so both exist as named.
+    let placed = |component: &str, n: usize| -> Vec<Value> {
+        wait_for(&format!("{n} {component} pod(s) on {node}"), LONG, || {
+            let pods = cp.get_json(&ns, "pods").unwrap()["items"].as_array().unwrap().clone();
+            let ours: Vec<Value> = pods
+                .into_iter()
+                .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+                .filter(|p| p["spec"]["nodeName"] == node.as_str())
+                .collect();
+            (ours.len() == n).then_some(ours)
+        })
+    };
+    let mut pods = placed("parameter-server", 1);
+    pods.extend(placed("worker", 2));
+    for p in &pods {
+        let spec = &p["spec"];
+        assert_eq!(spec["priorityClassName"], class.as_str());
+        assert_eq!(spec["priority"], 1000, "the PriorityClass admission resolved it");
+        assert_eq!(spec["serviceAccountName"], "data-reader");
+        assert_eq!(spec["automountServiceAccountToken"], true);
+        assert_eq!(p["metadata"]["labels"]["team"], "ml");
+        assert_eq!(p["metadata"]["annotations"]["example.com/owner"], "ml");
+        let c = &spec["containers"][0];
+        let env: Vec<&str> =
+            c["env"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+        assert!(env.contains(&"DATA_BUCKET") && env.contains(&"FORESIGHT_JOB_NAME"), "{env:?}");
+        assert!(c["volumeMounts"].as_array().unwrap().iter().any(|m| m["mountPath"] == "/cache"));
+    }
+    let worker =
+        pods.iter().find(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == "worker").unwrap();
+    assert_eq!(worker["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"], "1");
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "placed"), "Running");
+    let st = status(cp, &ns, "placed");
+    assert_ne!(condition(&st, "Running")["reason"], "Unschedulable", "{st:#}");
+    cp.kubectl_ok(&["delete", "tj", "-n", &ns, "placed", "--wait=false"], None);
+    cp.kubectl_ok(
+        &["delete", &format!("node/{node}"), &format!("priorityclass/{class}"), "--wait=false"],
+        None,
+    );
+}
+
 #[test]
 fn a_pod_waiting_for_its_claim_to_bind_is_not_unschedulable() {
     let cp = control_plane();

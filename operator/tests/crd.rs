@@ -407,6 +407,64 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.runPolicy.activeDeadlineSeconds in body should be greater than or equal to 1",
         ),
         (&[("spec.workers", Value::Null)], "", "spec.workers: Required value"),
+        (
+            &[("spec.workers.pod.env", json!([{"name": "FORESIGHT_PS_URL", "value": "http://elsewhere"}]))],
+            "workers.pod.env",
+            "spec.workers.pod.env: Invalid value: |names starting with FORESIGHT_ are set by the operator",
+        ),
+        (
+            &[("spec.parameterServer.pod.labels", json!({"foresight.dev/job": "other"}))],
+            "parameterServer.pod.labels",
+            "spec.parameterServer.pod.labels: Invalid value: |are set by the operator",
+        ),
+        (
+            &[("spec.workers.pod.volumes", json!([{"name": "checkpoints", "emptyDir": {}}]))],
+            "workers.pod.volumes",
+            "spec.workers.pod.volumes: Invalid value: |the operator's volume names",
+        ),
+        (
+            &[("spec.workers.pod.volumeMounts", json!([{"name": "cache", "mountPath": "/cache"}]))],
+            "workers.pod.volumeMounts",
+            "spec.workers.pod.volumeMounts: Invalid value: |must name a volume of this pod block's volumes",
+        ),
+        (
+            &[
+                ("spec.parameterServer.pod.volumes", json!([{"name": "scratch", "emptyDir": {}}])),
+                (
+                    "spec.parameterServer.pod.volumeMounts",
+                    json!([{"name": "scratch", "mountPath": "/checkpoints"}]),
+                ),
+            ],
+            "parameterServer.pod.volumeMounts",
+            "/tmp, /checkpoints and /output are mounted by the operator",
+        ),
+        (
+            &[
+                ("spec.dataset.volume", json!({"name": "d", "persistentVolumeClaim": {"claimName": "data"}})),
+                ("spec.workers.pod.volumes", json!([{"name": "cache", "emptyDir": {}}])),
+                ("spec.workers.pod.volumeMounts", json!([{"name": "cache", "mountPath": "/data/mnist"}])),
+            ],
+            "workers.pod.volumeMounts",
+            "spec.workers.pod.volumeMounts: Invalid value: |the dataset's volume is mounted at dataset.path",
+        ),
+        (
+            &[("spec.workers.pod.serviceAccountName", json!("Data_Reader"))],
+            "workers.pod.serviceAccountName",
+            "spec.workers.pod.serviceAccountName: Invalid value: |must be a ServiceAccount name",
+        ),
+        (
+            &[("spec.workers.gpuResource", json!("gpu"))],
+            "workers.gpuResource",
+            "spec.workers.gpuResource: Invalid value: |must be an extended resource name with a domain",
+        ),
+        (
+            &[
+                ("spec.workers.nodeSelector", json!({"a": "b"})),
+                ("spec.workers.pod.nodeSelector", json!({"c": "d"})),
+            ],
+            "workers.nodeSelector",
+            "spec.workers.nodeSelector: Invalid value: |not both",
+        ),
     ];
     let mut failures = Vec::new();
     for (i, (changes, field, message)) in cases.iter().enumerate() {
@@ -448,6 +506,21 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
     set(&mut full, "spec.runPolicy", json!({"backoffLimit": 0, "activeDeadlineSeconds": 1, "suspend": true}));
     set(&mut full, "spec.workers", json!({"replicas": 1024, "minReplicas": 512, "gpus": 0}));
     set(&mut full, "spec.output", json!({"claimName": "models.v1", "path": "mnist/run-1"}));
+    let pod = json!({
+        "labels": {"team": "ml"}, "annotations": {"example.com/owner": "ml"},
+        "nodeSelector": {"pool": "training"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1,
+            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                "labelSelector": {"matchLabels": {"team": "ml"}}}}]}},
+        "priorityClassName": "training-high", "serviceAccountName": "data-reader",
+        "automountServiceAccountToken": true, "imagePullSecrets": [{"name": "registry"}],
+        "env": [{"name": "BUCKET", "value": "s3://b"}], "envFrom": [{"secretRef": {"name": "creds"}}],
+        "volumes": [{"name": "cache", "emptyDir": {}}], "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]
+    });
+    set(&mut full, "spec.parameterServer.pod", pod.clone());
+    set(&mut full, "spec.workers.pod", pod);
+    set(&mut full, "spec.workers.gpuResource", json!("amd.com/gpu"));
     let out = cp.kubectl(&["create", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&yaml(&full)));
     if !out.status.success() {
         failures.push(format!("the full object was refused: {}", String::from_utf8_lossy(&out.stderr)));

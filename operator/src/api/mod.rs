@@ -3,6 +3,7 @@
 //! and for `foresight run`'s local processes.
 
 mod env;
+mod pod;
 mod transitions;
 mod validate;
 
@@ -16,6 +17,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use env::{ps_env, worker_env};
+pub use pod::{PodSettings, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES};
 pub use validate::{ValidationError, validate, validate_update};
 
 /// The CustomResourceDefinition of `TrainingJob`, as `foresight crd` prints it and
@@ -49,6 +51,11 @@ pub fn crd() -> CustomResourceDefinition {
     }
     let mut value = serde_json::to_value(TrainingJob::crd()).expect("the CRD serializes");
     clean(&mut value);
+    let spec =
+        &mut value["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    for role in ["parameterServer", "workers"] {
+        pod::trim_schema(&mut spec[role]["properties"]["pod"]["properties"]);
+    }
     serde_json::from_value(value).expect("the CRD deserializes")
 }
 
@@ -88,7 +95,9 @@ pub fn crd_yaml() -> String {
 #[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || !has(self.optimizer) || !has(self.optimizer.algorithm) || self.optimizer.algorithm != 'sync'").message("workers.minReplicas needs an asynchronous algorithm: every sync round waits for every worker").field_path(".workers.minReplicas"))]
 #[x_kube(validation = Rule::new(transitions::unchanged(&["training.batchSize", "training.seed"])).message("training.batchSize and training.seed cannot change after the job is created (a worker resumes at a batch of its seeded shard); create a new TrainingJob").field_path(".training"))]
 #[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.checkpoint.storage"])).message("parameterServer.checkpoint.storage cannot change after the job is created (adding it restarts a parameter server whose memory holds the model, removing it drops the checkpoints); create a new TrainingJob").field_path(".parameterServer"))]
-#[x_kube(validation = Rule::new(transitions::worker_template_rule()).message("workers.image, gpus, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
+#[x_kube(validation = Rule::new("!has(self.dataset.volume) || !has(self.workers.pod) || !has(self.workers.pod.volumeMounts) || self.workers.pod.volumeMounts.all(m, m.mountPath != self.dataset.path)").message("the dataset's volume is mounted at dataset.path").field_path(".workers.pod.volumeMounts"))]
+#[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_TEMPLATE_FIELDS)).message("workers.image, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
+#[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_POD_FIELDS)).message("workers.pod labels, annotations, nodeSelector, tolerations, priorityClassName, serviceAccountName, automountServiceAccountToken, imagePullSecrets and env change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers.pod"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
     /// The model to train: a built-in `name` or a `torchscript` module, exactly one. Cannot
@@ -189,7 +198,8 @@ pub struct TorchScriptModel {
 pub struct DatasetSpec {
     /// mnist (idx files), cifar10 (binary batches) or csv (pixels then label).
     pub format: DatasetFormat,
-    /// Directory holding the files, as the workers see it. Must not be empty.
+    /// Directory holding the files, as the workers see it. Must not be empty; at most 4096 bytes.
+    #[schemars(length(max = 4096))]
     #[x_kube(validation = Rule::new("self.trim() != ''").message("must not be empty"))]
     pub path: String,
     /// The volume mounted at `path` in every worker (cluster only; `foresight run` reads `path`
@@ -391,6 +401,10 @@ pub struct ParameterServerSpec {
     /// Periodic checkpoints of the model and the optimizer state (absent: only the final one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
+    /// What the parameter server's pod gets besides what the operator sets: placement
+    /// (nodeSelector, tolerations, affinity), priority, identity, variables, volumes, labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodSettings>,
 }
 
 /// Periodic checkpoints of the parameter server.
@@ -409,7 +423,9 @@ pub struct CheckpointSpec {
 }
 
 /// The workers' pods.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.nodeSelector) || !has(self.pod) || !has(self.pod.nodeSelector)").message("set workers.nodeSelector or workers.pod.nodeSelector, not both").field_path(".nodeSelector"))]
+#[x_kube(validation = Rule::new("!has(self.tolerations) || !has(self.pod) || !has(self.pod.tolerations)").message("set workers.tolerations or workers.pod.tolerations, not both").field_path(".tolerations"))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkersSpec {
     /// Number of workers, 1 to 1024. It can change while the job runs: the worker Job's
@@ -425,9 +441,15 @@ pub struct WorkersSpec {
     /// Image of the workers (default: the operator's worker image).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// nvidia.com/gpu per worker (absent or 0: CPU only).
+    /// GPUs per worker, as `gpuResource` (absent or 0: CPU only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
+    /// The extended resource `gpus` counts (default nvidia.com/gpu; e.g. amd.com/gpu,
+    /// gpu.intel.com/i915).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && !self.startsWith('kubernetes.io/')").message("must be an extended resource name with a domain, e.g. nvidia.com/gpu"))]
+    pub gpu_resource: Option<String>,
     /// CPU and memory requests and limits of each worker's container (GPUs: use `gpus`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
@@ -437,6 +459,11 @@ pub struct WorkersSpec {
     /// Taints the workers tolerate (e.g. those of GPU nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
+    /// What each worker's pod gets besides what the operator sets: placement (nodeSelector,
+    /// tolerations: here or above, not both; affinity), priority, identity, variables, volumes,
+    /// labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodSettings>,
 }
 
 /// Retries, deadlines, clean-up and suspension.

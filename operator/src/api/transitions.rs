@@ -3,16 +3,33 @@
 //! optional's size to be unbounded and refuses such a rule whatever the field's bounds.
 
 /// Fields of the workers' pod template, below the spec: they change only while the job is
-/// suspended (`api::validate_update` checks the same list).
-pub const WORKER_TEMPLATE_FIELDS: [&str; 8] = [
+/// suspended (`api::validate_update` checks the same lists). Two lists, two rules: the API
+/// server caps each rule's estimated cost, and one rule comparing all of them exceeds it.
+pub const WORKER_TEMPLATE_FIELDS: [&str; 9] = [
     "workers.image",
     "workers.gpus",
+    "workers.gpuResource",
     "workers.resources",
     "workers.nodeSelector",
     "workers.tolerations",
     "training.epochs",
     "optimizer.pullEvery",
     "optimizer.pushEvery",
+];
+
+/// The parts of `workers.pod` the rules compare. Its volumes, mounts, affinity and `envFrom`
+/// are too large a schema for any rule's cost cap: a change of those while workers run is held
+/// back by the operator instead (`children::worker_job_update`, a Warning event).
+pub const WORKER_POD_FIELDS: [&str; 9] = [
+    "workers.pod.labels",
+    "workers.pod.annotations",
+    "workers.pod.nodeSelector",
+    "workers.pod.tolerations",
+    "workers.pod.priorityClassName",
+    "workers.pod.serviceAccountName",
+    "workers.pod.automountServiceAccountToken",
+    "workers.pod.imagePullSecrets",
+    "workers.pod.env",
 ];
 
 /// CEL, evaluated on the spec: every field at `paths` is as it was, counting absence.
@@ -32,12 +49,12 @@ fn unchanged_one(path: &str) -> String {
     format!("(({old}) ? (({new}) && oldSelf.{path} == self.{path}) : !({new}))")
 }
 
-/// CEL, evaluated on the spec: the workers' template is unchanged unless the update leaves the
-/// job suspended.
-pub fn worker_template_rule() -> String {
+/// CEL, evaluated on the spec: the `fields` are unchanged unless the update leaves the job
+/// suspended.
+pub fn unless_suspended(fields: &[&str]) -> String {
     format!(
         "(has(self.runPolicy) && has(self.runPolicy.suspend) && self.runPolicy.suspend) || ({})",
-        unchanged(&WORKER_TEMPLATE_FIELDS)
+        unchanged(fields)
     )
 }
 

@@ -3,7 +3,10 @@
 //! server, as OpenAPI bounds and CEL rules (`x-kubernetes-validations`) on the field named here;
 //! `validate_update` adds the transition rules (what cannot change after creation).
 
-use super::{Algorithm, TrainingJobSpec};
+use super::{
+    Algorithm, PodSettings, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES,
+    TrainingJobSpec,
+};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("spec.{field}: {message}")]
@@ -32,6 +35,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     }
     let d = &spec.dataset;
     check(!d.path.trim().is_empty(), "dataset.path", "must not be empty".into());
+    check(d.path.len() <= 4096, "dataset.path", "must be at most 4096 bytes".into());
     if let Some(h) = d.holdout {
         check(h > 0.0 && h < 1.0, "dataset.holdout", format!("must be in (0, 1), got {h}"));
     }
@@ -148,11 +152,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
                 .into(),
         );
         if let Some(c) = &o.claim_name {
-            let name_ok = c.len() <= 253
-                && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-                && c.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-                && c.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
-            check(name_ok, "output.claimName", format!("must be a PersistentVolumeClaim name, got {c:?}"));
+            check(is_name(c), "output.claimName", format!("must be a PersistentVolumeClaim name, got {c:?}"));
         }
         if let Some(size) = &o.storage {
             check(
@@ -171,7 +171,107 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
         "runPolicy.activeDeadlineSeconds",
         "must be at least 1".into(),
     );
+    if let Some(r) = &w.gpu_resource {
+        let ok = r.split_once('/').is_some_and(|(domain, name)| {
+            is_name(domain)
+                && !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+        }) && !r.starts_with("kubernetes.io/")
+            && r.len() <= 253;
+        check(
+            ok,
+            "workers.gpuResource",
+            format!("must be an extended resource name with a domain, e.g. nvidia.com/gpu, got {r:?}"),
+        );
+    }
+    if let Some(p) = &w.pod {
+        check(
+            w.node_selector.is_none() || p.node_selector.is_none(),
+            "workers.nodeSelector",
+            "set workers.nodeSelector or workers.pod.nodeSelector, not both".into(),
+        );
+        check(
+            w.tolerations.is_none() || p.tolerations.is_none(),
+            "workers.tolerations",
+            "set workers.tolerations or workers.pod.tolerations, not both".into(),
+        );
+    }
+    if let Some(p) = &w.pod {
+        let mounts = p.volume_mounts.as_deref().unwrap_or_default();
+        check(
+            spec.dataset.volume.is_none() || mounts.iter().all(|m| m.mount_path != spec.dataset.path),
+            "workers.pod.volumeMounts",
+            "the dataset's volume is mounted at dataset.path".into(),
+        );
+        validate_pod(p, "workers.pod", &mut errs);
+    }
+    if let Some(p) = &spec.parameter_server.pod {
+        validate_pod(p, "parameterServer.pod", &mut errs);
+    }
     if errs.is_empty() { Ok(()) } else { Err(errs) }
+}
+
+/// The rules of a role's `pod` block (`field`: `workers.pod` or `parameterServer.pod`), as the
+/// CRD's rules on `PodSettings` state them.
+fn validate_pod(p: &PodSettings, field: &str, errs: &mut Vec<ValidationError>) {
+    let mut check = |ok: bool, sub: &str, message: &str| {
+        if !ok {
+            errs.push(ValidationError { field: format!("{field}.{sub}"), message: message.into() });
+        }
+    };
+    let env = p.env.as_deref().unwrap_or_default();
+    check(
+        env.iter().all(|e| !e.name.starts_with(RESERVED_ENV_PREFIX)),
+        "env",
+        "names starting with FORESIGHT_ are set by the operator",
+    );
+    let labels = p.labels.clone().unwrap_or_default();
+    check(
+        RESERVED_LABELS.iter().all(|k| !labels.contains_key(*k)),
+        "labels",
+        "app.kubernetes.io/name, managed-by, instance, component and foresight.dev/job are set by the operator",
+    );
+    let volumes = p.volumes.as_deref().unwrap_or_default();
+    check(
+        volumes.iter().all(|v| !RESERVED_VOLUMES.contains(&v.name.as_str())),
+        "volumes",
+        "tmp, dataset, checkpoints and output are the operator's volume names",
+    );
+    check(volumes.iter().all(|v| v.name.len() <= 63), "volumes", "a volume name is at most 63 bytes");
+    let mounts = p.volume_mounts.as_deref().unwrap_or_default();
+    check(
+        mounts.iter().all(|m| m.name.len() <= 63 && m.mount_path.len() <= 4096),
+        "volumeMounts",
+        "a mount's name is at most 63 bytes, its path 4096",
+    );
+    check(
+        mounts.iter().all(|m| volumes.iter().any(|v| v.name == m.name)),
+        "volumeMounts",
+        "each volume mount must name a volume of this pod block's volumes",
+    );
+    check(
+        mounts.iter().all(|m| !RESERVED_PATHS.contains(&m.mount_path.as_str())),
+        "volumeMounts",
+        "/tmp, /checkpoints and /output are mounted by the operator",
+    );
+    for (sub, name) in
+        [("priorityClassName", &p.priority_class_name), ("serviceAccountName", &p.service_account_name)]
+    {
+        if let Some(n) = name {
+            check(is_name(n), sub, "must be an object name (lowercase letters, digits, '-' and '.')");
+        }
+    }
+}
+
+/// A DNS-subdomain object name: lowercase letters, digits, '-' and '.', alphanumeric at both
+/// ends, at most 253 bytes.
+fn is_name(s: &str) -> bool {
+    s.len() <= 253
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
 }
 
 /// A Kubernetes quantity (`<number><suffix>`: 1Gi, 500M, 1.5e3, 0.5) greater than zero.
@@ -224,18 +324,35 @@ pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(
         "parameterServer",
         "parameterServer.checkpoint.storage cannot change after the job is created",
     );
+    let suspended = new.run_policy.suspend == Some(true);
     let template = |s: &TrainingJobSpec| {
         let w = &s.workers;
         (
-            (w.image.clone(), w.gpus, w.resources.clone(), w.node_selector.clone(), w.tolerations.clone()),
+            (w.image.clone(), w.gpus, w.gpu_resource.clone(), w.resources.clone()),
+            (w.node_selector.clone(), w.tolerations.clone()),
             (s.training.epochs, s.optimizer.pull_every, s.optimizer.push_every),
         )
     };
     frozen(
-        new.run_policy.suspend == Some(true) || template(old) == template(new),
+        suspended || template(old) == template(new),
         "workers",
-        "workers.image, gpus, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery \
-         and optimizer.pushEvery change only with runPolicy.suspend: true",
+        "workers.image, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, \
+         optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true",
+    );
+    // Not volumes, volumeMounts, affinity or envFrom: see `transitions::WORKER_POD_FIELDS`.
+    let pod = |s: &TrainingJobSpec| {
+        let p = s.workers.pod.clone().unwrap_or_default();
+        (
+            (p.labels, p.annotations, p.node_selector, p.tolerations),
+            (p.priority_class_name, p.service_account_name, p.automount_service_account_token),
+            (p.image_pull_secrets, p.env),
+        )
+    };
+    frozen(
+        suspended || pod(old) == pod(new),
+        "workers.pod",
+        "workers.pod labels, annotations, nodeSelector, tolerations, priorityClassName, serviceAccountName, \
+         automountServiceAccountToken, imagePullSecrets and env change only with runPolicy.suspend: true",
     );
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }

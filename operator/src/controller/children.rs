@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use crate::api::{DefaultImages, TrainingJob, ps_env, worker_env};
+use crate::api::{DefaultImages, PodSettings, TrainingJob, ps_env, worker_env};
 
 mod update;
 pub use update::{WorkerJobUpdate, is_idle_suspended, worker_job_update};
@@ -51,6 +51,9 @@ pub const OUTPUT_DIR: &str = "/output";
 /// The worker's exit status for a failure no retry can fix (bad configuration or data, a wrong
 /// token, a model the PS does not hold): the worker Job's podFailurePolicy fails at once.
 pub const WORKER_EXIT_PERMANENT: i32 = 3;
+
+/// The resource `workers.gpus` counts when the job names no `gpuResource`.
+pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// Label keys shared with the Helm chart's PodMonitor and the dashboards.
 pub const LABEL_JOB: &str = "foresight.dev/job";
@@ -315,7 +318,7 @@ impl<'a> Owner<'a> {
             volume_mounts: Some(mounts),
             ..Default::default()
         };
-        let template = PodTemplateSpec {
+        let mut template = PodTemplateSpec {
             metadata: Some(ObjectMeta { labels: Some(pod_labels.clone()), ..Default::default() }),
             spec: Some(PodSpec {
                 containers: vec![container],
@@ -327,6 +330,7 @@ impl<'a> Owner<'a> {
                 ..Default::default()
             }),
         };
+        with_pod_settings(&mut template, spec.parameter_server.pod.as_ref());
         let mut metadata = self.meta(ps_name(&self.name), COMPONENT_PS);
         metadata.annotations = Some(BTreeMap::from([(PS_TEMPLATE_HASH.into(), template_hash(&template))]));
         Deployment {
@@ -390,7 +394,8 @@ impl<'a> Owner<'a> {
         let mut resources = w.resources.clone().unwrap_or_default();
         if let Some(gpus) = w.gpus.filter(|&g| g > 0) {
             let q = Quantity(gpus.to_string());
-            resources.limits.get_or_insert_default().insert("nvidia.com/gpu".into(), q);
+            let name = w.gpu_resource.clone().unwrap_or_else(|| DEFAULT_GPU_RESOURCE.into());
+            resources.limits.get_or_insert_default().insert(name, q);
         }
         let mut volumes = vec![empty_dir("tmp")];
         let mut mounts = vec![mount("tmp", "/tmp", false)];
@@ -414,7 +419,7 @@ impl<'a> Owner<'a> {
             ..Default::default()
         };
         let replicas = i32::try_from(w.replicas).unwrap_or(i32::MAX);
-        let template = PodTemplateSpec {
+        let mut template = PodTemplateSpec {
             metadata: Some(ObjectMeta { labels: Some(pod_labels), ..Default::default() }),
             spec: Some(PodSpec {
                 restart_policy: Some("Never".into()),
@@ -427,6 +432,7 @@ impl<'a> Owner<'a> {
                 ..Default::default()
             }),
         };
+        with_pod_settings(&mut template, w.pod.as_ref());
         let mut metadata = self.meta(workers_name(&self.name), COMPONENT_WORKER);
         metadata.annotations =
             Some(BTreeMap::from([(WORKER_TEMPLATE_HASH.into(), template_hash(&template))]));
@@ -475,6 +481,39 @@ fn worker_failure_policy() -> PodFailurePolicy {
             },
         ],
     }
+}
+
+/// Adds a role's `pod` settings to the pod template the operator built: labels and annotations
+/// beside its own, placement, priority and identity, and variables, volumes and mounts after
+/// its own. The CRD refuses the operator's label keys, `FORESIGHT_` variables and its volume
+/// names and paths, so nothing of the operator's is replaced.
+fn with_pod_settings(template: &mut PodTemplateSpec, settings: Option<&PodSettings>) {
+    let Some(p) = settings else { return };
+    let meta = template.metadata.get_or_insert_default();
+    for (k, v) in p.labels.iter().flatten() {
+        meta.labels.get_or_insert_default().entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    if let Some(a) = &p.annotations {
+        meta.annotations.get_or_insert_default().extend(a.clone());
+    }
+    let spec = template.spec.get_or_insert_default();
+    fn set<T: Clone>(ours: &mut Option<T>, theirs: &Option<T>) {
+        if theirs.is_some() {
+            ours.clone_from(theirs);
+        }
+    }
+    set(&mut spec.node_selector, &p.node_selector);
+    set(&mut spec.tolerations, &p.tolerations);
+    spec.affinity.clone_from(&p.affinity);
+    spec.priority_class_name.clone_from(&p.priority_class_name);
+    spec.service_account_name.clone_from(&p.service_account_name);
+    set(&mut spec.automount_service_account_token, &p.automount_service_account_token);
+    spec.image_pull_secrets.clone_from(&p.image_pull_secrets);
+    spec.volumes.get_or_insert_default().extend(p.volumes.iter().flatten().cloned());
+    let container = &mut spec.containers[0];
+    container.env.get_or_insert_default().extend(p.env.iter().flatten().cloned());
+    container.env_from.clone_from(&p.env_from);
+    container.volume_mounts.get_or_insert_default().extend(p.volume_mounts.iter().flatten().cloned());
 }
 
 fn vars<K: Into<String>>(env: impl IntoIterator<Item = (K, String)>) -> Vec<EnvVar> {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::api::TrainingJob;
+use std::collections::BTreeSet;
 
 fn job(yaml: &str) -> TrainingJob {
     let mut j: TrainingJob = serde_yaml::from_str(yaml).unwrap();
@@ -211,4 +212,120 @@ fn the_final_model_goes_to_the_output_claim_which_no_one_owns() {
     let (pvc, pod) = ps_of(BASE);
     assert!(pvc.is_none() && claim_of(&pod, "output").is_none());
     assert_eq!(output_dir(&pod), CHECKPOINT_DIR);
+}
+
+const WITH_POD_SETTINGS: &str = r#"
+apiVersion: foresight.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: mnist}
+spec:
+  model: {name: lenet5}
+  dataset: {format: mnist, path: /data/mnist}
+  parameterServer:
+    pod:
+      nodeSelector: {pool: cpu}
+      tolerations: [{key: dedicated, operator: Equal, value: training, effect: NoSchedule}]
+      priorityClassName: training-high
+      labels: {team: ml}
+      annotations: {example.com/owner: ml}
+  workers:
+    replicas: 2
+    gpus: 1
+    gpuResource: amd.com/gpu
+    pod:
+      tolerations: [{key: amd.com/gpu, operator: Exists}]
+      affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: gpu, operator: In, values: [mi300]}]}]}}}
+      serviceAccountName: data-reader
+      automountServiceAccountToken: true
+      imagePullSecrets: [{name: registry}]
+      env: [{name: DATA_BUCKET, value: "s3://b"}]
+      envFrom: [{secretRef: {name: bucket-credentials}}]
+      volumes: [{name: cache, emptyDir: {}}]
+      volumeMounts: [{name: cache, mountPath: /cache}]
+"#;
+
+#[test]
+fn each_roles_pod_settings_are_added_to_what_the_operator_sets() {
+    let j = job(WITH_POD_SETTINGS);
+    let o = Owner::new(&j).unwrap();
+    let ps = o.ps_deployment(&defaults(), 2).spec.template;
+    let ps_labels = ps.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+    assert_eq!((ps_labels["team"].as_str(), ps_labels[LABEL_JOB].as_str()), ("ml", "mnist"));
+    assert_eq!(ps.metadata.as_ref().unwrap().annotations.as_ref().unwrap()["example.com/owner"], "ml");
+    let p = ps.spec.unwrap();
+    assert_eq!(p.node_selector.unwrap()["pool"], "cpu");
+    assert_eq!(p.tolerations.unwrap()[0].key.as_deref(), Some("dedicated"));
+    assert_eq!(p.priority_class_name.as_deref(), Some("training-high"));
+    assert_eq!(p.automount_service_account_token, Some(false), "no token unless asked");
+    assert!(p.service_account_name.is_none());
+
+    let w = o.worker_job(&defaults()).spec.unwrap().template.spec.unwrap();
+    let c = &w.containers[0];
+    assert_eq!(c.resources.as_ref().unwrap().limits.as_ref().unwrap()["amd.com/gpu"], Quantity("1".into()));
+    assert!(!c.resources.as_ref().unwrap().limits.as_ref().unwrap().contains_key(DEFAULT_GPU_RESOURCE));
+    assert_eq!(w.service_account_name.as_deref(), Some("data-reader"));
+    assert_eq!(w.automount_service_account_token, Some(true));
+    assert_eq!(w.image_pull_secrets.unwrap()[0].name, "registry");
+    assert!(w.affinity.unwrap().node_affinity.is_some());
+    assert_eq!(w.tolerations.unwrap()[0].key.as_deref(), Some("amd.com/gpu"));
+    // The user's variable and mount come after the operator's, which all stay.
+    assert_eq!(env(c, "DATA_BUCKET").value.as_deref(), Some("s3://b"));
+    assert!(env(c, "FORESIGHT_PS_URL").value.is_some());
+    assert_eq!(c.env_from.as_ref().unwrap()[0].secret_ref.as_ref().unwrap().name, "bucket-credentials");
+    let mounts: Vec<&str> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+    assert_eq!(mounts, ["/tmp", "/cache"]);
+    let volumes: Vec<&str> = w.volumes.as_ref().unwrap().iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(volumes, ["tmp", "cache"]);
+}
+
+#[test]
+fn pod_settings_change_the_template_digests_and_their_absence_does_not() {
+    let plain = job(BASE);
+    let mut set = job(BASE);
+    set.spec.workers.pod = Some(crate::api::PodSettings::default());
+    let digest = |j: &TrainingJob| {
+        let o = Owner::new(j).unwrap();
+        o.worker_job(&defaults()).metadata.annotations.unwrap()[WORKER_TEMPLATE_HASH].clone()
+    };
+    assert_eq!(digest(&plain), digest(&set), "an empty pod block changes nothing");
+    set.spec.workers.pod.as_mut().unwrap().priority_class_name = Some("high".into());
+    assert_ne!(digest(&plain), digest(&set));
+}
+
+#[test]
+fn the_names_the_api_reserves_are_the_ones_the_operator_uses() {
+    let j = job(BASE);
+    let o = Owner::new(&j).unwrap();
+    let keys: Vec<String> = labels("mnist", COMPONENT_WORKER).into_keys().collect();
+    let mut reserved: Vec<String> = crate::api::RESERVED_LABELS.iter().map(|k| k.to_string()).collect();
+    reserved.sort();
+    assert_eq!(keys, reserved);
+    let mut j2 = job(BASE);
+    j2.spec.output = Some(crate::api::OutputSpec { claim_name: Some("m".into()), ..Default::default() });
+    let o2 = Owner::new(&j2).unwrap();
+    let ps = o2.ps_deployment(&defaults(), 3).spec.template.spec.unwrap();
+    let w = o.worker_job(&defaults()).spec.unwrap().template.spec.unwrap();
+    let mut names: Vec<String> = ps
+        .volumes
+        .iter()
+        .chain(&w.volumes)
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    names.sort();
+    let mut reserved_volumes: Vec<String> =
+        crate::api::RESERVED_VOLUMES.iter().map(|v| v.to_string()).collect();
+    reserved_volumes.sort();
+    assert_eq!(names, reserved_volumes);
+    let paths: BTreeSet<String> = ps.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.clone())
+        .filter(|p| p != &j.spec.dataset.path)
+        .collect();
+    let reserved_paths: BTreeSet<String> = crate::api::RESERVED_PATHS.iter().map(|p| p.to_string()).collect();
+    assert_eq!(paths, reserved_paths);
 }

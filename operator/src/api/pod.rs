@@ -1,0 +1,128 @@
+//! Per-role pod settings: what a platform adds to the parameter server's and the workers' pods
+//! (placement, identity, priority, configuration, extra volumes). The shape is Kubeflow Trainer
+//! v2's `podTemplateOverrides`: named, typed fields merged into the pod the operator builds,
+//! rather than TFJob's whole pod `template` (docs/architecture.md says why).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, Toleration, Volume, VolumeMount,
+};
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+/// Prefix of the environment variables the operator sets.
+pub const RESERVED_ENV_PREFIX: &str = "FORESIGHT_";
+/// Names of the volumes the operator gives its pods.
+pub const RESERVED_VOLUMES: [&str; 4] = ["tmp", "dataset", "checkpoints", "output"];
+/// Where the operator mounts them (and `dataset.path`, the dataset's mount).
+pub const RESERVED_PATHS: [&str; 3] = ["/tmp", "/checkpoints", "/output"];
+/// The label keys the operator sets on every pod: its selectors, the Services and the
+/// PodMonitor use them.
+pub const RESERVED_LABELS: [&str; 5] = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "foresight.dev/job",
+];
+
+/// Settings added to a role's pods. Everything else in the pod (its container, probes,
+/// security context, the operator's variables, volumes and labels) is the operator's.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.env) || self.env.all(e, !e.name.startsWith('FORESIGHT_'))").message("names starting with FORESIGHT_ are set by the operator").field_path(".env"))]
+#[x_kube(validation = Rule::new("!has(self.labels) || ['app.kubernetes.io/name', 'app.kubernetes.io/managed-by', 'app.kubernetes.io/instance', 'app.kubernetes.io/component', 'foresight.dev/job'].all(k, !(k in self.labels))").message("app.kubernetes.io/name, managed-by, instance, component and foresight.dev/job are set by the operator (its selectors use them)").field_path(".labels"))]
+#[x_kube(validation = Rule::new("!has(self.volumes) || self.volumes.all(v, !(v.name in ['tmp', 'dataset', 'checkpoints', 'output']))").message("tmp, dataset, checkpoints and output are the operator's volume names").field_path(".volumes"))]
+#[x_kube(validation = Rule::new("!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name))").message("each volume mount must name a volume of this pod block's volumes").field_path(".volumeMounts"))]
+#[x_kube(validation = Rule::new("!has(self.volumeMounts) || self.volumeMounts.all(m, !(m.mountPath in ['/tmp', '/checkpoints', '/output']))").message("/tmp, /checkpoints and /output are mounted by the operator").field_path(".volumeMounts"))]
+#[serde(rename_all = "camelCase")]
+pub struct PodSettings {
+    /// Labels added to the pods (not the operator's own keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Annotations added to the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+    /// Node labels the pods' node must have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Node and pod affinity and anti-affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// PriorityClass of the pods (it must exist).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("must be a PriorityClass name (lowercase letters, digits, '-' and '.')"))]
+    pub priority_class_name: Option<String>,
+    /// ServiceAccount the pods run as (it must exist; default: the namespace's `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("must be a ServiceAccount name (lowercase letters, digits, '-' and '.')"))]
+    pub service_account_name: Option<String>,
+    /// Mount the ServiceAccount's API token in the pods (default false: the training code needs
+    /// no Kubernetes API; set true for workload identity, e.g. to read a data bucket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub automount_service_account_token: Option<bool>,
+    /// Secrets to pull the images with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Environment variables added to the container (names not starting with FORESIGHT_).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub env: Option<Vec<EnvVar>>,
+    /// Sources of environment variables added to the container; the operator's own variables
+    /// take precedence over them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub env_from: Option<Vec<EnvFromSource>>,
+    /// Volumes added to the pods (not named tmp, dataset, checkpoints or output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub volumes: Option<Vec<Volume>>,
+    /// Where the container mounts those volumes (not /tmp, /checkpoints, /output or the dataset's
+    /// path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub volume_mounts: Option<Vec<VolumeMount>>,
+}
+
+/// The fields of `PodSettings` whose schema is a Kubernetes type's.
+pub(super) const UPSTREAM_FIELDS: [&str; 7] =
+    ["tolerations", "affinity", "imagePullSecrets", "env", "envFrom", "volumes", "volumeMounts"];
+
+/// Shapes the generated schema of a `pod` block (its `properties`) for the API server. The
+/// Kubernetes types inside lose their upstream descriptions (`kubectl explain pod.spec` has
+/// them): with them the CRD was 586 KB, past the 256 KiB annotation in which a client-side
+/// `kubectl apply` keeps what it applied. Volume and mount names get Kubernetes' own bound (a
+/// DNS label, 63 bytes) and mount paths Linux's (4096), without which the API server estimates
+/// the cost of the rules comparing them from unbounded strings and refuses the CRD.
+pub(super) fn trim_schema(properties: &mut serde_json::Value) {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.remove("description");
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    for field in UPSTREAM_FIELDS {
+        let Some(schema) = properties.get_mut(field).and_then(|f| f.as_object_mut()) else { continue };
+        for (key, v) in schema.iter_mut() {
+            if key != "description" {
+                strip(v);
+            }
+        }
+    }
+    for list in ["volumes", "volumeMounts"] {
+        properties[list]["items"]["properties"]["name"]["maxLength"] = 63.into();
+    }
+    // Linux's PATH_MAX: the rule comparing mounts with `dataset.path` needs a bound too.
+    properties["volumeMounts"]["items"]["properties"]["mountPath"]["maxLength"] = 4096.into();
+}
