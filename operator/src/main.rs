@@ -69,8 +69,8 @@ struct OperatorArgs {
     /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the pod's service account).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// Watch TrainingJobs in this namespace only (default: all namespaces).
-    #[arg(long, env = "FORESIGHT_WATCH_NAMESPACE")]
+    /// Watch TrainingJobs in these namespaces only, comma-separated (default: all namespaces).
+    #[arg(long, visible_alias = "namespaces", env = "FORESIGHT_WATCH_NAMESPACE")]
     namespace: Option<String>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FORESIGHT_METRICS_ADDR", default_value = "0.0.0.0:8080")]
@@ -259,6 +259,8 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         (None, None, Some(name)) => KeySource::Secret(name.clone()),
         (None, None, None) => return Err("set FORESIGHT_TOKEN_KEY (or --token-key-file, or --token-key-secret): the key the job tokens are derived from, e.g. `openssl rand -hex 32`".into()),
     };
+    // An empty FORESIGHT_WATCH_NAMESPACE means every namespace, as when it is unset.
+    let watch = controller::Watch::parse(a.namespace.as_deref().unwrap_or_default())?;
     let example_url = a.ps_url.replace("{name}", "job").replace("{namespace}", "default");
     match reqwest::Url::parse(&example_url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
@@ -293,8 +295,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         retry_period: lease_duration / 5,
     });
     let settings = controller::Settings {
-        // An empty FORESIGHT_WATCH_NAMESPACE means every namespace, as when it is unset.
-        namespace: a.namespace.clone().filter(|ns| !ns.is_empty()),
+        watch,
         defaults: ChildDefaults { ps_image: a.ps_image.clone(), worker_image: a.worker_image.clone() },
         token_key,
         ps_url: a.ps_url.clone(),

@@ -990,27 +990,69 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
 }
 
 #[test]
-fn with_watch_namespace_the_operator_is_confined_to_it() {
+fn with_watch_namespaces_the_operator_is_confined_to_them() {
     let cp = control_plane();
     let ns = cp.namespace("chart-scoped");
-    let watched = cp.namespace("chart-watched");
+    let watched = [cp.namespace("chart-watched-a"), cp.namespace("chart-watched-b")];
     let elsewhere = cp.namespace("chart-elsewhere");
     let chart = chart();
-    let set = format!("watchNamespace={watched}");
+    // The list, and the older single-namespace value naming one of them again.
+    let set = format!("watchNamespaces={{{},{}}}", watched[0], watched[1]);
+    let single = format!("watchNamespace={}", watched[1]);
     let out = helm_ok(
-        &["install", "scoped", chart.to_str().unwrap(), "--namespace", &ns, "--set", &set],
+        &["install", "scoped", chart.to_str().unwrap(), "--namespace", &ns, "--set", &set, "--set", &single],
         Some(cp.kubeconfig.as_path()),
     );
-    assert!(out.contains(&format!("namespace \"{watched}\"")), "NOTES name the watched namespace:\n{out}");
+    for w in &watched {
+        assert!(out.contains(&format!("\"{w}\"")), "NOTES name the watched namespaces:\n{out}");
+    }
     let sa = format!("system:serviceaccount:{ns}:scoped-foresight");
-    for (args, allowed) in [
-        (vec!["create", "deployments.apps", "-n", &watched], true),
-        (vec!["watch", "trainingjobs.foresight.dev", "-n", &watched], true),
-        (vec!["create", "deployments.apps", "-n", &elsewhere], false),
+    let mut cases = vec![
+        (vec!["create", "deployments.apps", "-n", elsewhere.as_str()], false),
         (vec!["watch", "trainingjobs.foresight.dev", "-A"], false),
-        (vec!["create", "leases.coordination.k8s.io", "-n", &ns], true),
-    ] {
+        (vec!["create", "leases.coordination.k8s.io", "-n", ns.as_str()], true),
+    ];
+    for w in &watched {
+        cases.push((vec!["create", "deployments.apps", "-n", w.as_str()], true));
+        cases.push((vec!["watch", "trainingjobs.foresight.dev", "-n", w.as_str()], true));
+    }
+    for (args, allowed) in cases {
         assert_eq!(can_i(cp, &sa, &args), allowed, "can-i {} as {sa}", args.join(" "));
     }
+
+    // The operator with exactly that RBAC (the ServiceAccount's token) and the chart's setting:
+    // it takes the jobs of both namespaces and never touches the third.
+    let dir = tempfile::tempdir().unwrap();
+    let sa_kubeconfig = service_account_kubeconfig(cp, &ns, "scoped-foresight", dir.path());
+    let rendered = objects(&template(&["--set", &set, "--set", &single]));
+    let namespaces = env(find(&rendered, "Deployment", "foresight"))["FORESIGHT_WATCH_NAMESPACE"].clone();
+    assert_eq!(namespaces, format!("{},{}", watched[0], watched[1]));
+    let operator = Operator::start_with(&sa_kubeconfig, Some(&namespaces), &ns, &["--leader-elect=false"]);
+    for target in watched.iter().chain([&elsewhere]) {
+        cp.kubectl_ok(&["apply", "-n", target, "-f", "-"], Some(&job("scoped", json!({}))));
+    }
+    for w in &watched {
+        wait_for(&format!("the PS Deployment in {w}"), LONG, || cp.get_json(w, "deployment/scoped-ps"));
+    }
+    // (Another test's operator watches every namespace, so the third job's children say nothing
+    // about this one: its own count of the jobs it holds does.)
+    let held = || {
+        let m = operator.metrics_text();
+        let phases = ["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"];
+        let total: f64 = phases
+            .iter()
+            .filter_map(|p| sample(&m, &format!("foresight_operator_jobs{{phase=\"{p}\"}}")))
+            .sum();
+        (total, m)
+    };
+    wait_for("the operator's job gauges", LONG, || (held().0 >= 2.0).then_some(()));
+    std::thread::sleep(Duration::from_secs(2));
+    let (total, m) = held();
+    assert_eq!(total, 2.0, "the jobs of the two watched namespaces, not the third:\n{m}");
+    assert_eq!(
+        sample(&m, "foresight_operator_reconcile_errors_total{reason=\"kube_api\"}"),
+        Some(0.0),
+        "{m}"
+    );
     helm_ok(&["uninstall", "scoped", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
 }

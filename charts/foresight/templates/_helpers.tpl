@@ -106,3 +106,12 @@ matchExpressions:
       - parameter-server
       - worker
 {{- end }}
+
+{{/*
+The namespaces the operator watches, comma-separated: watchNamespaces and the older single
+watchNamespace together, sorted, without repeats. Empty: every namespace.
+*/}}
+{{- define "foresight.watchNamespaces" -}}
+{{- $names := concat (.Values.watchNamespaces | default list) (compact (list .Values.watchNamespace)) }}
+{{- $names | uniq | sortAlpha | join "," }}
+{{- end }}

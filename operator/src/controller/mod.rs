@@ -78,8 +78,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The operator's settings (`foresight operator --help`).
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Watch one namespace; `None`: all.
-    pub namespace: Option<String>,
+    /// Which namespaces' TrainingJobs to handle.
+    pub watch: Watch,
     pub defaults: ChildDefaults,
     pub token_key: TokenKey,
     /// URL of a job's parameter server as the operator reaches it; `{name}` and `{namespace}`
@@ -91,6 +91,46 @@ pub struct Settings {
     pub finalize_grace: Duration,
     /// `None`: no leader election (one replica).
     pub lease: Option<LeaseConfig>,
+}
+
+/// Which TrainingJobs the operator handles.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Watch {
+    /// Those of every namespace (cluster-wide RBAC).
+    All,
+    /// Those of these namespaces only (a Role in each): one set of watches per namespace.
+    Namespaces(Vec<String>),
+}
+
+impl Watch {
+    /// From `--namespace`'s comma-separated list; empty: every namespace.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        let mut names: Vec<String> =
+            list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(String::from).collect();
+        if let Some(bad) = names.iter().find(|n| !is_dns_label(n)) {
+            return Err(format!(
+                "--namespace: {bad:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+            ));
+        }
+        names.sort();
+        names.dedup();
+        Ok(if names.is_empty() { Watch::All } else { Watch::Namespaces(names) })
+    }
+
+    /// One scope per set of watches: `None` is every namespace.
+    fn scopes(&self) -> Vec<Option<String>> {
+        match self {
+            Watch::All => vec![None],
+            Watch::Namespaces(names) => names.iter().cloned().map(Some).collect(),
+        }
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
 }
 
 /// What `reconcile` shares.
@@ -166,26 +206,26 @@ pub async fn run(client: Client, settings: Settings, metrics_addr: &str) -> Resu
         settings.lease.as_ref().map_or_else(|| "foresight-operator".to_string(), |l| l.identity.clone());
     let recorder =
         Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(identity) });
-    let jobs: Api<TrainingJob> = scoped(&client, &settings.namespace);
-    let managed = watcher::Config::default().labels(MANAGED);
-    let controller = Controller::new(jobs, watcher::Config::default())
-        .owns(scoped::<Deployment>(&client, &settings.namespace), managed.clone())
-        .owns(scoped::<Job>(&client, &settings.namespace), managed.clone())
-        .watches(scoped::<Pod>(&client, &settings.namespace), managed, |pod: Pod| {
-            let job = pod.labels().get(LABEL_JOB)?.clone();
-            Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
-        });
-    let store = controller.store();
+    let scopes = settings.watch.scopes();
     let ctx = Arc::new(Context {
-        client,
+        client: client.clone(),
         settings,
         metrics: metrics.clone(),
         recorder,
         progress_read: Default::default(),
         backoffs: Default::default(),
     });
-    let reconciling = controller.run(reconcile, error_policy, ctx).for_each(|result| {
-        count_phases(&store, &metrics);
+    // One controller per watched namespace (a namespaced operator may not list cluster-wide),
+    // sharing the context; their results merge into one stream.
+    let mut stores = Vec::new();
+    let mut runs = Vec::new();
+    for scope in &scopes {
+        let controller = controller_for(&client, scope);
+        stores.push(controller.store());
+        runs.push(controller.run(reconcile, error_policy, ctx.clone()).boxed());
+    }
+    let reconciling = futures_util::stream::select_all(runs).for_each(|result| {
+        count_phases(&stores, &metrics);
         if let Err(e) = result {
             tracing::debug!(error = %e, "reconcile loop");
         }
@@ -207,6 +247,18 @@ pub async fn run(client: Client, settings: Settings, metrics_addr: &str) -> Resu
         }
         why = lost => Err(format!("lost leadership: {why}")),
     }
+}
+
+/// The TrainingJob controller for one scope, with watches on the children it owns.
+fn controller_for(client: &Client, scope: &Option<String>) -> Controller<TrainingJob> {
+    let managed = watcher::Config::default().labels(MANAGED);
+    Controller::new(scoped::<TrainingJob>(client, scope), watcher::Config::default())
+        .owns(scoped::<Deployment>(client, scope), managed.clone())
+        .owns(scoped::<Job>(client, scope), managed.clone())
+        .watches(scoped::<Pod>(client, scope), managed, |pod: Pod| {
+            let job = pod.labels().get(LABEL_JOB)?.clone();
+            Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
+        })
 }
 
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
@@ -231,8 +283,8 @@ async fn shutdown_signal() {
     tracing::info!("stopping");
 }
 
-fn count_phases(store: &Store<TrainingJob>, metrics: &Metrics) {
-    let jobs = store.state();
+fn count_phases(stores: &[Store<TrainingJob>], metrics: &Metrics) {
+    let jobs: Vec<_> = stores.iter().flat_map(Store::state).collect();
     for p in PHASES {
         let n = jobs
             .iter()
@@ -805,4 +857,23 @@ async fn expire(
         Err(e) => return Err(e.into()),
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::Watch;
+
+    #[test]
+    fn a_namespace_list_is_trimmed_sorted_and_deduplicated_and_empty_means_all() {
+        assert_eq!(Watch::parse(""), Ok(Watch::All));
+        assert_eq!(Watch::parse(" , "), Ok(Watch::All));
+        assert_eq!(
+            Watch::parse("team-b, team-a,team-b"),
+            Ok(Watch::Namespaces(vec!["team-a".into(), "team-b".into()]))
+        );
+        for bad in ["Team", "a_b", "-a", &"a".repeat(64)] {
+            let e = Watch::parse(&format!("ok,{bad}")).unwrap_err();
+            assert!(e.contains("is not a namespace name"), "{bad}: {e}");
+        }
+    }
 }
