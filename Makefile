@@ -67,7 +67,7 @@ observability: build ## Run a local job under Prometheus, render the dashboard's
 
 crd: ## Regenerate crds/trainingjob.yaml from the TrainingJob types (a test fails when it is stale)
 	$(CARGO) run -q -p foresight-operator --bin foresight -- crd > crds/trainingjob.yaml
-	cp crds/trainingjob.yaml charts/foresight/crds/trainingjob.yaml
+	cp crds/trainingjob.yaml charts/foresight/files/trainingjob.crd.yaml
 
 clean: ## Remove build outputs and demo output
 	$(CARGO) clean

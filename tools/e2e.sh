@@ -644,7 +644,7 @@ for c in $cases; do
 done
 ((${#failed[@]} == 0)) || fail "failed cases: ${failed[*]}"
 
-# helm uninstall: the operator goes, the CRD and the TrainingJobs stay (helm keeps crds/).
+# helm uninstall: the operator goes, the CRD and the TrainingJobs stay (crds.keep).
 t=$SECONDS
 "$HELM" uninstall foresight --namespace foresight-system --wait --timeout 120s >&2
 wait_for 120 "the operator's pods gone" none_left foresight-system pods app.kubernetes.io/name=foresight

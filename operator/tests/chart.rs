@@ -3,7 +3,8 @@
 //! kube-apiserver v1.37 with etcd).
 //!
 //! - `helm lint --strict`, with the default values and with every optional feature on;
-//! - the chart's crds/ holds exactly crds/trainingjob.yaml;
+//! - the chart renders the TrainingJob CRD from a copy of crds/trainingjob.yaml (crds.enabled),
+//!   kept on uninstall (crds.keep), and `helm upgrade` brings an older CRD up to date;
 //! - `helm template` output is valid under `kubeconform -strict` against JSON schemas generated
 //!   from the test API server's own OpenAPI document, which also publishes the TrainingJob CRD
 //!   and the prometheus-operator ServiceMonitor/PodMonitor CRDs (installed from the
@@ -215,17 +216,34 @@ fn helm_lint_strict_passes_with_default_and_all_feature_values() {
 }
 
 #[test]
-fn the_chart_crd_is_crds_trainingjob_yaml() {
+fn the_chart_renders_crds_trainingjob_yaml_and_keeps_it() {
     let root = std::fs::read(repo_root().join("crds/trainingjob.yaml")).unwrap();
-    let copy = std::fs::read(chart().join("crds/trainingjob.yaml")).unwrap();
+    let copy = std::fs::read(chart().join("files/trainingjob.crd.yaml")).unwrap();
     assert!(
         root == copy,
-        "charts/foresight/crds/trainingjob.yaml differs from crds/trainingjob.yaml: \
-         run `cp crds/trainingjob.yaml charts/foresight/crds/` after `make crd`"
+        "charts/foresight/files/trainingjob.crd.yaml differs from crds/trainingjob.yaml: run `make crd`"
     );
-    let entries: Vec<_> =
-        std::fs::read_dir(chart().join("crds")).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(entries, ["trainingjob.yaml"], "the chart installs only the TrainingJob CRD");
+    assert!(!chart().join("crds").exists(), "no crds/: Helm would never upgrade it");
+    let generated: Value = serde_yaml::from_slice(&root).unwrap();
+    let objs = objects(&template(&[]));
+    let crd = find(&objs, "CustomResourceDefinition", "trainingjobs.foresight.dev");
+    // The same schema (Helm's toYaml writes 1 as 1.0: compare numbers as numbers).
+    fn floats(v: &Value) -> Value {
+        match v {
+            Value::Number(n) => json!(n.as_f64()),
+            Value::Array(items) => items.iter().map(floats).collect(),
+            Value::Object(map) => map.iter().map(|(k, v)| (k.clone(), floats(v))).collect(),
+            other => other.clone(),
+        }
+    }
+    assert_eq!(floats(&crd["spec"]), floats(&generated["spec"]));
+    assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+    assert_eq!(crd["metadata"]["labels"]["app.kubernetes.io/part-of"], "foresight");
+    let objs = objects(&template(&["--set", "crds.keep=false"]));
+    let crd = find(&objs, "CustomResourceDefinition", "trainingjobs.foresight.dev");
+    assert!(crd["metadata"]["annotations"].is_null(), "{:#}", crd["metadata"]);
+    let objs = objects(&template(&["--set", "crds.enabled=false"]));
+    assert!(!kinds(&objs).contains("CustomResourceDefinition"));
 }
 
 #[test]
@@ -255,6 +273,7 @@ fn default_render_is_the_operator_and_nothing_optional() {
     let expected: BTreeSet<String> = [
         "ClusterRole",
         "ClusterRoleBinding",
+        "CustomResourceDefinition",
         "Deployment",
         "Role",
         "RoleBinding",
@@ -793,7 +812,9 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
     let chart = chart();
     let kubeconfig = Some(cp.kubeconfig.as_path());
     let release = "fs";
-    let mut args = vec!["install", release, chart.to_str().unwrap(), "--namespace", &ns];
+    // The harness applied the CRD already (crds.enabled: see the CRD's own test).
+    let mut args =
+        vec!["install", release, chart.to_str().unwrap(), "--namespace", &ns, "--set", "crds.enabled=false"];
     // Everything but watchNamespace (that is the next test), with the monitoring CRDs present.
     args.extend(ALL_FEATURES.chunks(2).filter(|kv| !kv[1].starts_with("watchNamespace")).flatten().copied());
     let out = helm_ok(&args, kubeconfig);
@@ -977,7 +998,16 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
                      "annotations": {"meta.helm.sh/release-name": "old", "meta.helm.sh/release-namespace": legacy}},
         "stringData": {"key": old_key}});
     cp.kubectl_ok(&["apply", "-f", "-"], Some(&secret.to_string()));
-    let install = ["upgrade", "--install", "old", chart.to_str().unwrap(), "--namespace", &legacy];
+    let install = [
+        "upgrade",
+        "--install",
+        "old",
+        chart.to_str().unwrap(),
+        "--namespace",
+        &legacy,
+        "--set",
+        "crds.enabled=false",
+    ];
     helm_ok(&install, kubeconfig);
     let manifest = helm_ok(&["get", "manifest", "old", "--namespace", &legacy], kubeconfig);
     assert!(
@@ -987,6 +1017,42 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
     helm_ok(&install, kubeconfig);
     assert_eq!(base64_decode(&secret_key(cp, &legacy, "old-foresight-token-key")), old_key);
     helm_ok(&["uninstall", "old", "--namespace", &legacy], kubeconfig);
+}
+
+#[test]
+fn helm_upgrade_brings_the_crd_up_to_date_and_uninstall_keeps_it() {
+    let cp = control_plane();
+    let ns = cp.namespace("chart-crds");
+    let chart = chart();
+    let kubeconfig = Some(cp.kubeconfig.as_path());
+    let crd = "crd/trainingjobs.foresight.dev";
+    let live =
+        || -> Value { serde_json::from_str(&cp.kubectl_ok(&["get", crd, "-o", "json"], None)).unwrap() };
+    let description =
+        |v: &Value| v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"].clone();
+    let generated: Value =
+        serde_yaml::from_slice(&std::fs::read(repo_root().join("crds/trainingjob.yaml")).unwrap()).unwrap();
+    // An older schema (one description changed: harmless to the other tests' jobs).
+    let age = || {
+        let patch = r#"[{"op": "replace", "path": "/spec/versions/0/schema/openAPIV3Schema/description", "value": "old"}]"#;
+        cp.kubectl_ok(&["patch", crd, "--type=json", "-p", patch], None);
+        assert_eq!(description(&live()), "old");
+    };
+    // The harness applied the CRD with kubectl, as a chart with crds/ left it: Helm takes it over
+    // once it carries the release's ownership (what the chart README tells users to do).
+    cp.kubectl_ok(&["label", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite"], None);
+    let owner =
+        ["meta.helm.sh/release-name=crds".to_string(), format!("meta.helm.sh/release-namespace={ns}")];
+    cp.kubectl_ok(&["annotate", crd, &owner[0], &owner[1], "--overwrite"], None);
+    age();
+    helm_ok(&["install", "crds", chart.to_str().unwrap(), "--namespace", &ns], kubeconfig);
+    assert_eq!(description(&live()), description(&generated), "helm install updated the CRD");
+    assert_eq!(live()["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+    age();
+    helm_ok(&["upgrade", "crds", chart.to_str().unwrap(), "--namespace", &ns, "--reuse-values"], kubeconfig);
+    assert_eq!(description(&live()), description(&generated), "helm upgrade updated the CRD");
+    helm_ok(&["uninstall", "crds", "--namespace", &ns], kubeconfig);
+    assert_eq!(description(&live()), description(&generated), "helm uninstall kept the CRD");
 }
 
 #[test]
@@ -1000,7 +1066,19 @@ fn with_watch_namespaces_the_operator_is_confined_to_them() {
     let set = format!("watchNamespaces={{{},{}}}", watched[0], watched[1]);
     let single = format!("watchNamespace={}", watched[1]);
     let out = helm_ok(
-        &["install", "scoped", chart.to_str().unwrap(), "--namespace", &ns, "--set", &set, "--set", &single],
+        &[
+            "install",
+            "scoped",
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--set",
+            &set,
+            "--set",
+            &single,
+            "--set",
+            "crds.enabled=false",
+        ],
         Some(cp.kubeconfig.as_path()),
     );
     for w in &watched {
