@@ -277,7 +277,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         }
         None => kube::Config::infer().await.map_err(|e| format!("no Kubernetes configuration: {e}"))?,
     };
-    let client = kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))?;
+    let client = kube::Client::try_from(config.clone()).map_err(|e| format!("Kubernetes client: {e}"))?;
     let token_key = match key {
         KeySource::Given(key) => key,
         KeySource::Secret(name) => {
@@ -303,7 +303,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         finalize_grace: Duration::from_secs(a.finalize_grace_seconds),
         lease,
     };
-    controller::run(client, settings, &a.metrics_addr).await
+    controller::run(config, settings, &a.metrics_addr).await
 }
 
 fn hostname() -> String {

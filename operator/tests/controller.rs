@@ -108,11 +108,25 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     // wakes the controller once, not in a loop.
     let reconciles =
         || sample(&op.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}").unwrap();
-    let before = reconciles();
+    // Requests to the API server, watches aside (each reconcile's cost).
+    let requests = || {
+        let m = op.metrics_text();
+        let verbs = ["get", "post", "patch", "put", "delete"];
+        verbs
+            .iter()
+            .map(|v| sample(&m, &format!("foresight_operator_api_requests_total{{verb=\"{v}\"}}")).unwrap())
+            .sum::<f64>()
+    };
+    let (before, requests_before) = (reconciles(), requests());
     let pushes = ps.push_for(Duration::from_secs(4));
     let during = reconciles() - before;
+    let per_reconcile = (requests() - requests_before) / during;
     let st = status(cp, &ns, "mnist");
-    eprintln!("{pushes} pushes in 4 s: {during} reconciles; step now {}", st["progress"]["step"]);
+    eprintln!(
+        "{pushes} pushes in 4 s: {during} reconciles, {per_reconcile:.1} API requests each; step now {}",
+        st["progress"]["step"]
+    );
+    assert!(per_reconcile <= 12.0, "{per_reconcile:.1} API requests per reconcile of a running job");
     assert!(st["progress"]["step"].as_u64().unwrap() > 1, "progress follows the PS: {st:#}");
     assert!(during <= 14.0, "{during} reconciles in 4 s: a status write must not set off a reconcile loop");
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);

@@ -20,6 +20,9 @@ use crate::api::Phase;
 pub const PHASES: [Phase; 6] =
     [Phase::Created, Phase::Running, Phase::Restarting, Phase::Succeeded, Phase::Failed, Phase::Suspended];
 
+/// The `verb` values of `foresight_operator_api_requests_total`.
+pub const API_VERBS: [&str; 6] = ["watch", "get", "post", "patch", "put", "delete"];
+
 /// The `reason` values of `foresight_operator_reconcile_errors_total`.
 pub const ERROR_REASONS: [&str; 3] = ["kube_api", "conflict", "incomplete_object"];
 
@@ -41,6 +44,7 @@ pub struct Metrics {
     pub reconcile_seconds: HistogramVec,
     pub jobs: IntGaugeVec,
     pub job_duration: HistogramVec,
+    pub api_requests: IntCounterVec,
     /// Set once the API server answered (the lease was read or written).
     pub ready: AtomicBool,
 }
@@ -90,8 +94,17 @@ impl Metrics {
             &["phase"],
         )
         .expect("valid metric");
+        let api_requests = IntCounterVec::new(
+            Opts::new(
+                "foresight_operator_api_requests_total",
+                "Requests the operator sent to the Kubernetes API server, by verb (watch, get: a get or a list, post, patch, put, delete).",
+            ),
+            &["verb"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(api_requests.clone()),
             Box::new(reconcile_errors.clone()),
             Box::new(reconcile_seconds.clone()),
             Box::new(jobs.clone()),
@@ -112,6 +125,9 @@ impl Metrics {
         for p in [Phase::Succeeded, Phase::Failed] {
             job_duration.with_label_values(&[phase_name(p)]);
         }
+        for v in API_VERBS {
+            api_requests.with_label_values(&[v]);
+        }
         Self {
             registry,
             reconciles,
@@ -119,6 +135,7 @@ impl Metrics {
             reconcile_seconds,
             jobs,
             job_duration,
+            api_requests,
             ready: AtomicBool::new(false),
         }
     }

@@ -3,6 +3,7 @@
 //! writes the status and the Events, finalizes the model when the workers are done and removes
 //! the parameter server once the job has ended.
 
+mod api_calls;
 mod backoff;
 pub mod children;
 pub mod leader;
@@ -175,9 +176,13 @@ impl Context {
 }
 
 /// Runs the operator until SIGTERM/SIGINT (Ok) or until it loses its lease (Err): serves the
-/// metrics, waits for the lease, then reconciles.
-pub async fn run(client: Client, settings: Settings, metrics_addr: &str) -> Result<(), String> {
+/// metrics, waits for the lease, then reconciles. Its client counts every request it sends.
+pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new());
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| format!("Kubernetes client: {e}"))?
+        .with_layer(&api_calls::CountRequests(metrics.api_requests.clone()))
+        .build();
     let addr = metrics
         .clone()
         .serve(metrics_addr)
