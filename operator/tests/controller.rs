@@ -126,7 +126,8 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
         "{pushes} pushes in 4 s: {during} reconciles, {per_reconcile:.1} API requests each; step now {}",
         st["progress"]["step"]
     );
-    assert!(per_reconcile <= 12.0, "{per_reconcile:.1} API requests per reconcile of a running job");
+    // 7.5 when the children were read from the API server on every reconcile; 4–4.5 from the caches.
+    assert!(per_reconcile <= 6.0, "{per_reconcile:.1} API requests per reconcile of a running job");
     assert!(st["progress"]["step"].as_u64().unwrap() > 1, "progress follows the PS: {st:#}");
     assert!(during <= 14.0, "{during} reconciles in 4 s: a status write must not set off a reconcile loop");
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);

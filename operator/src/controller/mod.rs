@@ -20,11 +20,11 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -146,6 +146,26 @@ pub struct Context {
     progress_read: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Per job, when to retry after failed reconciles.
     backoffs: backoff::Backoffs,
+    /// The children as the watches last saw them, one set per watched scope.
+    caches: Vec<Caches>,
+}
+
+/// The watch caches of one scope's children: filled by the same watches that wake the
+/// controller, so a reconcile reads its children without asking the API server.
+#[derive(Clone)]
+struct Caches {
+    deployments: Store<Deployment>,
+    jobs: Store<Job>,
+    pods: Store<Pod>,
+}
+
+impl Caches {
+    async fn ready(&self) {
+        // Errors only when the writer is gone, i.e. the operator is stopping.
+        let _ = self.deployments.wait_until_ready().await;
+        let _ = self.jobs.wait_until_ready().await;
+        let _ = self.pods.wait_until_ready().await;
+    }
 }
 
 impl Context {
@@ -168,6 +188,33 @@ impl Context {
 
     fn forget_progress(&self, uid: &str) {
         self.progress_read.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+
+    /// Waits until every cache holds its first full list: before that, a child missing from a
+    /// cache may exist.
+    async fn caches_ready(&self) {
+        for c in &self.caches {
+            c.ready().await;
+        }
+    }
+
+    fn cached_deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
+        let key = ObjectRef::new(name).within(namespace);
+        self.caches.iter().find_map(|c| c.deployments.get(&key)).map(|d| (*d).clone())
+    }
+
+    fn cached_job(&self, namespace: &str, name: &str) -> Option<Job> {
+        let key = ObjectRef::new(name).within(namespace);
+        self.caches.iter().find_map(|c| c.jobs.get(&key)).map(|j| (*j).clone())
+    }
+
+    /// The pods the operator's children made for `job`.
+    fn cached_pods(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
+        let of_job = |p: &Arc<Pod>| {
+            p.namespace().as_deref() == Some(namespace)
+                && p.labels().get(LABEL_JOB).map(String::as_str) == Some(job)
+        };
+        self.caches.iter().flat_map(|c| c.pods.state()).filter(of_job).collect()
     }
 
     fn ps_url(&self, name: &str, namespace: &str) -> String {
@@ -211,7 +258,10 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         settings.lease.as_ref().map_or_else(|| "foresight-operator".to_string(), |l| l.identity.clone());
     let recorder =
         Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(identity) });
-    let scopes = settings.watch.scopes();
+    // One controller per watched namespace (a namespaced operator may not list cluster-wide),
+    // sharing the context; their results merge into one stream.
+    let (caches, controllers): (Vec<_>, Vec<_>) =
+        settings.watch.scopes().iter().map(|scope| controller_for(&client, scope)).unzip();
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings,
@@ -219,13 +269,11 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         recorder,
         progress_read: Default::default(),
         backoffs: Default::default(),
+        caches,
     });
-    // One controller per watched namespace (a namespaced operator may not list cluster-wide),
-    // sharing the context; their results merge into one stream.
     let mut stores = Vec::new();
     let mut runs = Vec::new();
-    for scope in &scopes {
-        let controller = controller_for(&client, scope);
+    for controller in controllers {
         stores.push(controller.store());
         runs.push(controller.run(reconcile, error_policy, ctx.clone()).boxed());
     }
@@ -254,16 +302,32 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
     }
 }
 
-/// The TrainingJob controller for one scope, with watches on the children it owns.
-fn controller_for(client: &Client, scope: &Option<String>) -> Controller<TrainingJob> {
-    let managed = watcher::Config::default().labels(MANAGED);
-    Controller::new(scoped::<TrainingJob>(client, scope), watcher::Config::default())
-        .owns(scoped::<Deployment>(client, scope), managed.clone())
-        .owns(scoped::<Job>(client, scope), managed.clone())
-        .watches(scoped::<Pod>(client, scope), managed, |pod: Pod| {
+/// The TrainingJob controller for one scope, woken by the children it owns, and the caches
+/// those same watches fill.
+fn controller_for(client: &Client, scope: &Option<String>) -> (Caches, Controller<TrainingJob>) {
+    let (deployments, deployments_writer) = reflector::store();
+    let (jobs, jobs_writer) = reflector::store();
+    let (pods, pods_writer) = reflector::store();
+    let controller = Controller::new(scoped::<TrainingJob>(client, scope), watcher::Config::default())
+        .owns_stream(cached_watch(scoped::<Deployment>(client, scope), deployments_writer))
+        .owns_stream(cached_watch(scoped::<Job>(client, scope), jobs_writer))
+        .watches_stream(cached_watch(scoped::<Pod>(client, scope), pods_writer), |pod: Pod| {
             let job = pod.labels().get(LABEL_JOB)?.clone();
             Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
-        })
+        });
+    (Caches { deployments, jobs, pods }, controller)
+}
+
+/// A watch of the objects this operator labelled, written into `writer`'s cache as it goes.
+fn cached_watch<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+) -> impl futures_util::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let managed = watcher::Config::default().labels(MANAGED);
+    watcher(api, managed).default_backoff().reflect(writer).touched_objects()
 }
 
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
@@ -364,6 +428,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let owner = Owner::new(job).ok_or(Error::Incomplete)?;
+    ctx.caches_ready().await;
     let old = job.status.clone().unwrap_or_default();
     if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
         remove_ps(ctx, &owner).await?;
@@ -490,8 +555,7 @@ async fn apply_ps_deployment(
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
 ) -> Result<Deployment> {
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let running = deployments.get_opt(&children::ps_name(&owner.name)).await?;
+    let running = ctx.cached_deployment(&owner.namespace, &children::ps_name(&owner.name));
     // The worker count the PS started with stays in its template (scaling tells the PS over
     // HTTP, see `tell_ps_workers`), so that a change of workers.replicas never rolls it.
     let workers = running.as_ref().and_then(children::ps_workers_of).unwrap_or(job.spec.workers.replicas);
@@ -521,13 +585,13 @@ async fn apply_worker_job(
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
 ) -> Result<Job> {
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let running = jobs.get_opt(&children::workers_name(&owner.name)).await?;
+    let running = ctx.cached_job(&owner.namespace, &children::workers_name(&owner.name));
     match children::worker_job_update(owner.worker_job(defaults), running.as_ref()) {
         WorkerJobUpdate::Apply(desired) => apply(ctx, owner, desired).await,
         WorkerJobUpdate::Recreate(desired) => {
             // No pod is left, so nothing goes with the Job; each worker of the new one resumes
             // at the step the parameter server recorded for it.
+            let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
             jobs.delete(&children::workers_name(&owner.name), &DeleteParams::background()).await?;
             let message = "the workers' pod template changed while the job was suspended: the worker Job \
                            was recreated with it; on resume each worker continues where it stopped";
@@ -605,19 +669,17 @@ fn worker_state(job: &Job) -> WorkerJob {
 /// because a claim it mounts is not bound yet (the claim being provisioned) waits for its
 /// claims; any other unschedulable pod makes the job Unschedulable.
 async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let list = pods.list(&ListParams::default().labels(&format!("{LABEL_JOB}={}", owner.name))).await?;
     let mut waiting = None;
-    for pod in &list.items {
-        let Some(message) = unschedulable_condition(pod) else { continue };
+    for pod in ctx.cached_pods(&owner.namespace, &owner.name) {
+        let Some(message) = unschedulable_condition(&pod) else { continue };
         let who = if pod.labels().get(children::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
             "parameter server"
         } else {
             "worker"
         };
         let mut unbound = Vec::new();
-        for name in claim_names(pod) {
+        for name in claim_names(&pod) {
             let bound = claims.get_opt(name).await?.and_then(|c| c.status?.phase).as_deref() == Some("Bound");
             if !bound {
                 unbound.push(name);
