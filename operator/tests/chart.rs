@@ -1055,6 +1055,120 @@ fn helm_upgrade_brings_the_crd_up_to_date_and_uninstall_keeps_it() {
     assert_eq!(description(&live()), description(&generated), "helm uninstall kept the CRD");
 }
 
+/// The chart as it was released before this one (the main branch at the start of the change
+/// that templated the CRD): what a user upgrades from. Bump it when a chart change lands.
+const PREVIOUS_CHART: &str = "a476c66533288408740f8bcf6d0cae8ec14001e7";
+
+/// The chart at `rev`, extracted from git into `dir`; `None` when the checkout lacks the commit
+/// (a shallow clone).
+fn chart_at(rev: &str, dir: &Path) -> Option<PathBuf> {
+    let archive = Command::new("git")
+        .args(["archive", "--format=tar", rev, "charts/foresight"])
+        .current_dir(repo_root())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let mut tar = Command::new("tar").args(["-x", "-C"]).arg(dir).stdin(Stdio::piped()).spawn().unwrap();
+    std::io::Write::write_all(tar.stdin.as_mut().unwrap(), &archive.stdout).unwrap();
+    drop(tar.stdin.take());
+    assert!(tar.wait().unwrap().success(), "tar -x of the chart at {rev}");
+    Some(dir.join("charts/foresight"))
+}
+
+/// The default images a release's operator runs with (its Deployment's environment).
+fn release_images(release: &str, ns: &str, kubeconfig: Option<&Path>) -> (String, String) {
+    let manifest = objects(&helm_ok(&["get", "manifest", release, "--namespace", ns], kubeconfig));
+    let env = env(find(&manifest, "Deployment", &format!("{release}-foresight")));
+    (env["FORESIGHT_PS_IMAGE"].clone(), env["FORESIGHT_WORKER_IMAGE"].clone())
+}
+
+#[test]
+fn helm_upgrade_from_the_previous_chart_leaves_a_running_job_alone() {
+    let cp = control_plane();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(previous) = chart_at(PREVIOUS_CHART, dir.path()) else {
+        panic!("this checkout lacks commit {PREVIOUS_CHART} (the previous chart): fetch the history");
+    };
+    let ns = cp.namespace("chart-upgrade");
+    let jobs = cp.namespace("chart-upgrade-jobs");
+    let kubeconfig = Some(cp.kubeconfig.as_path());
+    let watch = format!("watchNamespace={jobs}");
+    helm_ok(&["install", "up", previous.to_str().unwrap(), "--namespace", &ns, "--set", &watch], kubeconfig);
+    let (ps_image, worker_image) = release_images("up", &ns, kubeconfig);
+    // The release's operator, as its Deployment runs it (no kubelet here: the process plays the
+    // pod, with the release's default images).
+    let start = |ps: &str, worker: &str| {
+        let flags = [
+            "--leader-elect=false",
+            "--finalize-grace-seconds",
+            "0",
+            "--ps-image",
+            ps,
+            "--worker-image",
+            worker,
+        ];
+        Operator::start(cp, &jobs, &flags)
+    };
+    let operator = start(&ps_image, &worker_image);
+    cp.kubectl_ok(
+        &["apply", "-n", &jobs, "-f", "-"],
+        Some(&job("steady", json!({"workers": {"replicas": 1}}))),
+    );
+    let ps = ps_pod(cp, &jobs, "steady");
+    cp.set_pod_phase(&jobs, &ps, "Running");
+    let worker = worker_pods(cp, &jobs, "steady", 1).remove(0);
+    cp.set_pod_phase(&jobs, &worker, "Running");
+    wait_phase(cp, &jobs, "steady", "Running");
+    let deployment =
+        |what: &str| cp.get_json(&jobs, "deployment/steady-ps").unwrap()["metadata"][what].clone();
+    let (generation, uid) = (deployment("generation"), deployment("uid"));
+    let ps_uid = cp.get_json(&jobs, &format!("pod/{ps}")).unwrap()["metadata"]["uid"].clone();
+
+    // The upgrade brings new default images (a new appVersion would do the same). The previous
+    // chart shipped the CRD in crds/; which release owns it is the CRD test's subject.
+    let tags = ["image.tag=0.2.0", "psImage.tag=0.2.0", "workerImage.tag=0.2.0"].join(",");
+    let current = chart();
+    let upgrade = [
+        "upgrade",
+        "up",
+        current.to_str().unwrap(),
+        "--namespace",
+        &ns,
+        "--set",
+        &watch,
+        "--set",
+        &tags,
+        "--set",
+        "crds.enabled=false",
+    ];
+    helm_ok(&upgrade, kubeconfig);
+    let (new_ps, new_worker) = release_images("up", &ns, kubeconfig);
+    assert!(new_ps.ends_with(":0.2.0") && new_worker.ends_with(":0.2.0"), "{new_ps} {new_worker}");
+    drop(operator);
+    let operator = start(&new_ps, &new_worker);
+    let reconciles = || {
+        sample(&operator.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}")
+            .unwrap_or(0.0)
+    };
+    wait_for("three reconciles by the upgraded operator", LONG, || (reconciles() >= 3.0).then_some(()));
+
+    // The running job is untouched: the same PS Deployment, generation and pod, its image and
+    // the workers' the ones it started with.
+    assert_eq!((deployment("generation"), deployment("uid")), (generation, uid), "the PS Deployment rolled");
+    let template = |what: &str| {
+        cp.get_json(&jobs, what).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"].clone()
+    };
+    assert_eq!(template("deployment/steady-ps"), ps_image.as_str());
+    assert_eq!(template("job/steady-workers"), worker_image.as_str());
+    assert_eq!(cp.names(&jobs, "pods", "app.kubernetes.io/component=parameter-server"), [ps.clone()]);
+    assert_eq!(cp.get_json(&jobs, &format!("pod/{ps}")).unwrap()["metadata"]["uid"], ps_uid);
+    // And it finishes.
+    cp.set_pod_phase(&jobs, &worker, "Succeeded");
+    let st = wait_phase(cp, &jobs, "steady", "Succeeded");
+    assert_eq!(st["parameterServer"].get("restarts"), None, "{st:#}");
+    helm_ok(&["uninstall", "up", "--namespace", &ns], kubeconfig);
+}
+
 #[test]
 fn with_watch_namespaces_the_operator_is_confined_to_them() {
     let cp = control_plane();
