@@ -1160,7 +1160,10 @@ fn helm_upgrade_from_the_previous_chart_leaves_a_running_job_alone() {
     };
     assert_eq!(template("deployment/steady-ps"), ps_image.as_str());
     assert_eq!(template("job/steady-workers"), worker_image.as_str());
-    assert_eq!(cp.names(&jobs, "pods", "app.kubernetes.io/component=parameter-server"), [ps.clone()]);
+    assert_eq!(
+        cp.names(&jobs, "pods", "app.kubernetes.io/component=parameter-server"),
+        std::slice::from_ref(&ps)
+    );
     assert_eq!(cp.get_json(&jobs, &format!("pod/{ps}")).unwrap()["metadata"]["uid"], ps_uid);
     // And it finishes.
     cp.set_pod_phase(&jobs, &worker, "Succeeded");

@@ -5,11 +5,13 @@
 
 mod api_calls;
 mod backoff;
+mod caches;
 pub mod children;
 pub mod leader;
 pub mod metrics;
 pub mod status;
 pub mod token;
+mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,20 +23,21 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
-use children::{COMPONENT_PS, ChildDefaults, LABEL_JOB, Owner, WorkerJobUpdate};
+use caches::Caches;
+use children::{COMPONENT_PS, ChildDefaults, Owner, WorkerJobUpdate};
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
 use status::{Finalize, Observed, Placement, PsProcess, State, WorkerJob};
 use token::TokenKey;
+pub use watch::Watch;
 
 /// The field manager of everything the operator applies.
 pub const MANAGER: &str = "foresight-operator";
@@ -94,46 +97,6 @@ pub struct Settings {
     pub lease: Option<LeaseConfig>,
 }
 
-/// Which TrainingJobs the operator handles.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Watch {
-    /// Those of every namespace (cluster-wide RBAC).
-    All,
-    /// Those of these namespaces only (a Role in each): one set of watches per namespace.
-    Namespaces(Vec<String>),
-}
-
-impl Watch {
-    /// From `--namespace`'s comma-separated list; empty: every namespace.
-    pub fn parse(list: &str) -> Result<Self, String> {
-        let mut names: Vec<String> =
-            list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(String::from).collect();
-        if let Some(bad) = names.iter().find(|n| !is_dns_label(n)) {
-            return Err(format!(
-                "--namespace: {bad:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
-            ));
-        }
-        names.sort();
-        names.dedup();
-        Ok(if names.is_empty() { Watch::All } else { Watch::Namespaces(names) })
-    }
-
-    /// One scope per set of watches: `None` is every namespace.
-    fn scopes(&self) -> Vec<Option<String>> {
-        match self {
-            Watch::All => vec![None],
-            Watch::Namespaces(names) => names.iter().cloned().map(Some).collect(),
-        }
-    }
-}
-
-fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
-}
-
 /// What `reconcile` shares.
 pub struct Context {
     pub client: Client,
@@ -146,26 +109,8 @@ pub struct Context {
     progress_read: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Per job, when to retry after failed reconciles.
     backoffs: backoff::Backoffs,
-    /// The children as the watches last saw them, one set per watched scope.
-    caches: Vec<Caches>,
-}
-
-/// The watch caches of one scope's children: filled by the same watches that wake the
-/// controller, so a reconcile reads its children without asking the API server.
-#[derive(Clone)]
-struct Caches {
-    deployments: Store<Deployment>,
-    jobs: Store<Job>,
-    pods: Store<Pod>,
-}
-
-impl Caches {
-    async fn ready(&self) {
-        // Errors only when the writer is gone, i.e. the operator is stopping.
-        let _ = self.deployments.wait_until_ready().await;
-        let _ = self.jobs.wait_until_ready().await;
-        let _ = self.pods.wait_until_ready().await;
-    }
+    /// The children as the watches last saw them.
+    caches: Caches,
 }
 
 impl Context {
@@ -188,33 +133,6 @@ impl Context {
 
     fn forget_progress(&self, uid: &str) {
         self.progress_read.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
-    }
-
-    /// Waits until every cache holds its first full list: before that, a child missing from a
-    /// cache may exist.
-    async fn caches_ready(&self) {
-        for c in &self.caches {
-            c.ready().await;
-        }
-    }
-
-    fn cached_deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
-        let key = ObjectRef::new(name).within(namespace);
-        self.caches.iter().find_map(|c| c.deployments.get(&key)).map(|d| (*d).clone())
-    }
-
-    fn cached_job(&self, namespace: &str, name: &str) -> Option<Job> {
-        let key = ObjectRef::new(name).within(namespace);
-        self.caches.iter().find_map(|c| c.jobs.get(&key)).map(|j| (*j).clone())
-    }
-
-    /// The pods the operator's children made for `job`.
-    fn cached_pods(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
-        let of_job = |p: &Arc<Pod>| {
-            p.namespace().as_deref() == Some(namespace)
-                && p.labels().get(LABEL_JOB).map(String::as_str) == Some(job)
-        };
-        self.caches.iter().flat_map(|c| c.pods.state()).filter(of_job).collect()
     }
 
     fn ps_url(&self, name: &str, namespace: &str) -> String {
@@ -260,8 +178,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(identity) });
     // One controller per watched namespace (a namespaced operator may not list cluster-wide),
     // sharing the context; their results merge into one stream.
-    let (caches, controllers): (Vec<_>, Vec<_>) =
-        settings.watch.scopes().iter().map(|scope| controller_for(&client, scope)).unzip();
+    let (caches, controllers) = Caches::with_controllers(&client, &settings.watch.scopes());
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings,
@@ -300,34 +217,6 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         }
         why = lost => Err(format!("lost leadership: {why}")),
     }
-}
-
-/// The TrainingJob controller for one scope, woken by the children it owns, and the caches
-/// those same watches fill.
-fn controller_for(client: &Client, scope: &Option<String>) -> (Caches, Controller<TrainingJob>) {
-    let (deployments, deployments_writer) = reflector::store();
-    let (jobs, jobs_writer) = reflector::store();
-    let (pods, pods_writer) = reflector::store();
-    let controller = Controller::new(scoped::<TrainingJob>(client, scope), watcher::Config::default())
-        .owns_stream(cached_watch(scoped::<Deployment>(client, scope), deployments_writer))
-        .owns_stream(cached_watch(scoped::<Job>(client, scope), jobs_writer))
-        .watches_stream(cached_watch(scoped::<Pod>(client, scope), pods_writer), |pod: Pod| {
-            let job = pod.labels().get(LABEL_JOB)?.clone();
-            Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
-        });
-    (Caches { deployments, jobs, pods }, controller)
-}
-
-/// A watch of the objects this operator labelled, written into `writer`'s cache as it goes.
-fn cached_watch<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-) -> impl futures_util::Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    let managed = watcher::Config::default().labels(MANAGED);
-    watcher(api, managed).default_backoff().reflect(writer).touched_objects()
 }
 
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
@@ -428,7 +317,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let owner = Owner::new(job).ok_or(Error::Incomplete)?;
-    ctx.caches_ready().await;
+    ctx.caches.ready().await;
     let old = job.status.clone().unwrap_or_default();
     if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
         remove_ps(ctx, &owner).await?;
@@ -555,7 +444,7 @@ async fn apply_ps_deployment(
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
 ) -> Result<Deployment> {
-    let running = ctx.cached_deployment(&owner.namespace, &children::ps_name(&owner.name));
+    let running = ctx.caches.deployment(&owner.namespace, &children::ps_name(&owner.name));
     // The worker count the PS started with stays in its template (scaling tells the PS over
     // HTTP, see `tell_ps_workers`), so that a change of workers.replicas never rolls it.
     let workers = running.as_ref().and_then(children::ps_workers_of).unwrap_or(job.spec.workers.replicas);
@@ -585,7 +474,7 @@ async fn apply_worker_job(
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
 ) -> Result<Job> {
-    let running = ctx.cached_job(&owner.namespace, &children::workers_name(&owner.name));
+    let running = ctx.caches.job(&owner.namespace, &children::workers_name(&owner.name));
     match children::worker_job_update(owner.worker_job(defaults), running.as_ref()) {
         WorkerJobUpdate::Apply(desired) => apply(ctx, owner, desired).await,
         WorkerJobUpdate::Recreate(desired) => {
@@ -671,7 +560,7 @@ fn worker_state(job: &Job) -> WorkerJob {
 async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let mut waiting = None;
-    for pod in ctx.cached_pods(&owner.namespace, &owner.name) {
+    for pod in ctx.caches.pods(&owner.namespace, &owner.name) {
         let Some(message) = unschedulable_condition(&pod) else { continue };
         let who = if pod.labels().get(children::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
             "parameter server"
@@ -924,23 +813,4 @@ async fn expire(
         Err(e) => return Err(e.into()),
     }
     Ok(Action::await_change())
-}
-
-#[cfg(test)]
-mod watch_tests {
-    use super::Watch;
-
-    #[test]
-    fn a_namespace_list_is_trimmed_sorted_and_deduplicated_and_empty_means_all() {
-        assert_eq!(Watch::parse(""), Ok(Watch::All));
-        assert_eq!(Watch::parse(" , "), Ok(Watch::All));
-        assert_eq!(
-            Watch::parse("team-b, team-a,team-b"),
-            Ok(Watch::Namespaces(vec!["team-a".into(), "team-b".into()]))
-        );
-        for bad in ["Team", "a_b", "-a", &"a".repeat(64)] {
-            let e = Watch::parse(&format!("ok,{bad}")).unwrap_err();
-            assert!(e.contains("is not a namespace name"), "{bad}: {e}");
-        }
-    }
 }

@@ -1,0 +1,99 @@
+//! The children as the operator's watches last saw them. The watches that wake the controller
+//! on its Deployments, Jobs and pods also fill these caches (kube-runtime reflectors fed to
+//! `owns_stream`/`watches_stream`), so a reconcile reads its children without asking the API
+//! server: 7.5 requests per reconcile of a running job before, 4.0–4.5 after (the lifecycle test
+//! in `operator/tests/controller.rs` prints it).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::children::LABEL_JOB;
+use super::{MANAGED, scoped};
+use crate::api::TrainingJob;
+
+/// The caches of every watched scope.
+pub(super) struct Caches(Vec<ScopeCaches>);
+
+/// One scope's caches.
+struct ScopeCaches {
+    deployments: Store<Deployment>,
+    jobs: Store<Job>,
+    pods: Store<Pod>,
+}
+
+impl Caches {
+    /// One controller per scope (`None`: every namespace), woken by the children it owns, and
+    /// the caches those same watches fill.
+    pub(super) fn with_controllers(
+        client: &Client,
+        scopes: &[Option<String>],
+    ) -> (Self, Vec<Controller<TrainingJob>>) {
+        let (caches, controllers) = scopes.iter().map(|scope| controller_for(client, scope)).unzip();
+        (Self(caches), controllers)
+    }
+
+    /// Waits until every cache holds its first full list: before that, a child missing from a
+    /// cache may exist.
+    pub(super) async fn ready(&self) {
+        for c in &self.0 {
+            // Errors only when the writer is gone, i.e. the operator is stopping.
+            let _ = c.deployments.wait_until_ready().await;
+            let _ = c.jobs.wait_until_ready().await;
+            let _ = c.pods.wait_until_ready().await;
+        }
+    }
+
+    pub(super) fn deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
+        let key = ObjectRef::new(name).within(namespace);
+        self.0.iter().find_map(|c| c.deployments.get(&key)).map(|d| (*d).clone())
+    }
+
+    pub(super) fn job(&self, namespace: &str, name: &str) -> Option<Job> {
+        let key = ObjectRef::new(name).within(namespace);
+        self.0.iter().find_map(|c| c.jobs.get(&key)).map(|j| (*j).clone())
+    }
+
+    /// The pods the operator's children made for the TrainingJob `job`.
+    pub(super) fn pods(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
+        let of_job = |p: &Arc<Pod>| {
+            p.namespace().as_deref() == Some(namespace)
+                && p.labels().get(LABEL_JOB).map(String::as_str) == Some(job)
+        };
+        self.0.iter().flat_map(|c| c.pods.state()).filter(of_job).collect()
+    }
+}
+
+fn controller_for(client: &Client, scope: &Option<String>) -> (ScopeCaches, Controller<TrainingJob>) {
+    let (deployments, deployments_writer) = reflector::store();
+    let (jobs, jobs_writer) = reflector::store();
+    let (pods, pods_writer) = reflector::store();
+    let controller = Controller::new(scoped::<TrainingJob>(client, scope), watcher::Config::default())
+        .owns_stream(cached_watch(scoped::<Deployment>(client, scope), deployments_writer))
+        .owns_stream(cached_watch(scoped::<Job>(client, scope), jobs_writer))
+        .watches_stream(cached_watch(scoped::<Pod>(client, scope), pods_writer), |pod: Pod| {
+            let job = pod.labels().get(LABEL_JOB)?.clone();
+            Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
+        });
+    (ScopeCaches { deployments, jobs, pods }, controller)
+}
+
+/// A watch of the objects this operator labelled, written into `writer`'s cache as it goes.
+fn cached_watch<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+) -> impl futures_util::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let managed = watcher::Config::default().labels(MANAGED);
+    watcher(api, managed).default_backoff().reflect(writer).touched_objects()
+}
