@@ -21,7 +21,13 @@ use super::{MANAGED, scoped};
 use crate::api::TrainingJob;
 
 /// The caches of every watched scope.
-pub(super) struct Caches(Vec<ScopeCaches>);
+pub(super) struct Caches {
+    scopes: Vec<ScopeCaches>,
+    /// Set once every cache has held its first full list. Reconciles wait on this cell, not on
+    /// the stores: a store's readiness signal (a oneshot receiver) wakes only the last of several
+    /// tasks waiting on it at once — seen as a job never reconciled while another one was.
+    ready: tokio::sync::OnceCell<()>,
+}
 
 /// One scope's caches.
 struct ScopeCaches {
@@ -37,29 +43,33 @@ impl Caches {
         client: &Client,
         scopes: &[Option<String>],
     ) -> (Self, Vec<Controller<TrainingJob>>) {
-        let (caches, controllers) = scopes.iter().map(|scope| controller_for(client, scope)).unzip();
-        (Self(caches), controllers)
+        let (scopes, controllers) = scopes.iter().map(|scope| controller_for(client, scope)).unzip();
+        (Self { scopes, ready: Default::default() }, controllers)
     }
 
     /// Waits until every cache holds its first full list: before that, a child missing from a
-    /// cache may exist.
+    /// cache may exist. One task waits on the stores; every other waits on the cell.
     pub(super) async fn ready(&self) {
-        for c in &self.0 {
-            // Errors only when the writer is gone, i.e. the operator is stopping.
-            let _ = c.deployments.wait_until_ready().await;
-            let _ = c.jobs.wait_until_ready().await;
-            let _ = c.pods.wait_until_ready().await;
-        }
+        self.ready
+            .get_or_init(|| async {
+                for c in &self.scopes {
+                    // Errors only when the writer is gone, i.e. the operator is stopping.
+                    let _ = c.deployments.wait_until_ready().await;
+                    let _ = c.jobs.wait_until_ready().await;
+                    let _ = c.pods.wait_until_ready().await;
+                }
+            })
+            .await;
     }
 
     pub(super) fn deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
         let key = ObjectRef::new(name).within(namespace);
-        self.0.iter().find_map(|c| c.deployments.get(&key)).map(|d| (*d).clone())
+        self.scopes.iter().find_map(|c| c.deployments.get(&key)).map(|d| (*d).clone())
     }
 
     pub(super) fn job(&self, namespace: &str, name: &str) -> Option<Job> {
         let key = ObjectRef::new(name).within(namespace);
-        self.0.iter().find_map(|c| c.jobs.get(&key)).map(|j| (*j).clone())
+        self.scopes.iter().find_map(|c| c.jobs.get(&key)).map(|j| (*j).clone())
     }
 
     /// The pods the operator's children made for the TrainingJob `job`.
@@ -68,7 +78,7 @@ impl Caches {
             p.namespace().as_deref() == Some(namespace)
                 && p.labels().get(LABEL_JOB).map(String::as_str) == Some(job)
         };
-        self.0.iter().flat_map(|c| c.pods.state()).filter(of_job).collect()
+        self.scopes.iter().flat_map(|c| c.pods.state()).filter(of_job).collect()
     }
 }
 
