@@ -23,7 +23,9 @@
 #                   child is gone;
 #      badpath      a dataset path that does not exist: the worker exits 3, the Job's
 #                   podFailurePolicy fails it, the TrainingJob is Failed with that reason;
-#      suspend      suspended mid-run: worker pods gone, phase Suspended; the operator's pod is
+#      suspend      training.epochs changed mid-run: refused by the API server; suspended: worker
+#                   pods gone, phase Suspended; the same change taken: the worker Job recreated
+#                   with it (WorkersRecreated); the operator's pod is
 #                   deleted meanwhile: the new one takes over with the same children (same UIDs,
 #                   no duplicates); resumed: the job continues from where it was to Succeeded;
 #      worker-kill  a worker pod deleted mid-run: its replacement resumes (its log says so), the
@@ -410,6 +412,14 @@ case_badpath() {
   wait_for 120 "PS of $name gone after Failed" gone $ns deploy/$name-ps
 }
 
+# The worker Job of tj NAME is no longer UID and its workers train EPOCHS epochs: NS NAME UID EPOCHS.
+recreated_with_epochs() {
+  local uid epochs
+  uid=$(field "$1" "job/$2-workers" '{.metadata.uid}' 2>/dev/null) || return 1
+  epochs=$(field "$1" "job/$2-workers" '{.spec.template.spec.containers[0].env[?(@.name=="FORESIGHT_EPOCHS")].value}' 2>/dev/null) || return 1
+  [[ -n $uid && $uid != "$3" && $epochs == "$4" ]]
+}
+
 case_suspend() {
   local ns=e2e-suspend name=suspend-resume
   kc create namespace $ns
@@ -419,6 +429,13 @@ case_suspend() {
   local v dir
   v=$(ps_version $ns $name || true)
   dir=$(claim_dir $ns $name-ps-checkpoints)
+  # The workers' pod template cannot change on a running job: the API server says why.
+  if kc -n $ns patch tj $name --type merge -p '{"spec":{"training":{"epochs":3}}}' 2>"$out/suspend-refused.txt"; then
+    fail "the API server took a change of training.epochs on a running job"
+  fi
+  grep -q "change only with runPolicy.suspend: true" "$out/suspend-refused.txt" ||
+    fail "the refusal does not say why: $(cat "$out/suspend-refused.txt")"
+  log "epochs 2 → 3 on the running job refused: $(grep -o 'spec.workers: Invalid value: [^(]*' "$out/suspend-refused.txt" | head -n1)"
   kc -n $ns patch tj $name --type merge -p '{"spec":{"runPolicy":{"suspend":true}}}'
   wait_phase $ns $name Suspended 180
   wait_for 180 "worker pods of $name gone" none_left $ns pods "foresight.dev/job=$name,app.kubernetes.io/component=worker"
@@ -430,6 +447,12 @@ case_suspend() {
   ckpt=$((10#${ckpt%.safetensors}))
   log "suspended: worker and PS pods gone; PS was at version ≥ $v, newest checkpoint on the claim: version $ckpt"
   ((ckpt >= ${v%.*})) || fail "the newest checkpoint ($ckpt) is older than the version seen before the suspend ($v)"
+  # While suspended the change is taken, and the operator recreates the worker Job with it.
+  local job_uid
+  job_uid=$(field $ns job/$name-workers '{.metadata.uid}')
+  kc -n $ns patch tj $name --type merge -p '{"spec":{"training":{"epochs":3}}}'
+  wait_for 120 "the worker Job of $name recreated with 3 epochs" recreated_with_epochs $ns $name "$job_uid" 3
+  log "suspended job's epochs 2 → 3: worker Job $job_uid replaced by $(field $ns job/$name-workers '{.metadata.uid}'), event: $(kc -n $ns get events.events.k8s.io -o jsonpath='{range .items[?(@.reason=="WorkersRecreated")]}{.note}{end}')"
   # The operator's pod deleted: the new one takes the job over without making anything twice.
   local before old
   before=$(children $ns $name)
@@ -456,7 +479,13 @@ $after"
   wait_for 300 "tj/$name training again past version $ckpt (or done)" eval \
     'version_at_least '$ns' '$name' '$((ckpt + 1))' || phase_is '$ns' '$name' Succeeded'
   wait_phase $ns $name Succeeded 600
-  log "resumed and Succeeded: $(condition $ns $name Succeeded message)"
+  local msg final
+  msg=$(condition $ns $name Succeeded message)
+  log "resumed and Succeeded: $msg"
+  # 2 workers × 63 steps an epoch (2000 examples each, batch 32): 2 epochs make 252 updates, the
+  # 3 the recreated workers trained make 378.
+  final=$(sed -n 's/.*final model (version \([0-9]*\)).*/\1/p' <<<"$msg")
+  ((${final:-0} > 252)) || fail "the final model (version ${final:-?}) has no more updates than 2 epochs make (252)"
 }
 
 case_worker_kill() {
@@ -588,7 +617,12 @@ if [[ -n $("$HELM" list -n foresight-system -q 2>/dev/null) ]]; then
   "$HELM" uninstall foresight -n foresight-system --wait >&2
 fi
 kc delete ns --ignore-not-found --wait=true $(kc get ns -o name | sed -n 's|namespace/\(e2e-.*\)|\1|p') foresight-system >&2
-kc -n default delete tj,pvc,pod --all --wait=true >&2
+# (No TrainingJob to delete on a cluster without the CRD: a fresh one, whose first run used to pass
+# only when kubectl's discovery cache remembered the resource from an earlier cluster.)
+if kc get crd trainingjobs.foresight.dev >/dev/null 2>&1; then
+  kc -n default delete tj --all --wait=true >&2
+fi
+kc -n default delete pvc,pod --all --wait=true >&2
 
 t=$SECONDS
 mapfile -t built < <(RELEASE_DIR=$release IMAGES="operator ps worker" "$repo/tools/build-images.sh")
