@@ -402,7 +402,8 @@ pub struct ParameterServerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
     /// What the parameter server's pod gets besides what the operator sets: placement
-    /// (nodeSelector, tolerations, affinity), priority, identity, variables, volumes, labels.
+    /// (nodeSelector, tolerations, affinity), priority, identity, variables, volumes, labels
+    /// (cluster only; `foresight run` ignores it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodSettings>,
 }
@@ -461,7 +462,7 @@ pub struct WorkersSpec {
     pub tolerations: Option<Vec<Toleration>>,
     /// What each worker's pod gets besides what the operator sets: placement (nodeSelector,
     /// tolerations: here or above, not both; affinity), priority, identity, variables, volumes,
-    /// labels.
+    /// labels (cluster only; `foresight run` ignores it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodSettings>,
 }

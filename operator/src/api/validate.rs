@@ -197,8 +197,6 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             "workers.tolerations",
             "set workers.tolerations or workers.pod.tolerations, not both".into(),
         );
-    }
-    if let Some(p) = &w.pod {
         let mounts = p.volume_mounts.as_deref().unwrap_or_default();
         check(
             spec.dataset.volume.is_none() || mounts.iter().all(|m| m.mount_path != spec.dataset.path),
