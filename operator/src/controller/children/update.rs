@@ -15,8 +15,8 @@ use super::WORKER_TEMPLATE_HASH;
 pub enum WorkerJobUpdate {
     /// Apply this Job: it does not exist yet, or its template is the running one.
     Apply(Job),
-    /// The template changed and the Job is suspended with no pod left: delete it and create
-    /// the new one.
+    /// The template changed (or, for a Job made before the digest, may have) and the Job is
+    /// suspended with no pod left: delete it and create the new one.
     Recreate(Job),
     /// The template changed while worker pods run or stop: apply this Job, which carries the
     /// running template (so that suspend and scaling still reach it); the new template waits
@@ -30,9 +30,12 @@ pub fn worker_job_update(mut desired: Job, running: Option<&Job>) -> WorkerJobUp
         return WorkerJobUpdate::Apply(desired);
     };
     let digest = |j: &Job| j.annotations().get(WORKER_TEMPLATE_HASH).cloned();
-    // A Job from an operator before the digest: its template is taken as the desired one.
     let changed = digest(running).is_some_and(|d| Some(d) != digest(&desired));
-    if changed && is_suspended(&desired) && is_idle_suspended(running) {
+    // A Job from an operator before the digest may or may not differ: once it is suspended and
+    // idle it is recreated (and so gets a digest), so that no change made while suspended is
+    // silently left out; while it runs its template is taken as the desired one.
+    let unknown = digest(running).is_none();
+    if (changed || unknown) && is_suspended(&desired) && is_idle_suspended(running) {
         return WorkerJobUpdate::Recreate(desired);
     }
     if let (Some(spec), Some(running_spec)) = (desired.spec.as_mut(), running.spec.as_ref()) {
@@ -136,11 +139,14 @@ mod tests {
     }
 
     #[test]
-    fn a_job_without_a_digest_keeps_its_template_silently() {
-        let running = job(None, "w:1", true, 0, 0);
-        let desired = job(Some("b"), "w:2", true, 0, 0);
+    fn a_job_without_a_digest_keeps_its_template_while_it_runs_and_is_recreated_once_suspended() {
+        let running = job(None, "w:1", false, 2, 0);
+        let desired = job(Some("b"), "w:2", false, 0, 0);
         let WorkerJobUpdate::Apply(j) = worker_job_update(desired, Some(&running)) else { panic!() };
         assert_eq!(image(&j), "w:1");
         assert!(!j.annotations().contains_key(WORKER_TEMPLATE_HASH));
+        let idle = job(None, "w:1", true, 0, 0);
+        let desired = job(Some("b"), "w:2", true, 0, 0);
+        assert_eq!(worker_job_update(desired.clone(), Some(&idle)), WorkerJobUpdate::Recreate(desired));
     }
 }
