@@ -415,8 +415,8 @@ case_badpath() {
 # The worker Job of tj NAME is no longer UID and its workers train EPOCHS epochs: NS NAME UID EPOCHS.
 recreated_with_epochs() {
   local uid epochs
-  uid=$(field "$1" "job/$2-workers" '{.metadata.uid}' 2>/dev/null) || return 1
-  epochs=$(field "$1" "job/$2-workers" '{.spec.template.spec.containers[0].env[?(@.name=="FORESIGHT_EPOCHS")].value}' 2>/dev/null) || return 1
+  uid=$(field "$1" "job/$2-workers" '{.metadata.uid}')
+  epochs=$(field "$1" "job/$2-workers" '{.spec.template.spec.containers[0].env[?(@.name=="FORESIGHT_EPOCHS")].value}')
   [[ -n $uid && $uid != "$3" && $epochs == "$4" ]]
 }
 

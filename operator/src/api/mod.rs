@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use env::{ps_env, worker_env};
 pub use pod::{PodSettings, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES};
+pub(crate) use validate::is_dns_name;
 pub use validate::{ValidationError, validate, validate_update};
 
 /// The CustomResourceDefinition of `TrainingJob`, as `foresight crd` prints it and

@@ -266,8 +266,14 @@ fn validate_pod(p: &PodSettings, field: &str, errs: &mut Vec<ValidationError>) {
 /// A DNS-subdomain object name: lowercase letters, digits, '-' and '.', alphanumeric at both
 /// ends, at most 253 bytes.
 fn is_name(s: &str) -> bool {
-    s.len() <= 253
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    is_dns_name(s, 253, true)
+}
+
+/// Lowercase letters, digits and '-' (and '.' with `dots`), alphanumeric at both ends, at most
+/// `max` bytes: a DNS label (63, no dots, e.g. a namespace) or subdomain (253, dots).
+pub(crate) fn is_dns_name(s: &str, max: usize, dots: bool) -> bool {
+    s.len() <= max
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.'))
         && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
 }

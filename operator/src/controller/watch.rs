@@ -15,7 +15,7 @@ impl Watch {
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut names: Vec<String> =
             list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(String::from).collect();
-        if let Some(bad) = names.iter().find(|n| !is_dns_label(n)) {
+        if let Some(bad) = names.iter().find(|n| !crate::api::is_dns_name(n, 63, false)) {
             return Err(format!(
                 "--namespace: {bad:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
             ));
@@ -32,13 +32,6 @@ impl Watch {
             Watch::Namespaces(names) => names.iter().cloned().map(Some).collect(),
         }
     }
-}
-
-fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
 }
 
 #[cfg(test)]
