@@ -16,11 +16,12 @@ help: ## List the targets
 setup: ## Install what builds and the demo need (idempotent)
 	@scripts/setup.sh
 
-# Only the tests need a Kubernetes control plane, helm and kubeconform (built from Go modules:
-# 8 minutes the first time here, on 2 cores, cached in ~/.cache/foresight afterwards).
-setup-test: setup ## Also the control plane, helm and kubeconform for the tests (idempotent)
+# Only the tests need a Kubernetes control plane, helm, kubeconform and Kueue (built from Go
+# modules: 8 minutes the first time here, on 2 cores, cached in ~/.cache/foresight afterwards).
+setup-test: setup ## Also the control plane, helm, kubeconform and Kueue for the tests (idempotent)
 	@tools/build-control-plane.sh >/dev/null
 	@tools/build-helm-tools.sh >/dev/null
+	@tools/build-kueue.sh >/dev/null
 
 build: setup ## Build the release binaries
 	$(CARGO) build --release --locked --workspace --bins

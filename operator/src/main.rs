@@ -106,6 +106,10 @@ struct OperatorArgs {
     /// Seconds to retry writing the final model after the workers finished.
     #[arg(long, env = "FORESIGHT_FINALIZE_GRACE_SECONDS", default_value_t = 300)]
     finalize_grace_seconds: u64,
+    /// Let Kueue admit the jobs labelled kueue.x-k8s.io/queue-name (one Workload per job; Kueue's
+    /// kueue.x-k8s.io/v1beta2 API must be served). Without it such jobs wait, saying why.
+    #[arg(long, env = "FORESIGHT_KUEUE")]
+    kueue: bool,
     /// Elect a leader among the replicas with a Lease (turn off only with one replica).
     #[arg(long, env = "FORESIGHT_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -301,6 +305,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         ps_url: a.ps_url.clone(),
         progress_every: Duration::from_secs(a.progress_seconds),
         finalize_grace: Duration::from_secs(a.finalize_grace_seconds),
+        kueue: a.kueue,
         lease,
     };
     controller::run(config, settings, &a.metrics_addr).await

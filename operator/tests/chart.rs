@@ -121,6 +121,8 @@ const ALL_FEATURES: &[&str] = &[
     "--set",
     "watchNamespace=team-a",
     "--set",
+    "kueue.enabled=true",
+    "--set",
     "logFormat=json",
     "--set",
     "logLevel=debug",
@@ -386,6 +388,27 @@ fn rbac_grants_exactly_the_operator_contract() {
     assert_eq!(find(&objs, "RoleBinding", "foresight")["metadata"]["namespace"], "team-a");
     let deploy = find(&objs, "Deployment", "foresight");
     assert_eq!(env(deploy)["FORESIGHT_WATCH_NAMESPACE"], "team-a");
+
+    // kueue.enabled: the operator's flag, its rights on Workloads in the watched namespace, and
+    // a read-only cluster-wide grant on PriorityClasses (cluster-scoped) whatever the scope.
+    let objs = objects(&template(&["--set", "watchNamespace=team-a", "--set", "kueue.enabled=true"]));
+    let mut rules = expected_rules();
+    rules.as_array_mut().unwrap().extend([
+        json!({"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+               "verbs": ["get", "list", "watch", "create", "delete"]}),
+        json!({"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]}),
+    ]);
+    assert_eq!(find(&objs, "Role", "foresight")["rules"], rules);
+    assert_eq!(
+        find(&objs, "ClusterRole", "foresight-priorityclasses")["rules"],
+        json!([{"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}])
+    );
+    assert_eq!(
+        find(&objs, "ClusterRoleBinding", "foresight-priorityclasses")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "foresight", "namespace": "foresight-system"}])
+    );
+    assert_eq!(env(find(&objs, "Deployment", "foresight"))["FORESIGHT_KUEUE"], "true");
+    assert!(!env(deploy).contains_key("FORESIGHT_KUEUE"), "off by default");
 
     // rbac.create=false, serviceAccount.create=false: neither.
     let objs = objects(&template(&["--set", "rbac.create=false", "--set", "serviceAccount.create=false"]));

@@ -1030,4 +1030,16 @@ fn the_operator_refuses_to_start_without_a_token_key_or_with_a_bad_flag() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--ps-url") && err.contains("does not make"), "{err}");
+
+    // --kueue where Kueue is not installed (this control plane has no Kueue): it says so and
+    // exits, rather than wait forever for a watch of a kind that does not exist.
+    let cp = control_plane();
+    let out = Command::new(env!("CARGO_BIN_EXE_foresight"))
+        .args(["operator", "--kubeconfig", cp.kubeconfig.to_str().unwrap(), "--token-key", KEY])
+        .args(["--kueue", "--leader-elect=false", "--metrics-addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--kueue: Kueue's Workload API (kueue.x-k8s.io/v1beta2) is not served"), "{err}");
 }

@@ -491,15 +491,15 @@ pub struct RunPolicy {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobStatus {
-    /// Created, Running, Restarting, Succeeded, Failed or Suspended.
+    /// Created, Queued, Running, Restarting, Succeeded, Failed or Suspended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
     /// Why the job is in its phase: the reason of the phase's condition (Completed,
     /// BackoffLimitExceeded, Unschedulable, WorkersRunning, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// The latest observations of the job's state, one per type (Created, Running, Restarting,
-    /// Succeeded and Complete, Failed, Suspended), with reason, message and lastTransitionTime.
+    /// The latest observations of the job's state, one per type (Created, Queued, Running,
+    /// Restarting, Succeeded and Complete, Failed, Suspended), with reason, message and lastTransitionTime.
     /// `Complete` is `Succeeded` under the name batch Jobs use, so that
     /// `kubectl wait --for=condition=Complete` works as it does for a Job.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -548,6 +548,8 @@ pub struct DefaultImages {
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 pub enum Phase {
     Created,
+    /// Waiting for Kueue to admit it (labelled `kueue.x-k8s.io/queue-name`).
+    Queued,
     Running,
     Restarting,
     Succeeded,

@@ -17,6 +17,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::children::LABEL_JOB;
+use super::kueue::Workload;
 use super::{MANAGED, scoped};
 use crate::api::TrainingJob;
 
@@ -34,6 +35,8 @@ struct ScopeCaches {
     deployments: Store<Deployment>,
     jobs: Store<Job>,
     pods: Store<Pod>,
+    /// Kueue's Workloads, when Kueue admits jobs (`--kueue`).
+    workloads: Option<Store<Workload>>,
 }
 
 impl Caches {
@@ -42,8 +45,9 @@ impl Caches {
     pub(super) fn with_controllers(
         client: &Client,
         scopes: &[Option<String>],
+        kueue: bool,
     ) -> (Self, Vec<Controller<TrainingJob>>) {
-        let (scopes, controllers) = scopes.iter().map(|scope| controller_for(client, scope)).unzip();
+        let (scopes, controllers) = scopes.iter().map(|scope| controller_for(client, scope, kueue)).unzip();
         (Self { scopes, ready: Default::default() }, controllers)
     }
 
@@ -57,6 +61,9 @@ impl Caches {
                     let _ = c.deployments.wait_until_ready().await;
                     let _ = c.jobs.wait_until_ready().await;
                     let _ = c.pods.wait_until_ready().await;
+                    if let Some(w) = &c.workloads {
+                        let _ = w.wait_until_ready().await;
+                    }
                 }
             })
             .await;
@@ -72,6 +79,11 @@ impl Caches {
         self.scopes.iter().find_map(|c| c.jobs.get(&key)).map(|j| (*j).clone())
     }
 
+    pub(super) fn workload(&self, namespace: &str, name: &str) -> Option<Workload> {
+        let key = ObjectRef::new(name).within(namespace);
+        self.scopes.iter().find_map(|c| c.workloads.as_ref()?.get(&key)).map(|w| (*w).clone())
+    }
+
     /// The pods the operator's children made for the TrainingJob `job`.
     pub(super) fn pods(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
         let of_job = |p: &Arc<Pod>| {
@@ -82,7 +94,11 @@ impl Caches {
     }
 }
 
-fn controller_for(client: &Client, scope: &Option<String>) -> (ScopeCaches, Controller<TrainingJob>) {
+fn controller_for(
+    client: &Client,
+    scope: &Option<String>,
+    kueue: bool,
+) -> (ScopeCaches, Controller<TrainingJob>) {
     let (deployments, deployments_writer) = reflector::store();
     let (jobs, jobs_writer) = reflector::store();
     let (pods, pods_writer) = reflector::store();
@@ -93,7 +109,13 @@ fn controller_for(client: &Client, scope: &Option<String>) -> (ScopeCaches, Cont
             let job = pod.labels().get(LABEL_JOB)?.clone();
             Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
         });
-    (ScopeCaches { deployments, jobs, pods }, controller)
+    let (workloads, controller) = if kueue {
+        let (store, writer) = reflector::store();
+        (Some(store), controller.owns_stream(cached_watch(scoped::<Workload>(client, scope), writer)))
+    } else {
+        (None, controller)
+    };
+    (ScopeCaches { deployments, jobs, pods, workloads }, controller)
 }
 
 /// A watch of the objects this operator labelled, written into `writer`'s cache as it goes.

@@ -72,8 +72,12 @@ pub const WORKER_TEMPLATE_HASH: &str = "foresight.dev/worker-template-hash";
 
 /// A short digest of a pod template (SHA-256 of its JSON, 16 hex digits).
 fn template_hash(t: &PodTemplateSpec) -> String {
-    let json = serde_json::to_vec(t).expect("a pod template serializes");
-    ring::digest::digest(&ring::digest::SHA256, &json).as_ref()[..8]
+    digest(&serde_json::to_vec(t).expect("a pod template serializes"))
+}
+
+/// A short digest (16 hex digits of SHA-256) for an annotation.
+pub(super) fn digest(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes).as_ref()[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
@@ -173,6 +177,8 @@ pub struct Owner<'a> {
     pub name: String,
     pub namespace: String,
     owner_ref: OwnerReference,
+    /// Kueue has not admitted the job (`kueue::Admission::holds`): its pods stay stopped.
+    held: bool,
 }
 
 impl<'a> Owner<'a> {
@@ -183,6 +189,7 @@ impl<'a> Owner<'a> {
             namespace: job.metadata.namespace.clone()?,
             owner_ref: job.controller_owner_ref(&())?,
             job,
+            held: false,
         })
     }
 
@@ -198,6 +205,21 @@ impl<'a> Owner<'a> {
 
     pub fn suspended(&self) -> bool {
         self.job.spec.run_policy.suspend == Some(true)
+    }
+
+    /// The reference that makes an object the job's (the garbage collector removes it with the job).
+    pub fn owner_reference(&self) -> OwnerReference {
+        self.owner_ref.clone()
+    }
+
+    /// The same owner, its pods held stopped (or not) while Kueue has not admitted the job.
+    pub fn held(self, held: bool) -> Self {
+        Self { held, ..self }
+    }
+
+    /// Whether the workers are to be stopped: suspended by the user or not admitted by Kueue.
+    pub fn stopped(&self) -> bool {
+        self.suspended() || self.held
     }
 
     pub fn checkpoint_storage(&self) -> Option<&str> {
@@ -242,10 +264,13 @@ impl<'a> Owner<'a> {
         Some(claim(self.meta(pvc_name(&self.name), COMPONENT_PS), size))
     }
 
-    /// Replicas of the parameter server: 1, or 0 while the job is suspended *and* a PVC keeps
-    /// the checkpoint (with an emptyDir, stopping the PS would lose the model, so it stays up).
+    /// Replicas of the parameter server: 1, or 0 while the job is stopped *and* a PVC keeps the
+    /// checkpoint (with an emptyDir, stopping the PS would lose the model, so it stays up), and
+    /// 0 while Kueue has not admitted a job that holds no model yet.
     pub fn ps_replicas(&self) -> i32 {
-        if self.suspended() && self.checkpoint_storage().is_some() { 0 } else { 1 }
+        let no_model_yet = self.job.status.as_ref().is_none_or(|s| s.progress.is_none());
+        let keeps_checkpoint = self.checkpoint_storage().is_some();
+        if (self.stopped() && keeps_checkpoint) || (self.held && no_model_yet) { 0 } else { 1 }
     }
 
     /// The PS Deployment; its pod starts with `workers` as the job's worker count. That is the
@@ -445,7 +470,7 @@ impl<'a> Owner<'a> {
                 backoff_limit: spec.run_policy.backoff_limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX)),
                 pod_failure_policy: Some(worker_failure_policy()),
                 active_deadline_seconds: spec.run_policy.active_deadline_seconds.map(|s| s as i64),
-                suspend: Some(self.suspended()),
+                suspend: Some(self.stopped()),
                 template,
                 ..Default::default()
             }),

@@ -17,8 +17,15 @@ use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVe
 use crate::api::Phase;
 
 /// Every phase, for `foresight_operator_jobs{phase}` (all are exported, zeros included).
-pub const PHASES: [Phase; 6] =
-    [Phase::Created, Phase::Running, Phase::Restarting, Phase::Succeeded, Phase::Failed, Phase::Suspended];
+pub const PHASES: [Phase; 7] = [
+    Phase::Created,
+    Phase::Queued,
+    Phase::Running,
+    Phase::Restarting,
+    Phase::Succeeded,
+    Phase::Failed,
+    Phase::Suspended,
+];
 
 /// The `verb` values of `foresight_operator_api_requests_total`.
 pub const API_VERBS: [&str; 6] = ["watch", "get", "post", "patch", "put", "delete"];
@@ -29,6 +36,7 @@ pub const ERROR_REASONS: [&str; 3] = ["kube_api", "conflict", "incomplete_object
 pub fn phase_name(p: Phase) -> &'static str {
     match p {
         Phase::Created => "Created",
+        Phase::Queued => "Queued",
         Phase::Running => "Running",
         Phase::Restarting => "Restarting",
         Phase::Succeeded => "Succeeded",

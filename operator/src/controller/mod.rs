@@ -3,10 +3,12 @@
 //! writes the status and the Events, finalizes the model when the workers are done and removes
 //! the parameter server once the job has ended.
 
+mod admission;
 mod api_calls;
 mod backoff;
 mod caches;
 pub mod children;
+pub mod kueue;
 pub mod leader;
 pub mod metrics;
 pub mod status;
@@ -33,6 +35,7 @@ use serde::de::DeserializeOwned;
 use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
 use caches::Caches;
 use children::{COMPONENT_PS, ChildDefaults, Owner, WorkerJobUpdate};
+use kueue::Admission;
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
 use status::{Finalize, Observed, Placement, PsProcess, State, WorkerJob};
@@ -93,6 +96,8 @@ pub struct Settings {
     pub progress_every: Duration,
     /// How long to retry `/v1/finalize` after the workers finished before giving up.
     pub finalize_grace: Duration,
+    /// Whether Kueue admits the jobs labelled for one of its queues (`kueue`).
+    pub kueue: bool,
     /// `None`: no leader election (one replica).
     pub lease: Option<LeaseConfig>,
 }
@@ -155,6 +160,9 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         .map_err(|e| format!("metrics address {metrics_addr}: {e}"))?;
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
 
+    if settings.kueue {
+        kueue_served(&client).await?;
+    }
     let elector = settings.lease.clone().map(|cfg| LeaderElector::new(client.clone(), cfg));
     let stop = shutdown_signal();
     tokio::pin!(stop);
@@ -178,7 +186,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(identity) });
     // One controller per watched namespace (a namespaced operator may not list cluster-wide),
     // sharing the context; their results merge into one stream.
-    let (caches, controllers) = Caches::with_controllers(&client, &settings.watch.scopes());
+    let (caches, controllers) = Caches::with_controllers(&client, &settings.watch.scopes(), settings.kueue);
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings,
@@ -216,6 +224,17 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
             Ok(())
         }
         why = lost => Err(format!("lost leadership: {why}")),
+    }
+}
+
+/// With `--kueue`, Kueue's Workload API must be served: a watch of a missing kind would keep the
+/// caches from ever being ready.
+async fn kueue_served(client: &Client) -> Result<(), String> {
+    use kube::core::GroupVersionKind;
+    let gvk = GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload");
+    match kube::discovery::pinned_kind(client, &gvk).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("--kueue: Kueue's Workload API (kueue.x-k8s.io/v1beta2) is not served: {e}")),
     }
 }
 
@@ -317,6 +336,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let old = job.status.clone().unwrap_or_default();
     if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
         remove_ps(ctx, &owner).await?;
+        let reason = old.reason.clone().unwrap_or_default();
+        admission::finish(ctx, &owner, old.phase == Some(Phase::Succeeded), &reason).await?;
         return expire(ctx, job, &owner, &old).await;
     }
     let now = Time(Timestamp::now());
@@ -343,6 +364,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     }
     apply(ctx, &owner, owner.ps_service()).await?;
     let defaults = job_defaults(ctx, &owner, &old).await?;
+    let admission = admission::admit(ctx, job, &owner, &defaults).await?;
+    let owner = owner.held(admission.holds());
     let ps_deployment = apply_ps_deployment(ctx, job, &owner, &defaults).await?;
     let workers = apply_worker_job(ctx, job, &owner, &defaults).await?;
 
@@ -363,6 +386,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         min_replicas: job.spec.workers.min_replicas,
         backoff_limit: job.spec.run_policy.backoff_limit,
         suspend: job.spec.run_policy.suspend == Some(true),
+        admission,
         workers: Some(worker_job),
         ps_ready,
         placement,
@@ -377,6 +401,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let new = write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
     if state.is_finished() {
         ctx.forget_progress(uid);
+        admission::finish(ctx, &owner, state.phase == Phase::Succeeded, &state.message).await?;
         remove_ps(ctx, &owner).await?;
         if let (Some(start), Some(end)) = (&new.start_time, &new.completion_time) {
             let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);
@@ -399,6 +424,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         min_replicas: job.spec.workers.min_replicas,
         backoff_limit: job.spec.run_policy.backoff_limit,
         suspend: false,
+        admission: Admission::NotQueued,
         workers: None,
         ps_ready: false,
         placement: Placement::Scheduled,
@@ -484,7 +510,7 @@ async fn apply_worker_job(
             apply(ctx, owner, desired).await
         }
         WorkerJobUpdate::Deferred(desired) => {
-            if !owner.suspended() {
+            if !owner.stopped() {
                 let message = "the running worker Job keeps its pod template: set runPolicy.suspend: true \
                                to apply the change (the workers are recreated with it, and resume where they stopped)";
                 publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateWorkers", message).await;

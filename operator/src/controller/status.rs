@@ -8,6 +8,7 @@ use crate::api::{
     DefaultImages, FinalModelStatus, ParameterServerStatus, Phase, Progress, TrainingJobStatus, WorkersStatus,
 };
 use crate::controller::children::ModelPlace;
+use crate::controller::kueue::Admission;
 
 /// The worker Job as the Job controller reports it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -46,6 +47,8 @@ pub struct Observed {
     pub min_replicas: Option<u32>,
     pub backoff_limit: Option<u32>,
     pub suspend: bool,
+    /// Kueue's say (`NotQueued` for a job not labelled for a queue).
+    pub admission: Admission,
     /// The worker Job; `None` before it exists.
     pub workers: Option<WorkerJob>,
     pub ps_ready: bool,
@@ -163,6 +166,14 @@ pub fn decide(o: &Observed) -> State {
             }
         };
     }
+    if let Admission::Pending(why) = &o.admission {
+        // Queued only once no worker runs: an evicted job stops its pods first.
+        return if w.stopped {
+            State::new(Phase::Queued, "Queued", why.clone())
+        } else {
+            State::new(if o.has_run { Phase::Running } else { Phase::Created }, "Requeuing", why.clone())
+        };
+    }
     if o.suspend {
         // Suspended only once it is true of the pods, not when the spec asks for it.
         return if w.stopped {
@@ -253,8 +264,9 @@ fn where_the_model_is(version: u64, path: &Option<String>, place: &ModelPlace) -
 
 /// Each condition type and the phase it is true in. `Complete` is `Succeeded` under the name a
 /// batch Job's terminal condition has.
-const CONDITION_TYPES: [(Phase, &str); 7] = [
+const CONDITION_TYPES: [(Phase, &str); 8] = [
     (Phase::Created, "Created"),
+    (Phase::Queued, "Queued"),
     (Phase::Running, "Running"),
     (Phase::Restarting, "Restarting"),
     (Phase::Succeeded, "Succeeded"),

@@ -20,6 +20,7 @@
 //! Ctrl-C reaches them too. `KEEP_CONTROL_PLANE_TMP=1` keeps the directory (logs) afterwards.
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod kueue;
 pub mod operator;
 pub mod proxy;
 
@@ -188,7 +189,13 @@ fn control_plane_bin() -> Result<PathBuf, String> {
     if let Some(dir) = std::env::var_os("CONTROL_PLANE_BIN") {
         return Ok(dir.into());
     }
-    let script = repo_root().join("tools/build-control-plane.sh");
+    built("build-control-plane.sh")
+}
+
+/// Runs `tools/<script>` (a build script that is instant once its cache is warm) and returns the
+/// directory it prints last.
+pub fn built(script: &str) -> Result<PathBuf, String> {
+    let script = repo_root().join("tools").join(script);
     let out = Command::new(&script)
         .stderr(Stdio::inherit())
         .output()
@@ -202,7 +209,7 @@ fn control_plane_bin() -> Result<PathBuf, String> {
 }
 
 /// `n` distinct loopback ports that were free a moment ago.
-fn free_ports(n: usize) -> Vec<u16> {
+pub fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<_> =
         (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port")).collect();
     listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()

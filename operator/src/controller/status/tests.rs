@@ -7,6 +7,7 @@ fn observed() -> Observed {
         min_replicas: None,
         backoff_limit: Some(2),
         suspend: false,
+        admission: Admission::NotQueued,
         workers: Some(WorkerJob::default()),
         ps_ready: false,
         placement: Placement::Scheduled,
@@ -115,6 +116,30 @@ fn each_observation_leads_to_its_phase() {
             Observed { suspend: true, ps_ready: true, ..with_workers(|w| w.stopped = true) },
             Phase::Suspended,
             "Suspended",
+        ),
+        // Waiting for Kueue: Queued once no worker runs (an evicted job stops its workers first).
+        (
+            Observed {
+                admission: Admission::Pending("no quota".into()),
+                ..with_workers(|w| w.stopped = true)
+            },
+            Phase::Queued,
+            "Queued",
+        ),
+        (
+            Observed {
+                admission: Admission::Pending("evicted".into()),
+                ps_ready: true,
+                has_run: true,
+                ..with_workers(running)
+            },
+            Phase::Running,
+            "Requeuing",
+        ),
+        (
+            Observed { admission: Admission::Admitted, ps_ready: true, ..with_workers(running) },
+            Phase::Running,
+            "WorkersRunning",
         ),
         (
             with_workers(|w| w.failed_condition = Some(("BackoffLimitExceeded".into(), "too many".into()))),

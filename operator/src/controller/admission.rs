@@ -1,0 +1,138 @@
+//! The API calls of Kueue admission (`kueue` decides): the job's Workload made, replaced,
+//! released and marked finished, and the priority it carries.
+
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::children::{self, ChildDefaults, Owner};
+use super::kueue::{self, Admission, Plan, Workload, WorkloadSpec};
+use super::leader::is_status;
+use super::{Context, MANAGER, Result, publish};
+use crate::api::TrainingJob;
+
+/// The name of a job's Workload.
+pub fn workload_name(job: &str) -> String {
+    format!("trainingjob-{job}")
+}
+
+/// Kueue's say on the job: makes its Workload, or replaces or releases it as `kueue::plan`
+/// decides.
+pub(super) async fn admit(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    defaults: &ChildDefaults,
+) -> Result<Admission> {
+    let Some(queue) = job.labels().get(kueue::QUEUE_LABEL) else { return Ok(Admission::NotQueued) };
+    if !ctx.settings.kueue {
+        return Ok(Admission::Pending(format!(
+            "labelled for Kueue's LocalQueue {queue}, but this operator runs without --kueue \
+             (the chart's kueue.enabled): it waits rather than run outside the quota"
+        )));
+    }
+    let ns = &owner.namespace;
+    let name = workload_name(&owner.name);
+    let stopped = ctx
+        .caches
+        .job(ns, &children::workers_name(&owner.name))
+        .is_none_or(|j| children::is_idle_suspended(&j));
+    let existing = ctx.caches.workload(ns, &name);
+    let sets = kueue::pod_sets(
+        owner.ps_deployment(defaults, job.spec.workers.replicas).spec.template,
+        owner.worker_job(defaults).spec.unwrap_or_default().template,
+        job.spec.workers.replicas,
+    );
+    let hash = kueue::podsets_hash(&sets);
+    let (plan, admission) = kueue::plan(queue, existing.as_ref(), &hash, !owner.suspended(), stopped);
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), ns);
+    match plan {
+        Plan::Keep => {}
+        Plan::Create => create(ctx, owner, &api, queue, sets, hash).await?,
+        Plan::Requeue(why) => {
+            delete(&api, &name).await?;
+            let message = format!("{why}: its Workload was replaced, and the job queued again");
+            publish(ctx, job, EventType::Normal, "Requeued", "Admit", &message).await;
+        }
+        Plan::Release => delete(&api, &name).await?,
+    }
+    Ok(admission)
+}
+
+async fn create(
+    ctx: &Context,
+    owner: &Owner<'_>,
+    api: &Api<Workload>,
+    queue: &str,
+    pod_sets: Vec<kueue::PodSet>,
+    hash: String,
+) -> Result<()> {
+    let (priority_class_ref, priority) = match priority_class(owner) {
+        Some(class) => {
+            let classes: Api<PriorityClass> = Api::all(ctx.client.clone());
+            (Some(kueue::priority_ref(class)), classes.get(class).await?.value)
+        }
+        None => (None, None),
+    };
+    let mut workload = Workload::new(
+        &workload_name(&owner.name),
+        WorkloadSpec { queue_name: queue.into(), pod_sets, priority_class_ref, priority },
+    );
+    workload.metadata.namespace = Some(owner.namespace.clone());
+    workload.metadata.labels = Some(children::labels(&owner.name, "workload"));
+    workload.metadata.annotations = Some([(kueue::PODSETS_HASH.to_string(), hash)].into());
+    workload.metadata.owner_references = Some(vec![owner.owner_reference()]);
+    match api
+        .create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &workload)
+        .await
+    {
+        // Made by a reconcile whose write the cache had not seen yet.
+        Err(e) if is_status(&e, 409) => Ok(()),
+        r => r.map(|_| ()).map_err(Into::into),
+    }
+}
+
+/// The PriorityClass Kueue orders the job by: the workers' (they hold the GPUs), else the
+/// parameter server's.
+fn priority_class<'a>(owner: &'a Owner<'_>) -> Option<&'a str> {
+    let spec = &owner.job.spec;
+    let of = |pod: Option<&'a crate::api::PodSettings>| pod?.priority_class_name.as_deref();
+    of(spec.workers.pod.as_ref()).or_else(|| of(spec.parameter_server.pod.as_ref()))
+}
+
+async fn delete(api: &Api<Workload>, name: &str) -> Result<()> {
+    match api.delete(name, &DeleteParams::background()).await {
+        Err(e) if !is_status(&e, 404) => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// Marks the ended job's Workload `Finished`, which gives its quota back.
+pub(super) async fn finish(ctx: &Context, owner: &Owner<'_>, succeeded: bool, message: &str) -> Result<()> {
+    if !ctx.settings.kueue {
+        return Ok(());
+    }
+    let name = workload_name(&owner.name);
+    let Some(workload) = ctx.caches.workload(&owner.namespace, &name) else { return Ok(()) };
+    if workload.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Finished" && c.status == "True")
+    {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": Workload::api_version(&()),
+        "kind": Workload::kind(&()),
+        "status": {"conditions": [{
+            "type": "Finished",
+            "status": "True",
+            "reason": if succeeded { "Succeeded" } else { "Failed" },
+            "message": if message.is_empty() { "the TrainingJob ended" } else { message },
+            "lastTransitionTime": Time(Timestamp::now()),
+        }]},
+    });
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(patch)).await?;
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! Admission by Kueue (sigs.k8s.io/kueue): a TrainingJob labelled `kueue.x-k8s.io/queue-name`
+//! runs only while Kueue admits it as one unit. The operator makes one `Workload` per job (pod
+//! sets `ps` × 1 and `workers` × replicas, their resources and GPUs counted together), keeps
+//! the job's pods stopped until Kueue admits it, marks it `Finished` when the job ends, and
+//! requeues it (deletes the Workload once its pods are stopped, then makes a new one) when Kueue
+//! evicts it or the job's size changes. Kueue never touches the TrainingJob or its children:
+//! the worker Job carries no queue label, so Kueue's batch/v1 integration leaves it alone and
+//! nobody else writes its `suspend`.
+//!
+//! The decisions are pure (`plan`); `mod.rs` does the API calls.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements};
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+/// The label that names the job's LocalQueue (the one Kueue's own integrations use).
+pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// The digest of the pod sets a Workload was made with: a job whose pod sets no longer match
+/// its Workload is queued again with the new ones (Kueue's pod sets are immutable once admitted).
+pub const PODSETS_HASH: &str = "foresight.dev/podsets-hash";
+pub const PODSET_PS: &str = "ps";
+pub const PODSET_WORKERS: &str = "workers";
+
+/// The part of Kueue's Workload (`kueue.x-k8s.io/v1beta2`) the operator writes and reads.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[kube(
+    group = "kueue.x-k8s.io",
+    version = "v1beta2",
+    kind = "Workload",
+    namespaced,
+    status = "WorkloadStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadSpec {
+    pub queue_name: String,
+    pub pod_sets: Vec<PodSet>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_ref: Option<PriorityClassRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSet {
+    pub name: String,
+    pub count: i32,
+    pub template: PodTemplateSpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct PriorityClassRef {
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct WorkloadStatus {
+    #[serde(default)]
+    pub conditions: Vec<WorkloadCondition>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct WorkloadCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl Workload {
+    fn condition(&self, type_: &str) -> Option<&WorkloadCondition> {
+        self.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_ && c.status == "True")
+    }
+
+    fn pending_message(&self) -> Option<&str> {
+        let s = self.status.as_ref()?;
+        let c = s.conditions.iter().find(|c| c.type_ == "QuotaReserved" && c.status == "False")?;
+        Some(c.message.as_str()).filter(|m| !m.is_empty())
+    }
+
+    fn podsets_hash(&self) -> Option<&str> {
+        self.metadata.annotations.as_ref()?.get(PODSETS_HASH).map(String::as_str)
+    }
+}
+
+/// Whether the job may run, as far as Kueue is concerned.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Admission {
+    /// Not labelled for a queue: Kueue has no say.
+    NotQueued,
+    /// Waiting for Kueue (the reason, for the status).
+    Pending(String),
+    Admitted,
+}
+
+impl Admission {
+    /// Whether the job's pods must stay stopped.
+    pub fn holds(&self) -> bool {
+        matches!(self, Admission::Pending(_))
+    }
+}
+
+/// What to do with the job's Workload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// No Workload yet: make it.
+    Create,
+    /// Delete it: its pod sets are out of date or it was evicted, and the job's pods are
+    /// stopped. The next reconcile makes a new one, which queues again.
+    Requeue(String),
+    /// Delete it without making another: the job is suspended and its pods are stopped, so its
+    /// quota goes back to the queue.
+    Release,
+    Keep,
+}
+
+/// What a job of queue `queue` does with its Workload `existing`: `desired_hash` is the digest
+/// of the pod sets it would make now, `wanted` false while the user suspends the job,
+/// `stopped` whether no worker pod runs or terminates. Returns the plan and what it means for
+/// the job's pods.
+pub fn plan(
+    queue: &str,
+    existing: Option<&Workload>,
+    desired_hash: &str,
+    wanted: bool,
+    stopped: bool,
+) -> (Plan, Admission) {
+    let waiting = |why: String| Admission::Pending(why);
+    let Some(w) = existing else {
+        return if wanted {
+            (Plan::Create, waiting(format!("queued in LocalQueue {queue}: creating its Workload")))
+        } else {
+            (Plan::Keep, Admission::NotQueued)
+        };
+    };
+    if !wanted {
+        // A suspended job gives its quota back once its pods are gone.
+        return (if stopped { Plan::Release } else { Plan::Keep }, Admission::NotQueued);
+    }
+    let requeue = match (w.condition("Evicted"), w.podsets_hash()) {
+        (Some(e), _) => Some(format!("evicted by Kueue ({}): {}", e.reason, e.message)),
+        (None, hash) if hash != Some(desired_hash) => {
+            Some("the job's size or resources changed since Kueue admitted it".to_string())
+        }
+        _ => None,
+    };
+    if let Some(why) = requeue {
+        let admitted = w.condition("QuotaReserved").is_some();
+        return if stopped || !admitted {
+            (Plan::Requeue(why.clone()), waiting(format!("{why}; queued again in LocalQueue {queue}")))
+        } else {
+            (Plan::Keep, waiting(format!("{why}; stopping the workers before queueing again")))
+        };
+    }
+    if w.condition("Admitted").is_some() {
+        return (Plan::Keep, Admission::Admitted);
+    }
+    let why = w.pending_message().unwrap_or("waiting for Kueue to admit it");
+    (Plan::Keep, waiting(format!("queued in LocalQueue {queue}: {why}")))
+}
+
+/// The pod sets Kueue counts: the PS's pod and the workers' pods, each with requests where only
+/// limits are given (what the API server does to a pod; a Workload's template is not one).
+pub fn pod_sets(ps: PodTemplateSpec, workers: PodTemplateSpec, replicas: u32) -> Vec<PodSet> {
+    vec![
+        PodSet { name: PODSET_PS.into(), count: 1, template: with_requests(ps) },
+        PodSet {
+            name: PODSET_WORKERS.into(),
+            count: i32::try_from(replicas).unwrap_or(i32::MAX),
+            template: with_requests(workers),
+        },
+    ]
+}
+
+fn with_requests(mut t: PodTemplateSpec) -> PodTemplateSpec {
+    for c in t.spec.iter_mut().flat_map(|s| s.containers.iter_mut()) {
+        let r = c.resources.get_or_insert_with(ResourceRequirements::default);
+        let limits = r.limits.clone().unwrap_or_default();
+        let requests = r.requests.get_or_insert_with(BTreeMap::new);
+        for (k, v) in limits {
+            requests.entry(k).or_insert(v);
+        }
+    }
+    t
+}
+
+/// The digest of what Kueue admits: each pod set's count, resources and placement. Settings
+/// that change nothing Kueue counts (a learning rate in an environment variable) leave it alone.
+pub fn podsets_hash(sets: &[PodSet]) -> String {
+    let admitted: Vec<_> = sets
+        .iter()
+        .map(|s| {
+            let spec = s.template.spec.clone().unwrap_or_default();
+            let resources: Vec<_> = spec.containers.iter().map(|c| c.resources.clone()).collect();
+            serde_json::json!({
+                "name": s.name, "count": s.count, "resources": resources,
+                "nodeSelector": spec.node_selector, "tolerations": spec.tolerations,
+                "affinity": spec.affinity, "priorityClassName": spec.priority_class_name,
+            })
+        })
+        .collect();
+    super::children::digest(&serde_json::to_vec(&admitted).expect("JSON values serialize"))
+}
+
+/// The priority of a PriorityClass, as a Workload records it.
+pub fn priority_ref(name: &str) -> PriorityClassRef {
+    PriorityClassRef { group: "scheduling.k8s.io".into(), kind: "PriorityClass".into(), name: name.into() }
+}
+
+#[cfg(test)]
+mod tests;

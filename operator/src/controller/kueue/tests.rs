@@ -1,0 +1,120 @@
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use serde_json::json;
+
+use super::*;
+
+fn template(resources: serde_json::Value) -> PodTemplateSpec {
+    serde_json::from_value(json!({"spec": {"containers": [{"name": "c", "resources": resources}]}})).unwrap()
+}
+
+fn sets(replicas: u32, gpus: u32) -> Vec<PodSet> {
+    pod_sets(
+        template(json!({"requests": {"cpu": "1"}})),
+        template(json!({"limits": {"nvidia.com/gpu": gpus.to_string()}})),
+        replicas,
+    )
+}
+
+/// A Workload made with `hash`, with the given conditions (type, status, reason, message).
+fn workload(hash: &str, conditions: &[(&str, &str, &str, &str)]) -> Workload {
+    let mut w = Workload::new("trainingjob-a", WorkloadSpec::default());
+    w.metadata.annotations = Some([(PODSETS_HASH.to_string(), hash.to_string())].into());
+    w.status = Some(WorkloadStatus {
+        conditions: conditions
+            .iter()
+            .map(|(t, s, r, m)| WorkloadCondition {
+                type_: t.to_string(),
+                status: s.to_string(),
+                reason: r.to_string(),
+                message: m.to_string(),
+            })
+            .collect(),
+    });
+    w
+}
+
+const ADMITTED: [(&str, &str, &str, &str); 2] =
+    [("QuotaReserved", "True", "QuotaReserved", "reserved"), ("Admitted", "True", "Admitted", "admitted")];
+
+#[test]
+fn the_pod_sets_count_the_ps_and_every_worker_with_limits_as_requests() {
+    let s = sets(2, 4);
+    assert_eq!(s.iter().map(|p| (p.name.as_str(), p.count)).collect::<Vec<_>>(), [("ps", 1), ("workers", 2)]);
+    let worker = &s[1].template.spec.as_ref().unwrap().containers[0];
+    let requests = worker.resources.as_ref().unwrap().requests.as_ref().unwrap();
+    assert_eq!(requests["nvidia.com/gpu"].0, "4", "a Workload's template gets no API-server defaulting");
+    let ps = &s[0].template.spec.as_ref().unwrap().containers[0];
+    assert_eq!(ps.resources.as_ref().unwrap().requests.as_ref().unwrap()["cpu"].0, "1");
+}
+
+#[test]
+fn the_digest_follows_what_kueue_counts_and_nothing_else() {
+    let base = podsets_hash(&sets(2, 4));
+    assert_eq!(base, podsets_hash(&sets(2, 4)));
+    assert_ne!(base, podsets_hash(&sets(3, 4)), "a new worker count");
+    assert_ne!(base, podsets_hash(&sets(2, 1)), "new resources");
+    let mut env_changed = sets(2, 4);
+    env_changed[0].template.spec.as_mut().unwrap().containers[0].env =
+        Some(vec![serde_json::from_value(json!({"name": "LR", "value": "0.1"})).unwrap()]);
+    assert_eq!(base, podsets_hash(&env_changed), "a setting Kueue does not count");
+}
+
+#[test]
+fn a_job_without_a_workload_makes_one_and_waits() {
+    let (plan, admission) = plan("team", None, "h", true, true);
+    assert_eq!(plan, Plan::Create);
+    assert!(matches!(&admission, Admission::Pending(m) if m.contains("LocalQueue team")), "{admission:?}");
+    assert!(admission.holds());
+}
+
+#[test]
+fn a_pending_workload_passes_on_kueues_reason() {
+    let w = workload(
+        "h",
+        &[("QuotaReserved", "False", "Pending", "insufficient unused quota for nvidia.com/gpu")],
+    );
+    let (plan, admission) = plan("team", Some(&w), "h", true, true);
+    assert_eq!(plan, Plan::Keep);
+    assert_eq!(
+        admission,
+        Admission::Pending("queued in LocalQueue team: insufficient unused quota for nvidia.com/gpu".into())
+    );
+}
+
+#[test]
+fn an_admitted_workload_lets_the_job_run() {
+    let (plan, admission) = plan("team", Some(&workload("h", &ADMITTED)), "h", true, false);
+    assert_eq!((plan, admission.holds()), (Plan::Keep, false));
+    assert_eq!(admission, Admission::Admitted);
+}
+
+#[test]
+fn an_evicted_job_stops_its_workers_before_its_workload_is_replaced() {
+    let mut conditions = ADMITTED.to_vec();
+    conditions.push(("Evicted", "True", "Preempted", "preempted by a higher priority workload"));
+    let w = workload("h", &conditions);
+    let (plan_running, admission) = plan("team", Some(&w), "h", true, false);
+    assert_eq!(plan_running, Plan::Keep, "pods still run: quota stays reserved meanwhile");
+    assert!(admission.holds(), "and they are being stopped");
+    let (plan_stopped, admission) = plan("team", Some(&w), "h", true, true);
+    assert!(matches!(&plan_stopped, Plan::Requeue(m) if m.contains("Preempted")), "{plan_stopped:?}");
+    assert!(admission.holds());
+}
+
+#[test]
+fn a_resized_job_is_queued_again_with_its_new_size() {
+    let admitted = workload("old", &ADMITTED);
+    assert_eq!(plan("team", Some(&admitted), "new", true, false).0, Plan::Keep, "running: stop first");
+    assert!(plan("team", Some(&admitted), "new", true, false).1.holds());
+    assert!(matches!(plan("team", Some(&admitted), "new", true, true).0, Plan::Requeue(_)));
+    let pending = workload("old", &[("QuotaReserved", "False", "Pending", "no quota")]);
+    assert!(matches!(plan("team", Some(&pending), "new", true, false).0, Plan::Requeue(_)), "holds no quota");
+}
+
+#[test]
+fn a_suspended_job_releases_its_quota_once_its_workers_are_gone() {
+    let w = workload("h", &ADMITTED);
+    assert_eq!(plan("team", Some(&w), "h", false, false), (Plan::Keep, Admission::NotQueued));
+    assert_eq!(plan("team", Some(&w), "h", false, true), (Plan::Release, Admission::NotQueued));
+    assert_eq!(plan("team", None, "h", false, true), (Plan::Keep, Admission::NotQueued), "and makes none");
+}

@@ -1,0 +1,239 @@
+//! Kueue admission on the real control plane with Kueue's own manager (v0.17, built from Go
+//! modules): a ClusterQueue of 4 GPUs, jobs of 2 workers × 2 GPUs each. One runs; the others wait
+//! `Queued` with their pods stopped until its quota comes back, and then the one whose
+//! PriorityClass is higher goes first; a suspended job gives its quota back.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::kueue::Kueue;
+use support::operator::*;
+use support::{ControlPlane, control_plane, free_port, wait_for};
+
+fn apply_job(cp: &ControlPlane, ns: &str, name: &str, priority: Option<&str>) {
+    let mut pod = json!({});
+    if let Some(p) = priority {
+        pod["priorityClassName"] = json!(p);
+    }
+    let mut job: Value =
+        serde_json::from_str(&job(name, json!({"workers": {"replicas": 2, "gpus": 2, "pod": pod}}))).unwrap();
+    job["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+    cp.kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&job.to_string()));
+}
+
+/// The job's Workload as Kueue reports it.
+fn workload(cp: &ControlPlane, ns: &str, job: &str) -> Option<Value> {
+    cp.get_json(ns, &format!("workloads.kueue.x-k8s.io/trainingjob-{job}"))
+}
+
+fn is_true(v: &Value, type_: &str) -> bool {
+    condition(&v["status"], type_)["status"] == "True"
+}
+
+fn worker_job_suspended(cp: &ControlPlane, ns: &str, job: &str) -> bool {
+    cp.get_json(ns, &format!("job/{job}-workers")).unwrap()["spec"]["suspend"] == true
+}
+
+fn ps_replicas(cp: &ControlPlane, ns: &str, job: &str) -> Value {
+    cp.get_json(ns, &format!("deployment/{job}-ps")).unwrap()["spec"]["replicas"].clone()
+}
+
+/// Waits until `job` is Queued and checks that nothing of it runs meanwhile.
+fn assert_queued(cp: &ControlPlane, ns: &str, job: &str) -> Value {
+    let st = wait_phase(cp, ns, job, "Queued");
+    assert_eq!(condition(&st, "Queued")["status"], "True", "{st:#}");
+    assert!(worker_job_suspended(cp, ns, job), "{job}'s workers wait suspended");
+    assert_eq!(ps_replicas(cp, ns, job), 0, "{job}'s parameter server waits too (it holds no model yet)");
+    worker_pods(cp, ns, job, 0);
+    st
+}
+
+#[test]
+fn kueue_admits_a_job_as_one_unit_by_priority_when_quota_comes_back() {
+    let cp = control_plane();
+    let _kueue = Kueue::start(cp);
+    let ns = cp.namespace("kueue");
+    cp.kubectl_ok(
+        &["apply", "-f", "-"],
+        Some(
+            r#"
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: training-low}
+value: 100
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: training-high}
+value: 1000
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: default-flavor}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: gpus}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, memory, nvidia.com/gpu]
+    flavors:
+    - name: default-flavor
+      resources:
+      - {name: cpu, nominalQuota: 32}
+      - {name: memory, nominalQuota: 128Gi}
+      - {name: nvidia.com/gpu, nominalQuota: 4}
+"#,
+        ),
+    );
+    cp.kubectl_ok(
+        &["apply", "-n", &ns, "-f", "-"],
+        Some("{\"apiVersion\": \"kueue.x-k8s.io/v1beta2\", \"kind\": \"LocalQueue\", \"metadata\": {\"name\": \"team\"}, \"spec\": {\"clusterQueue\": \"gpus\"}}"),
+    );
+    let ps_port = free_port();
+    let op = Operator::start(
+        cp,
+        &ns,
+        &["--leader-elect=false", "--kueue", "--ps-url", &format!("http://127.0.0.1:{ps_port}")],
+    );
+
+    // The first job takes the queue's 4 GPUs: admitted as one Workload, PS and workers together.
+    apply_job(cp, &ns, "first", None);
+    let w = wait_for("first's Workload to be admitted", LONG, || {
+        workload(cp, &ns, "first").filter(|w| is_true(w, "Admitted"))
+    });
+    let sets: Vec<(String, i64)> = w["spec"]["podSets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap().to_string(), p["count"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(sets, [("ps".to_string(), 1), ("workers".to_string(), 2)]);
+    let usage = &w["status"]["admission"]["podSetAssignments"][1]["resourceUsage"];
+    assert_eq!(usage["nvidia.com/gpu"], "4", "Kueue counts 2 workers × 2 GPUs: {w:#}");
+    assert_eq!(w["metadata"]["ownerReferences"][0]["kind"], "TrainingJob");
+    let first_workers = worker_pods(cp, &ns, "first", 2);
+    assert_eq!(ps_replicas(cp, &ns, "first"), 1);
+
+    // Two more jobs of 4 GPUs each, the lower priority one first: both wait with nothing running,
+    // saying why in Kueue's words.
+    apply_job(cp, &ns, "low", Some("training-low"));
+    apply_job(cp, &ns, "high", Some("training-high"));
+    for job in ["low", "high"] {
+        let st = assert_queued(cp, &ns, job);
+        let message = condition(&st, "Queued")["message"].as_str().unwrap().to_string();
+        assert!(message.contains("LocalQueue team") && message.contains("insufficient"), "{st:#}");
+    }
+    assert_eq!(workload(cp, &ns, "high").unwrap()["spec"]["priority"], 1000);
+    // One Workload per job: Kueue's batch/v1 integration (on in this manager) leaves the worker
+    // Jobs alone, and nobody but the operator sets their suspend.
+    let workloads = cp.names(&ns, "workloads.kueue.x-k8s.io", "");
+    assert_eq!(workloads, ["trainingjob-first", "trainingjob-high", "trainingjob-low"]);
+    let worker_job = cp.get_json(&ns, "job/low-workers").unwrap();
+    assert!(worker_job["metadata"]["labels"].get("kueue.x-k8s.io/queue-name").is_none());
+    let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
+    assert!(table.contains("Queued"), "{table}");
+    wait_for("the Queued jobs in the operator's metrics", LONG, || {
+        (sample(&op.metrics_text(), "foresight_operator_jobs{phase=\"Queued\"}") == Some(2.0)).then_some(())
+    });
+
+    // The first job finishes (a real PS writes the final model): its Workload is Finished, the
+    // quota comes back, and the higher priority job runs while the other still waits.
+    let ps = Ps::start(cp, &ns, "first", ps_port, 2);
+    ps.train_one_step();
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "first"), "Running");
+    for p in &first_workers {
+        cp.set_pod_phase(&ns, p, "Succeeded");
+    }
+    wait_phase(cp, &ns, "first", "Succeeded");
+    let finished = wait_for("first's Workload to be Finished", LONG, || {
+        workload(cp, &ns, "first").filter(|w| is_true(w, "Finished"))
+    });
+    assert_eq!(condition(&finished["status"], "Finished")["reason"], "Succeeded");
+    wait_for("high's Workload to be admitted", LONG, || {
+        workload(cp, &ns, "high").filter(|w| is_true(w, "Admitted"))
+    });
+    worker_pods(cp, &ns, "high", 2);
+    assert!(!worker_job_suspended(cp, &ns, "high"));
+    let st = wait_for("high to leave Queued", LONG, || {
+        let s = status(cp, &ns, "high");
+        (s["phase"] != "Queued").then_some(s)
+    });
+    assert_eq!(condition(&st, "Queued")["status"], "False", "{st:#}");
+    assert_queued(cp, &ns, "low");
+    assert!(!is_true(&workload(cp, &ns, "low").unwrap(), "Admitted"));
+
+    // Suspending the running job gives its quota back once its workers are gone: its Workload is
+    // deleted and the waiting job is admitted.
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "tj",
+            "high",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"runPolicy":{"suspend":true}}}"#,
+        ],
+        None,
+    );
+    wait_for("high's workers to be suspended", LONG, || worker_job_suspended(cp, &ns, "high").then_some(()));
+    // Play the kubelet: the stopped pods go.
+    let selector = "foresight.dev/job=high,app.kubernetes.io/component=worker";
+    cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
+    wait_phase(cp, &ns, "high", "Suspended");
+    wait_for("high's Workload to go", LONG, || workload(cp, &ns, "high").is_none().then_some(()));
+    wait_for("low's Workload to be admitted", LONG, || {
+        workload(cp, &ns, "low").filter(|w| is_true(w, "Admitted"))
+    });
+    let low_workers = worker_pods(cp, &ns, "low", 2);
+    for p in &low_workers {
+        cp.set_pod_phase(&ns, p, "Running");
+    }
+
+    // With preemption allowed, resuming the higher priority job evicts the running one: its
+    // workers stop first, then its Workload is replaced and it waits Queued again while
+    // the higher priority job runs.
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "clusterqueue",
+            "gpus",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"preemption":{"withinClusterQueue":"LowerPriority"}}}"#,
+        ],
+        None,
+    );
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "tj",
+            "high",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"runPolicy":{"suspend":false}}}"#,
+        ],
+        None,
+    );
+    wait_for("low's Workload to be evicted", LONG, || {
+        workload(cp, &ns, "low").filter(|w| is_true(w, "Evicted"))
+    });
+    wait_for("low's workers to be suspended", LONG, || worker_job_suspended(cp, &ns, "low").then_some(()));
+    let st = status(cp, &ns, "low");
+    assert_eq!(st["reason"], "Requeuing", "its pods still terminate: {st:#}");
+    let selector = "foresight.dev/job=low,app.kubernetes.io/component=worker";
+    cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
+    let st = assert_queued(cp, &ns, "low");
+    assert!(condition(&st, "Queued")["message"].as_str().unwrap().contains("evicted by Kueue"), "{st:#}");
+    wait_for("high's new Workload to be admitted", LONG, || {
+        workload(cp, &ns, "high").filter(|w| is_true(w, "Admitted"))
+    });
+    worker_pods(cp, &ns, "high", 2);
+    let reasons: Vec<String> = events(cp, &ns, "low").into_iter().map(|e| e.1).collect();
+    assert!(reasons.iter().any(|r| r == "Requeued"), "{reasons:?}");
+}
