@@ -390,7 +390,8 @@ fn rbac_grants_exactly_the_operator_contract() {
     assert_eq!(env(deploy)["FORESIGHT_WATCH_NAMESPACE"], "team-a");
 
     // kueue.enabled: the operator's flag, its rights on Workloads in the watched namespace, and
-    // a read-only cluster-wide grant on PriorityClasses (cluster-scoped) whatever the scope.
+    // a read-only cluster-wide grant on PriorityClasses and ResourceFlavors (cluster-scoped)
+    // whatever the scope.
     let objs = objects(&template(&["--set", "watchNamespace=team-a", "--set", "kueue.enabled=true"]));
     let mut rules = expected_rules();
     rules.as_array_mut().unwrap().extend([
@@ -400,11 +401,14 @@ fn rbac_grants_exactly_the_operator_contract() {
     ]);
     assert_eq!(find(&objs, "Role", "foresight")["rules"], rules);
     assert_eq!(
-        find(&objs, "ClusterRole", "foresight-priorityclasses")["rules"],
-        json!([{"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]}])
+        find(&objs, "ClusterRole", "foresight-kueue")["rules"],
+        json!([
+            {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]},
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors"], "verbs": ["get"]},
+        ])
     );
     assert_eq!(
-        find(&objs, "ClusterRoleBinding", "foresight-priorityclasses")["subjects"],
+        find(&objs, "ClusterRoleBinding", "foresight-kueue")["subjects"],
         json!([{"kind": "ServiceAccount", "name": "foresight", "namespace": "foresight-system"}])
     );
     assert_eq!(env(find(&objs, "Deployment", "foresight"))["FORESIGHT_KUEUE"], "true");

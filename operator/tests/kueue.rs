@@ -70,6 +70,9 @@ value: 1000
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata: {name: default-flavor}
+spec:
+  nodeLabels: {kubernetes.io/os: linux}
+  tolerations: [{key: example.com/pool, operator: Exists, effect: NoSchedule}]
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ClusterQueue
@@ -115,6 +118,14 @@ spec:
     assert_eq!(w["metadata"]["ownerReferences"][0]["kind"], "TrainingJob");
     let first_workers = worker_pods(cp, &ns, "first", 2);
     assert_eq!(ps_replicas(cp, &ns, "first"), 1);
+    // Placed where the flavor Kueue assigned says, as Kueue's own integrations place pods. (The
+    // PS requests no resource here, so Kueue assigns its pod set no flavor.)
+    for pod in &first_workers {
+        let spec = &cp.get_json(&ns, &format!("pod/{pod}")).unwrap()["spec"];
+        assert_eq!(spec["nodeSelector"]["kubernetes.io/os"], "linux", "{pod}: {spec:#}");
+        let tolerations = spec["tolerations"].as_array().unwrap();
+        assert!(tolerations.iter().any(|t| t["key"] == "example.com/pool"), "{pod}: {spec:#}");
+    }
 
     // Two more jobs of 4 GPUs each, the lower priority one first: both wait with nothing running,
     // saying why in Kueue's words.
@@ -236,4 +247,25 @@ spec:
     worker_pods(cp, &ns, "high", 2);
     let reasons: Vec<String> = events(cp, &ns, "low").into_iter().map(|e| e.1).collect();
     assert!(reasons.iter().any(|r| r == "Requeued"), "{reasons:?}");
+
+    // Resizing an admitted job re-admits it at its new size: Kueue's pod sets cannot change, so
+    // the workers stop, the Workload is replaced with the new count and admitted again.
+    cp.kubectl_ok(&["delete", "tj", "low", "-n", &ns, "--wait=true"], None);
+    let old_uid = workload(cp, &ns, "high").unwrap()["metadata"]["uid"].clone();
+    cp.kubectl_ok(
+        &["patch", "-n", &ns, "tj", "high", "--type=merge", "-p", r#"{"spec":{"workers":{"replicas":1}}}"#],
+        None,
+    );
+    wait_for("high's workers to stop for the new size", LONG, || {
+        worker_job_suspended(cp, &ns, "high").then_some(())
+    });
+    let selector = "foresight.dev/job=high,app.kubernetes.io/component=worker";
+    cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
+    let w = wait_for("high's Workload of 1 worker to be admitted", LONG, || {
+        workload(cp, &ns, "high").filter(|w| w["metadata"]["uid"] != old_uid && is_true(w, "Admitted"))
+    });
+    assert_eq!(w["spec"]["podSets"][1]["count"], 1, "{w:#}");
+    assert_eq!(w["status"]["admission"]["podSetAssignments"][1]["resourceUsage"]["nvidia.com/gpu"], "2");
+    worker_pods(cp, &ns, "high", 1);
+    assert!(!worker_job_suspended(cp, &ns, "high"));
 }

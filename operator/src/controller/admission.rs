@@ -8,8 +8,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::children::{self, ChildDefaults, Owner};
-use super::kueue::{self, Admission, Plan, Workload, WorkloadSpec};
+use super::children::{self, ChildDefaults, FlavorPlacement, Flavors, Owner};
+use super::kueue::{self, Admission, Plan, ResourceFlavor, Workload, WorkloadSpec};
 use super::leader::is_status;
 use super::{Context, MANAGER, Result, publish};
 use crate::api::TrainingJob;
@@ -20,19 +20,22 @@ pub fn workload_name(job: &str) -> String {
 }
 
 /// Kueue's say on the job: makes its Workload, or replaces or releases it as `kueue::plan`
-/// decides.
+/// decides; once it is admitted, where its flavors place the pods.
 pub(super) async fn admit(
     ctx: &Context,
     job: &TrainingJob,
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
-) -> Result<Admission> {
-    let Some(queue) = job.labels().get(kueue::QUEUE_LABEL) else { return Ok(Admission::NotQueued) };
+) -> Result<(Admission, Flavors)> {
+    let Some(queue) = job.labels().get(kueue::QUEUE_LABEL) else {
+        return Ok((Admission::NotQueued, Flavors::default()));
+    };
     if !ctx.settings.kueue {
-        return Ok(Admission::Pending(format!(
+        let waiting = Admission::Pending(format!(
             "labelled for Kueue's LocalQueue {queue}, but this operator runs without --kueue \
              (the chart's kueue.enabled): it waits rather than run outside the quota"
-        )));
+        ));
+        return Ok((waiting, Flavors::default()));
     }
     let ns = &owner.namespace;
     let name = workload_name(&owner.name);
@@ -59,7 +62,24 @@ pub(super) async fn admit(
         }
         Plan::Release => delete(&api, &name).await?,
     }
-    Ok(admission)
+    let flavors = match (&admission, &existing) {
+        (Admission::Admitted, Some(w)) => Flavors {
+            ps: placement(ctx, w, kueue::PODSET_PS).await?,
+            workers: placement(ctx, w, kueue::PODSET_WORKERS).await?,
+        },
+        _ => Flavors::default(),
+    };
+    Ok((admission, flavors))
+}
+
+/// Where the flavors Kueue assigned to pod set `name` place its pods.
+async fn placement(ctx: &Context, workload: &Workload, name: &str) -> Result<FlavorPlacement> {
+    let api: Api<ResourceFlavor> = Api::all(ctx.client.clone());
+    let mut specs = Vec::new();
+    for flavor in workload.flavors_of(name) {
+        specs.push(api.get(&flavor).await?.spec);
+    }
+    Ok(kueue::placement(&specs))
 }
 
 async fn create(

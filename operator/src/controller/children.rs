@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
     PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
-    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
     VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -179,6 +179,23 @@ pub struct Owner<'a> {
     owner_ref: OwnerReference,
     /// Kueue has not admitted the job (`kueue::Admission::holds`): its pods stay stopped.
     held: bool,
+    /// Where Kueue's admission puts each role's pods.
+    flavors: Flavors,
+}
+
+/// Where Kueue's admission puts a role's pods: the `nodeLabels` (as a nodeSelector) and
+/// `tolerations` of the ResourceFlavors it assigned, as Kueue's own integrations inject them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FlavorPlacement {
+    pub node_selector: BTreeMap<String, String>,
+    pub tolerations: Vec<Toleration>,
+}
+
+/// The placement of each role by the flavors Kueue assigned (empty without Kueue).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Flavors {
+    pub ps: FlavorPlacement,
+    pub workers: FlavorPlacement,
 }
 
 impl<'a> Owner<'a> {
@@ -190,6 +207,7 @@ impl<'a> Owner<'a> {
             owner_ref: job.controller_owner_ref(&())?,
             job,
             held: false,
+            flavors: Flavors::default(),
         })
     }
 
@@ -215,6 +233,11 @@ impl<'a> Owner<'a> {
     /// The same owner, its pods held stopped (or not) while Kueue has not admitted the job.
     pub fn held(self, held: bool) -> Self {
         Self { held, ..self }
+    }
+
+    /// The same owner, its pods placed where Kueue admitted them.
+    pub fn placed(self, flavors: Flavors) -> Self {
+        Self { flavors, ..self }
     }
 
     /// Whether the workers are to be stopped: suspended by the user or not admitted by Kueue.
@@ -356,6 +379,7 @@ impl<'a> Owner<'a> {
             }),
         };
         with_pod_settings(&mut template, spec.parameter_server.pod.as_ref());
+        with_flavor(&mut template, &self.flavors.ps);
         let mut metadata = self.meta(ps_name(&self.name), COMPONENT_PS);
         metadata.annotations = Some(BTreeMap::from([(PS_TEMPLATE_HASH.into(), template_hash(&template))]));
         Deployment {
@@ -458,6 +482,7 @@ impl<'a> Owner<'a> {
             }),
         };
         with_pod_settings(&mut template, w.pod.as_ref());
+        with_flavor(&mut template, &self.flavors.workers);
         let mut metadata = self.meta(workers_name(&self.name), COMPONENT_WORKER);
         metadata.annotations =
             Some(BTreeMap::from([(WORKER_TEMPLATE_HASH.into(), template_hash(&template))]));
@@ -539,6 +564,17 @@ fn with_pod_settings(template: &mut PodTemplateSpec, settings: Option<&PodSettin
     container.env.get_or_insert_default().extend(p.env.iter().flatten().cloned());
     container.env_from.clone_from(&p.env_from);
     container.volume_mounts.get_or_insert_default().extend(p.volume_mounts.iter().flatten().cloned());
+}
+
+/// Adds the placement of the flavors Kueue assigned to the role's own.
+fn with_flavor(template: &mut PodTemplateSpec, flavor: &FlavorPlacement) {
+    let spec = template.spec.get_or_insert_default();
+    if !flavor.node_selector.is_empty() {
+        spec.node_selector.get_or_insert_default().extend(flavor.node_selector.clone());
+    }
+    if !flavor.tolerations.is_empty() {
+        spec.tolerations.get_or_insert_default().extend(flavor.tolerations.iter().cloned());
+    }
 }
 
 fn vars<K: Into<String>>(env: impl IntoIterator<Item = (K, String)>) -> Vec<EnvVar> {

@@ -9,9 +9,9 @@
 //!
 //! The decisions are pure (`plan`); `mod.rs` does the API calls.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements, Toleration};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +62,34 @@ pub struct PriorityClassRef {
 pub struct WorkloadStatus {
     #[serde(default)]
     pub conditions: Vec<WorkloadCondition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<WorkloadAdmission>,
+}
+
+/// The quota Kueue reserved: for each pod set, the flavor of each resource.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadAdmission {
+    #[serde(default)]
+    pub pod_set_assignments: Vec<PodSetAssignment>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct PodSetAssignment {
+    pub name: String,
+    #[serde(default)]
+    pub flavors: BTreeMap<String, String>,
+}
+
+/// The part of Kueue's ResourceFlavor that places pods.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[kube(group = "kueue.x-k8s.io", version = "v1beta2", kind = "ResourceFlavor", schema = "disabled")]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceFlavorSpec {
+    #[serde(default)]
+    pub node_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -89,6 +117,28 @@ impl Workload {
     fn podsets_hash(&self) -> Option<&str> {
         self.metadata.annotations.as_ref()?.get(PODSETS_HASH).map(String::as_str)
     }
+
+    /// The flavors Kueue assigned to pod set `name` (one per resource; often one in all).
+    pub fn flavors_of(&self, name: &str) -> BTreeSet<String> {
+        let assignments = self.status.iter().flat_map(|s| &s.admission).flat_map(|a| &a.pod_set_assignments);
+        assignments.filter(|a| a.name == name).flat_map(|a| a.flavors.values().cloned()).collect()
+    }
+}
+
+/// A role's placement from the flavors it was assigned.
+pub fn placement<'a>(
+    flavors: impl IntoIterator<Item = &'a ResourceFlavorSpec>,
+) -> super::children::FlavorPlacement {
+    let mut p = super::children::FlavorPlacement::default();
+    for f in flavors {
+        p.node_selector.extend(f.node_labels.clone());
+        for t in &f.tolerations {
+            if !p.tolerations.contains(t) {
+                p.tolerations.push(t.clone());
+            }
+        }
+    }
+    p
 }
 
 /// Whether the job may run, as far as Kueue is concerned.

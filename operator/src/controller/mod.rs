@@ -364,8 +364,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     }
     apply(ctx, &owner, owner.ps_service()).await?;
     let defaults = job_defaults(ctx, &owner, &old).await?;
-    let admission = admission::admit(ctx, job, &owner, &defaults).await?;
-    let owner = owner.held(admission.holds());
+    let (admission, flavors) = admission::admit(ctx, job, &owner, &defaults).await?;
+    let owner = owner.held(admission.holds()).placed(flavors);
     let ps_deployment = apply_ps_deployment(ctx, job, &owner, &defaults).await?;
     let workers = apply_worker_job(ctx, job, &owner, &defaults).await?;
 
@@ -473,8 +473,11 @@ async fn apply_ps_deployment(
     let desired = owner.ps_deployment(defaults, workers);
     if owner.checkpoint_storage().is_none() {
         let hash = |d: &Deployment| d.annotations().get(children::PS_TEMPLATE_HASH).cloned();
+        // A Deployment scaled to 0 (a job Kueue has not admitted yet) has no model to lose.
+        let scaled_to_zero = |d: &Deployment| d.spec.replicas == Some(0);
         if let Some(running) = running
             && hash(&running) != hash(&desired)
+            && !scaled_to_zero(&running)
         {
             let message = "the parameter server's settings changed, but it keeps them: without \
                            parameterServer.checkpoint.storage its memory holds the only copy of the model, \
@@ -504,8 +507,14 @@ async fn apply_worker_job(
             // at the step the parameter server recorded for it.
             let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
             jobs.delete(&children::workers_name(&owner.name), &DeleteParams::background()).await?;
-            let message = "the workers' pod template changed while the job was suspended: the worker Job \
-                           was recreated with it; on resume each worker continues where it stopped";
+            let message = if owner.suspended() {
+                "the workers' pod template changed while the job was suspended: the worker Job was \
+                 recreated with it; on resume each worker continues where it stopped"
+            } else {
+                "the workers' pod template changed while they were stopped (the placement of the \
+                 flavors Kueue admitted the job to): the worker Job was recreated with it; each worker \
+                 continues where it stopped"
+            };
             publish(ctx, job, EventType::Normal, "WorkersRecreated", "UpdateWorkers", message).await;
             apply(ctx, owner, desired).await
         }

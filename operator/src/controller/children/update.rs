@@ -16,7 +16,9 @@ pub enum WorkerJobUpdate {
     /// Apply this Job: it does not exist yet, or its template is the running one.
     Apply(Job),
     /// The template changed (or, for a Job made before the digest, may have) and the Job is
-    /// suspended with no pod left: delete it and create the new one.
+    /// suspended with no pod left: delete it and create the new one (suspended or not, as
+    /// desired: resuming an idle Job loses nothing either, which is how the placement of a job
+    /// Kueue has just admitted reaches it).
     Recreate(Job),
     /// The template changed while worker pods run or stop: apply this Job, which carries the
     /// running template (so that suspend and scaling still reach it); the new template waits
@@ -35,7 +37,7 @@ pub fn worker_job_update(mut desired: Job, running: Option<&Job>) -> WorkerJobUp
     // idle it is recreated (and so gets a digest), so that no change made while suspended is
     // silently left out; while it runs its template is taken as the desired one.
     let unknown = digest(running).is_none();
-    if (changed || unknown) && is_suspended(&desired) && is_idle_suspended(running) {
+    if (changed || unknown) && is_idle_suspended(running) {
         return WorkerJobUpdate::Recreate(desired);
     }
     if let (Some(spec), Some(running_spec)) = (desired.spec.as_mut(), running.spec.as_ref()) {
@@ -133,9 +135,10 @@ mod tests {
             worker_job_update(desired.clone(), Some(&idle)),
             WorkerJobUpdate::Recreate(desired.clone())
         );
-        // Resuming in the same edit: the Job is applied unsuspended, with its old template.
+        // Resumed (by the user, or by Kueue's admission) before it was recreated: still idle, so
+        // recreated, and started with the new template.
         let resumed = job(Some("b"), "w:2", false, 0, 0);
-        assert!(matches!(worker_job_update(resumed, Some(&idle)), WorkerJobUpdate::Deferred(_)));
+        assert_eq!(worker_job_update(resumed.clone(), Some(&idle)), WorkerJobUpdate::Recreate(resumed));
     }
 
     #[test]

@@ -1,3 +1,5 @@
+use std::collections::{BTreeMap, BTreeSet};
+
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use serde_json::json;
 
@@ -29,6 +31,7 @@ fn workload(hash: &str, conditions: &[(&str, &str, &str, &str)]) -> Workload {
                 message: m.to_string(),
             })
             .collect(),
+        admission: None,
     });
     w
 }
@@ -117,4 +120,27 @@ fn a_suspended_job_releases_its_quota_once_its_workers_are_gone() {
     assert_eq!(plan("team", Some(&w), "h", false, false), (Plan::Keep, Admission::NotQueued));
     assert_eq!(plan("team", Some(&w), "h", false, true), (Plan::Release, Admission::NotQueued));
     assert_eq!(plan("team", None, "h", false, true), (Plan::Keep, Admission::NotQueued), "and makes none");
+}
+
+#[test]
+fn the_assigned_flavors_place_the_pods() {
+    let mut w = workload("h", &ADMITTED);
+    w.status.as_mut().unwrap().admission = serde_json::from_value(json!({"podSetAssignments": [
+        {"name": "ps", "flavors": {"cpu": "cpu-pool"}},
+        {"name": "workers", "flavors": {"cpu": "a100", "nvidia.com/gpu": "a100"}},
+    ]}))
+    .unwrap();
+    assert_eq!(w.flavors_of("workers"), BTreeSet::from(["a100".to_string()]));
+    assert_eq!(w.flavors_of("ps"), BTreeSet::from(["cpu-pool".to_string()]));
+    assert!(w.flavors_of("other").is_empty());
+    let flavor: ResourceFlavorSpec = serde_json::from_value(json!({
+        "nodeLabels": {"gpu": "a100"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeTaints": [{"key": "gpu", "value": "a100", "effect": "NoSchedule"}],
+    }))
+    .unwrap();
+    let p = placement([&flavor, &flavor]);
+    assert_eq!(p.node_selector, BTreeMap::from([("gpu".to_string(), "a100".to_string())]));
+    assert_eq!(p.tolerations.len(), 1, "one toleration, however many resources share the flavor");
+    assert_eq!(placement([]), Default::default());
 }
