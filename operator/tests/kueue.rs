@@ -15,8 +15,11 @@ fn apply_job(cp: &ControlPlane, ns: &str, name: &str, priority: Option<&str>) {
     if let Some(p) = priority {
         pod["priorityClassName"] = json!(p);
     }
-    let mut job: Value =
-        serde_json::from_str(&job(name, json!({"workers": {"replicas": 2, "gpus": 2, "pod": pod}}))).unwrap();
+    apply_workers(cp, ns, name, json!({"replicas": 2, "gpus": 2, "pod": pod}));
+}
+
+fn apply_workers(cp: &ControlPlane, ns: &str, name: &str, workers: Value) {
+    let mut job: Value = serde_json::from_str(&job(name, json!({"workers": workers}))).unwrap();
     job["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
     cp.kubectl_ok(&["apply", "-n", ns, "-f", "-"], Some(&job.to_string()));
 }
@@ -132,9 +135,13 @@ spec:
     apply_job(cp, &ns, "low", Some("training-low"));
     apply_job(cp, &ns, "high", Some("training-high"));
     for job in ["low", "high"] {
-        let st = assert_queued(cp, &ns, job);
-        let message = condition(&st, "Queued")["message"].as_str().unwrap().to_string();
-        assert!(message.contains("LocalQueue team") && message.contains("insufficient"), "{st:#}");
+        assert_queued(cp, &ns, job);
+        // First "creating its Workload", then Kueue's reason once it has looked at it.
+        wait_for(&format!("Kueue's reason in {job}'s Queued condition"), LONG, || {
+            let message = condition(&status(cp, &ns, job), "Queued")["message"].as_str()?.to_string();
+            (message.contains("LocalQueue team") && message.contains("insufficient unused quota"))
+                .then_some(())
+        });
     }
     assert_eq!(workload(cp, &ns, "high").unwrap()["spec"]["priority"], 1000);
     // One Workload per job: Kueue's batch/v1 integration (on in this manager) leaves the worker
@@ -235,18 +242,21 @@ spec:
         workload(cp, &ns, "low").filter(|w| is_true(w, "Evicted"))
     });
     wait_for("low's workers to be suspended", LONG, || worker_job_suspended(cp, &ns, "low").then_some(()));
-    let st = status(cp, &ns, "low");
-    assert_eq!(st["reason"], "Requeuing", "its pods still terminate: {st:#}");
+    // Its pods still terminate (no kubelet here to stop them): not Queued yet.
+    let st = wait_for("low's Requeuing reason", LONG, || {
+        let s = status(cp, &ns, "low");
+        (s["reason"] == "Requeuing").then_some(s)
+    });
+    assert_ne!(st["phase"], "Queued", "{st:#}");
     let selector = "foresight.dev/job=low,app.kubernetes.io/component=worker";
     cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
-    let st = assert_queued(cp, &ns, "low");
-    assert!(condition(&st, "Queued")["message"].as_str().unwrap().contains("evicted by Kueue"), "{st:#}");
+    assert_queued(cp, &ns, "low");
     wait_for("high's new Workload to be admitted", LONG, || {
         workload(cp, &ns, "high").filter(|w| is_true(w, "Admitted"))
     });
     worker_pods(cp, &ns, "high", 2);
-    let reasons: Vec<String> = events(cp, &ns, "low").into_iter().map(|e| e.1).collect();
-    assert!(reasons.iter().any(|r| r == "Requeued"), "{reasons:?}");
+    let requeued = events(cp, &ns, "low").into_iter().find(|e| e.1 == "Requeued");
+    assert!(requeued.as_ref().is_some_and(|e| e.2.contains("evicted by Kueue (Preempted)")), "{requeued:?}");
 
     // Resizing an admitted job re-admits it at its new size: Kueue's pod sets cannot change, so
     // the workers stop, the Workload is replaced with the new count and admitted again.
@@ -268,4 +278,25 @@ spec:
     assert_eq!(w["status"]["admission"]["podSetAssignments"][1]["resourceUsage"]["nvidia.com/gpu"], "2");
     worker_pods(cp, &ns, "high", 1);
     assert!(!worker_job_suspended(cp, &ns, "high"));
+
+    // workers.minReplicas is Kueue's partial admission: a job of 4 one-GPU workers that may train
+    // on 2 starts on the 2 GPUs left, 2 workers at a time (the other indices run as those finish).
+    apply_workers(cp, &ns, "partial", json!({"replicas": 4, "minReplicas": 2, "gpus": 1}));
+    let w = wait_for("partial's Workload to be admitted", LONG, || {
+        workload(cp, &ns, "partial").filter(|w| is_true(w, "Admitted"))
+    });
+    assert_eq!(
+        (&w["spec"]["podSets"][1]["count"], &w["spec"]["podSets"][1]["minCount"]),
+        (&json!(4), &json!(2))
+    );
+    assert_eq!(w["status"]["admission"]["podSetAssignments"][1]["count"], 2, "{w:#}");
+    let pods = worker_pods(cp, &ns, "partial", 2);
+    let spec = &cp.get_json(&ns, "job/partial-workers").unwrap()["spec"];
+    assert_eq!((&spec["parallelism"], &spec["completions"]), (&json!(2), &json!(4)));
+    for p in &pods {
+        cp.set_pod_phase(&ns, p, "Running");
+    }
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "partial"), "Running");
+    let st = wait_phase(cp, &ns, "partial", "Running");
+    assert_eq!(st["workers"]["desired"], 4, "{st:#}");
 }

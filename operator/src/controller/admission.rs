@@ -8,7 +8,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::children::{self, ChildDefaults, FlavorPlacement, Flavors, Owner};
+use super::children::{self, Admitted, ChildDefaults, FlavorPlacement, Owner};
 use super::kueue::{self, Admission, Plan, ResourceFlavor, Workload, WorkloadSpec};
 use super::leader::is_status;
 use super::{Context, MANAGER, Result, publish};
@@ -20,22 +20,22 @@ pub fn workload_name(job: &str) -> String {
 }
 
 /// Kueue's say on the job: makes its Workload, or replaces or releases it as `kueue::plan`
-/// decides; once it is admitted, where its flavors place the pods.
+/// decides; once it is admitted, where its flavors place the pods and how many workers run.
 pub(super) async fn admit(
     ctx: &Context,
     job: &TrainingJob,
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
-) -> Result<(Admission, Flavors)> {
+) -> Result<(Admission, Admitted)> {
     let Some(queue) = job.labels().get(kueue::QUEUE_LABEL) else {
-        return Ok((Admission::NotQueued, Flavors::default()));
+        return Ok((Admission::NotQueued, Admitted::default()));
     };
     if !ctx.settings.kueue {
         let waiting = Admission::Pending(format!(
             "labelled for Kueue's LocalQueue {queue}, but this operator runs without --kueue \
              (the chart's kueue.enabled): it waits rather than run outside the quota"
         ));
-        return Ok((waiting, Flavors::default()));
+        return Ok((waiting, Admitted::default()));
     }
     let ns = &owner.namespace;
     let name = workload_name(&owner.name);
@@ -48,6 +48,7 @@ pub(super) async fn admit(
         owner.ps_deployment(defaults, job.spec.workers.replicas).spec.template,
         owner.worker_job(defaults).spec.unwrap_or_default().template,
         job.spec.workers.replicas,
+        job.spec.workers.min_replicas,
     );
     let hash = kueue::podsets_hash(&sets);
     let (plan, admission) = kueue::plan(queue, existing.as_ref(), &hash, !owner.suspended(), stopped);
@@ -62,14 +63,15 @@ pub(super) async fn admit(
         }
         Plan::Release => delete(&api, &name).await?,
     }
-    let flavors = match (&admission, &existing) {
-        (Admission::Admitted, Some(w)) => Flavors {
+    let admitted = match (&admission, &existing) {
+        (Admission::Admitted, Some(w)) => Admitted {
             ps: placement(ctx, w, kueue::PODSET_PS).await?,
             workers: placement(ctx, w, kueue::PODSET_WORKERS).await?,
+            worker_count: w.admitted_count(kueue::PODSET_WORKERS),
         },
-        _ => Flavors::default(),
+        _ => Admitted::default(),
     };
-    Ok((admission, flavors))
+    Ok((admission, admitted))
 }
 
 /// Where the flavors Kueue assigned to pod set `name` place its pods.

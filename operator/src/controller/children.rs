@@ -179,8 +179,8 @@ pub struct Owner<'a> {
     owner_ref: OwnerReference,
     /// Kueue has not admitted the job (`kueue::Admission::holds`): its pods stay stopped.
     held: bool,
-    /// Where Kueue's admission puts each role's pods.
-    flavors: Flavors,
+    /// What Kueue admitted: where each role's pods go, how many workers at once.
+    admitted: Admitted,
 }
 
 /// Where Kueue's admission puts a role's pods: the `nodeLabels` (as a nodeSelector) and
@@ -191,11 +191,14 @@ pub struct FlavorPlacement {
     pub tolerations: Vec<Toleration>,
 }
 
-/// The placement of each role by the flavors Kueue assigned (empty without Kueue).
+/// What Kueue admitted (empty without Kueue): the placement of each role by the flavors it
+/// assigned, and the number of workers when it admitted fewer than `workers.replicas`
+/// (partial admission, down to `workers.minReplicas`).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Flavors {
+pub struct Admitted {
     pub ps: FlavorPlacement,
     pub workers: FlavorPlacement,
+    pub worker_count: Option<u32>,
 }
 
 impl<'a> Owner<'a> {
@@ -207,7 +210,7 @@ impl<'a> Owner<'a> {
             owner_ref: job.controller_owner_ref(&())?,
             job,
             held: false,
-            flavors: Flavors::default(),
+            admitted: Admitted::default(),
         })
     }
 
@@ -235,9 +238,9 @@ impl<'a> Owner<'a> {
         Self { held, ..self }
     }
 
-    /// The same owner, its pods placed where Kueue admitted them.
-    pub fn placed(self, flavors: Flavors) -> Self {
-        Self { flavors, ..self }
+    /// The same owner, its pods placed and counted as Kueue admitted them.
+    pub fn admitted(self, admitted: Admitted) -> Self {
+        Self { admitted, ..self }
     }
 
     /// Whether the workers are to be stopped: suspended by the user or not admitted by Kueue.
@@ -379,7 +382,7 @@ impl<'a> Owner<'a> {
             }),
         };
         with_pod_settings(&mut template, spec.parameter_server.pod.as_ref());
-        with_flavor(&mut template, &self.flavors.ps);
+        with_flavor(&mut template, &self.admitted.ps);
         let mut metadata = self.meta(ps_name(&self.name), COMPONENT_PS);
         metadata.annotations = Some(BTreeMap::from([(PS_TEMPLATE_HASH.into(), template_hash(&template))]));
         Deployment {
@@ -482,7 +485,7 @@ impl<'a> Owner<'a> {
             }),
         };
         with_pod_settings(&mut template, w.pod.as_ref());
-        with_flavor(&mut template, &self.flavors.workers);
+        with_flavor(&mut template, &self.admitted.workers);
         let mut metadata = self.meta(workers_name(&self.name), COMPONENT_WORKER);
         metadata.annotations =
             Some(BTreeMap::from([(WORKER_TEMPLATE_HASH.into(), template_hash(&template))]));
@@ -491,7 +494,9 @@ impl<'a> Owner<'a> {
             spec: Some(JobSpec {
                 completion_mode: Some("Indexed".into()),
                 completions: Some(replicas),
-                parallelism: Some(replicas),
+                // Partially admitted by Kueue: as many at once as admitted; the other indices
+                // run as those finish.
+                parallelism: Some(self.admitted.worker_count.map_or(replicas, |n| replicas.min(n as i32))),
                 backoff_limit: spec.run_policy.backoff_limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX)),
                 pod_failure_policy: Some(worker_failure_policy()),
                 active_deadline_seconds: spec.run_policy.active_deadline_seconds.map(|s| s as i64),

@@ -48,6 +48,9 @@ pub struct WorkloadSpec {
 pub struct PodSet {
     pub name: String,
     pub count: i32,
+    /// With partial admission: the fewest pods Kueue may admit the set with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_count: Option<i32>,
     pub template: PodTemplateSpec,
 }
 
@@ -79,6 +82,9 @@ pub struct PodSetAssignment {
     pub name: String,
     #[serde(default)]
     pub flavors: BTreeMap<String, String>,
+    /// The pods admitted (fewer than the pod set's count with partial admission).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<i32>,
 }
 
 /// The part of Kueue's ResourceFlavor that places pods.
@@ -118,10 +124,18 @@ impl Workload {
         self.metadata.annotations.as_ref()?.get(PODSETS_HASH).map(String::as_str)
     }
 
+    fn assignment(&self, name: &str) -> Option<&PodSetAssignment> {
+        self.status.as_ref()?.admission.as_ref()?.pod_set_assignments.iter().find(|a| a.name == name)
+    }
+
     /// The flavors Kueue assigned to pod set `name` (one per resource; often one in all).
     pub fn flavors_of(&self, name: &str) -> BTreeSet<String> {
-        let assignments = self.status.iter().flat_map(|s| &s.admission).flat_map(|a| &a.pod_set_assignments);
-        assignments.filter(|a| a.name == name).flat_map(|a| a.flavors.values().cloned()).collect()
+        self.assignment(name).iter().flat_map(|a| a.flavors.values().cloned()).collect()
+    }
+
+    /// The pods Kueue admitted of pod set `name`.
+    pub fn admitted_count(&self, name: &str) -> Option<u32> {
+        self.assignment(name)?.count.and_then(|c| u32::try_from(c).ok())
     }
 }
 
@@ -218,13 +232,22 @@ pub fn plan(
 }
 
 /// The pod sets Kueue counts: the PS's pod and the workers' pods, each with requests where only
-/// limits are given (what the API server does to a pod; a Workload's template is not one).
-pub fn pod_sets(ps: PodTemplateSpec, workers: PodTemplateSpec, replicas: u32) -> Vec<PodSet> {
+/// limits are given (what the API server does to a pod; a Workload's template is not one). With
+/// `min_replicas` below `replicas` (an asynchronous job that trains on the workers it has), Kueue
+/// may admit the workers partially, down to that many.
+pub fn pod_sets(
+    ps: PodTemplateSpec,
+    workers: PodTemplateSpec,
+    replicas: u32,
+    min_replicas: Option<u32>,
+) -> Vec<PodSet> {
+    let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
     vec![
-        PodSet { name: PODSET_PS.into(), count: 1, template: with_requests(ps) },
+        PodSet { name: PODSET_PS.into(), count: 1, min_count: None, template: with_requests(ps) },
         PodSet {
             name: PODSET_WORKERS.into(),
-            count: i32::try_from(replicas).unwrap_or(i32::MAX),
+            count: count(replicas),
+            min_count: min_replicas.filter(|&m| m < replicas).map(count),
             template: with_requests(workers),
         },
     ]
@@ -251,7 +274,7 @@ pub fn podsets_hash(sets: &[PodSet]) -> String {
             let spec = s.template.spec.clone().unwrap_or_default();
             let resources: Vec<_> = spec.containers.iter().map(|c| c.resources.clone()).collect();
             serde_json::json!({
-                "name": s.name, "count": s.count, "resources": resources,
+                "name": s.name, "count": s.count, "minCount": s.min_count, "resources": resources,
                 "nodeSelector": spec.node_selector, "tolerations": spec.tolerations,
                 "affinity": spec.affinity, "priorityClassName": spec.priority_class_name,
             })

@@ -364,8 +364,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     }
     apply(ctx, &owner, owner.ps_service()).await?;
     let defaults = job_defaults(ctx, &owner, &old).await?;
-    let (admission, flavors) = admission::admit(ctx, job, &owner, &defaults).await?;
-    let owner = owner.held(admission.holds()).placed(flavors);
+    let (admission, admitted) = admission::admit(ctx, job, &owner, &defaults).await?;
+    let owner = owner.held(admission.holds()).admitted(admitted);
     let ps_deployment = apply_ps_deployment(ctx, job, &owner, &defaults).await?;
     let workers = apply_worker_job(ctx, job, &owner, &defaults).await?;
 
