@@ -158,6 +158,8 @@ const ALL_FEATURES: &[&str] = &[
     "leaderElection.leaseDurationSeconds=30",
     "--set",
     "progressSeconds=5",
+    "--set",
+    "finalizeGraceSeconds=60",
 ];
 
 /// `helm template` of the chart; `extra` are more arguments (values).
@@ -438,6 +440,7 @@ fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
     assert_eq!(env["FORESIGHT_LOG_FORMAT"], "json");
     assert_eq!(env["FORESIGHT_LOG_LEVEL"], "debug");
     assert_eq!(env["FORESIGHT_PROGRESS_SECONDS"], "5");
+    assert_eq!(env["FORESIGHT_FINALIZE_GRACE_SECONDS"], "60");
     let pod = &deploy["spec"]["template"]["spec"];
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert!(pod["containers"][0]["args"].as_array().unwrap().contains(&json!("--lease-duration-seconds=30")));
