@@ -184,23 +184,10 @@ spec:
 
     // Suspending the running job gives its quota back once its workers are gone: its Workload is
     // deleted and the waiting job is admitted.
-    cp.kubectl_ok(
-        &[
-            "patch",
-            "-n",
-            &ns,
-            "tj",
-            "high",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"runPolicy":{"suspend":true}}}"#,
-        ],
-        None,
-    );
+    patch_job(cp, &ns, "high", r#"{"spec":{"runPolicy":{"suspend":true}}}"#);
     wait_for("high's workers to be suspended", LONG, || worker_job_suspended(cp, &ns, "high").then_some(()));
     // Play the kubelet: the stopped pods go.
-    let selector = "foresight.dev/job=high,app.kubernetes.io/component=worker";
-    cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
+    remove_worker_pods(cp, &ns, "high");
     wait_phase(cp, &ns, "high", "Suspended");
     wait_for("high's Workload to go", LONG, || workload(cp, &ns, "high").is_none().then_some(()));
     wait_for("low's Workload to be admitted", LONG, || {
@@ -225,19 +212,7 @@ spec:
         ],
         None,
     );
-    cp.kubectl_ok(
-        &[
-            "patch",
-            "-n",
-            &ns,
-            "tj",
-            "high",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"runPolicy":{"suspend":false}}}"#,
-        ],
-        None,
-    );
+    patch_job(cp, &ns, "high", r#"{"spec":{"runPolicy":{"suspend":false}}}"#);
     wait_for("low's Workload to be evicted", LONG, || {
         workload(cp, &ns, "low").filter(|w| is_true(w, "Evicted"))
     });
@@ -248,8 +223,7 @@ spec:
         (s["reason"] == "Requeuing").then_some(s)
     });
     assert_ne!(st["phase"], "Queued", "{st:#}");
-    let selector = "foresight.dev/job=low,app.kubernetes.io/component=worker";
-    cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
+    remove_worker_pods(cp, &ns, "low");
     assert_queued(cp, &ns, "low");
     wait_for("high's new Workload to be admitted", LONG, || {
         workload(cp, &ns, "high").filter(|w| is_true(w, "Admitted"))
@@ -262,15 +236,11 @@ spec:
     // the workers stop, the Workload is replaced with the new count and admitted again.
     cp.kubectl_ok(&["delete", "tj", "low", "-n", &ns, "--wait=true"], None);
     let old_uid = workload(cp, &ns, "high").unwrap()["metadata"]["uid"].clone();
-    cp.kubectl_ok(
-        &["patch", "-n", &ns, "tj", "high", "--type=merge", "-p", r#"{"spec":{"workers":{"replicas":1}}}"#],
-        None,
-    );
+    patch_job(cp, &ns, "high", r#"{"spec":{"workers":{"replicas":1}}}"#);
     wait_for("high's workers to stop for the new size", LONG, || {
         worker_job_suspended(cp, &ns, "high").then_some(())
     });
-    let selector = "foresight.dev/job=high,app.kubernetes.io/component=worker";
-    cp.kubectl_ok(&["delete", "pods", "-n", &ns, "-l", selector, "--grace-period=0", "--force"], None);
+    remove_worker_pods(cp, &ns, "high");
     let w = wait_for("high's Workload of 1 worker to be admitted", LONG, || {
         workload(cp, &ns, "high").filter(|w| w["metadata"]["uid"] != old_uid && is_true(w, "Admitted"))
     });

@@ -117,6 +117,17 @@ pub fn job(name: &str, spec: Value) -> String {
     .to_string()
 }
 
+/// `kubectl patch tj <name> --type=merge -p <patch>`.
+pub fn patch_job(cp: &ControlPlane, ns: &str, name: &str, patch: &str) {
+    cp.kubectl_ok(&["patch", "-n", ns, "tj", name, "--type=merge", "-p", patch], None);
+}
+
+/// Plays the kubelet of the job's stopped worker pods: their containers stop and the pods go.
+pub fn remove_worker_pods(cp: &ControlPlane, ns: &str, name: &str) {
+    let selector = format!("foresight.dev/job={name},app.kubernetes.io/component=worker");
+    cp.kubectl_ok(&["delete", "pods", "-n", ns, "-l", &selector, "--grace-period=0", "--force"], None);
+}
+
 pub fn status(cp: &ControlPlane, ns: &str, name: &str) -> Value {
     cp.get_json(ns, &format!("tj/{name}")).map(|j| j["status"].clone()).unwrap_or(Value::Null)
 }
