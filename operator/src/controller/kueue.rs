@@ -7,7 +7,7 @@
 //! the worker Job carries no queue label, so Kueue's batch/v1 integration leaves it alone and
 //! nobody else writes its `suspend`.
 //!
-//! The decisions are pure (`plan`); `mod.rs` does the API calls.
+//! The decisions are pure (`plan`, `pod_sets`, `placement`); `admission.rs` makes the API calls.
 
 use std::collections::{BTreeMap, BTreeSet};
 
