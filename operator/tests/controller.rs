@@ -669,6 +669,26 @@ fn suspend_stops_the_workers_and_the_ps_keeps_its_checkpoint_then_resume_continu
 }
 
 #[test]
+fn a_job_labelled_for_kueue_waits_queued_when_the_operator_runs_without_kueue() {
+    let cp = control_plane();
+    let ns = cp.namespace("nokueue");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    let mut tj: Value = serde_json::from_str(&job("queued", json!({}))).unwrap();
+    tj["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&tj.to_string()));
+    let st = wait_phase(cp, &ns, "queued", "Queued");
+    let message = condition(&st, "Queued")["message"].as_str().unwrap().to_string();
+    assert!(message.contains("without --kueue"), "{st:#}");
+    // Nothing runs outside the quota: workers suspended, no PS pod.
+    assert_eq!(cp.get_json(&ns, "job/queued-workers").unwrap()["spec"]["suspend"], true);
+    assert_eq!(cp.get_json(&ns, "deployment/queued-ps").unwrap()["spec"]["replicas"], 0);
+    // The label removed: the job starts.
+    cp.kubectl_ok(&["label", "-n", &ns, "tj", "queued", "kueue.x-k8s.io/queue-name-"], None);
+    worker_pods(cp, &ns, "queued", 2);
+    assert_eq!(cp.get_json(&ns, "deployment/queued-ps").unwrap()["spec"]["replicas"], 1);
+}
+
+#[test]
 fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
     let cp = control_plane();
     let ns = cp.namespace("cleanup");
