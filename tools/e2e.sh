@@ -33,6 +33,12 @@
 #      ps-kill      the PS pod deleted mid-run, with checkpoint storage: the new PS restores the
 #                   checkpoint, the status says so (ParameterServerRestarted condition, reason
 #                   RestoredCheckpoint, and a Warning event), the job Succeeds;
+#      kueue        Kueue's manager (tools/kueue.sh, on the host, started before the chart, which
+#                   is installed with kueue.enabled): a ClusterQueue with CPU for one job at a
+#                   time, two jobs labelled for it: the first is admitted and trains in real pods
+#                   to Succeeded while the second waits Queued (Kueue's reason in its condition),
+#                   then the second is admitted (after the first's Workload is Finished) and
+#                   succeeds;
 #   3. `helm uninstall`: the operator is gone, the CRD (and the TrainingJobs) stay;
 #   4. the cluster taken down (always, also on failure; tools/cluster.sh down diffs the host).
 #
@@ -42,7 +48,7 @@
 #
 # Environment: RELEASE_DIR (the workspace's binaries for the images; default
 # <repo>/target/release), DATA_DIR (MNIST-5k, default <repo>/data/mnist5k), E2E_OUT (default
-# <repo>/out/e2e), E2E_CASES (default "main unsched badpath suspend worker-kill ps-kill"),
+# <repo>/out/e2e), E2E_CASES (default "main unsched badpath suspend worker-kill ps-kill kueue"),
 # E2E_DASHBOARD_PNG (draw the dashboard figure from the main case's Prometheus data there),
 # KEEP_CLUSTER=1 leaves the cluster up (and a later run reuses it).
 set -euo pipefail
@@ -51,7 +57,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 release=${RELEASE_DIR:-$repo/target/release}
 data=${DATA_DIR:-$repo/data/mnist5k}
 out=${E2E_OUT:-$repo/out/e2e}
-cases=${E2E_CASES:-main unsched badpath suspend worker-kill ps-kill}
+cases=${E2E_CASES:-main unsched badpath suspend worker-kill ps-kill kueue}
 t0=$SECONDS
 exec 3>&2 # the terminal: case logs go to files, their log lines here too
 case_name=""
@@ -75,6 +81,7 @@ done
 CP_BIN=$("$repo/tools/build-control-plane.sh" | tail -n1)
 NODE_BIN=$("$repo/tools/build-node.sh" | tail -n1)
 HELM=$("$repo/tools/build-helm-tools.sh" | tail -n1)/helm
+KUEUE_BIN=$("$repo/tools/build-kueue.sh" | tail -n1)
 export CONTROL_PLANE_BIN=$CP_BIN NODE_BIN
 export KUBECONFIG=${FORESIGHT_CLUSTER_DIR:-${FORESIGHT_CACHE:-$HOME/.cache/foresight}/cluster}/admin.kubeconfig
 kc() { "$CP_BIN/kubectl" "$@"; }
@@ -558,6 +565,78 @@ case_ps_kill() {
 
 # ---------------------------------------------------------------------------------------------
 
+# A small TrainingJob labelled for Kueue's LocalQueue `team`, 2 workers asking 500m CPU each:
+# NS NAME.
+queued_job() {
+  kc -n "$1" apply -f - <<EOF
+apiVersion: foresight.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: $2
+  labels: {kueue.x-k8s.io/queue-name: team}
+spec:
+  model: {name: mlp}
+  dataset:
+    format: csv
+    path: /data/mnist5k
+    volume: {name: mnist5k, persistentVolumeClaim: {claimName: mnist5k, readOnly: true}}
+  training: {epochs: 1, batchSize: 32, learningRate: 0.1, seed: 1}
+  workers: {replicas: 2, resources: {requests: {cpu: 500m, memory: 256Mi}}}
+EOF
+}
+workload_condition() { field "$1" "workloads.kueue.x-k8s.io/trainingjob-$2" "{.status.conditions[?(@.type==\"$3\")].$4}"; }
+
+case_kueue() {
+  local ns=e2e-kueue
+  kc create namespace $ns
+  load_mnist $ns
+  # Room for one job's workers (2 × 500m) at a time, not two.
+  kc apply -f - <<EOF
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: e2e-flavor}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: e2e-cpu}
+spec:
+  namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: $ns}}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: e2e-flavor
+      resources:
+      - {name: cpu, nominalQuota: 1500m}
+      - {name: memory, nominalQuota: 4Gi}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: team, namespace: $ns}
+spec: {clusterQueue: e2e-cpu}
+EOF
+  queued_job $ns first
+  wait_for 120 "first's Workload Admitted" eval '[[ $(workload_condition '"$ns"' first Admitted status) == True ]]'
+  queued_job $ns second
+  wait_for 120 "second Queued" phase_is $ns second Queued
+  wait_for 120 "Kueue's reason in second's Queued condition" eval \
+    '[[ $(condition '"$ns"' second Queued message) == *"insufficient unused quota"* ]]'
+  log "second Queued: $(condition $ns second Queued message)"
+  [[ -z $(pods_of $ns second worker) ]] || fail "second has worker pods while Queued"
+  wait_phase $ns first Succeeded 600
+  # Until first's quota came back, second ran nothing.
+  local finished admitted version
+  finished=$(workload_condition $ns first Finished lastTransitionTime)
+  [[ -n $finished ]] || fail "first's Workload is not Finished"
+  wait_phase $ns second Succeeded 600
+  admitted=$(workload_condition $ns second Admitted lastTransitionTime)
+  [[ ! $admitted < $finished ]] || fail "second admitted at $admitted, before first's quota came back at $finished"
+  # The final model written (reason Completed); its version is the step the status shows.
+  [[ $(field $ns tj/second '{.status.reason}') == Completed ]] || fail "second: $(field $ns tj/second '{.status.reason}')"
+  version=$(field $ns tj/second '{.status.progress.step}')
+  ((${version:-0} > 0)) || fail "second's final model has version ${version:-none}"
+  log "first's Workload Finished at $finished; second admitted at $admitted, Succeeded, final model version $version"
+}
+
 diagnose() {
   {
     echo "==== TrainingJobs"
@@ -591,6 +670,15 @@ finish() {
     [[ ! -f $KUBECONFIG ]] || diagnose
   fi
   "$repo/tools/cluster-prometheus.sh" stop "$out/prometheus" || true
+  if [[ -n ${KUEUE_PID:-} ]]; then
+    # EOF on its stdin: tools/kueue.sh stops the manager (TERM as well, should a child of this
+    # script still hold the pipe open).
+    local kueue_pid=$KUEUE_PID kueue_in=${KUEUE[1]:-}
+    [[ -z $kueue_in ]] || exec {kueue_in}>&-
+    for _ in $(seq 100); do kill -0 "$kueue_pid" 2>/dev/null || break; sleep 0.1; done
+    kill "$kueue_pid" 2>/dev/null || true
+    wait "$kueue_pid" 2>/dev/null || true
+  fi
   if [[ ${KEEP_CLUSTER:-0} == 1 ]]; then
     log "KEEP_CLUSTER=1: the cluster stays up (tools/cluster.sh down)"
   else
@@ -638,9 +726,24 @@ import_pid=$!
 t=$SECONDS
 prom_url=$("$repo/tools/cluster-prometheus.sh" start "$out/prometheus")
 log "Prometheus discovering the cluster's pods at $prom_url ($((SECONDS - t))s)"
+# Kueue's manager on the host (its webhooks on loopback, which the API server reaches), before the
+# operator: with kueue.enabled the operator requires Kueue's API at start. It lives as long as
+# the coprocess's stdin (closed in finish).
+t=$SECONDS
+read -r -a kueue_ports < <(python3 -c 'import socket
+s = [socket.socket() for _ in range(3)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*(x.getsockname()[1] for x in s))')
+mkdir -p "$out/kueue"
+coproc KUEUE { BIN=$KUEUE_BIN KUBECTL=$CP_BIN/kubectl WORK=$out/kueue WEBHOOK_PORT=${kueue_ports[0]} \
+  HEALTH_PORT=${kueue_ports[1]} METRICS_PORT=${kueue_ports[2]} bash "$repo/tools/kueue.sh"; }
+read -r kueue_ready <&"${KUEUE[0]}" || true
+[[ $kueue_ready == READY ]] || fail "Kueue did not start: ${kueue_ready:-no answer} (log: $out/kueue/kueue.log)"
+log "Kueue's manager ready in $((SECONDS - t))s"
+
 t=$SECONDS
 "$HELM" install foresight "$repo/charts/foresight" --namespace foresight-system --create-namespace \
-  --wait --timeout 300s >&2 || fail "helm install: the operator did not become Ready"
+  --set kueue.enabled=true --wait --timeout 300s >&2 || fail "helm install: the operator did not become Ready"
 log "helm install --wait took $((SECONDS - t))s: $(operator_pod | paste -sd' ')"
 kc get crd trainingjobs.foresight.dev >/dev/null || fail "helm install did not install the CRD"
 [[ $(kc -n foresight-system get deploy -l app.kubernetes.io/name=foresight \

@@ -69,9 +69,11 @@ for crd in localqueues clusterqueues workloads cohorts multikueueclusters; do
   k patch crd "$crd.kueue.x-k8s.io" --type merge -p "$conversion" >/dev/null || fail "conversion webhook of $crd"
 done
 
-k create namespace kueue-system >/dev/null || fail "namespace kueue-system"
+# Applied, not created: a cluster kept from an earlier run (the e2e's KEEP_CLUSTER=1) has them.
+k create namespace kueue-system --dry-run=client -o yaml | k apply -f - >/dev/null || fail "namespace kueue-system"
 k -n kueue-system create secret generic kueue-webhook-server-cert --from-file=certs/ca.crt \
-  --from-file=ca.key --from-file=certs/tls.crt --from-file=certs/tls.key >/dev/null || fail "certificate Secret"
+  --from-file=ca.key --from-file=certs/tls.crt --from-file=certs/tls.key --dry-run=client -o yaml |
+  k apply --server-side --force-conflicts -f - >/dev/null || fail "certificate Secret"
 # Only the webhooks this manager serves (its own kinds, batch/v1 Jobs): the others would
 # refuse every pod and Deployment with a 404.
 k create --dry-run=client -o json -f "$share/webhook/manifests.yaml" | python3 -c '
