@@ -156,6 +156,28 @@ spec:
         (sample(&op.metrics_text(), "foresight_operator_jobs{phase=\"Queued\"}") == Some(2.0)).then_some(())
     });
 
+    // A queued job moved to another LocalQueue (one that does not exist) is queued there, with
+    // Kueue's word for it, and back.
+    let relabel = |queue: &str| {
+        let label = format!("kueue.x-k8s.io/queue-name={queue}");
+        cp.kubectl_ok(&["label", "-n", &ns, "tj", "low", &label, "--overwrite"], None);
+    };
+    relabel("elsewhere");
+    wait_for("low's Workload in LocalQueue elsewhere", LONG, || {
+        workload(cp, &ns, "low").filter(|w| w["spec"]["queueName"] == "elsewhere")
+    });
+    wait_for("Kueue's reason for elsewhere in low's Queued condition", LONG, || {
+        let message = condition(&status(cp, &ns, "low"), "Queued")["message"].as_str()?.to_string();
+        message.contains("LocalQueue elsewhere doesn't exist").then_some(())
+    });
+    relabel("team");
+    wait_for("low's Workload back in LocalQueue team", LONG, || {
+        workload(cp, &ns, "low").filter(|w| w["spec"]["queueName"] == "team")
+    });
+    let moved = events(cp, &ns, "low").into_iter().find(|e| e.1 == "QueueChanged");
+    assert!(moved.as_ref().is_some_and(|e| e.2.contains("changed from team")), "{moved:?}");
+    assert_queued(cp, &ns, "low");
+
     // The first job finishes (a real PS writes the final model): its Workload is Finished, the
     // quota comes back, and the higher priority job runs while the other still waits.
     let ps = Ps::start(cp, &ns, "first", ps_port, 2);
@@ -229,8 +251,8 @@ spec:
         workload(cp, &ns, "high").filter(|w| is_true(w, "Admitted"))
     });
     worker_pods(cp, &ns, "high", 2);
-    let requeued = events(cp, &ns, "low").into_iter().find(|e| e.1 == "Requeued");
-    assert!(requeued.as_ref().is_some_and(|e| e.2.contains("evicted by Kueue (Preempted)")), "{requeued:?}");
+    let evicted = events(cp, &ns, "low").into_iter().find(|e| e.1 == "Evicted");
+    assert!(evicted.as_ref().is_some_and(|e| e.2.contains("evicted by Kueue (Preempted)")), "{evicted:?}");
 
     // Resizing an admitted job re-admits it at its new size: Kueue's pod sets cannot change, so
     // the workers stop, the Workload is replaced with the new count and admitted again.

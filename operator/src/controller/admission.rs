@@ -58,8 +58,8 @@ pub(super) async fn admit(
         Plan::Create => create(ctx, owner, &api, queue, sets, hash).await?,
         Plan::Requeue(why) => {
             delete(&api, &name).await?;
-            let message = format!("{why}: its Workload was replaced, and the job queued again");
-            publish(ctx, job, EventType::Normal, "Requeued", "Admit", &message).await;
+            let message = format!("{why}: its Workload was replaced, and the job queued again in {queue}");
+            publish(ctx, job, EventType::Normal, why.reason(), "Requeue", &message).await;
         }
         Plan::Release => delete(&api, &name).await?,
     }

@@ -177,13 +177,46 @@ impl Admission {
 pub enum Plan {
     /// No Workload yet: make it.
     Create,
-    /// Delete it: its pod sets are out of date or it was evicted, and the job's pods are
+    /// Delete it: it was evicted, or it no longer matches the job, and the job's pods are
     /// stopped. The next reconcile makes a new one, which queues again.
-    Requeue(String),
+    Requeue(Requeue),
     /// Delete it without making another: the job is suspended and its pods are stopped, so its
     /// quota goes back to the queue.
     Release,
     Keep,
+}
+
+/// Why a job queues again; each cause is its own Event reason (Events with one reason are
+/// aggregated into one, keeping the first message).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Requeue {
+    /// Kueue evicted it (preemption, a stopped queue...): its condition's reason and message.
+    Evicted { reason: String, message: String },
+    /// The job's `kueue.x-k8s.io/queue-name` now names another LocalQueue.
+    QueueChanged { from: String },
+    /// What Kueue counts (worker count, resources, placement) changed.
+    Resized,
+}
+
+impl Requeue {
+    /// The Event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Requeue::Evicted { .. } => "Evicted",
+            Requeue::QueueChanged { .. } => "QueueChanged",
+            Requeue::Resized => "Resized",
+        }
+    }
+}
+
+impl std::fmt::Display for Requeue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Requeue::Evicted { reason, message } => write!(f, "evicted by Kueue ({reason}): {message}"),
+            Requeue::QueueChanged { from } => write!(f, "the job's queue label changed from {from}"),
+            Requeue::Resized => write!(f, "the job's size or resources changed since its Workload was made"),
+        }
+    }
 }
 
 /// What a job of queue `queue` does with its Workload `existing`: `desired_hash` is the digest
@@ -210,16 +243,18 @@ pub fn plan(
         return (if stopped { Plan::Release } else { Plan::Keep }, Admission::NotQueued);
     }
     let requeue = match (w.condition("Evicted"), w.podsets_hash()) {
-        (Some(e), _) => Some(format!("evicted by Kueue ({}): {}", e.reason, e.message)),
-        (None, hash) if hash != Some(desired_hash) => {
-            Some("the job's size or resources changed since Kueue admitted it".to_string())
+        (Some(e), _) => Some(Requeue::Evicted { reason: e.reason.clone(), message: e.message.clone() }),
+        (None, _) if w.spec.queue_name != queue => {
+            Some(Requeue::QueueChanged { from: w.spec.queue_name.clone() })
         }
+        (None, hash) if hash != Some(desired_hash) => Some(Requeue::Resized),
         _ => None,
     };
     if let Some(why) = requeue {
         let admitted = w.condition("QuotaReserved").is_some();
         return if stopped || !admitted {
-            (Plan::Requeue(why.clone()), waiting(format!("{why}; queued again in LocalQueue {queue}")))
+            let waiting = waiting(format!("{why}; queued again in LocalQueue {queue}"));
+            (Plan::Requeue(why), waiting)
         } else {
             (Plan::Keep, waiting(format!("{why}; stopping the workers before queueing again")))
         };

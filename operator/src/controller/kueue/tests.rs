@@ -20,7 +20,8 @@ fn sets(replicas: u32, gpus: u32) -> Vec<PodSet> {
 
 /// A Workload made with `hash`, with the given conditions (type, status, reason, message).
 fn workload(hash: &str, conditions: &[(&str, &str, &str, &str)]) -> Workload {
-    let mut w = Workload::new("trainingjob-a", WorkloadSpec::default());
+    let spec = WorkloadSpec { queue_name: "team".into(), ..Default::default() };
+    let mut w = Workload::new("trainingjob-a", spec);
     w.metadata.annotations = Some([(PODSETS_HASH.to_string(), hash.to_string())].into());
     w.status = Some(WorkloadStatus {
         conditions: conditions
@@ -118,7 +119,9 @@ fn an_evicted_job_stops_its_workers_before_its_workload_is_replaced() {
     assert_eq!(plan_running, Plan::Keep, "pods still run: quota stays reserved meanwhile");
     assert!(admission.holds(), "and they are being stopped");
     let (plan_stopped, admission) = plan("team", Some(&w), "h", true, true);
-    assert!(matches!(&plan_stopped, Plan::Requeue(m) if m.contains("Preempted")), "{plan_stopped:?}");
+    let Plan::Requeue(why) = plan_stopped else { panic!("{plan_stopped:?}") };
+    assert_eq!(why.reason(), "Evicted");
+    assert_eq!(why.to_string(), "evicted by Kueue (Preempted): preempted by a higher priority workload");
     assert!(admission.holds());
 }
 
@@ -127,7 +130,7 @@ fn a_resized_job_is_queued_again_with_its_new_size() {
     let admitted = workload("old", &ADMITTED);
     assert_eq!(plan("team", Some(&admitted), "new", true, false).0, Plan::Keep, "running: stop first");
     assert!(plan("team", Some(&admitted), "new", true, false).1.holds());
-    assert!(matches!(plan("team", Some(&admitted), "new", true, true).0, Plan::Requeue(_)));
+    assert_eq!(plan("team", Some(&admitted), "new", true, true).0, Plan::Requeue(Requeue::Resized));
     let pending = workload("old", &[("QuotaReserved", "False", "Pending", "no quota")]);
     assert!(matches!(plan("team", Some(&pending), "new", true, false).0, Plan::Requeue(_)), "holds no quota");
 }
@@ -161,4 +164,19 @@ fn the_assigned_flavors_place_the_pods() {
     assert_eq!(p.node_selector, BTreeMap::from([("gpu".to_string(), "a100".to_string())]));
     assert_eq!(p.tolerations.len(), 1, "one toleration, however many resources share the flavor");
     assert_eq!(placement([]), Default::default());
+}
+
+#[test]
+fn a_job_moved_to_another_queue_is_queued_there() {
+    let pending = workload("h", &[("QuotaReserved", "False", "Pending", "no quota")]);
+    let (plan_pending, admission) = plan("other", Some(&pending), "h", true, false);
+    assert!(
+        matches!(&plan_pending, Plan::Requeue(r @ Requeue::QueueChanged { .. }) if r.to_string().contains("from team")),
+        "{plan_pending:?}"
+    );
+    assert!(matches!(&admission, Admission::Pending(m) if m.contains("LocalQueue other")), "{admission:?}");
+    // Admitted and running: the workers stop first, as for a resize.
+    let admitted = workload("h", &ADMITTED);
+    assert_eq!(plan("other", Some(&admitted), "h", true, false).0, Plan::Keep);
+    assert!(matches!(plan("other", Some(&admitted), "h", true, true).0, Plan::Requeue(_)));
 }
