@@ -585,9 +585,8 @@ fn worker_state(job: &Job) -> WorkerJob {
     }
 }
 
-/// Whether the scheduler placed the job's pods. A pod the scheduler calls Unschedulable only
-/// because a claim it mounts is not bound yet (the claim being provisioned) waits for its
-/// claims; any other unschedulable pod makes the job Unschedulable.
+/// Whether the scheduler placed the job's pods (`status::unschedulable_pod` says what an
+/// unschedulable one means).
 async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let mut waiting = None;
@@ -605,12 +604,12 @@ async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
                 unbound.push(name);
             }
         }
-        if unbound.is_empty() {
-            return Ok(Placement::Unschedulable(format!("{who} pod {}: {message}", pod.name_any())));
+        match status::unschedulable_pod(&format!("{who} pod {}", pod.name_any()), &message, &unbound) {
+            Placement::WaitingForClaims(why) => {
+                waiting.get_or_insert(why);
+            }
+            other => return Ok(other),
         }
-        waiting.get_or_insert_with(|| {
-            format!("{who} pod {} waits for claim(s) {} to be bound", pod.name_any(), unbound.join(", "))
-        });
     }
     Ok(waiting.map_or(Placement::Scheduled, Placement::WaitingForClaims))
 }

@@ -82,6 +82,25 @@ pub enum Placement {
     Unschedulable(String),
 }
 
+/// What the scheduler's Unschedulable verdict on `pod` (its message) means, given the claims it
+/// mounts that are not bound yet. A pod turned away only because a claim is still being
+/// provisioned waits for its claims; so does one turned away for "unbound immediate" claims that
+/// are bound by now — the verdict predates the binding, and the scheduler tries the pod again on
+/// it (seen on the real node: the output claim bound a moment after the PS pod's first attempt,
+/// and the job was reported Unschedulable). Anything else makes the job Unschedulable.
+pub fn unschedulable_pod(pod: &str, message: &str, unbound: &[&str]) -> Placement {
+    const UNBOUND_IMMEDIATE: &str = "pod has unbound immediate PersistentVolumeClaims";
+    match unbound {
+        [] if message.contains(UNBOUND_IMMEDIATE) => Placement::WaitingForClaims(format!(
+            "{pod} waits for the scheduler to try again now that its claims are bound"
+        )),
+        [] => Placement::Unschedulable(format!("{pod}: {message}")),
+        claims => {
+            Placement::WaitingForClaims(format!("{pod} waits for claim(s) {} to be bound", claims.join(", ")))
+        }
+    }
+}
+
 /// The parameter server process that answered `/v1/status`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PsProcess {

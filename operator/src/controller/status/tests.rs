@@ -418,3 +418,23 @@ fn a_failed_reconcile_shows_as_a_condition_until_one_succeeds() {
     let later = next_status(&recovered, &o, &decide(&o), &t("2026-01-01T00:04:00Z"));
     assert_eq!(later.conditions, recovered.conditions, "stays False, unchanged");
 }
+
+#[test]
+fn an_unschedulable_pod_waits_for_its_claims_unless_something_else_keeps_it_out() {
+    let pod = "parameter server pod p";
+    let unbound = "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found";
+    assert_eq!(
+        unschedulable_pod(pod, unbound, &["out"]),
+        Placement::WaitingForClaims("parameter server pod p waits for claim(s) out to be bound".into())
+    );
+    // Bound since the scheduler looked: it tries again, the job is not Unschedulable.
+    assert!(
+        matches!(unschedulable_pod(pod, unbound, &[]), Placement::WaitingForClaims(m) if m.contains("try again"))
+    );
+    let gpus = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.";
+    assert_eq!(
+        unschedulable_pod(pod, gpus, &[]),
+        Placement::Unschedulable(format!("parameter server pod p: {gpus}"))
+    );
+    assert!(matches!(unschedulable_pod(pod, gpus, &["out"]), Placement::WaitingForClaims(_)), "claims first");
+}
