@@ -8,8 +8,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::children::{self, Admitted, ChildDefaults, FlavorPlacement, Owner};
-use super::kueue::{self, Admission, Plan, ResourceFlavor, Workload, WorkloadSpec};
+use super::children::{self, ChildDefaults, Owner};
+use super::kueue::{self, Admission, FlavorPlacement, Plan, ResourceFlavor, Workload, WorkloadSpec};
 use super::leader::is_status;
 use super::{Context, MANAGER, Result, publish};
 use crate::api::TrainingJob;
@@ -26,16 +26,16 @@ pub(super) async fn admit(
     job: &TrainingJob,
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
-) -> Result<(Admission, Admitted)> {
+) -> Result<Admission> {
     let Some(queue) = job.labels().get(kueue::QUEUE_LABEL) else {
-        return Ok((Admission::NotQueued, Admitted::default()));
+        return Ok(Admission::NotQueued);
     };
     if !ctx.settings.kueue {
         let waiting = Admission::Pending(format!(
             "labelled for Kueue's LocalQueue {queue}, but this operator runs without --kueue \
              (the chart's kueue.enabled): it waits rather than run outside the quota"
         ));
-        return Ok((waiting, Admitted::default()));
+        return Ok(waiting);
     }
     let ns = &owner.namespace;
     let name = workload_name(&owner.name);
@@ -51,7 +51,7 @@ pub(super) async fn admit(
         job.spec.workers.min_replicas,
     );
     let hash = kueue::podsets_hash(&sets);
-    let (plan, admission) = kueue::plan(queue, existing.as_ref(), &hash, !owner.suspended(), stopped);
+    let (plan, mut admission) = kueue::plan(queue, existing.as_ref(), &hash, !owner.suspended(), stopped);
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), ns);
     match plan {
         Plan::Keep => {}
@@ -63,15 +63,11 @@ pub(super) async fn admit(
         }
         Plan::Release => delete(&api, &name).await?,
     }
-    let admitted = match (&admission, &existing) {
-        (Admission::Admitted, Some(w)) => Admitted {
-            ps: placement(ctx, w, kueue::PODSET_PS).await?,
-            workers: placement(ctx, w, kueue::PODSET_WORKERS).await?,
-            worker_count: w.admitted_count(kueue::PODSET_WORKERS),
-        },
-        _ => Admitted::default(),
-    };
-    Ok((admission, admitted))
+    if let (Admission::Admitted(a), Some(w)) = (&mut admission, &existing) {
+        a.ps = placement(ctx, w, kueue::PODSET_PS).await?;
+        a.workers = placement(ctx, w, kueue::PODSET_WORKERS).await?;
+    }
+    Ok(admission)
 }
 
 /// Where the flavors Kueue assigned to pod set `name` place its pods.

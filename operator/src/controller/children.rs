@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
     PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
-    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
     VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -22,6 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
+use super::kueue::{Admission, Admitted, FlavorPlacement};
 use crate::api::{DefaultImages, PodSettings, TrainingJob, ps_env, worker_env};
 
 mod update;
@@ -177,28 +178,9 @@ pub struct Owner<'a> {
     pub name: String,
     pub namespace: String,
     owner_ref: OwnerReference,
-    /// Kueue has not admitted the job (`kueue::Admission::holds`): its pods stay stopped.
-    held: bool,
-    /// What Kueue admitted: where each role's pods go, how many workers at once.
-    admitted: Admitted,
-}
-
-/// Where Kueue's admission puts a role's pods: the `nodeLabels` (as a nodeSelector) and
-/// `tolerations` of the ResourceFlavors it assigned, as Kueue's own integrations inject them.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FlavorPlacement {
-    pub node_selector: BTreeMap<String, String>,
-    pub tolerations: Vec<Toleration>,
-}
-
-/// What Kueue admitted (empty without Kueue): the placement of each role by the flavors it
-/// assigned, and the number of workers when it admitted fewer than `workers.replicas`
-/// (partial admission, down to `workers.minReplicas`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Admitted {
-    pub ps: FlavorPlacement,
-    pub workers: FlavorPlacement,
-    pub worker_count: Option<u32>,
+    /// Kueue's say: the pods held stopped while it has not admitted the job, placed and counted
+    /// as it admitted them.
+    admission: Admission,
 }
 
 impl<'a> Owner<'a> {
@@ -209,8 +191,7 @@ impl<'a> Owner<'a> {
             namespace: job.metadata.namespace.clone()?,
             owner_ref: job.controller_owner_ref(&())?,
             job,
-            held: false,
-            admitted: Admitted::default(),
+            admission: Admission::NotQueued,
         })
     }
 
@@ -233,19 +214,26 @@ impl<'a> Owner<'a> {
         self.owner_ref.clone()
     }
 
-    /// The same owner, its pods held stopped (or not) while Kueue has not admitted the job.
-    pub fn held(self, held: bool) -> Self {
-        Self { held, ..self }
+    /// The same owner under Kueue's `admission`.
+    pub fn with_admission(self, admission: Admission) -> Self {
+        Self { admission, ..self }
     }
 
-    /// The same owner, its pods placed and counted as Kueue admitted them.
-    pub fn admitted(self, admitted: Admitted) -> Self {
-        Self { admitted, ..self }
+    pub fn admission(&self) -> &Admission {
+        &self.admission
     }
 
     /// Whether the workers are to be stopped: suspended by the user or not admitted by Kueue.
     pub fn stopped(&self) -> bool {
-        self.suspended() || self.held
+        self.suspended() || self.admission.holds()
+    }
+
+    /// What Kueue admitted; empty when it has no say.
+    fn admitted(&self) -> Admitted {
+        match &self.admission {
+            Admission::Admitted(a) => a.clone(),
+            _ => Admitted::default(),
+        }
     }
 
     pub fn checkpoint_storage(&self) -> Option<&str> {
@@ -296,7 +284,7 @@ impl<'a> Owner<'a> {
     pub fn ps_replicas(&self) -> i32 {
         let no_model_yet = self.job.status.as_ref().is_none_or(|s| s.progress.is_none());
         let keeps_checkpoint = self.checkpoint_storage().is_some();
-        if (self.stopped() && keeps_checkpoint) || (self.held && no_model_yet) { 0 } else { 1 }
+        if (self.stopped() && keeps_checkpoint) || (self.admission.holds() && no_model_yet) { 0 } else { 1 }
     }
 
     /// The PS Deployment; its pod starts with `workers` as the job's worker count. That is the
@@ -382,7 +370,7 @@ impl<'a> Owner<'a> {
             }),
         };
         with_pod_settings(&mut template, spec.parameter_server.pod.as_ref());
-        with_flavor(&mut template, &self.admitted.ps);
+        with_flavor(&mut template, &self.admitted().ps);
         let mut metadata = self.meta(ps_name(&self.name), COMPONENT_PS);
         metadata.annotations = Some(BTreeMap::from([(PS_TEMPLATE_HASH.into(), template_hash(&template))]));
         Deployment {
@@ -485,7 +473,7 @@ impl<'a> Owner<'a> {
             }),
         };
         with_pod_settings(&mut template, w.pod.as_ref());
-        with_flavor(&mut template, &self.admitted.workers);
+        with_flavor(&mut template, &self.admitted().workers);
         let mut metadata = self.meta(workers_name(&self.name), COMPONENT_WORKER);
         metadata.annotations =
             Some(BTreeMap::from([(WORKER_TEMPLATE_HASH.into(), template_hash(&template))]));
@@ -496,7 +484,7 @@ impl<'a> Owner<'a> {
                 completions: Some(replicas),
                 // Partially admitted by Kueue: as many at once as admitted; the other indices
                 // run as those finish.
-                parallelism: Some(self.admitted.worker_count.map_or(replicas, |n| replicas.min(n as i32))),
+                parallelism: Some(self.admitted().worker_count.map_or(replicas, |n| replicas.min(n as i32))),
                 backoff_limit: spec.run_policy.backoff_limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX)),
                 pod_failure_policy: Some(worker_failure_policy()),
                 active_deadline_seconds: spec.run_policy.active_deadline_seconds.map(|s| s as i64),

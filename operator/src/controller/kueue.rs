@@ -139,11 +139,27 @@ impl Workload {
     }
 }
 
+/// Where Kueue's admission puts a role's pods: the `nodeLabels` (as a nodeSelector) and
+/// `tolerations` of the ResourceFlavors it assigned, as Kueue's own integrations inject them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FlavorPlacement {
+    pub node_selector: BTreeMap<String, String>,
+    pub tolerations: Vec<Toleration>,
+}
+
+/// What Kueue admitted: the placement of each role by the flavors it assigned, and the number
+/// of workers when it admitted fewer than `workers.replicas` (partial admission, down to
+/// `workers.minReplicas`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Admitted {
+    pub ps: FlavorPlacement,
+    pub workers: FlavorPlacement,
+    pub worker_count: Option<u32>,
+}
+
 /// A role's placement from the flavors it was assigned.
-pub fn placement<'a>(
-    flavors: impl IntoIterator<Item = &'a ResourceFlavorSpec>,
-) -> super::children::FlavorPlacement {
-    let mut p = super::children::FlavorPlacement::default();
+pub fn placement<'a>(flavors: impl IntoIterator<Item = &'a ResourceFlavorSpec>) -> FlavorPlacement {
+    let mut p = FlavorPlacement::default();
     for f in flavors {
         p.node_selector.extend(f.node_labels.clone());
         for t in &f.tolerations {
@@ -162,7 +178,9 @@ pub enum Admission {
     NotQueued,
     /// Waiting for Kueue (the reason, for the status).
     Pending(String),
-    Admitted,
+    /// Admitted: the flavors' placement (filled in by `admission.rs`, which reads them) and the
+    /// worker count.
+    Admitted(Admitted),
 }
 
 impl Admission {
@@ -260,7 +278,8 @@ pub fn plan(
         };
     }
     if w.condition("Admitted").is_some() {
-        return (Plan::Keep, Admission::Admitted);
+        let worker_count = w.admitted_count(PODSET_WORKERS);
+        return (Plan::Keep, Admission::Admitted(Admitted { worker_count, ..Default::default() }));
     }
     let why = w.pending_message().unwrap_or("waiting for Kueue to admit it");
     (Plan::Keep, waiting(format!("queued in LocalQueue {queue}: {why}")))

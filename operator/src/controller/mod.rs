@@ -364,8 +364,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     }
     apply(ctx, &owner, owner.ps_service()).await?;
     let defaults = job_defaults(ctx, &owner, &old).await?;
-    let (admission, admitted) = admission::admit(ctx, job, &owner, &defaults).await?;
-    let owner = owner.held(admission.holds()).admitted(admitted);
+    let admission = admission::admit(ctx, job, &owner, &defaults).await?;
+    let owner = owner.with_admission(admission);
     let ps_deployment = apply_ps_deployment(ctx, job, &owner, &defaults).await?;
     let workers = apply_worker_job(ctx, job, &owner, &defaults).await?;
 
@@ -386,7 +386,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         min_replicas: job.spec.workers.min_replicas,
         backoff_limit: job.spec.run_policy.backoff_limit,
         suspend: job.spec.run_policy.suspend == Some(true),
-        admission,
+        admission: owner.admission().clone(),
         workers: Some(worker_job),
         ps_ready,
         placement,

@@ -107,7 +107,7 @@ fn a_pending_workload_passes_on_kueues_reason() {
 fn an_admitted_workload_lets_the_job_run() {
     let (plan, admission) = plan("team", Some(&workload("h", &ADMITTED)), "h", true, false);
     assert_eq!((plan, admission.holds()), (Plan::Keep, false));
-    assert_eq!(admission, Admission::Admitted);
+    assert_eq!(admission, Admission::Admitted(Admitted::default()));
 }
 
 #[test]

@@ -137,7 +137,11 @@ fn each_observation_leads_to_its_phase() {
             "Requeuing",
         ),
         (
-            Observed { admission: Admission::Admitted, ps_ready: true, ..with_workers(running) },
+            Observed {
+                admission: Admission::Admitted(Default::default()),
+                ps_ready: true,
+                ..with_workers(running)
+            },
             Phase::Running,
             "WorkersRunning",
         ),
