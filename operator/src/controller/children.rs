@@ -228,11 +228,11 @@ impl<'a> Owner<'a> {
         self.suspended() || self.admission.holds()
     }
 
-    /// What Kueue admitted; empty when it has no say.
-    fn admitted(&self) -> Admitted {
+    /// What Kueue admitted, once it has.
+    fn admitted(&self) -> Option<&Admitted> {
         match &self.admission {
-            Admission::Admitted(a) => a.clone(),
-            _ => Admitted::default(),
+            Admission::Admitted(a) => Some(a),
+            _ => None,
         }
     }
 
@@ -370,7 +370,9 @@ impl<'a> Owner<'a> {
             }),
         };
         with_pod_settings(&mut template, spec.parameter_server.pod.as_ref());
-        with_flavor(&mut template, &self.admitted().ps);
+        if let Some(a) = self.admitted() {
+            with_flavor(&mut template, &a.ps);
+        }
         let mut metadata = self.meta(ps_name(&self.name), COMPONENT_PS);
         metadata.annotations = Some(BTreeMap::from([(PS_TEMPLATE_HASH.into(), template_hash(&template))]));
         Deployment {
@@ -473,7 +475,9 @@ impl<'a> Owner<'a> {
             }),
         };
         with_pod_settings(&mut template, w.pod.as_ref());
-        with_flavor(&mut template, &self.admitted().workers);
+        if let Some(a) = self.admitted() {
+            with_flavor(&mut template, &a.workers);
+        }
         let mut metadata = self.meta(workers_name(&self.name), COMPONENT_WORKER);
         metadata.annotations =
             Some(BTreeMap::from([(WORKER_TEMPLATE_HASH.into(), template_hash(&template))]));
@@ -484,7 +488,9 @@ impl<'a> Owner<'a> {
                 completions: Some(replicas),
                 // Partially admitted by Kueue: as many at once as admitted; the other indices
                 // run as those finish.
-                parallelism: Some(self.admitted().worker_count.map_or(replicas, |n| replicas.min(n as i32))),
+                parallelism: Some(
+                    self.admitted().and_then(|a| a.worker_count).map_or(replicas, |n| replicas.min(n as i32)),
+                ),
                 backoff_limit: spec.run_policy.backoff_limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX)),
                 pod_failure_policy: Some(worker_failure_policy()),
                 active_deadline_seconds: spec.run_policy.active_deadline_seconds.map(|s| s as i64),
