@@ -15,8 +15,15 @@ Clocks: wall-clock seconds from launching the processes (Foresight: `foresight r
 PS and workers; PyTorch: spawning the ranks), so process start-up, data loading and the per-epoch
 held-out evaluations are counted on both sides alike.
 
+Machines: by default every worker, rank and the single process runs in its own CPU slice (a
+cgroup with a CFS quota of cores / workers), so the 8 of them behave like 8 equal machines
+sharing nothing: a sleeping straggler's share stays idle instead of speeding up the others, as
+on a cluster. Foresight's parameter server is not capped (it shares the same cores).
+`--worker-cpus 0` turns the slices off (every process competes for every core).
+
 Usage: scripts/compare.py [--seeds 2] [--epochs 12] [--targets 0.95,0.97] [--out out/compare]
                           [--doc docs/comparison.md] [--foresight target/release/foresight]
+                          [--worker-cpus auto|0|F]
 """
 
 import argparse
@@ -24,6 +31,7 @@ import gzip
 import json
 import os
 import platform
+import shutil
 import socket
 import struct
 import subprocess
@@ -117,6 +125,96 @@ def read_safetensors(path):
     return out
 
 
+# --- one CPU slice per worker: each process as if on its own machine -----------------------
+
+
+class CpuSlices:
+    """`n` cgroups, each capped at `cpus` cores by a CFS quota (cgroup v1's cpu controller or v2's
+    cpu.max), and the `cgroup.procs` file a process writes its pid into to enter one. A quota, not
+    a pinned core: a capped process never runs faster than `cpus`, and when it sleeps its share is
+    not handed to the others, which is what a worker on its own machine sees."""
+
+    def __init__(self, name, n, cpus, period_us):
+        v1 = "/sys/fs/cgroup/cpu"
+        self.v1 = os.path.exists(os.path.join(v1, "cpu.cfs_quota_us"))
+        self.root = os.path.join(v1 if self.v1 else "/sys/fs/cgroup", name)
+        self.dirs = [os.path.join(self.root, f"slice{i}") for i in range(n)]
+        os.makedirs(self.root, exist_ok=True)
+        if not self.v1:  # v2: the cpu controller must be on for the children of every level above
+            self._write("/sys/fs/cgroup", "cgroup.subtree_control", "+cpu")
+            self._write(self.root, "cgroup.subtree_control", "+cpu")
+        quota = int(cpus * period_us)
+        for d in self.dirs:
+            os.makedirs(d, exist_ok=True)
+            if self.v1:
+                self._write(d, "cpu.cfs_period_us", period_us)
+                self._write(d, "cpu.cfs_quota_us", quota)
+            else:
+                self._write(d, "cpu.max", f"{quota} {period_us}")
+
+    @staticmethod
+    def _write(d, file, value):
+        with open(os.path.join(d, file), "w") as f:
+            f.write(str(value))
+
+    @staticmethod
+    def available():
+        """Whether this process may make capped cgroups (root, a cpu controller mounted)."""
+        if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+            return os.access("/sys/fs/cgroup/cpu", os.W_OK)
+        try:
+            with open("/sys/fs/cgroup/cgroup.controllers") as f:
+                return "cpu" in f.read().split() and os.access("/sys/fs/cgroup", os.W_OK)
+        except OSError:
+            return False
+
+    def throttled(self):
+        """How many quota periods each slice was throttled in so far (its cpu.stat): the proof the cap bit."""
+        counts = []
+        for d in self.dirs:
+            with open(os.path.join(d, "cpu.stat")) as f:
+                counts.append(int(dict(ln.split() for ln in f)["nr_throttled"]))
+        return counts
+
+    def procs(self, i):
+        return os.path.join(self.dirs[i], "cgroup.procs")
+
+    def close(self):
+        for d in self.dirs + [self.root]:
+            try:
+                os.rmdir(d)
+            except OSError as e:
+                print(f"note: could not remove cgroup {d}: {e}", file=sys.stderr)
+
+
+def enter_slice(cfg, index):
+    """Moves this process (all its threads) into CPU slice `index`, if the run uses slices."""
+    if cfg.get("slices"):
+        with open(cfg["slices"][index], "w") as f:
+            f.write(str(os.getpid()))
+
+
+def capped_foresight(args, slices):
+    """A `foresight` whose workers each enter their CPU slice: `foresight run` starts the
+    `foresight-worker` beside its own executable, so a copy of it sits beside a wrapper that moves
+    itself into slice $FORESIGHT_WORKER_INDEX and execs the real worker (the PS is the real one,
+    uncapped; the post-run evaluation has no worker index and runs uncapped)."""
+    real = os.path.dirname(os.path.abspath(args.foresight))
+    bin_dir = os.path.join(os.path.abspath(args.out), "capped-bin")
+    shutil.rmtree(bin_dir, ignore_errors=True)
+    os.makedirs(bin_dir)
+    shutil.copy2(os.path.join(real, "foresight"), bin_dir)
+    os.symlink(os.path.join(real, "foresight-ps"), os.path.join(bin_dir, "foresight-ps"))
+    wrapper = os.path.join(bin_dir, "foresight-worker")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\n# scripts/compare.py: each worker in its own CPU slice, as on its own machine.\n"
+                'if [ -n "$FORESIGHT_WORKER_INDEX" ]; then\n'
+                f'  echo $$ > "{slices.root}/slice$FORESIGHT_WORKER_INDEX/cgroup.procs" || exit 1\n'
+                f'fi\nexec "{os.path.join(real, "foresight-worker")}" "$@"\n')
+    os.chmod(wrapper, 0o755)
+    return os.path.join(bin_dir, "foresight")
+
+
 # --- the PyTorch side: one function per rank -----------------------------------------------
 
 
@@ -152,6 +250,7 @@ def lr_at(cfg, epoch):
 
 def rank_main(rank, cfg):
     """One rank: DDP over gloo when cfg['world'] > 1, a plain PyTorch loop otherwise."""
+    enter_slice(cfg, rank)
     torch.set_num_threads(1)
     world = cfg["world"]
     if world > 1:
@@ -216,7 +315,8 @@ def run_torch(args, name, seed, split, world, lr, slow, init="foresight", warmup
     cfg = dict(world=world, port=free_port(), data=args.npz, shards=shards, test=split["test"],
                n_train=len(split["train"]), seed=seed, lr=lr, factor=args.lr_factor, milestones=args.milestones,
                epochs=args.epochs, batch=args.batch, slow_rank=args.slow_worker if slow else -1,
-               slow_factor=args.slow, init=init, warmup=warmup, out=out)
+               slow_factor=args.slow, init=init, warmup=warmup, out=out,
+               slices=[args.slices.procs(r) for r in range(world)] if args.slices else None)
     cfg["t_launch"] = time.time()
     mp.spawn(rank_main, args=(cfg,), nprocs=world, join=True)
     ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
@@ -254,7 +354,7 @@ def run_foresight(args, name, seed, slow):
     # The PS's own model, snapshotted once per epoch of data (every worker's batches together), is
     # what reaches a target: the same granularity as DDP's per-epoch evaluation.
     per_epoch = max(1, round(args.train_examples / args.batch))
-    cmd = [args.foresight, "run", path, "--out", os.path.join(out, "run"), "--no-progress", "--torch-threads", "1",
+    cmd = [args.foresight_run, "run", path, "--out", os.path.join(out, "run"), "--no-progress", "--torch-threads", "1",
            "--snapshot-every", str(per_epoch)]
     if slow:
         cmd += ["--slow-worker", f"{args.slow_worker}={args.slow}"]
@@ -333,6 +433,11 @@ def write_doc(args, rows, checks, wall, load):
          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
          f"Machine: {machine()}; load average {load[0]} at the start, {load[1]} at the end "
          "(shared with other jobs: compare within a seed and an invocation, not across documents).", "",
+         (f"CPU slices: every worker, rank and single process capped at {args.worker_cpus:g} cores "
+          f"({args.workers} × {args.worker_cpus:g} = {args.workers * args.worker_cpus:g} cores), each in its own "
+          f"cgroup (CFS period {args.slice_period_ms:g} ms); the slices were throttled {', '.join(map(str, args.throttled))} times "
+          "(cpu.stat nr_throttled, slice 0 first)." if args.slices else
+          "CPU slices: off (`--worker-cpus 0`): every process competes for every core."), "",
          f"LeNet-5 on MNIST-5k (4000 train, the same 1000 held out on every side), {args.workers} workers, "
          f"batch {args.batch} per worker, {args.epochs} epochs, learning rate ×{args.lr_factor:g} after epochs "
          f"{', '.join(map(str, args.milestones))}. One row per run, in the order they ran; times in seconds, "
@@ -395,6 +500,13 @@ def write_doc(args, rows, checks, wall, load):
           "`lenet5` gets (Kaiming-uniform weights with the ReLU gain, linear biases U(±1/√fan_in), "
           "convolution biases 0), the same seed on every rank; `single process, PyTorch init` is the same "
           "run from PyTorch's own default (weights √6 times narrower), for scale.",
+          f"- **CPU slices**: each worker (Foresight), rank (DDP) and the single process runs in a cgroup of "
+          f"its own with a CFS quota of {args.worker_cpus:g} cores, like a machine of its own: it never gets "
+          "more, and the share of one that sleeps (the straggler) stays idle instead of going to the others, "
+          "as it would on a cluster. Foresight's parameter server is not capped and takes its CPU from the "
+          "same cores; DDP has no such process." if args.slices else
+          "- **CPU slices**: off; every process competes for every core, so a sleeping straggler's core "
+          "goes to the others.",
           "- Every process runs libtorch with one thread. DDP: gloo over loopback, "
           "`torch.multiprocessing.spawn` (a fresh Python per rank, as torchrun would start), DDP's default "
           "all-reduce (mean). The CSV is parsed once before the PyTorch clocks start (an .npz the ranks "
@@ -426,11 +538,32 @@ def main():
     ap.add_argument("--foresight", default="target/release/foresight")
     ap.add_argument("--out", default="out/compare")
     ap.add_argument("--doc", default="docs/comparison.md")
+    ap.add_argument("--worker-cpus", default="auto",
+                    help="cores per worker/rank/single process, each in its own capped cgroup; "
+                         "auto: cores / workers where cgroups can be made, else 0; 0: no slices")
+    ap.add_argument("--slice-period-ms", type=float, default=10,
+                    help="CFS period of the slices: a slice runs at most worker-cpus × this per period, "
+                         "so a longer one throttles in longer stalls (the kernel's floor: a 1 ms quota)")
     ap.add_argument("--split-target", default="target/split", help="cargo target dir for scripts/split")
     args = ap.parse_args()
     args.argv = ["scripts/compare.py"] + sys.argv[1:]
     args.seed_list = list(range(1, args.seeds + 1))
     os.makedirs(args.out, exist_ok=True)
+    args.worker_cpus = (os.cpu_count() / args.workers if CpuSlices.available() else 0.0) \
+        if args.worker_cpus == "auto" else float(args.worker_cpus)
+    args.slices = None
+    if args.worker_cpus:
+        args.slices = CpuSlices("foresight-compare", args.workers, args.worker_cpus, round(args.slice_period_ms * 1000))
+    args.foresight_run = capped_foresight(args, args.slices) if args.slices else args.foresight
+    try:
+        compare(args)
+    finally:
+        if args.slices:
+            args.slices.close()
+
+
+def compare(args):
+    """Every run of every seed, in order; then the document and a summary table on stdout."""
     load0 = os.getloadavg()[0]
     t0 = time.time()
 
@@ -474,6 +607,7 @@ def main():
                       f"summary {r['accuracy']:.4f}: {'ok' if ok else 'MISMATCH'}", flush=True)
 
     wall = time.time() - t0
+    args.throttled = args.slices.throttled() if args.slices else []
     write_doc(args, rows, checks, wall, (f"{load0:.1f}", f"{os.getloadavg()[0]:.1f}"))
     print("\n" + f"{'run':32} {'seed':>4} {'lr':>9} {'start':>6} "
           + " ".join(f"{'→' + format(t, '.0%'):>7} {'train':>6}" for t in args.targets) + f" {'acc':>6} {'wall':>6}")
