@@ -68,7 +68,8 @@ def main():
     error = simulate(args, rules, args.workers, seeds)
     per_rule = {rule: [error[rule][s] for s in seeds] for rule in rules}
     if args.sequential:
-        per_rule["sequential"] = [simulate(args, ["asgd"], 1, seeds)["asgd"][s] for s in seeds]
+        sequential = simulate(args, ["asgd"], 1, seeds)["asgd"]
+        per_rule["sequential"] = [sequential[s] for s in seeds]
     for rule, e in per_rule.items():
         print(f"{rule}: {statistics.mean(e):.2f} ± {statistics.stdev(e):.2f} % over {len(seeds)} seeds")
     print(paired(args.second, args.first, per_rule[args.second], per_rule[args.first]))
