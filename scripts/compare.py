@@ -23,7 +23,7 @@ on a cluster. Foresight's parameter server is not capped (it shares the same cor
 
 Usage: scripts/compare.py [--seeds 2] [--epochs 12] [--targets 0.95,0.97] [--out out/compare]
                           [--doc docs/comparison.md] [--foresight target/release/foresight]
-                          [--worker-cpus auto|0|F]
+                          [--worker-cpus auto|0|F] [--slice-period-ms 10]
 """
 
 import argparse
@@ -134,10 +134,15 @@ class CpuSlices:
     a pinned core: a capped process never runs faster than `cpus`, and when it sleeps its share is
     not handed to the others, which is what a worker on its own machine sees."""
 
+    V1 = "/sys/fs/cgroup/cpu"  # cgroup v1's cpu controller, where mounted; else the v2 hierarchy
+
+    @classmethod
+    def is_v1(cls):
+        return os.path.exists(os.path.join(cls.V1, "cpu.cfs_quota_us"))
+
     def __init__(self, name, n, cpus, period_us):
-        v1 = "/sys/fs/cgroup/cpu"
-        self.v1 = os.path.exists(os.path.join(v1, "cpu.cfs_quota_us"))
-        self.root = os.path.join(v1 if self.v1 else "/sys/fs/cgroup", name)
+        self.v1 = self.is_v1()
+        self.root = os.path.join(self.V1 if self.v1 else "/sys/fs/cgroup", name)
         self.dirs = [os.path.join(self.root, f"slice{i}") for i in range(n)]
         os.makedirs(self.root, exist_ok=True)
         if not self.v1:  # v2: the cpu controller must be on for the children of every level above
@@ -157,11 +162,11 @@ class CpuSlices:
         with open(os.path.join(d, file), "w") as f:
             f.write(str(value))
 
-    @staticmethod
-    def available():
+    @classmethod
+    def available(cls):
         """Whether this process may make capped cgroups (root, a cpu controller mounted)."""
-        if os.path.exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
-            return os.access("/sys/fs/cgroup/cpu", os.W_OK)
+        if cls.is_v1():
+            return os.access(cls.V1, os.W_OK)
         try:
             with open("/sys/fs/cgroup/cgroup.controllers") as f:
                 return "cpu" in f.read().split() and os.access("/sys/fs/cgroup", os.W_OK)
