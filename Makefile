@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup setup-test build test test-stress lint fmt bench demo loadgen convergence compare simulate chaos crd observability clean
+.PHONY: help setup setup-test build test test-python test-stress lint fmt bench demo loadgen convergence compare simulate chaos crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -30,9 +30,16 @@ lint: setup ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test: lint setup-test ## Lint, every test (unit, property, integration over loopback HTTP/2), then make e2e
+test: lint setup-test ## Lint, every test (unit, property, integration over loopback HTTP/2, the Python package's pytest), then make e2e
 	$(CARGO) test --locked --workspace
+	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory e2e
+
+# The `foresight` package (installed into .venv by make setup) against the debug binaries that
+# cargo test built: a real foresight-ps per test, `foresight run` with Python workers.
+test-python: setup ## The Python package's tests (pytest, python/tests)
+	$(CARGO) build --locked -p foresight-ps -p foresight-operator -p foresight-worker --bins
+	FORESIGHT_BIN_DIR=$(CURDIR)/target/debug python -m pytest -q python/tests
 
 test-stress: setup-test ## The tests three times in a row with every core kept busy by stress-ng (ARGS=--release, --runs N, --no-hog)
 	scripts/test-stress.sh $(ARGS)

@@ -24,7 +24,10 @@ fi
 # libtorch (PyPI torch) for the worker, hadolint for its Dockerfile, and the demo data.
 "$(dirname "$0")/setup-torch.sh"
 
+cargo fetch --locked >/dev/null
+
+# The `foresight` Python package: its wheel, built from the Rust client, in the venv.
+"$(dirname "$0")/setup-python.sh"
+
 # The tests' Kubernetes control plane, helm and kubeconform are not built here: `make
 # setup-test` (run by `make test` and `make e2e`) builds them, so `make demo` never waits for them.
-
-cargo fetch --locked >/dev/null

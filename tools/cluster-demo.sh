@@ -69,8 +69,12 @@ wait "$watch" 2>/dev/null || true
 kubectl describe tj mnist-dcasgd | sed -n '/^Status:/,$p'
 [[ $phase == Succeeded ]] || die "the job $phase"
 
-# The final model, from the claim the operator made for the parameter server (it is gone now).
-pv=$(kubectl get pvc mnist-dcasgd-ps-checkpoints -o jsonpath='{.spec.volumeName}')
+# The final model, where the job's status says it is: a file on a claim that outlives the
+# parameter server (the example's output claim). Read from the volume's directory on this node.
+claim=$(kubectl get tj mnist-dcasgd -o jsonpath='{.status.finalModel.claimName}')
+file=$(kubectl get tj mnist-dcasgd -o jsonpath='{.status.finalModel.path}')
+[[ -n $claim && -n $file ]] || die "the job's status names no final model on a claim (status.finalModel: claim '$claim', path '$file')"
+pv=$(kubectl get pvc "$claim" -o jsonpath='{.spec.volumeName}')
 dir=$(kubectl get pv "$pv" -o jsonpath='{.spec.local.path}{.spec.hostPath.path}')
-cp "$dir/model-final.safetensors" "$out/model-final.safetensors"
-log "the final model: $out/model-final.safetensors ($(stat -c %s "$out/model-final.safetensors") bytes), from claim mnist-dcasgd-ps-checkpoints"
+cp "$dir/$file" "$out/model-final.safetensors"
+log "the final model: $out/model-final.safetensors ($(stat -c %s "$out/model-final.safetensors") bytes), from claim $claim, file $file (status.finalModel)"

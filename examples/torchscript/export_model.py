@@ -6,7 +6,7 @@
 then point a job at it:
 
     spec:
-      model: {name: torchscript, path: /models/out.pt}
+      model: {torchscript: {path: /models/out.pt}}
 
 What the worker expects from the module:
 

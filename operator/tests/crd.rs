@@ -68,6 +68,10 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
     let out = cp
         .kubectl_ok(&["apply", "--dry-run=server", "-n", &cluster_ns, "-f", cluster.to_str().unwrap()], None);
     assert!(out.contains("persistentvolumeclaim/mnist5k created (server dry run)"), "{out}");
+    // A job whose workers run the user's Python script names no model.
+    let python = support::repo_root().join("examples/python/mnist.yaml");
+    let out = cp.kubectl_ok(&["apply", "--dry-run=server", "-n", &ns, "-f", python.to_str().unwrap()], None);
+    assert!(out.contains("trainingjob.foresight.dev/mnist-python created (server dry run)"), "{out}");
 
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
@@ -242,6 +246,22 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.model.torchscript.path: Invalid value: |must not be empty",
         ),
         (&[("spec.model.name", json!("vgg"))], "", "spec.model.name: Unsupported value: \"vgg\""),
+        (
+            &[("spec.model", Value::Null)],
+            "model",
+            "spec.model: Invalid value: |set exactly one of model.name",
+        ),
+        (
+            &[("spec.workers.command", json!(["python", "train.py"]))],
+            "model",
+            "spec.model: Invalid value: |or neither when workers.command runs your own program",
+        ),
+        (
+            &[("spec.workers.args", json!(["--lr", "0.1"]))],
+            "workers.args",
+            "spec.workers.args: Invalid value: |workers.args needs workers.command",
+        ),
+        (&[("spec.workers.command", json!([]))], "workers.command", "spec.workers.command: Invalid value"),
         (
             &[("spec.dataset.path", json!(""))],
             "dataset.path",

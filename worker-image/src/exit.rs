@@ -19,17 +19,10 @@ pub fn permanent(e: impl Into<anyhow::Error>) -> anyhow::Error {
     anyhow::Error::new(Permanent(e.into()))
 }
 
-/// Refusals of the parameter server that the same request will meet again, whoever sends it.
-/// (`unknown_worker` is not one: a job being scaled may know the index a moment later.)
-const PERMANENT_REFUSALS: [&str; 4] = ["unauthorized", "layout_mismatch", "shape_mismatch", "dtype_mismatch"];
-
 /// The exit status for an error that ended the worker.
 pub fn code(e: &anyhow::Error) -> i32 {
-    let refused_for_good = e.chain().any(|c| {
-        c.downcast_ref::<ClientError>()
-            .and_then(ClientError::reason)
-            .is_some_and(|r| PERMANENT_REFUSALS.contains(&r))
-    });
+    let refused_for_good =
+        e.chain().any(|c| c.downcast_ref::<ClientError>().is_some_and(ClientError::is_permanent));
     if e.downcast_ref::<Permanent>().is_some() || refused_for_good { PERMANENT } else { RETRYABLE }
 }
 

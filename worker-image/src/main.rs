@@ -7,7 +7,6 @@ mod evaluate;
 mod exit;
 mod metrics;
 mod model;
-mod session;
 mod simulate;
 mod train;
 

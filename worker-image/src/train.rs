@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use foresight_ps::client::{ClientError, GradDtype, Model as PsModel, PsClient};
+use foresight_ps::client::{
+    Cadence, ClientError, Exchange, GradDtype, Joined, PsClient, Retry, Session, StepEnd, shard,
+};
 use foresight_ps::server::Report;
 use foresight_ps::wire::progress::WorkerEvent as Event;
 use foresight_ps::wire::{Layout, TensorSpec};
@@ -17,7 +19,6 @@ use crate::data::{Dataset, Examples, Format};
 use crate::exit::permanent;
 use crate::metrics::WorkerMetrics;
 use crate::model::{Model, ModelSpec};
-use crate::session::{Pushed, Retry, Session};
 
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -140,10 +141,6 @@ pub(crate) fn layout_of(params: &[(String, Tensor)]) -> anyhow::Result<Layout> {
     Ok(Layout::new(specs)?)
 }
 
-/// How long a `sync` worker waits for its round before pushing its gradient for it again (the
-/// round may have been lost with a restarted PS; a PS that still holds it answers a replay).
-const ROUND_WAIT: Duration = Duration::from_secs(10);
-
 /// Where a worker is in its data: steps are numbered from 1 across epochs, and every epoch has
 /// the same number of steps, so a step number alone says which epoch and batch come next.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -163,25 +160,10 @@ impl Position {
     }
 }
 
-/// A `sync` gradient waiting in its round, kept to push again if the round is lost.
-struct InRound {
-    version: u64,
-    step: u64,
-    epoch: f64,
-    grad: Vec<f32>,
-}
-
-/// The loop's state between steps.
-struct Progress {
-    step: u64,
-    pushes: u64,
-    discarded: u64,
-    /// The version the local model holds.
-    version: Option<u64>,
-    /// `sync`: this worker's gradient in the round not yet closed.
-    in_round: Option<InRound>,
-    last_staleness: Option<u64>,
-    window: (Instant, usize),
+/// Samples trained since the last progress report, and when that window began.
+struct Window {
+    since: Instant,
+    samples: usize,
 }
 
 pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetrics) -> anyhow::Result<()> {
@@ -196,7 +178,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
     let client = PsClient::new(&cfg.ps_url, cfg.token.clone())?;
     let retry = Retry::new(cfg.ps_deadline, cfg.seed ^ cfg.worker as u64);
     let init = flat_params(&params)?;
-    let (mut ps, joined) = Session::start(client, rt, cfg.worker, layout.clone(), &init, retry)?;
+    let (session, joined) = Session::start(client, rt.handle().clone(), cfg.worker, layout, &init, retry)?;
     // The job's worker count as the PS has it now (the job may have been scaled since it
     // started): this process's shard is taken by it, and kept until the process ends.
     let workers = joined.workers;
@@ -216,34 +198,24 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         shape = ?shard.shape, "data loaded"
     );
 
-    // Every worker takes the same number of steps per epoch (the smallest shard's), so `sync`
-    // rounds always find all M workers; the few extra examples of larger shards are simply
-    // visited in other epochs.
-    let per_worker = ds.train.len() / workers;
-    let pos = Position { steps_per_epoch: per_worker.div_ceil(cfg.batch_size) as u64 };
+    let per_worker = shard::per_worker(ds.train.len(), workers);
+    let pos = Position { steps_per_epoch: shard::steps_per_epoch(ds.train.len(), workers, cfg.batch_size) };
     let total = pos.steps_per_epoch * cfg.epochs as u64;
-    let resume = joined.resume_step.min(total);
-    let (first_epoch, first_batch) = pos.after(resume);
-    if resume > 0 {
+    let joined = Joined { resume_step: joined.resume_step.min(total), ..joined };
+    let (first_epoch, first_batch) = pos.after(joined.resume_step);
+    if joined.resume_step > 0 {
         tracing::info!(
             worker = cfg.worker,
-            step = resume,
+            step = joined.resume_step,
             epoch = first_epoch,
             batch = first_batch,
             "resuming where this worker's earlier process left off"
         );
     }
-    let mut p = Progress {
-        step: resume,
-        pushes: 0,
-        discarded: 0,
-        version: None,
-        in_round: None,
-        last_staleness: None,
-        window: (Instant::now(), 0),
-    };
+    let cadence = Cadence { pull_every: cfg.pull_every, push_every: cfg.push_every, dtype: cfg.grad_dtype };
+    let mut ps = Exchange::new(session, &joined, cadence);
+    let mut window = Window { since: Instant::now(), samples: 0 };
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(cfg.worker as u64 * 7919));
-    let mut grad = vec![0f32; layout.len()];
     'epochs: for epoch in 0..cfg.epochs as u64 {
         // Every epoch's order is drawn, resumed ones included, so that the generator is where
         // the earlier process had it.
@@ -257,41 +229,27 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         let batches = Batches { data: &shard, order, batch: cfg.batch_size, pos: skip * cfg.batch_size };
         for (xs, ys) in batches {
             let t0 = Instant::now();
-            if p.version.is_none() || p.step.is_multiple_of(cfg.pull_every) || p.in_round.is_some() {
-                let m = pull_model(&mut ps, &mut p, cfg.grad_dtype)?;
-                if m.layout != layout {
-                    return Err(permanent(anyhow::anyhow!(
-                        "the parameter server holds a model whose layout differs from this worker's model \
-                         (restored from another job's checkpoint?)"
-                    )));
-                }
+            if let Some(m) = ps.pull_if_due().map_err(pull_error)? {
                 load_params(&params, &m.values);
-                p.version = Some(m.version);
             }
             let (xs, ys) = (xs.to_device(device), ys.to_device(device));
-            let loss = backward(&mut model, &params, &xs, &ys, &mut grad)?;
-            p.step += 1;
-            if p.step.is_multiple_of(cfg.push_every) {
-                if cfg.push_every > 1 {
-                    let k = cfg.push_every as f32;
-                    grad.iter_mut().for_each(|g| *g /= k);
-                }
-                let at = pos.epoch_at(p.step);
-                let finished = push_gradient(&mut ps, &mut p, at, &grad, cfg.grad_dtype)?;
-                grad.fill(0.0);
-                if finished {
-                    break 'epochs;
-                }
+            let loss = backward(&mut model, &params, &xs, &ys, ps.grad_mut())?;
+            let at = pos.epoch_at(ps.step() + 1);
+            let end = ps
+                .end_step(Some(at))
+                .with_context(|| format!("pushing the gradient of step {}", ps.step()))?;
+            if end == StepEnd::Finalized {
+                break 'epochs;
             }
             let dt = t0.elapsed();
             if cfg.slowdown > 1.0 {
                 std::thread::sleep(dt.mul_f64(cfg.slowdown - 1.0));
             }
             metrics.step(dt.as_secs_f64() * cfg.slowdown.max(1.0), xs.size()[0] as u64, loss);
-            p.window.1 += xs.size()[0] as usize;
-            if p.step.is_multiple_of(cfg.report_every) {
-                let at = pos.epoch_at(p.step);
-                report_progress(&mut ps, &mut p, cfg.worker, at, loss)?;
+            window.samples += xs.size()[0] as usize;
+            if ps.step().is_multiple_of(cfg.report_every) {
+                let at = pos.epoch_at(ps.step());
+                report_progress(&mut ps, &mut window, cfg.worker, at, loss)?;
             }
         }
         let (loss, accuracy) = evaluate(&mut model, &ds.test, device)?;
@@ -299,7 +257,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         emit(&Event::Eval { worker: cfg.worker, epoch: (epoch + 1) as usize, loss, accuracy });
         let report = Report {
             worker: cfg.worker,
-            step: p.step,
+            step: ps.step(),
             epoch: (epoch + 1) as f64,
             loss,
             accuracy: Some(accuracy),
@@ -308,20 +266,26 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         ps.report(&report)?;
     }
     // The final word is the PS's model, evaluated here.
-    let final_model = ps.pull(p.step, None, Duration::ZERO)?.ok_or(ClientError::MissingVersion)?;
+    let final_model = ps.pull_now()?;
     load_params(&params, &final_model.values);
     let (test_loss, test_accuracy) = evaluate(&mut model, &ds.test, device)?;
     metrics.accuracy.set(test_accuracy);
+    let stats = ps.stats();
     emit(&Event::Done {
         worker: cfg.worker,
-        steps: p.step,
-        pushes: p.pushes,
-        discarded: p.discarded,
+        steps: ps.step(),
+        pushes: stats.pushes,
+        discarded: stats.discarded,
         test_loss,
         test_accuracy,
         seconds: started.elapsed().as_secs_f64(),
     });
     Ok(())
+}
+
+/// A model of another layout at the PS is the job's configuration's fault: no retry helps.
+fn pull_error(e: ClientError) -> anyhow::Error {
+    if matches!(e, ClientError::OtherModel) { permanent(e) } else { e.into() }
 }
 
 /// Forward and backward on one batch; adds the gradients to `grad` and returns the loss.
@@ -344,77 +308,19 @@ fn backward(
     Ok(loss.double_value(&[]))
 }
 
-/// Pulls the model. Under `sync`, first waits for the round holding this worker's gradient to
-/// close, pushing that gradient again whenever the wait runs out (a restarted PS lost the round;
-/// one that still holds it answers a replay).
-fn pull_model(ps: &mut Session, p: &mut Progress, dtype: GradDtype) -> anyhow::Result<PsModel> {
-    loop {
-        let min = p.in_round.as_ref().map(|r| r.version + 1);
-        if let Some(m) = ps.pull(p.step, min, ROUND_WAIT)? {
-            p.in_round = None;
-            return Ok(m);
-        }
-        let Some(r) = &p.in_round else { continue };
-        match ps.push(r.version, r.step, r.epoch, &r.grad, dtype)? {
-            Pushed::InRound { .. } => tracing::info!(version = r.version, "still waiting for the sync round"),
-            Pushed::Applied(_) | Pushed::Dropped(_) | Pushed::Finalized => p.in_round = None,
-        }
-    }
-}
-
-/// Pushes the gradient of step `p.step`; true when the job is over (finalized).
-fn push_gradient(
-    ps: &mut Session,
-    p: &mut Progress,
-    epoch: f64,
-    grad: &[f32],
-    dtype: GradDtype,
-) -> anyhow::Result<bool> {
-    let v = p.version.expect("pulled before the first step");
-    let pushed = ps
-        .push(v, p.step, epoch, grad, dtype)
-        .with_context(|| format!("pushing the gradient of step {}", p.step))?;
-    match pushed {
-        Pushed::Applied(reply) => {
-            p.pushes += 1;
-            p.last_staleness = Some(reply.staleness);
-        }
-        Pushed::InRound { version } => {
-            p.pushes += 1;
-            p.last_staleness = Some(0);
-            p.in_round = Some(InRound { version, step: p.step, epoch, grad: grad.to_vec() });
-        }
-        Pushed::Dropped(reason) => {
-            p.discarded += 1;
-            tracing::info!(reason, "gradient discarded; pulling again");
-            p.version = None;
-        }
-        Pushed::Finalized => {
-            tracing::info!("the job was finalized; stopping");
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
 fn report_progress(
-    ps: &mut Session,
-    p: &mut Progress,
+    ps: &mut Exchange,
+    window: &mut Window,
     worker: usize,
     epoch: f64,
     loss: f64,
 ) -> anyhow::Result<()> {
-    let sps = p.window.1 as f64 / p.window.0.elapsed().as_secs_f64();
-    p.window = (Instant::now(), 0);
-    emit(&Event::Progress {
-        worker,
-        epoch,
-        step: p.step,
-        loss,
-        samples_per_second: sps,
-        staleness: p.last_staleness,
-    });
-    let report = Report { worker, step: p.step, epoch, loss, accuracy: None, samples_per_second: Some(sps) };
+    let sps = window.samples as f64 / window.since.elapsed().as_secs_f64();
+    *window = Window { since: Instant::now(), samples: 0 };
+    let step = ps.step();
+    let staleness = ps.stats().last_staleness;
+    emit(&Event::Progress { worker, epoch, step, loss, samples_per_second: sps, staleness });
+    let report = Report { worker, step, epoch, loss, accuracy: None, samples_per_second: Some(sps) };
     Ok(ps.report(&report)?)
 }
 

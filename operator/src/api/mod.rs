@@ -91,18 +91,22 @@ pub fn crd_yaml() -> String {
     printcolumn = r#"{"name":"Reason","type":"string","description":"Why the job is in its phase (the reason of the phase's condition).","jsonPath":".status.reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = Rule::new("has(self.workers.command) ? (!has(self.model) || (!has(self.model.name) && !has(self.model.torchscript))) : (has(self.model) && has(self.model.name) != has(self.model.torchscript))").message(MODEL_RULE).field_path(".model"))]
+#[x_kube(validation = Rule::new("has(self.workers.command) || !has(self.workers.args)").message("workers.args needs workers.command (the built-in worker takes its settings from the job)").field_path(".workers.args"))]
 #[x_kube(validation = Rule::new("!has(self.optimizer.backupWorkers) || self.optimizer.backupWorkers < self.workers.replicas").message("optimizer.backupWorkers must be fewer than workers.replicas").field_path(".optimizer.backupWorkers"))]
 #[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || self.workers.minReplicas <= self.workers.replicas").message("workers.minReplicas must be at most workers.replicas").field_path(".workers.minReplicas"))]
 #[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || !has(self.optimizer) || !has(self.optimizer.algorithm) || self.optimizer.algorithm != 'sync'").message("workers.minReplicas needs an asynchronous algorithm: every sync round waits for every worker").field_path(".workers.minReplicas"))]
 #[x_kube(validation = Rule::new(transitions::unchanged(&["training.batchSize", "training.seed"])).message("training.batchSize and training.seed cannot change after the job is created (a worker resumes at a batch of its seeded shard); create a new TrainingJob").field_path(".training"))]
 #[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.checkpoint.storage"])).message("parameterServer.checkpoint.storage cannot change after the job is created (adding it restarts a parameter server whose memory holds the model, removing it drops the checkpoints); create a new TrainingJob").field_path(".parameterServer"))]
 #[x_kube(validation = Rule::new("!has(self.dataset.volume) || !has(self.workers.pod) || !has(self.workers.pod.volumeMounts) || self.workers.pod.volumeMounts.all(m, m.mountPath != self.dataset.path)").message("the dataset's volume is mounted at dataset.path").field_path(".workers.pod.volumeMounts"))]
-#[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_TEMPLATE_FIELDS)).message("workers.image, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
+#[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_TEMPLATE_FIELDS)).message("workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
 #[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_POD_FIELDS)).message("workers.pod labels, annotations, nodeSelector, tolerations, priorityClassName, serviceAccountName, automountServiceAccountToken, imagePullSecrets and env change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers.pod"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
-    /// The model to train: a built-in `name` or a `torchscript` module, exactly one. Cannot
-    /// change after the job is created.
+    /// The model to train: a built-in `name` or a `torchscript` module, exactly one; none when
+    /// the workers run the user's own program (`workers.command`). Cannot change after the job
+    /// is created.
+    #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("model cannot change after the job is created (the parameter server's weights and checkpoints belong to it); create a new TrainingJob"))]
     pub model: ModelSpec,
     /// Where the training data is and how it is stored. Cannot change after the job is
@@ -152,9 +156,11 @@ pub struct OutputSpec {
     pub path: Option<String>,
 }
 
+/// What `model` must hold, whether the workers run the built-in worker or `workers.command`.
+pub const MODEL_RULE: &str = "set exactly one of model.name (mlp, lenet5, resnet20) and model.torchscript.path, or neither when workers.command runs your own program (it trains its own model)";
+
 /// A built-in model by `name`, or a TorchScript module by `torchscript.path`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
-#[x_kube(validation = Rule::new("has(self.name) != has(self.torchscript)").message("set exactly one of model.name (mlp, lenet5, resnet20) and model.torchscript.path"))]
 #[serde(rename_all = "camelCase")]
 pub struct ModelSpec {
     /// Built-in model: mlp, lenet5 or resnet20.
@@ -443,6 +449,17 @@ pub struct WorkersSpec {
     /// Image of the workers (default: the operator's worker image).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The user's own training program instead of the built-in worker, e.g. `[python,
+    /// /scripts/train.py]` with the `foresight` Python package (a PyTorch loop with
+    /// `foresight.torch.Optimizer`): it gets the same environment (`FORESIGHT_*`) and trains
+    /// its own model, so `model` stays empty. `foresight run` runs it as a local process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub command: Option<Vec<String>>,
+    /// Arguments after `command`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub args: Option<Vec<String>>,
     /// GPUs per worker, as `gpuResource` (absent or 0: CPU only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,

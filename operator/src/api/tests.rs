@@ -316,3 +316,44 @@ fn checkpoint_storage_takes_kubernetes_quantities() {
         assert!(validate(&spec).is_ok(), "{good} is a quantity");
     }
 }
+
+/// What the TorchScript example's docstring tells users to write is a model the API takes.
+#[test]
+fn the_torchscript_example_names_the_model_as_the_api_spells_it() {
+    let script = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/torchscript/export_model.py"
+    ))
+    .unwrap();
+    let line = script.lines().find(|l| l.trim_start().starts_with("model:")).expect("a model: line");
+    let model: serde_yaml::Value = serde_yaml::from_str(line.trim()).unwrap();
+    let spec: ModelSpec = serde_yaml::from_value(model["model"].clone()).unwrap();
+    assert_eq!(spec.torchscript.map(|t| t.path), Some("/models/out.pt".into()));
+}
+
+#[test]
+fn a_python_job_runs_its_command_and_names_no_model() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/python/mnist.yaml"))
+        .unwrap();
+    let job: TrainingJob = serde_yaml::from_str(&text).unwrap();
+    validate(&job.spec).unwrap();
+    assert_eq!(job.spec.model, ModelSpec::default());
+    let env = worker_env(&job.spec, "j", "ns", "http://ps");
+    assert!(env.iter().all(|(k, _)| k != "FORESIGHT_MODEL"), "{env:?}");
+
+    let field_of = |spec: &TrainingJobSpec| -> Vec<String> {
+        validate(spec).unwrap_err().into_iter().map(|e| e.field).collect()
+    };
+    let mut with_builtin = job.spec.clone();
+    with_builtin.model.name = Some(BuiltinModel::Lenet5);
+    assert_eq!(field_of(&with_builtin), ["model"]);
+    let mut without_command = job.spec.clone();
+    without_command.workers.command = None;
+    assert_eq!(field_of(&without_command), ["model"]);
+    let mut args_alone = example().spec;
+    args_alone.workers.args = Some(vec!["--x".into()]);
+    assert_eq!(field_of(&args_alone), ["workers.args"]);
+    let mut empty = job.spec.clone();
+    empty.workers.command = Some(vec![" ".into()]);
+    assert_eq!(field_of(&empty), ["workers.command"]);
+}

@@ -5,8 +5,10 @@
 /// Fields of the workers' pod template, below the spec: they change only while the job is
 /// suspended (`api::validate_update` checks the same lists). Two lists, two rules: the API
 /// server caps each rule's estimated cost, and one rule comparing all of them exceeds it.
-pub const WORKER_TEMPLATE_FIELDS: [&str; 9] = [
+pub const WORKER_TEMPLATE_FIELDS: [&str; 11] = [
     "workers.image",
+    "workers.command",
+    "workers.args",
     "workers.gpus",
     "workers.gpuResource",
     "workers.resources",

@@ -25,11 +25,30 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
         }
     };
     let m = &spec.model;
-    check(
-        m.name.is_some() != m.torchscript.is_some(),
-        "model",
-        "set exactly one of model.name (mlp, lenet5, resnet20) and model.torchscript.path".into(),
-    );
+    let w = &spec.workers;
+    let own_program = w.command.is_some();
+    let model_ok = if own_program {
+        m.name.is_none() && m.torchscript.is_none()
+    } else {
+        m.name.is_some() != m.torchscript.is_some()
+    };
+    check(model_ok, "model", super::MODEL_RULE.into());
+    if let Some(c) = &w.command {
+        check(!c.is_empty() && c.len() <= 64, "workers.command", "must hold 1 to 64 strings".into());
+        check(
+            !c.first().is_some_and(|p| p.trim().is_empty()),
+            "workers.command",
+            "the program must not be empty".into(),
+        );
+    }
+    if let Some(a) = &w.args {
+        check(
+            own_program,
+            "workers.args",
+            "needs workers.command (the built-in worker takes its settings from the job)".into(),
+        );
+        check(a.len() <= 256, "workers.args", "must hold at most 256 strings".into());
+    }
     if let Some(ts) = &m.torchscript {
         check(!ts.path.trim().is_empty(), "model.torchscript.path", "must not be empty".into());
     }
@@ -333,6 +352,7 @@ pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(
         let w = &s.workers;
         (
             (w.image.clone(), w.gpus, w.gpu_resource.clone(), w.resources.clone()),
+            (w.command.clone(), w.args.clone()),
             (w.node_selector.clone(), w.tolerations.clone()),
             (s.training.epochs, s.optimizer.pull_every, s.optimizer.push_every),
         )
@@ -340,7 +360,7 @@ pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(
     frozen(
         suspended || template(old) == template(new),
         "workers",
-        "workers.image, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, \
+        "workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, \
          optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true",
     );
     // Not volumes, volumeMounts, affinity or envFrom: see `transitions::WORKER_POD_FIELDS`.

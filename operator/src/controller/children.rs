@@ -448,6 +448,9 @@ impl<'a> Owner<'a> {
         let container = Container {
             name: "worker".into(),
             image: Some(w.image.clone().unwrap_or_else(|| defaults.worker_image.clone())),
+            // The user's own program (the Python package's worker) replaces the image's entrypoint.
+            command: w.command.clone(),
+            args: w.args.clone(),
             env: Some(env),
             ports: Some(vec![ContainerPort {
                 name: Some("metrics".into()),

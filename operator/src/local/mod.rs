@@ -150,9 +150,34 @@ impl Proc {
     }
 }
 
+/// What a process runs: a program and its arguments.
+#[derive(Clone, Debug)]
+struct Program {
+    path: PathBuf,
+    args: Vec<String>,
+}
+
+impl Program {
+    fn bare(path: &Path) -> Self {
+        Self { path: path.to_path_buf(), args: Vec::new() }
+    }
+
+    /// A worker's: the job's own program (`workers.command` and `args`, e.g. a Python script
+    /// with the `foresight` package, found on `PATH` as a shell would), or the built-in worker.
+    fn worker(spec: &api::TrainingJobSpec, opts: &RunOptions) -> Self {
+        match spec.workers.command.as_deref() {
+            Some([program, rest @ ..]) => Self {
+                path: PathBuf::from(program),
+                args: rest.iter().chain(spec.workers.args.iter().flatten()).cloned().collect(),
+            },
+            _ => Self::bare(&opts.worker_bin),
+        }
+    }
+}
+
 fn spawn(
     name: &str,
-    bin: &Path,
+    program: &Program,
     env: &[(String, String)],
     log: PathBuf,
     stdout: Stdio,
@@ -163,7 +188,9 @@ fn spawn(
         .append(true)
         .open(&log)
         .map_err(|e| setup(format!("{}: {e}", log.display())))?;
+    let bin = &program.path;
     let child = Command::new(bin)
+        .args(&program.args)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -175,7 +202,8 @@ fn spawn(
         .spawn()
         .map_err(|e| {
             setup(format!(
-                "cannot start {name} ({}): {e}; build it with `cargo build --release`",
+                "cannot start {name} ({}): {e} (Foresight's own binaries: `cargo build --release`; \
+                 a workers.command program: is it on PATH?)",
                 bin.display()
             ))
         })?;
@@ -212,7 +240,7 @@ struct Workers {
     env: Vec<Vec<(String, String)>>,
     procs: Vec<Proc>,
     tx: mpsc::Sender<Msg>,
-    bin: PathBuf,
+    program: Program,
     logs: PathBuf,
 }
 
@@ -220,7 +248,8 @@ impl Workers {
     /// Starts worker `i` and a task that forwards its stdout lines, then its exit status.
     fn start(&self, i: usize) -> Result<Proc, RunError> {
         let log = self.logs.join(format!("worker-{i}.log"));
-        let (proc_, mut child) = spawn(&format!("worker {i}"), &self.bin, &self.env[i], log, Stdio::piped())?;
+        let (proc_, mut child) =
+            spawn(&format!("worker {i}"), &self.program, &self.env[i], log, Stdio::piped())?;
         let stdout = child.stdout.take().expect("piped");
         let tx = self.tx.clone();
         tokio::spawn(async move {
@@ -258,7 +287,8 @@ impl ParameterServer {
         log: PathBuf,
         url: String,
     ) -> Result<Self, RunError> {
-        let (proc_, mut child) = spawn("parameter server", bin, &env, log.clone(), Stdio::null())?;
+        let (proc_, mut child) =
+            spawn("parameter server", &Program::bare(bin), &env, log.clone(), Stdio::null())?;
         wait_ready(&url, &mut child, &proc_).await?;
         Ok(Self { proc_, child, env, bin: bin.to_path_buf(), log, url })
     }
@@ -332,6 +362,13 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         ("FORESIGHT_OUTPUT_DIR".into(), opts.out.display().to_string()),
     ]);
     let snapshot_dir = opts.out.join("snapshots");
+    let own_program = spec.workers.command.is_some();
+    if own_program && opts.snapshot_every.is_some() {
+        return Err(setup(
+            "--snapshot-every evaluates snapshots with the built-in worker, which cannot evaluate the model of \
+             workers.command's program",
+        ));
+    }
     if let Some(every) = opts.snapshot_every {
         ps_env.extend([
             ("FORESIGHT_SNAPSHOT_EVERY".into(), every.to_string()),
@@ -351,7 +388,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         env,
         procs: Vec::with_capacity(m),
         tx,
-        bin: opts.worker_bin.clone(),
+        program: Program::worker(spec, opts),
         logs: opts.out.join("logs"),
     };
     for i in 0..m {
@@ -365,6 +402,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let mut backoff = Backoff { limit, workers: 0, ps: 0, restarts: Vec::new() };
     let mut history = History::default();
     let mut done: Vec<Option<WorkerEvent>> = vec![None; m];
+    let mut last_done = None;
     let mut exited = 0;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     while exited < m {
@@ -374,6 +412,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                     if let Ok(ev) = serde_json::from_str::<WorkerEvent>(&line) {
                         history.record(started.elapsed().as_secs_f64(), &ev);
                         if matches!(ev, WorkerEvent::Done { .. }) {
+                            last_done = Some(i);
                             done[i] = Some(ev);
                         }
                     }
@@ -430,8 +469,18 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let model = finalized.get("path").and_then(|p| p.as_str()).map(PathBuf::from);
     let (bin, env) = (&opts.worker_bin, &workers.env[0]);
     let final_model = match &model {
-        Some(path) => evaluate_models(bin, env, "--model-file", path).await?.into_iter().next(),
-        None => None,
+        Some(path) if !own_program => {
+            evaluate_models(bin, env, "--model-file", path).await?.into_iter().next()
+        }
+        _ => None,
+    };
+    // The built-in evaluator does not know the model of the job's own program: the last worker
+    // to finish evaluated the PS's model after every push (`foresight.finish(evaluate=...)`).
+    let last_evaluation = match last_done.and_then(|i| done[i].clone()) {
+        Some(WorkerEvent::Done { test_loss, test_accuracy, .. }) if own_program => {
+            Some((test_loss, test_accuracy))
+        }
+        _ => None,
     };
     let curve = match opts.snapshot_every {
         Some(_) => summary::curve(
@@ -452,6 +501,9 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         final_model,
         &history,
     );
+    if let Some((loss, accuracy)) = last_evaluation {
+        (summary.loss, summary.accuracy) = (Some(loss), Some(accuracy));
+    }
     summary.restarts = backoff.restarts;
     summary.curve = curve;
     summary.write(&opts.out).map_err(|e| setup(format!("writing the summary: {e}")))?;

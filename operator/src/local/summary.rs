@@ -115,8 +115,9 @@ pub struct Summary {
     pub workers: u32,
     pub epochs: u32,
     /// Held-out accuracy of the PS's final model, written after every worker finished and
-    /// evaluated by `foresight-worker evaluate` (each worker's own last evaluation is in
-    /// `per_worker`).
+    /// evaluated by `foresight-worker evaluate`; for a job whose workers run their own program
+    /// (`workers.command`), the last worker to finish's evaluation of the PS's model after every
+    /// push (`foresight.finish(evaluate=...)`). Each worker's own is in `per_worker`.
     pub accuracy: Option<f64>,
     /// Held-out loss of the same model.
     pub loss: Option<f64>,

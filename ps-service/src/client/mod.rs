@@ -8,6 +8,13 @@ use serde::Deserialize;
 use crate::server::Report;
 use crate::wire::{self, Layout, WireError};
 
+mod exchange;
+mod session;
+pub mod shard;
+
+pub use exchange::{Cadence, Exchange, PushStats, StepEnd};
+pub use session::{Pushed, Retry, Session};
+
 const VERSION_HEADER: &str = "x-foresight-version";
 
 /// Element type a gradient is sent in.
@@ -28,7 +35,18 @@ pub enum ClientError {
     Wire(#[from] WireError),
     #[error("the parameter server answered without a valid {VERSION_HEADER} header")]
     MissingVersion,
+    #[error(
+        "the parameter server holds a model whose layout differs from this worker's model \
+         (restored from another job's checkpoint?)"
+    )]
+    OtherModel,
+    #[error("a gradient was pushed before the model was pulled")]
+    NotPulled,
 }
+
+/// Refusals of the parameter server that the same request will meet again, whoever sends it.
+/// (`unknown_worker` is not one: a job being scaled may know the index a moment later.)
+const PERMANENT_REFUSALS: [&str; 4] = ["unauthorized", "layout_mismatch", "shape_mismatch", "dtype_mismatch"];
 
 impl ClientError {
     /// Worth retrying: the PS was unreachable, restarting or overloaded.
@@ -36,6 +54,16 @@ impl ClientError {
         match self {
             Self::Transport(_) => true,
             Self::Refused { status, reason, .. } => status.is_server_error() || reason == "in_flight",
+            _ => false,
+        }
+    }
+
+    /// No retry, by this process or a new one, can succeed: the job's configuration or the
+    /// model is wrong.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::OtherModel => true,
+            Self::Refused { reason, .. } => PERMANENT_REFUSALS.contains(&reason.as_str()),
             _ => false,
         }
     }

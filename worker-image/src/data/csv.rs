@@ -65,5 +65,32 @@ pub fn load(dir: &Path) -> Result<Examples, DataError> {
         3072 => [3, 32, 32],
         p => [1, 1, p],
     };
+    let largest = ex.pixels.iter().fold(0f32, |m, &v| m.max(v)) * 255.0;
+    if looks_unscaled(largest) {
+        tracing::warn!(
+            dir = %dir.display(),
+            largest,
+            "the CSV's largest value is {largest}: the loader divides every value by 255, as for pixels \
+             0-255, so these features reach at most {:.2}; on another scale they train poorly (scikit-learn's \
+             8x8 digits, 0-16, reached 39 % held-out accuracy against 96.9 % rescaled to 0-255). Rescale the \
+             file to 0-255, or train from your own loader with the Python package",
+            largest / 255.0
+        );
+    }
     Ok(ex)
+}
+
+/// Pixels 0–255 whose largest value is this small are almost surely features on another scale.
+fn looks_unscaled(largest: f32) -> bool {
+    largest < 64.0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn values_far_below_255_look_unscaled() {
+        assert!(super::looks_unscaled(16.0));
+        assert!(!super::looks_unscaled(255.0));
+        assert!(!super::looks_unscaled(128.0));
+    }
 }

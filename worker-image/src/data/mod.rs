@@ -11,9 +11,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Mnist,
@@ -134,12 +131,9 @@ impl Dataset {
                     );
                     return Err(DataError::Missing { dir: dir.to_path_buf(), why });
                 }
-                let mut idx: Vec<usize> = (0..all.len()).collect();
-                // CSV exports are often sorted by class: shuffle before splitting.
-                idx.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
-                let n_test = ((all.len() as f64 * holdout).round() as usize).clamp(1, all.len() - 1);
+                let (train, test) = foresight_ps::client::shard::holdout(all.len(), holdout, seed);
                 let classes = all.labels.iter().max().map_or(0, |&m| m as usize + 1);
-                Dataset { test: all.select(&idx[..n_test]), train: all.select(&idx[n_test..]), classes }
+                Dataset { test: all.select(&test), train: all.select(&train), classes }
             }
         };
         if ds.train.len() < 2 {
@@ -151,12 +145,9 @@ impl Dataset {
         Ok(ds)
     }
 
-    /// Worker `index`'s shard of the training set: every `count`-th example after a seeded shuffle.
+    /// Worker `index`'s shard of the training set ([`foresight_ps::client::shard::indices`]).
     pub fn shard(&self, index: usize, count: usize, seed: u64) -> Examples {
-        let mut idx: Vec<usize> = (0..self.train.len()).collect();
-        idx.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed));
-        let mine: Vec<usize> = idx.into_iter().skip(index).step_by(count.max(1)).collect();
-        self.train.select(&mine)
+        self.train.select(&foresight_ps::client::shard::indices(self.train.len(), index, count, seed))
     }
 }
 

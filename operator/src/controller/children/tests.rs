@@ -329,3 +329,22 @@ fn the_names_the_api_reserves_are_the_ones_the_operator_uses() {
     let reserved_paths: BTreeSet<String> = crate::api::RESERVED_PATHS.iter().map(|p| p.to_string()).collect();
     assert_eq!(paths, reserved_paths);
 }
+
+#[test]
+fn a_job_of_its_own_program_runs_it_in_the_workers_with_the_same_environment() {
+    let yaml = BASE.replace("  model: {name: lenet5}\n", "").replace(
+        "workers: {replicas: 3,",
+        "workers: {replicas: 3, command: [python, /scripts/train.py], args: [--fast],",
+    );
+    let j = job(&yaml);
+    let w = Owner::new(&j).unwrap().worker_job(&defaults());
+    let pod = w.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    assert_eq!(c.command.as_deref(), Some(&["python".to_string(), "/scripts/train.py".to_string()][..]));
+    assert_eq!(c.args.as_deref(), Some(&["--fast".to_string()][..]));
+    assert_eq!(env(c, "FORESIGHT_DATASET_PATH").value.as_deref(), Some("/data/mnist"));
+    assert!(c.env.as_ref().unwrap().iter().all(|e| e.name != "FORESIGHT_MODEL"));
+    let builtin = Owner::new(&job(BASE)).unwrap().worker_job(&defaults());
+    let c = &builtin.spec.unwrap().template.spec.unwrap().containers[0];
+    assert_eq!((c.command.as_ref(), c.args.as_ref()), (None, None), "the image's entrypoint");
+}

@@ -14,10 +14,12 @@
 
 use std::time::{Duration, Instant};
 
-use foresight_ps::client::{ClientError, GradDtype, Joined, Model, PsClient, PushId, PushReply};
-use foresight_ps::server::Report;
-use foresight_ps::wire::Layout;
 use rand::{Rng, SeedableRng};
+use tokio::runtime::Handle;
+
+use super::{ClientError, GradDtype, Joined, Model, PsClient, PushId, PushReply};
+use crate::server::Report;
+use crate::wire::Layout;
 
 /// What became of a pushed gradient.
 #[derive(Debug)]
@@ -36,9 +38,10 @@ pub enum Pushed {
 /// Refusals after which a gradient is dropped and the model pulled again.
 const DROPPED: [&str; 4] = ["pull_required", "too_stale", "round_closed", "future_version"];
 
-pub struct Session<'rt> {
+pub struct Session {
     client: PsClient,
-    rt: &'rt tokio::runtime::Runtime,
+    /// Blocks on the client's futures: the caller's thread is not a runtime thread.
+    rt: Handle,
     retry: Retry,
     worker: usize,
     layout: Layout,
@@ -47,11 +50,11 @@ pub struct Session<'rt> {
     copy: Option<Model>,
 }
 
-impl<'rt> Session<'rt> {
+impl Session {
     /// Registers `init` (when this worker is first), joins, and returns where to resume.
     pub fn start(
         client: PsClient,
-        rt: &'rt tokio::runtime::Runtime,
+        rt: Handle,
         worker: usize,
         layout: Layout,
         init: &[f32],
@@ -74,6 +77,11 @@ impl<'rt> Session<'rt> {
         Ok((s, joined))
     }
 
+    /// The layout of this worker's model.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     fn join(&mut self, step: Option<u64>) -> Result<Joined, ClientError> {
         let worker = self.worker;
         // `unknown_worker` at join: the job was scaled up and the Job started this pod before
@@ -81,7 +89,7 @@ impl<'rt> Session<'rt> {
         let scaling = |e: &ClientError| e.is_transient() || e.reason() == Some("unknown_worker");
         let joined = self
             .retry
-            .run(self.rt, &self.client, "joining", scaling, |c| async move { c.join(worker, step).await })?;
+            .run(&self.rt, &self.client, "joining", scaling, |c| async move { c.join(worker, step).await })?;
         self.generation = joined.generation;
         Ok(joined)
     }
@@ -142,7 +150,7 @@ impl<'rt> Session<'rt> {
         &mut self,
         version: u64,
         step: u64,
-        epoch: f64,
+        epoch: Option<f64>,
         grad: &[f32],
         dtype: GradDtype,
     ) -> Result<Pushed, ClientError> {
@@ -150,7 +158,7 @@ impl<'rt> Session<'rt> {
         let layout = self.layout.clone();
         let sent = self.retry("pushing a gradient", |c| {
             let l = layout.clone();
-            async move { c.push(id, Some(epoch), &l, grad, dtype).await }
+            async move { c.push(id, epoch, &l, grad, dtype).await }
         });
         match sent {
             Ok(reply) if reply.applied => Ok(Pushed::Applied(reply)),
@@ -187,7 +195,7 @@ impl<'rt> Session<'rt> {
         F: FnMut(PsClient) -> Fut,
         Fut: std::future::Future<Output = Result<T, ClientError>>,
     {
-        self.retry.run(self.rt, &self.client, what, ClientError::is_transient, f)
+        self.retry.run(&self.rt, &self.client, what, ClientError::is_transient, f)
     }
 }
 
@@ -205,7 +213,7 @@ impl Retry {
 
     fn run<T, F, Fut>(
         &mut self,
-        rt: &tokio::runtime::Runtime,
+        rt: &Handle,
         client: &PsClient,
         what: &str,
         retryable: impl Fn(&ClientError) -> bool,

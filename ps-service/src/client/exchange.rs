@@ -1,0 +1,192 @@
+//! A worker's step-by-step exchange with the parameter server, whatever computes the gradients
+//! (the Rust worker's libtorch models, or a user's PyTorch loop through the Python package):
+//!
+//! - before a step, [`Exchange::pull_if_due`] hands over the model to train on when a pull is
+//!   due: at the first step, every `pull_every` steps, after a gradient was dropped, and while a
+//!   `sync` round holds this worker's gradient (it waits for the round to close);
+//! - the step adds its gradient into [`Exchange::grad_mut`];
+//! - [`Exchange::end_step`] counts the step and, every `push_every` steps, pushes the mean of the
+//!   gradients accumulated since the last push, computed on the version last pulled.
+
+use std::time::Duration;
+
+use super::session::{Pushed, Session};
+use super::{ClientError, GradDtype, Joined, Model};
+use crate::server::Report;
+use crate::wire::Layout;
+
+/// How often a worker talks to the PS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cadence {
+    pub pull_every: u64,
+    pub push_every: u64,
+    pub dtype: GradDtype,
+}
+
+/// How long a `sync` worker waits for its round before pushing its gradient for it again (the
+/// round may have been lost with a restarted PS; a PS that still holds it answers a replay).
+const ROUND_WAIT: Duration = Duration::from_secs(10);
+
+/// A `sync` gradient waiting in its round, kept to push again if the round is lost.
+struct InRound {
+    version: u64,
+    step: u64,
+    epoch: Option<f64>,
+    grad: Vec<f32>,
+}
+
+/// What this worker's pushes came to so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PushStats {
+    /// Gradients the PS took (applied, or into a `sync` round).
+    pub pushes: u64,
+    /// Gradients the PS refused as stale or for a model it no longer has.
+    pub discarded: u64,
+    /// The staleness of the last gradient applied.
+    pub last_staleness: Option<u64>,
+}
+
+/// How a step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepEnd {
+    /// Train the next step.
+    Continue,
+    /// The job was finalized: the model is read-only, stop training.
+    Finalized,
+}
+
+pub struct Exchange {
+    session: Session,
+    cadence: Cadence,
+    /// Steps of this worker in the model: the resume step, then one more per [`Self::end_step`].
+    step: u64,
+    /// The version the local model holds; `None` when a pull is needed before the next step.
+    version: Option<u64>,
+    in_round: Option<InRound>,
+    /// The gradients accumulated since the last push, summed.
+    grad: Vec<f32>,
+    stats: PushStats,
+}
+
+impl Exchange {
+    /// Starts after `joined.resume_step` steps (those already in the model).
+    pub fn new(session: Session, joined: &Joined, cadence: Cadence) -> Self {
+        let grad = vec![0.0; session.layout().len()];
+        Self {
+            session,
+            cadence,
+            step: joined.resume_step,
+            version: None,
+            in_round: None,
+            grad,
+            stats: PushStats::default(),
+        }
+    }
+
+    /// Steps of this worker in the model so far (the resume step included).
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The layout of this worker's model.
+    pub fn layout(&self) -> &Layout {
+        self.session.layout()
+    }
+
+    pub fn stats(&self) -> PushStats {
+        self.stats
+    }
+
+    /// The next step's gradient is added into this (flat, in layout order).
+    pub fn grad_mut(&mut self) -> &mut [f32] {
+        &mut self.grad
+    }
+
+    fn pull_due(&self) -> bool {
+        self.version.is_none() || self.step.is_multiple_of(self.cadence.pull_every) || self.in_round.is_some()
+    }
+
+    /// The model to train the next step on, when a pull is due; `None` to keep the local one.
+    pub fn pull_if_due(&mut self) -> Result<Option<Model>, ClientError> {
+        if !self.pull_due() {
+            return Ok(None);
+        }
+        let m = self.pull_after_round()?;
+        if &m.layout != self.session.layout() {
+            return Err(ClientError::OtherModel);
+        }
+        self.version = Some(m.version);
+        Ok(Some(m))
+    }
+
+    /// Pulls the model. Under `sync`, first waits for the round holding this worker's gradient
+    /// to close, pushing that gradient again whenever the wait runs out (a restarted PS lost the
+    /// round; one that still holds it answers a replay).
+    fn pull_after_round(&mut self) -> Result<Model, ClientError> {
+        loop {
+            let min = self.in_round.as_ref().map(|r| r.version + 1);
+            if let Some(m) = self.session.pull(self.step, min, ROUND_WAIT)? {
+                self.in_round = None;
+                return Ok(m);
+            }
+            let Some(r) = &self.in_round else { continue };
+            match self.session.push(r.version, r.step, r.epoch, &r.grad, self.cadence.dtype)? {
+                Pushed::InRound { .. } => {
+                    tracing::info!(version = r.version, "still waiting for the sync round")
+                }
+                Pushed::Applied(_) | Pushed::Dropped(_) | Pushed::Finalized => self.in_round = None,
+            }
+        }
+    }
+
+    /// Ends a step whose gradient is in [`Self::grad_mut`]; `epoch` is the fractional epoch
+    /// reached (it drives the PS's learning-rate schedule).
+    pub fn end_step(&mut self, epoch: Option<f64>) -> Result<StepEnd, ClientError> {
+        self.step += 1;
+        if !self.step.is_multiple_of(self.cadence.push_every) {
+            return Ok(StepEnd::Continue);
+        }
+        if self.cadence.push_every > 1 {
+            let k = self.cadence.push_every as f32;
+            self.grad.iter_mut().for_each(|g| *g /= k);
+        }
+        let end = self.push(epoch);
+        self.grad.fill(0.0);
+        end
+    }
+
+    fn push(&mut self, epoch: Option<f64>) -> Result<StepEnd, ClientError> {
+        let Some(version) = self.version else { return Err(ClientError::NotPulled) };
+        match self.session.push(version, self.step, epoch, &self.grad, self.cadence.dtype)? {
+            Pushed::Applied(reply) => {
+                self.stats.pushes += 1;
+                self.stats.last_staleness = Some(reply.staleness);
+            }
+            Pushed::InRound { version } => {
+                self.stats.pushes += 1;
+                self.stats.last_staleness = Some(0);
+                let grad = self.grad.clone();
+                self.in_round = Some(InRound { version, step: self.step, epoch, grad });
+            }
+            Pushed::Dropped(reason) => {
+                self.stats.discarded += 1;
+                tracing::info!(reason, "gradient discarded; pulling again");
+                self.version = None;
+            }
+            Pushed::Finalized => {
+                tracing::info!("the job was finalized; stopping");
+                return Ok(StepEnd::Finalized);
+            }
+        }
+        Ok(StepEnd::Continue)
+    }
+
+    /// The PS's model now, whatever the cadence (the final word at the end of training).
+    pub fn pull_now(&mut self) -> Result<Model, ClientError> {
+        self.session.pull(self.step, None, Duration::ZERO)?.ok_or(ClientError::MissingVersion)
+    }
+
+    pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {
+        self.session.report(report)
+    }
+}

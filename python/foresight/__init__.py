@@ -1,0 +1,302 @@
+"""Foresight: turn an ordinary PyTorch training loop into a worker of a Foresight job.
+
+The parameter server applies every worker's gradients as they arrive, with delay compensation
+(DC-ASGD) or the job's other rule; a worker can join, leave or be replaced at any step::
+
+    import foresight, foresight.torch
+
+    job = foresight.init()                         # what the operator / `foresight run` injected
+    model = Net()
+    opt = foresight.torch.Optimizer(model)         # registers the model (first worker) and joins
+    for epoch, idx in foresight.batches(len(train_x)):   # this worker's shard, resumed
+        loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()                                 # push the gradient, pull the new model
+    foresight.finish()                             # the PS's final model, in `model`
+
+The protocol (HTTP/2, join / resume, retries, re-seeding a restarted PS) is the Rust client's,
+the same code as the Rust worker's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from . import _native
+from .errors import ConfigError, ForesightError, RefusedError, UnreachableError
+
+__all__ = [
+    "ConfigError",
+    "ForesightError",
+    "Job",
+    "RefusedError",
+    "UnreachableError",
+    "batches",
+    "finish",
+    "init",
+    "job",
+    "report",
+    "resume_step",
+    "shard",
+    "split",
+]
+
+#: The exit status a worker ends with after a failure no retry can fix; the operator's
+#: podFailurePolicy and `foresight run` fail the job at once instead of restarting it.
+EXIT_PERMANENT = 3
+
+
+def _env_int(name: str, default: int | None, minimum: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ConfigError(f"${name} is not set")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"${name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"${name}={value} must be at least {minimum}")
+    return value
+
+
+def _token() -> str | None:
+    token = os.environ.get("FORESIGHT_TOKEN")
+    path = os.environ.get("FORESIGHT_TOKEN_FILE")
+    if token:
+        return token
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as e:
+            raise ConfigError(f"$FORESIGHT_TOKEN_FILE: cannot read {path}: {e.strerror}") from None
+    return None
+
+
+@dataclass
+class Job:
+    """This worker's place in the job, from the environment; the rest from the PS at join."""
+
+    ps_url: str
+    worker: int
+    epochs: int
+    batch_size: int
+    seed: int
+    pull_every: int
+    push_every: int
+    bf16: bool
+    deadline_seconds: float
+    report_every: int
+    #: Intra-op threads for torch (``foresight run`` shares the cores among its workers).
+    torch_threads: int = 0
+    token: str | None = field(default=None, repr=False)
+    #: Set when the worker joins (``foresight.torch.Optimizer``).
+    native: Any = field(default=None, repr=False)
+    #: The ``foresight.torch.Optimizer`` that joined (it loads the final model).
+    optimizer: Any = field(default=None, repr=False)
+    #: Steps per epoch, once known (``batches`` or the Optimizer's argument).
+    steps_per_epoch: int | None = None
+    started: float = field(default_factory=time.monotonic, repr=False)
+
+    @classmethod
+    def from_env(cls) -> "Job":
+        missing = [v for v in ("FORESIGHT_PS_URL", "FORESIGHT_WORKER_INDEX") if not os.environ.get(v)]
+        if missing:
+            raise ConfigError(
+                f"not inside a Foresight job: {' and '.join('$' + v for v in missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not set. Run the script as a TrainingJob's "
+                "workers (spec.workers.command) or with `foresight run job.yaml`, or set them yourself "
+                "(FORESIGHT_PS_URL=http://host:port, FORESIGHT_WORKER_INDEX=0, FORESIGHT_TOKEN=...)."
+            )
+        dtype = os.environ.get("FORESIGHT_GRAD_DTYPE", "f32")
+        if dtype not in ("f32", "bf16"):
+            raise ConfigError(f"$FORESIGHT_GRAD_DTYPE={dtype!r}: expected f32 or bf16")
+        return cls(
+            ps_url=os.environ["FORESIGHT_PS_URL"],
+            worker=_env_int("FORESIGHT_WORKER_INDEX", None, 0),
+            epochs=_env_int("FORESIGHT_EPOCHS", 1, 1),
+            batch_size=_env_int("FORESIGHT_BATCH_SIZE", 64, 1),
+            seed=_env_int("FORESIGHT_SEED", 1, 0),
+            pull_every=_env_int("FORESIGHT_PULL_EVERY", 1, 1),
+            push_every=_env_int("FORESIGHT_PUSH_EVERY", 1, 1),
+            bf16=dtype == "bf16",
+            deadline_seconds=float(_env_int("FORESIGHT_PS_DEADLINE_SECONDS", 300, 0)),
+            report_every=_env_int("FORESIGHT_REPORT_EVERY", 20, 1),
+            torch_threads=_env_int("FORESIGHT_TORCH_THREADS", 0, 0),
+            token=_token(),
+        )
+
+    def joined(self) -> Any:
+        if self.native is None:
+            raise ForesightError(
+                "this worker has not joined yet: create foresight.torch.Optimizer(model) first "
+                "(the job's worker count and the resume step come from the parameter server at join)"
+            )
+        return self.native
+
+    @property
+    def workers(self) -> int:
+        """The job's worker count when this worker joined."""
+        return int(self.joined().workers)
+
+    @property
+    def step(self) -> int:
+        """Steps of this worker in the model so far."""
+        return int(self.joined().step)
+
+    def epoch_at(self, step: int) -> float | None:
+        return step / self.steps_per_epoch if self.steps_per_epoch else None
+
+
+_job: Job | None = None
+
+
+def init() -> Job:
+    """Reads the job's settings from the environment the operator and ``foresight run`` inject.
+
+    Raises :class:`ConfigError` naming what is missing outside a job. Idempotent. From here on, an
+    uncaught :class:`ForesightError` that no retry can fix ends the process with status 3, which
+    fails the job at once instead of restarting the worker.
+    """
+    global _job
+    if _job is None:
+        _job = Job.from_env()
+        _install_exit_status()
+    return _job
+
+
+def job() -> Job:
+    """The job :func:`init` read (calling it if needed)."""
+    return init()
+
+
+def _install_exit_status() -> None:
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):  # type: ignore[no-untyped-def]
+        previous(kind, value, tb)
+        if isinstance(value, ForesightError) and value.permanent:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_PERMANENT)
+
+    sys.excepthook = hook
+
+
+def split(n_examples: int, holdout: float | None = None) -> tuple[list[int], list[int]]:
+    """(training, held-out) indices of a dataset without a test split of its own, held out as the
+    Rust worker holds out a CSV dataset (``holdout`` defaults to the job's ``dataset.holdout``),
+    so that every worker of the job, Rust or Python, trains on the same examples."""
+    j = job()
+    fraction = holdout if holdout is not None else float(os.environ.get("FORESIGHT_HOLDOUT") or 0.2)
+    train, test = _native.holdout_split(n_examples, fraction, j.seed)
+    return list(train), list(test)
+
+
+def shard(n_examples: int) -> list[int]:
+    """This worker's examples out of ``n_examples``: the Rust worker's rule (a seeded shuffle,
+    then every M-th), so the job's workers, Rust or Python, train on disjoint shards."""
+    j = job()
+    return list(_native.shard_indices(n_examples, j.worker, j.workers, j.seed))
+
+
+def batches(n_examples: int, batch_size: int | None = None) -> Iterator[tuple[int, list[int]]]:
+    """``(epoch, example indices)`` of every batch this worker trains, over the job's epochs,
+    starting after the steps already in the model (a replaced worker resumes where its earlier
+    process stopped). Every worker takes the same number of steps per epoch, as the Rust worker
+    does, so ``sync`` rounds always find all of them."""
+    j = job()
+    batch = batch_size or j.batch_size
+    mine = shard(n_examples)
+    steps = int(_native.steps_per_epoch(n_examples, j.workers, batch))
+    if steps == 0:
+        raise ForesightError(f"worker {j.worker}'s share of {n_examples} examples is empty")
+    j.steps_per_epoch = steps
+    per_worker = n_examples // j.workers
+    first_epoch, first_batch = divmod(j.step, steps)
+    rng = random.Random(j.seed * 1_000_003 + j.worker)
+    for epoch in range(j.epochs):
+        order = list(mine)
+        # Drawn for skipped epochs too, so a resumed process sees the orders its predecessor saw.
+        rng.shuffle(order)
+        if epoch < first_epoch:
+            continue
+        order = order[:per_worker]
+        skip = first_batch if epoch == first_epoch else 0
+        for b in range(skip, steps):
+            yield epoch, order[b * batch : (b + 1) * batch]
+
+
+def resume_step() -> int:
+    """Steps of this worker already in the model when it joined (0 for a first process)."""
+    return int(job().joined().resume_step)
+
+
+def emit(event: dict[str, Any]) -> None:
+    """One JSON line on stdout, as the Rust worker prints them (``foresight run`` reads them)."""
+    print(json.dumps(event), flush=True)
+
+
+def report(
+    *,
+    loss: float,
+    accuracy: float | None = None,
+    epoch: float | None = None,
+    samples_per_second: float | None = None,
+) -> None:
+    """Reports this worker's progress to the parameter server, where ``foresight run``'s progress
+    bar, ``kubectl get tj`` and the dashboard show it. ``accuracy`` is a held-out accuracy (an
+    end-of-epoch evaluation); ``epoch`` defaults to the fractional epoch reached."""
+    j = job()
+    native = j.joined()
+    at = epoch if epoch is not None else (j.epoch_at(native.step) or 0.0)
+    native.report(float(at), float(loss), accuracy, samples_per_second)
+    _pushes, _discarded, staleness = native.push_stats
+    if accuracy is None:
+        emit(
+            {
+                "event": "progress",
+                "worker": j.worker,
+                "epoch": at,
+                "step": native.step,
+                "loss": float(loss),
+                "samples_per_second": float(samples_per_second or 0.0),
+                "staleness": staleness,
+            }
+        )
+    else:
+        emit({"event": "eval", "worker": j.worker, "epoch": int(at), "loss": float(loss), "accuracy": accuracy})
+
+
+def finish(*, evaluate: Callable[[], tuple[float, float]] | None = None) -> dict[str, Any]:
+    """Ends this worker's training: the model the Optimizer wraps now holds the parameter server's
+    model, the job's result (evaluate that, not this worker's copy). ``evaluate``, called after
+    that, returns its held-out (loss, accuracy) for the run's summary. Returns this worker's
+    counts: steps, gradients pushed and discarded, and the evaluation."""
+    j = job()
+    if j.optimizer is None:
+        j.joined()  # raises: nothing joined
+    j.optimizer.load_final()
+    loss, accuracy = evaluate() if evaluate is not None else (0.0, 0.0)
+    pushes, discarded, _ = j.joined().push_stats
+    done = {
+        "event": "done",
+        "worker": j.worker,
+        "steps": j.step,
+        "pushes": pushes,
+        "discarded": discarded,
+        "test_loss": float(loss),
+        "test_accuracy": float(accuracy),
+        "seconds": time.monotonic() - j.started,
+    }
+    emit(done)
+    return done

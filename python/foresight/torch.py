@@ -1,0 +1,147 @@
+"""The optimizer-shaped wrapper: ``loss.backward(); opt.step()`` pushes the gradients to the
+parameter server and pulls its model into the parameters, as the job's pullEvery / pushEvery say.
+
+The parameter server applies the update (the job's rule: dc-asgd-a, asgd, sync, ...), so there
+is no local optimizer. Parameters are matched by ``named_parameters()`` names; parameters with
+``requires_grad=False`` and buffers (BatchNorm statistics) stay local to the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+import foresight
+
+from . import _native
+
+__all__ = ["Optimizer"]
+
+
+class Optimizer:
+    """A worker's optimizer: ``zero_grad()``, ``step()``, as any ``torch.optim.Optimizer``.
+
+    Creating it joins the job: the first worker's model is registered as the initial model (give
+    every worker the same seed), and every worker starts from the parameter server's model.
+    ``grad_dtype`` (``"f32"`` or ``"bf16"``, default the job's ``$FORESIGHT_GRAD_DTYPE``) is the
+    type gradients travel in; the parameter server keeps float32. ``steps_per_epoch`` drives the
+    job's learning-rate schedule (``foresight.batches`` sets it).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        grad_dtype: str | None = None,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        job = foresight.init()
+        if job.torch_threads:
+            torch.set_num_threads(job.torch_threads)
+        if job.optimizer is not None:
+            raise foresight.ForesightError("this process already joined the job with another Optimizer")
+        # Sorted by name, as the Rust worker's built-in models are: a Python and a Rust worker
+        # of the same architecture exchange the same layout.
+        named = sorted(((n, p) for n, p in model.named_parameters() if p.requires_grad), key=lambda t: t[0])
+        if not named:
+            raise ValueError("the model has no parameter that requires a gradient")
+        devices = {p.device for _, p in named}
+        if len(devices) != 1:
+            raise ValueError(f"the model's parameters are on several devices ({sorted(map(str, devices))})")
+        if grad_dtype not in (None, "f32", "bf16"):
+            raise ValueError(f"grad_dtype={grad_dtype!r}: expected 'f32' or 'bf16'")
+        self.model = model
+        self.device = devices.pop()
+        self.param_groups = [{"params": [p for _, p in named]}]  # what schedulers and hooks look for
+        self._params = [p for _, p in named]
+        self._numel = sum(p.numel() for p in self._params)
+        pin = self.device.type == "cuda"
+        # Host buffers the Rust client reads and writes in place: one copy each way per exchange.
+        self._grad = torch.zeros(self._numel, dtype=torch.float32, pin_memory=pin)
+        self._flat = torch.empty(self._numel, dtype=torch.float32, pin_memory=pin)
+        if steps_per_epoch is not None:
+            job.steps_per_epoch = steps_per_epoch
+        with torch.no_grad():
+            self._flat.copy_(torch.cat([p.detach().reshape(-1).float() for p in self._params]))
+        self._job = job
+        self._native = _native.Worker(
+            job.ps_url,
+            job.token,
+            job.worker,
+            [n for n, _ in named],
+            [list(p.shape) for _, p in named],
+            self._flat.data_ptr(),
+            job.pull_every,
+            job.push_every,
+            (grad_dtype or ("bf16" if job.bf16 else "f32")) == "bf16",
+            job.deadline_seconds,
+            job.seed,
+        )
+        job.native = self._native
+        job.optimizer = self
+        self.finished = False
+        self._pull()
+
+    @property
+    def state(self) -> dict:
+        """No local optimizer state: the parameter server holds it."""
+        return {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self._params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.detach_()
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """Ends the step: sends its gradient (every pushEvery steps, their mean) and takes the
+        parameter server's model (every pullEvery steps). After the job was finalized, does
+        nothing and sets ``finished``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self.finished:
+            return loss
+        self._gather()
+        job = self._job
+        epoch = job.epoch_at(self._native.step + 1)
+        self.finished = self._native.end_step(self._grad.data_ptr(), self._numel, epoch)
+        if not self.finished:
+            self._pull()
+        if job.report_every and self._native.step % job.report_every == 0 and loss is not None:
+            foresight.report(loss=float(loss))
+        return loss
+
+    def _gather(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        if self.device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
+            torch.cat([g.reshape(-1) for g in grads], out=self._grad)
+        else:
+            # One device-side concatenation, then one transfer into the pinned host buffer.
+            self._grad.copy_(torch.cat([g.reshape(-1).float() for g in grads]))
+
+    def _pull(self) -> None:
+        if self._native.pull_if_due(self._flat.data_ptr(), self._numel) is not None:
+            self._load()
+
+    def _load(self) -> None:
+        flat = self._flat.to(self.device, non_blocking=True)
+        offset = 0
+        with torch.no_grad():
+            for p in self._params:
+                n = p.numel()
+                p.copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+
+    def load_final(self) -> None:
+        """Loads the parameter server's model now (the job's result) into the parameters."""
+        self._native.pull_now(self._flat.data_ptr(), self._numel)
+        self._load()
+
+    def parameters(self) -> Iterable[torch.nn.Parameter]:
+        return iter(self._params)

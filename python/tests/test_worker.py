@@ -1,0 +1,219 @@
+"""The `foresight` package against a real `foresight-ps` on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import pytest
+import torch
+
+import foresight
+import foresight.torch
+from conftest import BIN, ROOT, TOKEN
+
+LR = 0.1
+
+
+def tiny_model(seed: int = 1) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+def one_step(model: torch.nn.Module, opt: foresight.torch.Optimizer) -> dict[str, torch.Tensor]:
+    """A real backward on a fixed batch; returns each parameter's gradient."""
+    x = torch.arange(8, dtype=torch.float32).view(2, 4) / 8
+    loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1]))
+    opt.zero_grad()
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    opt.step()
+    return grads
+
+
+def test_outside_a_job_init_names_what_is_missing(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("FORESIGHT_"):
+            monkeypatch.delenv(k)
+    foresight._job = None
+    with pytest.raises(foresight.ConfigError, match=r"\$FORESIGHT_PS_URL and \$FORESIGHT_WORKER_INDEX are not set"):
+        foresight.init()
+    monkeypatch.setenv("FORESIGHT_PS_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("FORESIGHT_WORKER_INDEX", "zero")
+    with pytest.raises(foresight.ConfigError, match="FORESIGHT_WORKER_INDEX='zero' is not an integer"):
+        foresight.init()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_a_step_changes_the_model_by_the_rule_exactly(ps_factory, job_env, dtype):
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
+    job_env(ps)
+    model = tiny_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = foresight.torch.Optimizer(model, grad_dtype=dtype)
+    assert foresight.resume_step() == 0 and foresight.job().workers == 1
+    grads = one_step(model, opt)
+    assert ps.status()["version"] == 1
+    for name, p in model.named_parameters():
+        g = grads[name].to(torch.bfloat16).float() if dtype == "bf16" else grads[name]
+        # asgd: w ← w − η·g in float32; the parameters now hold the PS's model after the step.
+        expected = before[name] - torch.tensor(LR, dtype=torch.float32) * g
+        assert torch.equal(p.detach(), expected), name
+        assert not torch.equal(p.detach(), before[name]), name
+
+
+def test_the_first_workers_model_is_everyones_and_shards_are_disjoint(ps_factory, job_env):
+    ps = ps_factory(workers=2, algorithm="asgd", learning_rate=LR)
+    job_env(ps, worker=0)
+    first = tiny_model(seed=1)
+    foresight.torch.Optimizer(first)
+    shard0 = foresight.shard(10)
+    job_env(ps, worker=1)
+    second = tiny_model(seed=2)  # other initial weights: the PS's replace them at join
+    foresight.torch.Optimizer(second)
+    for (n, a), (_, b) in zip(first.named_parameters(), second.named_parameters()):
+        assert torch.equal(a, b), n
+    shard1 = foresight.shard(10)
+    assert sorted(shard0 + shard1) == list(range(10)) and not set(shard0) & set(shard1)
+
+
+def test_a_wrong_token_is_refused_for_good(ps_factory, job_env, monkeypatch):
+    ps = ps_factory(workers=1)
+    job_env(ps)
+    monkeypatch.setenv("FORESIGHT_TOKEN", "not-" + TOKEN)
+    with pytest.raises(foresight.RefusedError) as e:
+        foresight.torch.Optimizer(tiny_model())
+    assert e.value.reason == "unauthorized" and e.value.status == 401 and e.value.permanent
+
+
+def test_a_model_of_another_shape_is_refused_with_the_reason(ps_factory, job_env):
+    ps = ps_factory(workers=2, algorithm="asgd")
+    job_env(ps, worker=0)
+    foresight.torch.Optimizer(tiny_model())
+    job_env(ps, worker=1)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    with pytest.raises(foresight.ForesightError) as e:
+        foresight.torch.Optimizer(other)
+    assert e.value.permanent, e.value
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys, torch, foresight, foresight.torch
+    foresight.init()
+    torch.manual_seed(1)
+    model = torch.nn.Linear(4, 2)
+    opt = foresight.torch.Optimizer(model)
+    print("resume", foresight.resume_step(), flush=True)
+    x, y = torch.ones(8, 4), torch.zeros(8, dtype=torch.long)
+    while True:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("step", foresight.job().step, flush=True)
+    """
+)
+
+
+def test_a_killed_worker_is_replaced_and_resumes_at_the_ps_step(ps_factory, tmp_path):
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=0.01)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}
+    env.update(FORESIGHT_PS_URL=ps.url, FORESIGHT_WORKER_INDEX="0", FORESIGHT_TOKEN=TOKEN)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+
+    first = start()
+    assert first.stdout.readline().split() == ["resume", "0"]
+    while int(first.stdout.readline().split()[1]) < 25:
+        pass
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    applied = ps.status()["version"]
+    assert applied >= 25
+    second = start()
+    try:
+        resumed = int(second.stdout.readline().split()[1])
+        # The PS counted every step of the killed process it applied: the new one goes on after them.
+        assert resumed == applied
+        assert int(second.stdout.readline().split()[1]) == resumed + 1
+    finally:
+        second.kill()
+        second.wait()
+
+
+def test_foresight_run_trains_mnist_with_python_workers(tmp_path):
+    """The example as written, shortened to 3 epochs: 4 Python workers under `foresight run`."""
+    job = (ROOT / "examples/python/mnist.yaml").read_text()
+    job = job.replace("epochs: 12", "epochs: 3").replace("milestones: [6, 9]", "milestones: [2]")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(job)
+    foresight_bin = BIN / "foresight"
+    out = tmp_path / "out"
+    started = time.monotonic()
+    run = subprocess.run(
+        [str(foresight_bin), "run", str(spec), "--out", str(out), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    print(f"3 epochs in {time.monotonic() - started:.0f} s: accuracy {summary['accuracy']}")
+    assert summary["accuracy"] > 0.9, summary
+    assert len(summary["per_worker"]) == 4 and summary["updates"] > 0
+    assert (out / "model-final.safetensors").exists()
+
+
+def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
+    """2 built-in `lenet5` workers and 2 of examples/python/mnist.py in one job: the same layout,
+    shards and held-out split, so the PS cannot tell them apart; the Rust evaluator then scores the
+    final model on the held-out split."""
+    ps = ps_factory(workers=4, algorithm="dc-asgd-a", learning_rate=0.05)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}
+    env.update(
+        FORESIGHT_PS_URL=ps.url,
+        FORESIGHT_TOKEN=TOKEN,
+        FORESIGHT_MODEL="lenet5",
+        FORESIGHT_DATASET_FORMAT="csv",
+        FORESIGHT_DATASET_PATH=str(ROOT / "data/mnist5k"),
+        FORESIGHT_HOLDOUT="0.2",
+        FORESIGHT_EPOCHS="2",
+        FORESIGHT_BATCH_SIZE="32",
+        FORESIGHT_SEED="1",
+        FORESIGHT_TORCH_THREADS="1",
+        FORESIGHT_METRICS_ADDR="",
+    )
+    commands = [[str(BIN / "foresight-worker")]] * 2 + [[sys.executable, str(ROOT / "examples/python/mnist.py")]] * 2
+    procs = [
+        subprocess.Popen(cmd, env={**env, "FORESIGHT_WORKER_INDEX": str(i)}, stdout=subprocess.PIPE, text=True)
+        for i, cmd in enumerate(commands)
+    ]
+    done = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        done += [e for e in events if e["event"] == "done"]
+    assert sorted(d["worker"] for d in done) == [0, 1, 2, 3]
+    assert all(d["discarded"] == 0 and d["pushes"] > 0 for d in done), done
+    req = urllib.request.Request(f"{ps.url}/v1/finalize", method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
+    model = json.loads(urllib.request.urlopen(req, timeout=30).read())["path"]
+    evaluated = subprocess.run(
+        [str(BIN / "foresight-worker"), "evaluate", "--model-file", model],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    accuracy = json.loads(evaluated.stdout.splitlines()[0])["accuracy"]
+    print(f"final model of 2 Rust + 2 Python workers, 2 epochs: held-out accuracy {accuracy:.4f}")
+    assert accuracy > 0.9
