@@ -263,6 +263,11 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
         ),
         (&[("spec.workers.command", json!([]))], "workers.command", "spec.workers.command: Invalid value"),
         (
+            &[("spec.dataset.format", json!("files"))],
+            "dataset.format",
+            "spec.dataset.format: Invalid value: |files needs workers.command",
+        ),
+        (
             &[("spec.dataset.path", json!(""))],
             "dataset.path",
             "spec.dataset.path: Invalid value: |must not be empty",

@@ -17,6 +17,7 @@ import torch
 import foresight
 import foresight.torch
 from conftest import BIN, ROOT, TOKEN
+from h2proxy import DroppingProxy
 
 LR = 0.1
 
@@ -66,6 +67,27 @@ def test_a_step_changes_the_model_by_the_rule_exactly(ps_factory, job_env, dtype
         expected = before[name] - torch.tensor(LR, dtype=torch.float32) * g
         assert torch.equal(p.detach(), expected), name
         assert not torch.equal(p.detach(), before[name]), name
+
+
+def test_a_push_whose_answer_was_lost_is_retried_and_applied_once(ps_factory, job_env, monkeypatch):
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
+    versions_at_drop: list[int] = []
+    proxy = DroppingProxy(ps.port, on_drop=lambda: versions_at_drop.append(ps.status()["version"]))
+    job_env(ps)
+    monkeypatch.setenv("FORESIGHT_PS_URL", f"http://127.0.0.1:{proxy.port}")
+    model = tiny_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = foresight.torch.Optimizer(model)
+    proxy.arm()
+    grads = one_step(model, opt)
+    proxy.close()
+    # The push reached the PS and was applied; its answer was lost; the client pushed the same
+    # (generation, seq) again, which the PS answered as a replay instead of applying it twice.
+    assert proxy.dropped == 1 and versions_at_drop == [1]
+    assert ps.status()["version"] == 1
+    for name, p in model.named_parameters():
+        expected = before[name] - torch.tensor(LR, dtype=torch.float32) * grads[name]
+        assert torch.equal(p.detach(), expected), name
 
 
 def test_the_first_workers_model_is_everyones_and_shards_are_disjoint(ps_factory, job_env):

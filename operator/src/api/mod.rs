@@ -92,6 +92,7 @@ pub fn crd_yaml() -> String {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.workers.command) ? (!has(self.model) || (!has(self.model.name) && !has(self.model.torchscript))) : (has(self.model) && has(self.model.name) != has(self.model.torchscript))").message(MODEL_RULE).field_path(".model"))]
+#[x_kube(validation = Rule::new("has(self.workers.command) || self.dataset.format != 'files'").message("dataset.format files needs workers.command: the built-in worker reads mnist, cifar10 or csv").field_path(".dataset.format"))]
 #[x_kube(validation = Rule::new("has(self.workers.command) || !has(self.workers.args)").message("workers.args needs workers.command (the built-in worker takes its settings from the job)").field_path(".workers.args"))]
 #[x_kube(validation = Rule::new("!has(self.optimizer.backupWorkers) || self.optimizer.backupWorkers < self.workers.replicas").message("optimizer.backupWorkers must be fewer than workers.replicas").field_path(".optimizer.backupWorkers"))]
 #[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || self.workers.minReplicas <= self.workers.replicas").message("workers.minReplicas must be at most workers.replicas").field_path(".workers.minReplicas"))]
@@ -203,7 +204,8 @@ pub struct TorchScriptModel {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DatasetSpec {
-    /// mnist (idx files), cifar10 (binary batches) or csv (pixels then label).
+    /// mnist (idx files), cifar10 (binary batches), csv (pixels then label), or files (read by the
+    /// workers' own program as it likes; only with `workers.command`).
     pub format: DatasetFormat,
     /// Directory holding the files, as the workers see it. Must not be empty; at most 4096 bytes.
     #[schemars(length(max = 4096))]
@@ -220,7 +222,8 @@ pub struct DatasetSpec {
     pub holdout: Option<f64>,
 }
 
-/// mnist (idx files), cifar10 (binary batches) or csv (pixels then label).
+/// mnist (idx files), cifar10 (binary batches), csv (pixels then label), or files (read by the
+/// workers' own program, `workers.command`, as it likes).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum DatasetFormat {
@@ -228,6 +231,7 @@ pub enum DatasetFormat {
     Mnist,
     Cifar10,
     Csv,
+    Files,
 }
 
 impl DatasetFormat {
@@ -236,6 +240,7 @@ impl DatasetFormat {
             Self::Mnist => "mnist",
             Self::Cifar10 => "cifar10",
             Self::Csv => "csv",
+            Self::Files => "files",
         }
     }
 }

@@ -41,6 +41,11 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             "the program must not be empty".into(),
         );
     }
+    check(
+        own_program || spec.dataset.format != super::DatasetFormat::Files,
+        "dataset.format",
+        "files needs workers.command: the built-in worker reads mnist, cifar10 or csv".into(),
+    );
     if let Some(a) = &w.args {
         check(
             own_program,
