@@ -280,23 +280,24 @@ def report(
 def finish(*, evaluate: Callable[[], tuple[float, float]] | None = None) -> dict[str, Any]:
     """Ends this worker's training: the model the Optimizer wraps now holds the parameter server's
     model, the job's result (evaluate that, not this worker's copy). ``evaluate``, called after
-    that, returns its held-out (loss, accuracy) for the run's summary. Returns this worker's
-    counts: steps, gradients pushed and discarded, and the evaluation."""
+    that, returns its held-out (loss, accuracy) for the run's summary (without it the summary
+    names no accuracy). Returns this worker's counts: steps, gradients pushed and discarded, and
+    the evaluation."""
     j = job()
     if j.optimizer is None:
         j.joined()  # raises: nothing joined
     j.optimizer.load_final()
-    loss, accuracy = evaluate() if evaluate is not None else (0.0, 0.0)
     pushes, discarded, _ = j.joined().push_stats
-    done = {
+    done: dict[str, Any] = {
         "event": "done",
         "worker": j.worker,
         "steps": j.step,
         "pushes": pushes,
         "discarded": discarded,
-        "test_loss": float(loss),
-        "test_accuracy": float(accuracy),
         "seconds": time.monotonic() - j.started,
     }
+    if evaluate is not None:
+        loss, accuracy = evaluate()
+        done.update(test_loss=float(loss), test_accuracy=float(accuracy))
     emit(done)
     return done

@@ -276,8 +276,8 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         steps: ps.step(),
         pushes: stats.pushes,
         discarded: stats.discarded,
-        test_loss,
-        test_accuracy,
+        test_loss: Some(test_loss),
+        test_accuracy: Some(test_accuracy),
         seconds: started.elapsed().as_secs_f64(),
     });
     Ok(())

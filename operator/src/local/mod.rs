@@ -477,8 +477,10 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     // The built-in evaluator does not know the model of the job's own program: the last worker
     // to finish evaluated the PS's model after every push (`foresight.finish(evaluate=...)`).
     let last_evaluation = match last_done.and_then(|i| done[i].clone()) {
-        Some(WorkerEvent::Done { test_loss, test_accuracy, .. }) if own_program => {
-            Some((test_loss, test_accuracy))
+        Some(WorkerEvent::Done { test_loss: Some(loss), test_accuracy: Some(accuracy), .. })
+            if own_program =>
+        {
+            Some((loss, accuracy))
         }
         _ => None,
     };

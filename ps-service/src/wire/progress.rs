@@ -23,8 +23,12 @@ pub enum WorkerEvent {
         steps: u64,
         pushes: u64,
         discarded: u64,
-        test_loss: f64,
-        test_accuracy: f64,
+        /// Absent when the worker did not evaluate it (a Python worker's `finish()` without
+        /// `evaluate`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        test_loss: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        test_accuracy: Option<f64>,
         seconds: f64,
     },
 }
