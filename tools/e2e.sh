@@ -33,6 +33,10 @@
 #      ps-kill      the PS pod deleted mid-run, with checkpoint storage: the new PS restores the
 #                   checkpoint, the status says so (ParameterServerRestarted condition, reason
 #                   RestoredCheckpoint, and a Warning event), the job Succeeds;
+#      python       examples/python/mnist-cluster.yaml as its comments say, with 2 workers and 4
+#                   epochs: the script from a ConfigMap, run by the worker image (python, torch,
+#                   foresight); worker 0's pod deleted mid-run, the replacement resumes; Succeeded;
+#                   the final model on the output claim at ≥ 90 % held-out (foresight-worker);
 #      kueue        Kueue's manager (tools/kueue.sh, on the host, started before the chart, which
 #                   is installed with kueue.enabled): a ClusterQueue with CPU for one job at a
 #                   time, two jobs labelled for it: the first is admitted and trains in real pods
@@ -48,7 +52,7 @@
 #
 # Environment: RELEASE_DIR (the workspace's binaries for the images; default
 # <repo>/target/release), DATA_DIR (MNIST-5k, default <repo>/data/mnist5k), E2E_OUT (default
-# <repo>/out/e2e), E2E_CASES (default "main unsched badpath suspend worker-kill ps-kill kueue"),
+# <repo>/out/e2e), E2E_CASES (default "main unsched badpath suspend worker-kill ps-kill python kueue"),
 # E2E_DASHBOARD_PNG (draw the dashboard figure from the main case's Prometheus data there),
 # KEEP_CLUSTER=1 leaves the cluster up (and a later run reuses it).
 set -euo pipefail
@@ -57,7 +61,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 release=${RELEASE_DIR:-$repo/target/release}
 data=${DATA_DIR:-$repo/data/mnist5k}
 out=${E2E_OUT:-$repo/out/e2e}
-cases=${E2E_CASES:-main unsched badpath suspend worker-kill ps-kill kueue}
+cases=${E2E_CASES:-main unsched badpath suspend worker-kill ps-kill python kueue}
 t0=$SECONDS
 exec 3>&2 # the terminal: case logs go to files, their log lines here too
 case_name=""
@@ -500,12 +504,16 @@ case_worker_kill() {
   kc create namespace $ns
   load_mnist $ns
   small_job $ns $name 2 2
-  wait_for 600 "tj/$name training (PS version ≥ 30)" version_at_least $ns $name 30
-  local victim sel="foresight.dev/job=$name,batch.kubernetes.io/job-completion-index=0"
-  wait_for 300 "worker 0 running" eval '[[ -n $(kc -n '$ns' get pods -l '$sel' -o jsonpath="{.items[?(@.status.phase==\"Running\")].metadata.name}") ]]'
-  victim=$(kc -n $ns get pods -l "$sel" -o jsonpath='{.items[?(@.status.phase=="Running")].metadata.name}')
-  kc -n $ns delete pod "$victim" --wait=false
-  log "deleted worker pod $victim at PS version $(ps_version $ns $name)"
+  local victim
+  victim=$(delete_worker_0 $ns $name)
+  replaced_worker_resumes $ns $name 2 "$victim" worker-kill
+}
+
+# After worker 0's pod VICTIM was deleted: the job Succeeds, the PS's last metrics count more
+# joins than WORKERS and no stale_seq, and the replacement's log says it resumed. NS NAME
+# WORKERS VICTIM CASE (the prefix of the files it leaves in $out).
+replaced_worker_resumes() {
+  local ns=$1 name=$2 workers=$3 victim=$4 prefix=$5
   # The PS's metrics until the job ends (the PS goes with it): the last scrape counts.
   local m="" s joins=0
   while ! phase_is $ns $name Succeeded; do
@@ -517,19 +525,60 @@ case_worker_kill() {
     ((SECONDS < t0 + 1800)) || fail "tj/$name did not succeed"
     sleep 0.5
   done
-  printf '%s\n' "$m" >"$out/worker-kill-ps-metrics.txt"
+  printf '%s\n' "$m" >"$out/$prefix-ps-metrics.txt"
   local stale
   stale=$(metric foresight_ps_gradients_rejected_total 'reason="stale_seq"' <<<"$m")
   log "Succeeded; the PS's last metrics: worker_joins_total $joins, rejected stale_seq $stale"
-  ((${joins%.*} > 2)) || fail "foresight_ps_worker_joins_total $joins: the replacement never joined"
+  ((${joins%.*} > workers)) || fail "foresight_ps_worker_joins_total $joins: the replacement never joined"
   ((${stale%.*} == 0)) || fail "$stale gradients rejected as stale_seq"
   local r
   r=$(kc -n $ns get pods -l "foresight.dev/job=$name,batch.kubernetes.io/job-completion-index=0" -o name | grep -v "/$victim$" | awk 'NR == 1')
   [[ -n $r ]] || fail "no replacement pod for worker 0"
-  kc -n $ns logs "$r" >"$out/worker-kill-replacement.log"
-  grep -q "resuming where this worker's earlier process left off" "$out/worker-kill-replacement.log" ||
-    fail "the replacement $r did not resume: $(head -n 20 "$out/worker-kill-replacement.log")"
-  log "replacement $r: $(grep -m1 'resuming where' "$out/worker-kill-replacement.log" | sed 's/\x1b\[[0-9;]*m//g')"
+  kc -n $ns logs "$r" >"$out/$prefix-replacement.log"
+  grep -q "resuming where this worker's earlier process left off" "$out/$prefix-replacement.log" ||
+    fail "the replacement $r did not resume: $(head -n 20 "$out/$prefix-replacement.log")"
+  log "replacement $r: $(grep -m1 'resuming where' "$out/$prefix-replacement.log" | sed 's/\x1b\[[0-9;]*m//g')"
+}
+
+# Deletes worker 0's running pod once the PS is past version 30; its name on stdout. NS NAME
+delete_worker_0() {
+  local victim sel="foresight.dev/job=$2,batch.kubernetes.io/job-completion-index=0"
+  wait_for 600 "tj/$2 training (PS version ≥ 30)" version_at_least $1 $2 30
+  wait_for 300 "worker 0 running" eval '[[ -n $(kc -n '$1' get pods -l '$sel' -o jsonpath="{.items[?(@.status.phase==\"Running\")].metadata.name}") ]]'
+  victim=$(kc -n $1 get pods -l "$sel" -o jsonpath='{.items[?(@.status.phase=="Running")].metadata.name}')
+  kc -n $1 delete pod "$victim" --wait=false >&2
+  log "deleted worker pod $victim at PS version $(ps_version $1 $2)"
+  echo "$victim"
+}
+
+# examples/python/mnist-cluster.yaml as its comments say (the script into a ConfigMap, the job
+# applied), shortened to 2 workers and 4 epochs: the worker image runs the user's script as it
+# is; worker 0's pod deleted mid-run, its replacement resumes; Succeeded; the final model on the
+# output claim evaluated by foresight-worker (the script's LeNet-5 has the built-in's names).
+case_python() {
+  local ns=e2e-python name=mnist-python ex=$repo/examples/python/mnist-cluster.yaml
+  kc create namespace $ns
+  load_mnist $ns
+  kc -n $ns create configmap mnist-python --from-file="$repo/examples/python/mnist.py"
+  sed -e 's/^    epochs: 12$/    epochs: 4/' -e 's/^      milestones: \[6, 9\]$/      milestones: [3]/' \
+    -e 's/^    replicas: 4$/    replicas: 2/' "$ex" >"$out/python-job.yaml"
+  [[ $(diff "$ex" "$out/python-job.yaml" | grep -c '^>') == 3 ]] || fail "the example's epochs, milestones or replicas lines changed"
+  kc -n $ns apply -f "$out/python-job.yaml"
+  local victim
+  victim=$(delete_worker_0 $ns $name)
+  replaced_worker_resumes $ns $name 2 "$victim" python
+  # (json.dumps writes `"event": "progress"`, the Rust worker `"event":"progress"`.)
+  grep -Eq '"event": ?"progress"' "$out/python-replacement.log" || fail "the replacement's log has no progress line"
+  local claim file dir acc
+  claim=$(field $ns tj/$name '{.status.finalModel.claimName}')
+  file=$(field $ns tj/$name '{.status.finalModel.path}')
+  dir=$(claim_dir $ns "$claim")
+  [[ -n $dir && -s $dir/$file ]] || fail "no final model: status.finalModel claim '$claim' path '$file'"
+  acc=$("$release/foresight-worker" evaluate --model-file "$dir/$file" --model lenet5 \
+    --dataset-format csv --dataset-path "$data" --holdout 0.2 --seed 1 |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["accuracy"])')
+  log "final model on claim $claim at $file: $(check_safetensors "$dir/$file"); held-out accuracy $acc"
+  python3 -c 'import sys; sys.exit(float(sys.argv[1]) < 0.9)' "$acc" || fail "the Python job's final model reached $acc (< 0.9)"
 }
 
 case_ps_kill() {

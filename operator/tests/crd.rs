@@ -72,6 +72,11 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
     let python = support::repo_root().join("examples/python/mnist.yaml");
     let out = cp.kubectl_ok(&["apply", "--dry-run=server", "-n", &ns, "-f", python.to_str().unwrap()], None);
     assert!(out.contains("trainingjob.foresight.dev/mnist-python created (server dry run)"), "{out}");
+    // ... and in a cluster, its script from a ConfigMap mounted through workers.pod.
+    let python = support::repo_root().join("examples/python/mnist-cluster.yaml");
+    let out = cp
+        .kubectl_ok(&["apply", "--dry-run=server", "-n", &cluster_ns, "-f", python.to_str().unwrap()], None);
+    assert!(out.contains("trainingjob.foresight.dev/mnist-python created (server dry run)"), "{out}");
 
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();

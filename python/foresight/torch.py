@@ -8,6 +8,7 @@ is no local optimizer. Parameters are matched by ``named_parameters()`` names; p
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, Iterable
 
 import torch
@@ -81,6 +82,14 @@ class Optimizer:
         job.native = self._native
         job.optimizer = self
         self.finished = False
+        if self._native.resume_step > 0:
+            # As the Rust worker logs it: a replaced worker's log says where it picked up.
+            print(
+                f"foresight: worker {job.worker} resuming where this worker's earlier process left off "
+                f"(step {self._native.resume_step} of its steps already in the model)",
+                file=sys.stderr,
+                flush=True,
+            )
         self._pull()
 
     @property

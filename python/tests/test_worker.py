@@ -20,6 +20,9 @@ from conftest import BIN, ROOT, TOKEN
 from h2proxy import DroppingProxy
 
 LR = 0.1
+# How far below the byte-frequency (unigram) loss the transformer example must get in one epoch,
+# in nats per byte: 0.5 needs context (the corpus's bigram entropy is 0.77 below its unigram one).
+LEARNED_CONTEXT = 0.5
 
 
 def tiny_model(seed: int = 1) -> torch.nn.Module:
@@ -239,3 +242,34 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
     accuracy = json.loads(evaluated.stdout.splitlines()[0])["accuracy"]
     print(f"final model of 2 Rust + 2 Python workers, 2 epochs: held-out accuracy {accuracy:.4f}")
     assert accuracy > 0.9
+
+
+def unigram_entropy(path) -> float:
+    """Nats per byte of the best model that ignores context: the bytes' own frequencies."""
+    counts = torch.bincount(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long(), minlength=256)
+    p = counts[counts > 0].double() / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
+def test_the_transformer_example_learns_more_than_byte_frequencies(tmp_path):
+    """examples/python/charlm.yaml as written, shortened to 1 epoch: 4 Python workers train the
+    byte-level transformer through the PS; the final model's held-out loss must be well below the
+    corpus's unigram entropy (a model that only learned byte frequencies sits at it)."""
+    corpus = ROOT / "data/torch-nn/corpus.txt"
+    job = (ROOT / "examples/python/charlm.yaml").read_text()
+    assert "epochs: 3" in job
+    spec = tmp_path / "job.yaml"
+    spec.write_text(job.replace("epochs: 3", "epochs: 1"))
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [str(BIN / "foresight"), "run", str(spec), "--out", str(out), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    unigram = unigram_entropy(corpus)
+    print(f"1 epoch, {summary['updates']} updates: held-out {summary['loss']:.3f} nats/byte, unigram {unigram:.3f}")
+    assert summary["loss"] < unigram - LEARNED_CONTEXT, summary

@@ -68,13 +68,16 @@ fn assignment(text: &str, prefix: &str) -> String {
 }
 
 #[test]
-fn the_image_carries_the_torch_that_tests_use() {
-    let docker = assignment(&read(&dockerfile()), "ARG TORCH_VERSION=");
-    let setup = assignment(&read(&repo().join("scripts/setup-torch.sh")), "TORCH_VERSION=");
-    assert_eq!(
-        docker, setup,
-        "worker-image/Dockerfile and scripts/setup-torch.sh pin different torch versions"
-    );
+fn the_image_carries_the_torch_and_numpy_that_tests_use() {
+    let docker = read(&dockerfile());
+    let setup = read(&repo().join("scripts/setup-torch.sh"));
+    for name in ["TORCH_VERSION", "NUMPY_VERSION"] {
+        assert_eq!(
+            assignment(&docker, &format!("ARG {name}=")),
+            assignment(&setup, &format!("{name}=")),
+            "worker-image/Dockerfile and scripts/setup-torch.sh pin different {name}s"
+        );
+    }
 }
 
 #[test]
@@ -110,13 +113,18 @@ fn the_builder_copies_every_workspace_member() {
 fn the_runtime_stage_runs_the_worker_as_a_numeric_non_root_user() {
     let docker = read(&dockerfile());
     let stages: Vec<&str> = docker.split("\nFROM ").skip(1).collect();
-    assert_eq!(stages.len(), 2, "a builder and a runtime stage");
-    let runtime = stages[1];
+    assert_eq!(stages.len(), 3, "a builder, the runtime's base and the runtime stage");
+    // tools/build-images.sh replaces the base with one of its own (Debian bookworm's python3.11
+    // made with mmdebstrap): the Dockerfile's base must be the same Debian and Python.
     assert!(
-        runtime.starts_with("nvidia/cuda:"),
-        "the runtime stage is on an NVIDIA CUDA image: {}",
-        &runtime[..40]
+        stages[1].starts_with("debian:bookworm") && stages[1].contains("python3.11"),
+        "the runtime's base is Debian bookworm with python3.11: {}",
+        &stages[1][..60]
     );
+    let runtime = stages[2];
+    assert!(runtime.starts_with("runtime-base\n"), "the runtime stage is on runtime-base");
+    assert!(runtime.contains("PYTHONPATH=/opt/site-packages"), "python finds torch and foresight");
+    assert!(runtime.contains("NVIDIA_DRIVER_CAPABILITIES="), "the NVIDIA toolkit mounts the driver");
     let user = assignment(runtime, "USER ");
     let uid: u32 =
         user.split(':').next().unwrap().parse().unwrap_or_else(|_| panic!("USER {user} is not numeric"));

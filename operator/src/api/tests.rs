@@ -357,3 +357,26 @@ fn a_python_job_runs_its_command_and_names_no_model() {
     empty.workers.command = Some(vec![" ".into()]);
     assert_eq!(field_of(&empty), ["workers.command"]);
 }
+
+#[test]
+fn the_python_cluster_example_is_the_local_one_with_its_script_mounted() {
+    let read = |file: &str| -> TrainingJob {
+        let path = format!("{}/../examples/python/{file}", env!("CARGO_MANIFEST_DIR"));
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let (local, cluster) = (read("mnist.yaml"), read("mnist-cluster.yaml"));
+    validate(&cluster.spec).unwrap();
+    assert_eq!(cluster.spec.training, local.spec.training);
+    assert_eq!(cluster.spec.optimizer, local.spec.optimizer);
+    assert_eq!(cluster.spec.workers.replicas, local.spec.workers.replicas);
+    // The script is the ConfigMap's file, where the pod mounts it.
+    let command = cluster.spec.workers.command.clone().unwrap();
+    assert_eq!(command, ["python", "/app/mnist.py"]);
+    let pod = cluster.spec.workers.pod.clone().unwrap();
+    let mount = &pod.volume_mounts.unwrap()[0];
+    let volume = pod.volumes.unwrap().into_iter().find(|v| v.name == mount.name).unwrap();
+    assert_eq!(
+        (mount.mount_path.as_str(), volume.config_map.unwrap().name.as_str()),
+        ("/app", "mnist-python")
+    );
+}
