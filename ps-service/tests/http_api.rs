@@ -641,3 +641,32 @@ async fn the_worker_count_changes_without_a_restart_and_bad_counts_change_nothin
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_storm_installs_one_model_and_buffers_one_body() {
+    // 8 workers upload a 1M-parameter model at once, as after a start or a PS that lost its
+    // model: one registers it; the others are answered without their bodies being read (each
+    // would be a 4 MB buffer and a store of its own).
+    let workers = 8;
+    let ps = start(config(Algorithm::DcAsgdA, workers)).await;
+    let l = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![1024, 1024] }]).unwrap();
+    let values = vec![0.5f32; l.len()];
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (c, l, v) = (client(&ps), l.clone(), values.clone());
+            tokio::spawn(async move { c.register(&l, &v).await.unwrap() })
+        })
+        .collect();
+    let mut registered = 0;
+    for t in tasks {
+        registered += usize::from(t.await.unwrap());
+    }
+    assert_eq!(registered, 1, "exactly one registration installs the model");
+    let m = scrape(&ps.url).await;
+    let received = metric(&m, "foresight_ps_received_bytes_total", &["job=\"it\""]);
+    let body = (l.len() * 4) as f64;
+    assert!(
+        received >= body && received < 2.0 * body,
+        "{received} body bytes read for {workers} registrations of {body} bytes: one should be"
+    );
+}

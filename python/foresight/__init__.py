@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -171,6 +173,7 @@ def init() -> Job:
     if _job is None:
         _job = Job.from_env()
         _install_exit_status()
+        _exit_on_sigterm()
     return _job
 
 
@@ -190,6 +193,15 @@ def _install_exit_status() -> None:
             os._exit(EXIT_PERMANENT)
 
     sys.excepthook = hook
+
+
+def _exit_on_sigterm() -> None:
+    """Ends the process on SIGTERM (status 143), as the default action would: a script that is
+    PID 1 of its container (``workers.command`` replaces the entrypoint) has no default action,
+    so without a handler the kubelet's SIGTERM was ignored and a deleted or preempted worker
+    trained on for the whole grace period. A handler the script installed itself stays."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def split(n_examples: int, holdout: float | None = None) -> tuple[list[int], list[int]]:

@@ -174,6 +174,49 @@ def test_a_killed_worker_is_replaced_and_resumes_at_the_ps_step(ps_factory, tmp_
         second.wait()
 
 
+@pytest.mark.parametrize("kind", ["python", "rust"])
+def test_sigterm_ends_a_worker_that_is_pid_1_of_its_container(ps_factory, tmp_path, kind):
+    """A worker is PID 1 of its container (the image's entrypoint, or the script `workers.command`
+    runs), where a signal without a handler is ignored: the kubelet's SIGTERM must still end it
+    (143) at once, not after the grace period. Here the worker is PID 1 of a PID namespace of its
+    own (unshare), signalled from outside it as the container runtime does."""
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=0.01)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}
+    env.update(FORESIGHT_PS_URL=ps.url, FORESIGHT_WORKER_INDEX="0", FORESIGHT_TOKEN=TOKEN)
+    if kind == "python":
+        script = tmp_path / "worker.py"
+        script.write_text(WORKER)
+        command = [sys.executable, str(script)]
+    else:
+        command = [str(BIN / "foresight-worker")]
+        env.update(
+            FORESIGHT_MODEL="mlp",
+            FORESIGHT_DATASET_FORMAT="csv",
+            FORESIGHT_DATASET_PATH=str(ROOT / "data/mnist5k"),
+            FORESIGHT_EPOCHS="100",
+            FORESIGHT_REPORT_EVERY="1",
+            FORESIGHT_METRICS_ADDR="",
+        )
+    box = subprocess.Popen(["unshare", "--pid", "--fork", *command], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        # Training: a step was pushed.
+        while not box.stdout.readline().startswith(("step", '{"event":"progress"')):
+            assert box.poll() is None, "the worker ended before training"
+        (worker,) = [
+            int(pid)
+            for task in os.listdir(f"/proc/{box.pid}/task")
+            for pid in open(f"/proc/{box.pid}/task/{task}/children").read().split()
+        ]
+        status = open(f"/proc/{worker}/status").read()
+        assert "\nNSpid:\t%d\t1\n" % worker in status, "the worker is not PID 1 of its namespace"
+        os.kill(worker, signal.SIGTERM)
+        box.communicate(timeout=10)  # its output to the end: it ends at once, or the test fails here
+        assert box.returncode == 128 + signal.SIGTERM
+    finally:
+        box.kill()
+        box.wait()
+
+
 def test_foresight_run_trains_mnist_with_python_workers(tmp_path):
     """The example as written, shortened to 3 epochs: 4 Python workers under `foresight run`."""
     job = (ROOT / "examples/python/mnist.yaml").read_text()

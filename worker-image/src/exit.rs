@@ -8,6 +8,8 @@ use foresight_ps::client::ClientError;
 /// Must match the operator's `WORKER_EXIT_PERMANENT`.
 pub const PERMANENT: i32 = 3;
 pub const RETRYABLE: i32 = 1;
+/// After SIGTERM: what the signal's default action reports (128 + 15).
+pub const TERMINATED: i32 = 143;
 
 /// A failure that retrying cannot fix: bad configuration or data, or a model that does not fit.
 #[derive(Debug, thiserror::Error)]

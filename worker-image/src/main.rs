@@ -149,12 +149,29 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     // Network I/O and the metrics server run on one runtime thread; training runs on this one.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    exit_on_sigterm(&rt)?;
     let metrics = Arc::new(metrics::WorkerMetrics::new(&args.job_name, &args.namespace, args.worker));
     if !args.metrics_addr.is_empty() {
         let addr = rt.block_on(metrics.clone().serve(&args.metrics_addr))?;
         tracing::info!(%addr, "serving worker metrics");
     }
     train::run(&cfg, &rt, &metrics)
+}
+
+/// Ends the process on SIGTERM (status 143), as the default action would. The worker is PID 1 of
+/// its container (the image's entrypoint), where a signal without a handler is ignored: the
+/// kubelet's SIGTERM was, and a deleted or preempted worker trained on for its whole grace
+/// period. Nothing is lost: the PS holds every gradient it applied, and a replacement resumes.
+fn exit_on_sigterm(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Registered before training starts, not when the task first runs.
+    let mut term = rt.block_on(async { signal(SignalKind::terminate()) })?;
+    rt.spawn(async move {
+        term.recv().await;
+        tracing::warn!("SIGTERM: stopping; a replacement resumes from the parameter server's model");
+        std::process::exit(exit::TERMINATED);
+    });
+    Ok(())
 }
 
 /// The training configuration from the flags and environment; any error here is the

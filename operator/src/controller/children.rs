@@ -30,6 +30,8 @@ pub use update::{WorkerJobUpdate, is_idle_suspended, worker_job_update};
 
 /// The parameter server's port: its API and `/metrics`.
 pub const PS_PORT: i32 = 8080;
+/// How long a PS may take to start (restore its checkpoint) before the kubelet restarts it.
+pub const PS_STARTUP_SECONDS: i32 = 3600;
 /// The workers' `/metrics` port.
 pub const WORKER_METRICS_PORT: i32 = 9090;
 /// Key of the token in the job's Secret.
@@ -352,6 +354,13 @@ impl<'a> Owner<'a> {
             }]),
             readiness_probe: Some(probe("/readyz", 5)),
             liveness_probe: Some(Probe { failure_threshold: Some(6), ..probe("/healthz", 10) }),
+            // The PS restores its newest checkpoint before it listens: at 10^8-10^9 parameters
+            // that takes minutes, and the liveness probe alone (a minute) killed every restore.
+            // Liveness starts once /healthz answers, within PS_STARTUP_SECONDS.
+            startup_probe: Some(Probe {
+                failure_threshold: Some(PS_STARTUP_SECONDS / 5),
+                ..probe("/healthz", 5)
+            }),
             resources: spec.parameter_server.resources.clone(),
             security_context: Some(container_security()),
             volume_mounts: Some(mounts),

@@ -97,6 +97,7 @@ async fn register(
     if let Some(w) = worker {
         worker_in_range(&state, w)?;
     }
+    let _one_at_a_time = state.registering.lock().await;
     if state.store().is_some_and(|s| !s.takes_copy(version)) {
         state.offered(worker);
         return Err(already_registered());

@@ -90,6 +90,11 @@ pub struct AppState {
     last_checkpoint: Mutex<Instant>,
     /// One checkpoint write at a time (periodic, shutdown and finalize may race).
     checkpoint_lock: tokio::sync::Mutex<()>,
+    /// One registration (or re-seeding offer) read and built at a time: in a registration storm
+    /// (every worker uploading at start, or after the PS lost its model) the first installs the
+    /// model and the others are answered without buffering their bodies or building a store of
+    /// their own (a model-sized body and about five model-sized copies each).
+    registering: tokio::sync::Mutex<()>,
     bodies: body::Pool<u8>,
     grads: body::Pool<f32>,
     seeding: Mutex<Seeding>,
@@ -172,6 +177,7 @@ impl AppState {
             checkpoints,
             last_checkpoint: Mutex::new(Instant::now()),
             checkpoint_lock: tokio::sync::Mutex::new(()),
+            registering: tokio::sync::Mutex::new(()),
             bodies: body::Pool::new(8),
             grads: body::Pool::new(8),
             seeding: Mutex::new(Seeding::Idle),

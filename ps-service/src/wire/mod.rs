@@ -5,7 +5,7 @@
 //! tensors in layout order and contiguous, so the data region of a model body *is* the flat
 //! parameter vector, and the header is padded to 8 bytes so that region is aligned.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -42,6 +42,9 @@ pub struct Layout {
     tensors: Vec<TensorSpec>,
     offsets: Vec<usize>,
     total: usize,
+    /// Tensor index by name: a body names every tensor, so a scan per name would make decoding
+    /// quadratic in the tensor count (up to MAX_TENSORS).
+    index: HashMap<String, usize>,
 }
 
 impl Layout {
@@ -52,14 +55,14 @@ impl Layout {
         if tensors.len() > MAX_TENSORS {
             return Err(WireError::Malformed(format!("more than {MAX_TENSORS} tensors")));
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut index = HashMap::with_capacity(tensors.len());
         let mut offsets = Vec::with_capacity(tensors.len());
         let mut total = 0usize;
-        for t in &tensors {
+        for (i, t) in tensors.iter().enumerate() {
             if t.name.is_empty() || t.name.len() > MAX_NAME_LEN || t.name.chars().any(char::is_control) {
                 return Err(WireError::Malformed(format!("invalid tensor name {:?}", t.name)));
             }
-            if t.name == "__metadata__" || !seen.insert(t.name.as_str()) {
+            if t.name == "__metadata__" || index.insert(t.name.clone(), i).is_some() {
                 return Err(WireError::Malformed(format!("duplicate or reserved tensor name {:?}", t.name)));
             }
             let n = t.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
@@ -72,7 +75,7 @@ impl Layout {
             offsets.push(total);
             total = total.checked_add(n).ok_or_else(|| WireError::Malformed("model too large".into()))?;
         }
-        Ok(Self { tensors, offsets, total })
+        Ok(Self { tensors, offsets, total, index })
     }
 
     pub fn tensors(&self) -> &[TensorSpec] {
@@ -94,8 +97,7 @@ impl Layout {
     }
 
     fn position(&self, name: &str) -> Option<usize> {
-        // Layouts are small (tens to thousands of tensors); a linear scan keeps this simple.
-        self.tensors.iter().position(|t| t.name == name)
+        self.index.get(name).copied()
     }
 }
 

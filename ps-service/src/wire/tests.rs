@@ -159,3 +159,28 @@ fn layouts_refuse_bad_names_and_shapes() {
     let l = Layout::new(vec![t("a", vec![]), t("b", vec![2, 2])]).unwrap(); // scalars are fine
     assert_eq!(l.len(), 5);
 }
+
+#[test]
+fn a_body_with_the_most_tensors_in_another_order_lands_every_tensor_at_its_offset() {
+    // Names are looked up in the layout's index: each of MAX_TENSORS tensors (of 1 or 2 values)
+    // must land in its own range whatever order the body lists them in.
+    let specs: Vec<TensorSpec> = (0..MAX_TENSORS)
+        .map(|i| TensorSpec { name: format!("layer{i}.weight"), shape: vec![1 + i % 2] })
+        .collect();
+    let layout = Layout::new(specs.clone()).unwrap();
+    let reversed = Layout::new(specs.into_iter().rev().collect()).unwrap();
+    // In the reversed layout's order, tensor `name` holds the number in its name.
+    let values: Vec<f32> = reversed
+        .iter()
+        .flat_map(|(spec, range)| {
+            let n: f32 = spec.name["layer".len()..spec.name.len() - ".weight".len()].parse().unwrap();
+            range.map(move |_| n)
+        })
+        .collect();
+    let body = encode_f32(&reversed, &values, &BTreeMap::new());
+    let mut out = vec![0.0; layout.len()];
+    decode_gradient(&body, &layout, &mut out).unwrap();
+    for (i, (_, range)) in layout.iter().enumerate() {
+        assert!(out[range].iter().all(|&v| v == i as f32), "tensor {i} landed elsewhere");
+    }
+}

@@ -132,6 +132,13 @@ fn the_parameter_server_gets_its_settings_and_a_pvc_only_when_asked() {
         Quantity("2Gi".into())
     );
     assert_eq!(d.spec.strategy.unwrap().type_.as_deref(), Some("Recreate"));
+    // A long restore (before the PS listens) is not killed: liveness waits for the startup probe,
+    // which allows an hour; the liveness probe alone allows a minute.
+    let budget = |p: &Probe| p.failure_threshold.unwrap_or(3) * p.period_seconds.unwrap_or(10);
+    let startup = c.startup_probe.as_ref().expect("a startup probe");
+    assert_eq!(startup.http_get.as_ref().unwrap().path.as_deref(), Some("/healthz"));
+    assert_eq!(budget(startup), PS_STARTUP_SECONDS);
+    assert!(budget(c.liveness_probe.as_ref().unwrap()) <= 60);
 }
 
 #[test]
