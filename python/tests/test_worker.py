@@ -221,24 +221,28 @@ def test_foresight_run_trains_mnist_with_python_workers(tmp_path):
     """The example as written, shortened to 3 epochs: 4 Python workers under `foresight run`."""
     job = (ROOT / "examples/python/mnist.yaml").read_text()
     job = job.replace("epochs: 12", "epochs: 3").replace("milestones: [6, 9]", "milestones: [2]")
+    started = time.monotonic()
+    summary, out = foresight_run(tmp_path, job)
+    print(f"3 epochs in {time.monotonic() - started:.0f} s: accuracy {summary['accuracy']}")
+    assert summary["accuracy"] > 0.9, summary
+    assert len(summary["per_worker"]) == 4 and summary["updates"] > 0
+    assert (out / "model-final.safetensors").exists()
+
+
+def foresight_run(tmp_path, job: str) -> tuple[dict, object]:
+    """`foresight run` of the spec `job` from the repository root: its summary and output folder."""
     spec = tmp_path / "job.yaml"
     spec.write_text(job)
-    foresight_bin = BIN / "foresight"
     out = tmp_path / "out"
-    started = time.monotonic()
     run = subprocess.run(
-        [str(foresight_bin), "run", str(spec), "--out", str(out), "--no-progress"],
+        [str(BIN / "foresight"), "run", str(spec), "--out", str(out), "--no-progress"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    print(f"3 epochs in {time.monotonic() - started:.0f} s: accuracy {summary['accuracy']}")
-    assert summary["accuracy"] > 0.9, summary
-    assert len(summary["per_worker"]) == 4 and summary["updates"] > 0
-    assert (out / "model-final.safetensors").exists()
+    return json.loads((out / "summary.json").read_text()), out
 
 
 def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
@@ -301,18 +305,7 @@ def test_the_transformer_example_learns_more_than_byte_frequencies(tmp_path):
     corpus = ROOT / "data/torch-nn/corpus.txt"
     job = (ROOT / "examples/python/charlm.yaml").read_text()
     assert "epochs: 3" in job
-    spec = tmp_path / "job.yaml"
-    spec.write_text(job.replace("epochs: 3", "epochs: 1"))
-    out = tmp_path / "out"
-    run = subprocess.run(
-        [str(BIN / "foresight"), "run", str(spec), "--out", str(out), "--no-progress"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary, _ = foresight_run(tmp_path, job.replace("epochs: 3", "epochs: 1"))
     unigram = unigram_entropy(corpus)
     print(f"1 epoch, {summary['updates']} updates: held-out {summary['loss']:.3f} nats/byte, unigram {unigram:.3f}")
     assert summary["loss"] < unigram - LEARNED_CONTEXT, summary
