@@ -22,12 +22,29 @@ impl<T> Pool<T> {
         Self { items: Mutex::new(Vec::new()), cap }
     }
 
+    /// An empty vector, with the capacity of an earlier one where the pool has one.
     pub fn take(&self) -> Vec<T> {
-        self.items.lock().pop().unwrap_or_default()
+        let mut v = self.items.lock().pop().unwrap_or_default();
+        v.clear();
+        v
     }
 
-    pub fn give(&self, mut v: Vec<T>) {
-        v.clear();
+    /// A vector of exactly `n` elements for a caller that writes every element before it reads
+    /// any (a gradient body is refused unless it covers every tensor): a recycled one of that
+    /// length keeps its old contents, so a model-sized buffer is not zero-filled on every push.
+    pub fn take_len(&self, n: usize) -> Vec<T>
+    where
+        T: Clone + Default,
+    {
+        let mut v = self.items.lock().pop().unwrap_or_default();
+        if v.len() != n {
+            v.clear();
+            v.resize(n, T::default());
+        }
+        v
+    }
+
+    pub fn give(&self, v: Vec<T>) {
         let mut items = self.items.lock();
         if items.len() < self.cap {
             items.push(v);
@@ -156,4 +173,27 @@ pub async fn read_gradient(
         buf.extend_from_slice(&bytes[..off]);
     }
     Ok((Gradient::Collected, total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pool;
+
+    #[test]
+    fn buffers_come_back_without_a_fill_only_at_the_length_asked() {
+        let pool = Pool::new(1);
+        let mut v = pool.take_len(4);
+        assert_eq!(v, [0.0f32; 4]);
+        v.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        let at = v.as_ptr();
+        pool.give(v);
+        // The same allocation, as it was: its user overwrites every element.
+        let v = pool.take_len(4);
+        assert_eq!((v.as_ptr(), &v[..]), (at, &[1.0, 2.0, 3.0, 4.0][..]));
+        pool.give(v);
+        // Another length: nothing of the old contents.
+        assert_eq!(pool.take_len(6), [0.0f32; 6]);
+        pool.give(vec![9.0f32; 3]);
+        assert!(pool.take().is_empty(), "take hands out an empty vector");
+    }
 }

@@ -149,9 +149,20 @@ pub struct CheckpointDir {
 }
 
 impl CheckpointDir {
+    /// The directory, created if needed. A checkpoint's temporary file that a killed process left
+    /// (as large as the model) is removed: one PS process owns the directory at a time.
     pub fn new(dir: impl Into<PathBuf>, keep: usize) -> Result<Self, CheckpointError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(io(&dir))?;
+        for entry in fs::read_dir(&dir).map_err(io(&dir))? {
+            let path = entry.map_err(io(&dir))?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if name.starts_with(".ckpt-") && name.ends_with(".tmp") {
+                let bytes = fs::metadata(&path).map_or(0, |m| m.len());
+                fs::remove_file(&path).map_err(io(&path))?;
+                tracing::warn!(path = %path.display(), bytes, "removed a checkpoint's leftover temporary file");
+            }
+        }
         Ok(Self { dir, keep: keep.max(1) })
     }
 
@@ -289,6 +300,25 @@ mod tests {
                 .to_string_lossy()
                 .ends_with(".tmp"))
         );
+    }
+
+    #[test]
+    fn a_temporary_file_a_killed_process_left_is_removed_at_start_and_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path(), 2).unwrap();
+        let (layout, hyper, data) = sample(false);
+        dir.write(&layout, &hyper, &data).unwrap();
+        // What write_atomic leaves when its process dies mid-write, and files that are not its.
+        let left = tmp.path().join(".ckpt-000000000009.safetensors.4242.tmp");
+        fs::write(&left, vec![0u8; 4096]).unwrap();
+        for other in ["notes.tmp", ".model-final.safetensors.7.tmp", "model-final.safetensors"] {
+            fs::write(tmp.path().join(other), b"x").unwrap();
+        }
+        let before = fs::read_dir(tmp.path()).unwrap().count();
+        let dir = CheckpointDir::new(tmp.path(), 2).unwrap();
+        assert!(!left.exists());
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), before - 1);
+        assert_eq!(dir.load_newest().unwrap().unwrap().2.version, data.version);
     }
 
     #[test]
