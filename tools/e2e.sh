@@ -33,7 +33,7 @@
 #      ps-kill      the PS pod deleted mid-run, with checkpoint storage: the new PS restores the
 #                   checkpoint, the status says so (ParameterServerRestarted condition, reason
 #                   RestoredCheckpoint, and a Warning event), the job Succeeds;
-#      python       examples/python/mnist-cluster.yaml as its comments say, with 2 workers and 4
+#      python       examples/python/mnist-cluster.yaml as its comments say, with 2 workers and 3
 #                   epochs: the script from a ConfigMap, run by the worker image (python, torch,
 #                   foresight); worker 0's pod deleted mid-run, the replacement resumes; Succeeded;
 #                   the final model on the output claim at ≥ 90 % held-out (foresight-worker);
@@ -552,15 +552,16 @@ delete_worker_0() {
 }
 
 # examples/python/mnist-cluster.yaml as its comments say (the script into a ConfigMap, the job
-# applied), shortened to 2 workers and 4 epochs: the worker image runs the user's script as it
-# is; worker 0's pod deleted mid-run, its replacement resumes; Succeeded; the final model on the
-# output claim evaluated by foresight-worker (the script's LeNet-5 has the built-in's names).
+# applied), shortened to 2 workers and 3 epochs (378 updates, as the 3-epoch pytest case): the
+# worker image runs the user's script as it is; worker 0's pod deleted mid-run, its replacement
+# resumes; Succeeded; the final model on the output claim evaluated by foresight-worker (the
+# script's LeNet-5 has the built-in's names).
 case_python() {
   local ns=e2e-python name=mnist-python ex=$repo/examples/python/mnist-cluster.yaml
   kc create namespace $ns
   load_mnist $ns
   kc -n $ns create configmap mnist-python --from-file="$repo/examples/python/mnist.py"
-  sed -e 's/^    epochs: 12$/    epochs: 4/' -e 's/^      milestones: \[6, 9\]$/      milestones: [3]/' \
+  sed -e 's/^    epochs: 12$/    epochs: 3/' -e 's/^      milestones: \[6, 9\]$/      milestones: [2]/' \
     -e 's/^    replicas: 4$/    replicas: 2/' "$ex" >"$out/python-job.yaml"
   [[ $(diff "$ex" "$out/python-job.yaml" | grep -c '^>') == 3 ]] || fail "the example's epochs, milestones or replicas lines changed"
   kc -n $ns apply -f "$out/python-job.yaml"
