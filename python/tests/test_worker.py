@@ -128,6 +128,19 @@ def test_a_model_of_another_shape_is_refused_with_the_reason(ps_factory, job_env
     assert e.value.permanent, e.value
 
 
+# MNIST-5k as `make setup` extracts it, for the built-in worker's data settings.
+MNIST = {"DATASET_FORMAT": "csv", "DATASET_PATH": ROOT / "data/mnist5k"}
+
+
+def worker_env(ps, **settings: object) -> dict[str, str]:
+    """This process's environment without its FORESIGHT_* variables, then a worker's of `ps`:
+    its address and token, and FORESIGHT_<NAME> for each setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}
+    env.update(FORESIGHT_PS_URL=ps.url, FORESIGHT_TOKEN=TOKEN)
+    env.update({f"FORESIGHT_{k}": str(v) for k, v in settings.items()})
+    return env
+
+
 WORKER = textwrap.dedent(
     """
     import sys, torch, foresight, foresight.torch
@@ -147,8 +160,7 @@ WORKER = textwrap.dedent(
 
 def test_a_killed_worker_is_replaced_and_resumes_at_the_ps_step(ps_factory, tmp_path):
     ps = ps_factory(workers=1, algorithm="asgd", learning_rate=0.01)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}
-    env.update(FORESIGHT_PS_URL=ps.url, FORESIGHT_WORKER_INDEX="0", FORESIGHT_TOKEN=TOKEN)
+    env = worker_env(ps, WORKER_INDEX=0)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
 
@@ -181,22 +193,14 @@ def test_sigterm_ends_a_worker_that_is_pid_1_of_its_container(ps_factory, tmp_pa
     (143) at once, not after the grace period. Here the worker is PID 1 of a PID namespace of its
     own (unshare), signalled from outside it as the container runtime does."""
     ps = ps_factory(workers=1, algorithm="asgd", learning_rate=0.01)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}
-    env.update(FORESIGHT_PS_URL=ps.url, FORESIGHT_WORKER_INDEX="0", FORESIGHT_TOKEN=TOKEN)
+    env = worker_env(ps, WORKER_INDEX=0)
     if kind == "python":
         script = tmp_path / "worker.py"
         script.write_text(WORKER)
         command = [sys.executable, str(script)]
     else:
         command = [str(BIN / "foresight-worker")]
-        env.update(
-            FORESIGHT_MODEL="mlp",
-            FORESIGHT_DATASET_FORMAT="csv",
-            FORESIGHT_DATASET_PATH=str(ROOT / "data/mnist5k"),
-            FORESIGHT_EPOCHS="100",
-            FORESIGHT_REPORT_EVERY="1",
-            FORESIGHT_METRICS_ADDR="",
-        )
+        env = worker_env(ps, WORKER_INDEX=0, **MNIST, MODEL="mlp", EPOCHS=100, REPORT_EVERY=1, METRICS_ADDR="")
     box = subprocess.Popen(["unshare", "--pid", "--fork", *command], env=env, stdout=subprocess.PIPE, text=True)
     try:
         # Training: a step was pushed.
@@ -250,19 +254,8 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
     shards and held-out split, so the PS cannot tell them apart; the Rust evaluator then scores the
     final model on the held-out split."""
     ps = ps_factory(workers=4, algorithm="dc-asgd-a", learning_rate=0.05)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}
-    env.update(
-        FORESIGHT_PS_URL=ps.url,
-        FORESIGHT_TOKEN=TOKEN,
-        FORESIGHT_MODEL="lenet5",
-        FORESIGHT_DATASET_FORMAT="csv",
-        FORESIGHT_DATASET_PATH=str(ROOT / "data/mnist5k"),
-        FORESIGHT_HOLDOUT="0.2",
-        FORESIGHT_EPOCHS="2",
-        FORESIGHT_BATCH_SIZE="32",
-        FORESIGHT_SEED="1",
-        FORESIGHT_TORCH_THREADS="1",
-        FORESIGHT_METRICS_ADDR="",
+    env = worker_env(
+        ps, **MNIST, MODEL="lenet5", HOLDOUT=0.2, EPOCHS=2, BATCH_SIZE=32, SEED=1, TORCH_THREADS=1, METRICS_ADDR=""
     )
     commands = [[str(BIN / "foresight-worker")]] * 2 + [[sys.executable, str(ROOT / "examples/python/mnist.py")]] * 2
     procs = [
