@@ -106,6 +106,14 @@ struct Args {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "FORESIGHT_BODY_LIMIT", default_value_t = 1 << 30)]
     body_limit: usize,
+    /// Memory limit in bytes, which bounds how many push bodies are buffered at once (default:
+    /// the container's cgroup limit; none: unbounded).
+    #[arg(long, env = "FORESIGHT_MEMORY_LIMIT")]
+    memory_limit: Option<u64>,
+    /// Push bodies buffered at once at most, instead of the count the memory limit gives; the
+    /// others wait, then get 503 `busy` with Retry-After.
+    #[arg(long, env = "FORESIGHT_PUSH_SLOTS", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    push_slots: Option<u64>,
     /// Longest a pull may wait for a version (long-poll), in seconds.
     #[arg(long, env = "FORESIGHT_MAX_LONG_POLL", default_value_t = 60)]
     max_long_poll: u64,
@@ -238,6 +246,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.max_long_poll = Duration::from_secs(args.max_long_poll);
     config.sync_round_timeout = Duration::from_secs(args.sync_round_timeout);
     config.reseed_hold = Duration::from_secs(args.reseed_hold);
+    config.memory_limit = args.memory_limit.or_else(foresight_ps::server::cgroup_memory_limit);
+    config.push_slots = args.push_slots.map(|k| k as usize);
 
     let state = AppState::new(config)?;
     let tls = args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| TlsFiles { cert, key });

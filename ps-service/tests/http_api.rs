@@ -670,3 +670,49 @@ async fn a_registration_storm_installs_one_model_and_buffers_one_body() {
         "{received} body bytes read for {workers} registrations of {body} bytes: one should be"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_beyond_the_push_slots_waits_then_is_refused_busy_and_changes_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // One slot (as a memory limit would give for a large model): worker 0's push holds it while
+    // its body arrives slowly; worker 1's push waits, then is told to come back.
+    let mut cfg = config(Algorithm::DcAsgdA, 2);
+    cfg.push_slots = Some(1);
+    let ps = start(cfg).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    for m in 0..2 {
+        c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
+    }
+    // Worker 0 over HTTP/1.1 by hand: headers and half the body, the rest later.
+    let body = wire::encode_f32(&l, &grad(&l, 0), &BTreeMap::new());
+    let mut slow = tokio::net::TcpStream::connect(ps.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/gradients?worker=0&version=0&seq=1 HTTP/1.1\r\nhost: ps\r\nauthorization: Bearer {TOKEN}\r\n\
+         content-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.write_all(&body[..body.len() / 2]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = std::time::Instant::now();
+    let err = c.push(PushId::unjoined(1, 0, 1), None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap_err();
+    assert_eq!(err.reason(), Some("busy"), "{err}");
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)), "{err}");
+    assert!(err.is_transient(), "a busy PS is worth retrying: {err}");
+    assert!(started.elapsed() >= Duration::from_millis(1900), "it waited for a slot first");
+    assert_eq!(c.status().await.unwrap()["version"], 0, "the refused push changed nothing");
+
+    // The slow body completes: applied. Then worker 1's retry finds the slot free.
+    slow.write_all(&body[body.len() / 2..]).await.unwrap();
+    let mut answer = vec![0; 1024];
+    let n = slow.read(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let r = c.push(PushId::unjoined(1, 0, 1), None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap();
+    assert!(r.applied && r.version == 2, "{r:?}");
+    let m = scrape(&ps.url).await;
+    assert_eq!(metric(&m, "foresight_ps_push_slots", &[]), 1.0);
+    assert_eq!(metric(&m, "foresight_ps_gradients_rejected_total", &["reason=\"busy\""]), 1.0);
+}

@@ -39,6 +39,7 @@ mod tests {
             status: reqwest::StatusCode::CONFLICT,
             reason: reason.into(),
             message: String::new(),
+            retry_after: None,
         };
         let wrapped =
             |reason: &str| anyhow::Error::new(refused(reason)).context("pushing the gradient of step 3");

@@ -91,6 +91,7 @@ impl Problem {
 #[derive(Default)]
 struct WorkerStats {
     latencies: Vec<Duration>,
+    pulls: Vec<Duration>,
     staleness: Vec<u64>,
     last_loss: f64,
 }
@@ -104,12 +105,14 @@ async fn main() -> anyhow::Result<()> {
     );
     let client = PsClient::new(&args.ps, args.token.clone())?;
     let layout = Layout::new(vec![TensorSpec { name: "quadratic.weight".into(), shape: vec![args.params] }])?;
+    let registering = Instant::now();
     let registered =
         client.register(&layout, &vec![0.0; args.params]).await.context("registering the model")?;
     println!(
-        "model {} ({} parameters)",
+        "model {} ({} parameters) in {:.3}s",
         if registered { "registered" } else { "already registered" },
-        args.params
+        args.params,
+        registering.elapsed().as_secs_f64()
     );
     let problem = Arc::new(Problem::new(args.params));
     let dtype = match args.dtype {
@@ -130,11 +133,13 @@ async fn main() -> anyhow::Result<()> {
     for t in tasks {
         let s = t.await??;
         all.latencies.extend(s.latencies);
+        all.pulls.extend(s.pulls);
         all.staleness.extend(s.staleness);
         all.last_loss = all.last_loss.max(s.last_loss);
     }
     let elapsed = started.elapsed();
     all.latencies.sort();
+    all.pulls.sort();
     all.staleness.sort();
     let pct = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
     let n = all.latencies.len();
@@ -144,6 +149,11 @@ async fn main() -> anyhow::Result<()> {
         n as f64 / elapsed.as_secs_f64(),
         pct(&all.latencies, 0.5).as_secs_f64() * 1e3,
         pct(&all.latencies, 0.99).as_secs_f64() * 1e3
+    );
+    println!(
+        "pull latency p50 {:.2} ms p99 {:.2} ms",
+        pct(&all.pulls, 0.5).as_secs_f64() * 1e3,
+        pct(&all.pulls, 0.99).as_secs_f64() * 1e3
     );
     println!(
         "staleness p50 {} p99 {} max {}",
@@ -181,12 +191,14 @@ async fn run_worker(
     let mut stats = WorkerStats::default();
     let mut min_version = None;
     for seq in 1..=steps {
+        let pulling = Instant::now();
         let model = loop {
             // Under `sync` the next version exists only once every worker has pushed: long-poll.
             if let Some(model) = client.pull(m, min_version, wait).await? {
                 break model;
             }
         };
+        stats.pulls.push(pulling.elapsed());
         let w = model.values;
         problem.gradient(&w, noise, &mut rng, &mut grad);
         let t = Instant::now();

@@ -30,7 +30,13 @@ pub enum ClientError {
     #[error("request to the parameter server failed: {0}")]
     Transport(#[from] reqwest::Error),
     #[error("the parameter server refused the request ({status}, {reason}): {message}")]
-    Refused { status: StatusCode, reason: String, message: String },
+    Refused {
+        status: StatusCode,
+        reason: String,
+        message: String,
+        /// The PS's `Retry-After` (an overloaded PS says when to come back).
+        retry_after: Option<Duration>,
+    },
     #[error("the parameter server sent an invalid model: {0}")]
     Wire(#[from] WireError),
     #[error("the parameter server answered without a valid {VERSION_HEADER} header")]
@@ -65,6 +71,14 @@ impl ClientError {
             Self::OtherModel => true,
             Self::Refused { reason, .. } => PERMANENT_REFUSALS.contains(&reason.as_str()),
             _ => false,
+        }
+    }
+
+    /// How long the PS asked to wait before a retry, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Refused { retry_after, .. } => *retry_after,
+            _ => None,
         }
     }
 
@@ -160,9 +174,15 @@ impl PsClient {
         if status.is_success() {
             return Ok(resp);
         }
+        // Delta-seconds only: the PS never sends an HTTP date; an hour at most, whoever sent it.
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+            .map(|s| Duration::from_secs(s.min(3600)));
         let body: serde_json::Value = resp.json().await.unwrap_or_default();
         let text = |k: &str| body.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
-        Err(ClientError::Refused { status, reason: text("reason"), message: text("error") })
+        Err(ClientError::Refused { status, reason: text("reason"), message: text("error"), retry_after })
     }
 
     fn version_of(resp: &reqwest::Response) -> Result<u64, ClientError> {

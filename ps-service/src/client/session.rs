@@ -229,7 +229,9 @@ impl Retry {
             match rt.block_on(f(client.clone())) {
                 Ok(v) => return Ok(v),
                 Err(e) if retryable(&e) && started.elapsed() < self.deadline => {
-                    let wait = backoff.mul_f64(self.rng.random_range(0.5..1.5));
+                    // Not sooner than the PS asked (an overloaded PS's `Retry-After`).
+                    let jittered = backoff.mul_f64(self.rng.random_range(0.5..1.5));
+                    let wait = e.retry_after().map_or(jittered, |asked| jittered.max(asked));
                     tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
                     std::thread::sleep(wait);
                     backoff = (backoff * 2).min(Duration::from_secs(5));

@@ -1,7 +1,7 @@
 //! One error type for every refused request, rendered as `{"error": ..., "reason": ...}`.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::store::StoreError;
@@ -13,11 +13,13 @@ pub struct ApiError {
     /// A bounded label: the JSON `reason` and the metrics' `reason`.
     pub reason: &'static str,
     pub message: String,
+    /// Seconds, sent as `Retry-After` (overload refusals).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { status, reason, message: message.into() }
+        Self { status, reason, message: message.into(), retry_after: None }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -78,6 +80,10 @@ impl From<StoreError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.message, "reason": self.reason });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 }

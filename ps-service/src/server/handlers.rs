@@ -273,6 +273,8 @@ async fn push_inner(
             "the parameter server is collecting the workers' copies of the model it lost; retry shortly",
         ));
     }
+    // Held until the buffers are back in their pools: K bodies at most in memory at once.
+    let _slot = state.admit_push().await?;
     let mut buf = state.bodies.take();
     let mut grad = state.grads.take_len(store.layout().len());
     let limit = state.config.body_limit;

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub lambda: Gauge,
     pub workers: IntGauge,
     pub workers_expected: IntGauge,
+    /// Push bodies buffered at once at most (0: unbounded).
+    pub push_slots: IntGauge,
     pub checkpoint_age: Gauge,
     /// The configured staleness bound (0: none) and the accepted gradients exactly at it.
     pub max_staleness: IntGauge,
@@ -121,6 +123,10 @@ impl Metrics {
             workers_expected: int_gauge(
                 "foresight_ps_workers_expected",
                 "The job's worker count M (changes when the job is scaled).",
+            ),
+            push_slots: int_gauge(
+                "foresight_ps_push_slots",
+                "Push bodies the parameter server buffers at once at most (from its memory limit and the model's size; 0: unbounded); others wait, then get 503 busy.",
             ),
             checkpoint_age: gauge(
                 "foresight_ps_checkpoint_age_seconds",

@@ -3,6 +3,7 @@
 //! Handlers parse, call the store, and map errors to responses in one place ([`ApiError`]);
 //! shared state lives behind one `Arc<AppState>`.
 
+mod admission;
 mod auth;
 mod body;
 mod error;
@@ -22,6 +23,7 @@ use crate::optimizer::Hyper;
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
 use crate::store::{CheckpointData, Store};
 
+pub use admission::cgroup_memory_limit;
 pub use error::ApiError;
 pub use handlers::{Report, router};
 pub use serve::{Listener, TlsFiles, serve};
@@ -52,6 +54,11 @@ pub struct PsConfig {
     /// After the model was seeded from a worker's copy (the PS had lost it), pushes wait this
     /// long at most for the other workers to offer fresher copies.
     pub reseed_hold: Duration,
+    /// The process's memory limit in bytes (`None`: unlimited): with the model's size it sets
+    /// how many push bodies are buffered at once ([`admission::push_slots`]).
+    pub memory_limit: Option<u64>,
+    /// That count set explicitly instead.
+    pub push_slots: Option<usize>,
 }
 
 impl PsConfig {
@@ -71,6 +78,8 @@ impl PsConfig {
             max_long_poll: Duration::from_secs(60),
             sync_round_timeout: Duration::from_secs(120),
             reseed_hold: Duration::from_secs(10),
+            memory_limit: None,
+            push_slots: None,
         }
     }
 }
@@ -97,6 +106,8 @@ pub struct AppState {
     registering: tokio::sync::Mutex<()>,
     bodies: body::Pool<u8>,
     grads: body::Pool<f32>,
+    /// Admission control of push bodies, sized once the model is known.
+    push_slots: OnceLock<admission::PushSlots>,
     seeding: Mutex<Seeding>,
     /// The job's worker count M: `--workers` at start, then whatever `PUT /v1/workers` set.
     workers: std::sync::atomic::AtomicUsize,
@@ -162,6 +173,7 @@ impl AppState {
         metrics.workers_expected.set(config.workers as i64);
         let (version_tx, _) = watch::channel(0);
         let workers = config.workers;
+        let restoring = Instant::now();
         let restored = match &checkpoints {
             Some(dir) => dir.load_newest()?,
             None => None,
@@ -180,6 +192,7 @@ impl AppState {
             registering: tokio::sync::Mutex::new(()),
             bodies: body::Pool::new(8),
             grads: body::Pool::new(8),
+            push_slots: OnceLock::new(),
             seeding: Mutex::new(Seeding::Idle),
             workers: std::sync::atomic::AtomicUsize::new(workers),
             process: ProcessInfo {
@@ -195,11 +208,33 @@ impl AppState {
                 tracing::warn!(saved = %saved.algorithm, configured = %state.config.hyper.algorithm,
                     "checkpoint was written by another algorithm; continuing with the configured one");
             }
-            tracing::info!(path = %path.display(), version = data.version, "restored checkpoint");
+            let version = data.version;
             let store = Store::restore(layout, data, state.config.hyper.clone(), workers);
             state.install(store);
+            let seconds = restoring.elapsed().as_secs_f64();
+            tracing::info!(path = %path.display(), version, seconds, "restored checkpoint");
         }
         Ok(state)
+    }
+
+    /// K for [`admission`]: set explicitly, or from the memory limit and the model's size (for
+    /// the worker count of this moment; `None`: unbounded).
+    fn push_slot_count(&self, store: &Store) -> Option<usize> {
+        let state = crate::optimizer::OptimizerState::new(store.hyper(), 1);
+        let state_copies = state.mean_square.len() + state.momentum.len();
+        let model_bytes = 4 * store.layout().len() as u64;
+        let (limit, workers) = (self.config.memory_limit, self.workers());
+        let count = self
+            .config
+            .push_slots
+            .or_else(|| admission::push_slots(limit, model_bytes, workers, state_copies));
+        tracing::info!(?count, memory_limit = limit, model_bytes, "push slots");
+        count
+    }
+
+    /// A slot for a push body ([`admission`]).
+    pub(crate) async fn admit_push(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        self.push_slots.get().expect("set when the model was installed").admit().await
     }
 
     /// The registered model, if any.
@@ -225,6 +260,9 @@ impl AppState {
             // Built for the count at start; the job may have been scaled since (read after the
             // store is visible, so a concurrent `set_workers` is never missed).
             store.set_workers(self.workers());
+            let slots =
+                self.push_slots.get_or_init(|| admission::PushSlots::new(self.push_slot_count(store)));
+            self.metrics.push_slots.set(slots.count.map_or(0, |k| k as i64));
         }
         if ok {
             self.version_tx.send_replace(version);
@@ -403,9 +441,11 @@ impl AppState {
 
     fn write_checkpoint(&self, store: &Store, data: &CheckpointData) -> Result<PathBuf, CheckpointError> {
         let dir = self.checkpoints.as_ref().expect("caller checked");
+        let started = Instant::now();
         let path = dir.write(store.layout(), store.hyper(), data)?;
         *self.last_checkpoint.lock() = Instant::now();
-        tracing::info!(path = %path.display(), version = data.version, "checkpoint written");
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(path = %path.display(), version = data.version, seconds, "checkpoint written");
         Ok(path)
     }
 
@@ -416,6 +456,7 @@ impl AppState {
         let state = self.clone();
         tokio::task::spawn_blocking(move || {
             let data = store.finalize();
+            let version = data.version;
             if state.checkpoints.is_some() {
                 state.write_checkpoint(&store, &data).map_err(internal)?;
             }
@@ -424,15 +465,16 @@ impl AppState {
                 Some(dir) => {
                     std::fs::create_dir_all(dir).map_err(internal)?;
                     let path = dir.join("model-final.safetensors");
-                    let model = CheckpointData { state: Default::default(), ..data.clone() };
-                    let bytes = checkpoint::encode(store.layout(), store.hyper(), &model);
-                    checkpoint::write_atomic(&path, &bytes).map_err(internal)?;
-                    tracing::info!(path = %path.display(), version = data.version, "final model written");
+                    let model = CheckpointData { state: Default::default(), ..data };
+                    let (layout, hyper) = (store.layout(), store.hyper());
+                    checkpoint::write_atomic_with(&path, |f| checkpoint::encode_to(f, layout, hyper, &model))
+                        .map_err(internal)?;
+                    tracing::info!(path = %path.display(), version, "final model written");
                     Some(path)
                 }
                 None => None,
             };
-            Ok((data.version, path))
+            Ok((version, path))
         })
         .await
         .expect("finalize task panicked")

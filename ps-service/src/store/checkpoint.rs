@@ -47,10 +47,17 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io { path: path.to_path_buf(), source }
 }
 
-/// Encodes a checkpoint (or, with empty optimizer state, a plain model file).
-pub fn encode(layout: &Layout, hyper: &Hyper, data: &CheckpointData) -> Vec<u8> {
+/// Writes a checkpoint (or, with empty optimizer state, a plain model file) to `out` straight from `data`: the header, then the model's and the
+/// optimizer state's bytes as they lie in memory. No copy of the model is made, so a checkpoint
+/// of a model of S bytes costs the PS the header and `out`'s buffer, not 2–3 × S more.
+pub fn encode_to(
+    out: &mut impl Write,
+    layout: &Layout,
+    hyper: &Hyper,
+    data: &CheckpointData,
+) -> std::io::Result<()> {
     let mut specs: Vec<TensorSpec> = layout.tensors().to_vec();
-    let mut values = data.params.clone();
+    let mut slices: Vec<&[f32]> = vec![&data.params];
     for (prefix, state) in [(MS_PREFIX, &data.state.mean_square), (MOM_PREFIX, &data.state.momentum)] {
         if !state.is_empty() {
             specs.extend(
@@ -59,7 +66,7 @@ pub fn encode(layout: &Layout, hyper: &Hyper, data: &CheckpointData) -> Vec<u8> 
                     .iter()
                     .map(|t| TensorSpec { name: format!("{prefix}{}", t.name), ..t.clone() }),
             );
-            values.extend_from_slice(state);
+            slices.push(state);
         }
     }
     let composite = Layout::new(specs).expect("prefixed names of a valid layout are valid");
@@ -77,12 +84,19 @@ pub fn encode(layout: &Layout, hyper: &Hyper, data: &CheckpointData) -> Vec<u8> 
             serde_json::to_string(&data.worker_generations).expect("plain data"),
         ),
     ]);
-    wire::encode_f32(&composite, &values, &meta)
+    out.write_all(&wire::header(&composite, wire::WireDtype::F32, &meta))?;
+    for slice in slices {
+        out.write_all(bytemuck::cast_slice(slice))?;
+    }
+    Ok(())
 }
 
-/// Decodes a checkpoint into the model layout, its data and the hyperparameters it was written with.
+/// Decodes a checkpoint into the model layout, its data and the hyperparameters it was written
+/// with. Each part (model, MeanSquare, momentum) is read from `bytes` straight into its own
+/// vector: a restore holds the file and one copy of the model and state, no more.
 pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
-    let (composite, values, meta) = wire::decode_model(bytes).map_err(|e: WireError| e.to_string())?;
+    let parsed = wire::parse(bytes).map_err(|e: WireError| e.to_string())?;
+    let meta = &parsed.metadata;
     if meta.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(format!("metadata format is {:?}, expected {FORMAT:?}", meta.get("format")));
     }
@@ -103,43 +117,49 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
         None => Vec::new(),
     };
     let n_model: usize = field("model_tensors")?.parse().map_err(|e| format!("bad model_tensors: {e}"))?;
-    let tensors = composite.tensors();
+    let tensors = &parsed.tensors;
     if n_model == 0 || n_model > tensors.len() {
         return Err(format!("model_tensors {n_model} does not fit {} tensors", tensors.len()));
     }
-    let layout = Layout::new(tensors[..n_model].to_vec()).map_err(|e| e.to_string())?;
-    let n = layout.len();
-    let mut rest = &values[n..];
+    let specs = tensors[..n_model]
+        .iter()
+        .map(|(name, _, shape, _)| TensorSpec { name: name.clone(), shape: shape.clone() });
+    let layout = Layout::new(specs.collect()).map_err(|e| e.to_string())?;
+    let params = read_part(&layout, &tensors[..n_model], "")?;
     let mut state = OptimizerState::default();
-    let mut extra = &tensors[n_model..];
+    let mut rest = &tensors[n_model..];
     for (prefix, slot) in [(MS_PREFIX, &mut state.mean_square), (MOM_PREFIX, &mut state.momentum)] {
-        if extra.first().is_some_and(|t| t.name.starts_with(prefix)) {
-            let names_match = extra.len() >= n_model
-                && extra[..n_model]
-                    .iter()
-                    .zip(layout.tensors())
-                    .all(|(s, t)| s.name == format!("{prefix}{}", t.name));
-            if !names_match || rest.len() < n {
+        if rest.first().is_some_and(|(name, ..)| name.starts_with(prefix)) {
+            if rest.len() < n_model {
                 return Err(format!("optimizer state {prefix}* does not match the model's tensors"));
             }
-            *slot = rest[..n].to_vec();
-            rest = &rest[n..];
-            extra = &extra[n_model..];
+            *slot = read_part(&layout, &rest[..n_model], prefix)?;
+            rest = &rest[n_model..];
         }
     }
-    if !extra.is_empty() {
-        return Err(format!("unexpected tensor {:?}", extra[0].name));
+    if let Some((name, ..)) = rest.first() {
+        return Err(format!("unexpected tensor {name:?}"));
     }
-    let data = CheckpointData {
-        version,
-        epoch,
-        params: values[..n].to_vec(),
-        state,
-        finalized,
-        worker_seqs,
-        worker_generations,
-    };
+    let data = CheckpointData { version, epoch, params, state, finalized, worker_seqs, worker_generations };
     Ok((layout, data, hyper))
+}
+
+/// The tensors of one part of a checkpoint, named `prefix` + the model's names with the model's
+/// shapes, F32 and finite, as one vector in `layout`'s order.
+fn read_part(layout: &Layout, part: &[wire::ParsedTensor<'_>], prefix: &str) -> Result<Vec<f32>, String> {
+    let mismatch = || format!("optimizer state {prefix}* does not match the model's tensors");
+    let renamed = part
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            let name = name.strip_prefix(prefix).ok_or_else(mismatch)?;
+            Ok((name.to_string(), *dtype, shape.clone(), *bytes))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut out = vec![0f32; layout.len()];
+    let part = wire::Parsed { tensors: renamed, metadata: Default::default() };
+    wire::fill_model(layout, &part, &mut out)
+        .map_err(|e| if prefix.is_empty() { e.to_string() } else { format!("{}: {e}", mismatch()) })?;
+    Ok(out)
 }
 
 /// A directory of checkpoints, newest kept.
@@ -199,7 +219,7 @@ impl CheckpointDir {
         data: &CheckpointData,
     ) -> Result<PathBuf, CheckpointError> {
         let path = self.file_for(data.version);
-        write_atomic(&path, &encode(layout, hyper, data))?;
+        write_atomic_with(&path, |f| encode_to(f, layout, hyper, data))?;
         for (_, old) in self.list()?.into_iter().skip(self.keep) {
             fs::remove_file(&old).map_err(io(&old))?;
         }
@@ -223,14 +243,23 @@ impl CheckpointDir {
 
 /// Writes `bytes` to `path` via a temporary file, fsync and rename, then fsyncs the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// [`write_atomic`] of what `write` streams into the file (through a buffer).
+pub fn write_atomic_with(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<fs::File>) -> std::io::Result<()>,
+) -> Result<(), CheckpointError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
         path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
         std::process::id()
     ));
-    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(bytes).map_err(io(&tmp))?;
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, fs::File::create(&tmp).map_err(io(&tmp))?);
+    write(&mut f).map_err(io(&tmp))?;
+    let f = f.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
     f.sync_all().map_err(io(&tmp))?;
     drop(f);
     fs::rename(&tmp, path).map_err(io(path))?;
@@ -241,6 +270,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn encode(layout: &Layout, hyper: &Hyper, data: &CheckpointData) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_to(&mut out, layout, hyper, data).expect("writing to a Vec cannot fail");
+        out
+    }
     use crate::optimizer::Algorithm;
 
     fn sample(momentum: bool) -> (Layout, Hyper, CheckpointData) {

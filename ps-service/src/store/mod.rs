@@ -427,7 +427,8 @@ impl Store {
     /// `n` minus the backup workers from the next round on (a round in progress closes with
     /// what it has at the latest when its timeout passes). New workers get fresh entries; the
     /// entries of removed ones are kept, so a worker scaled away and back resumes as a new
-    /// generation of itself.
+    /// generation of itself — but not their backups, each possibly a model copy of its own: a
+    /// worker that comes back pulls before its first push (`pull_required` otherwise).
     pub fn set_workers(&self, n: usize) {
         assert!(n > 0, "a job has at least one worker");
         {
@@ -436,6 +437,7 @@ impl Store {
                 seq.workers.resize(n, WorkerStatus::default());
                 seq.backups.resize(n, None);
             }
+            seq.backups[n..].fill(None);
         }
         {
             let mut round = self.round.lock();

@@ -433,3 +433,22 @@ fn a_job_scaled_up_and_down_follows_its_worker_count() {
     r.set_workers(3);
     assert_eq!(r.join(2, None).unwrap().resume_step, 1);
 }
+
+#[test]
+fn a_worker_scaled_away_leaves_no_model_copy_behind() {
+    let s = store(Algorithm::DcAsgdA, 0.1, vec![0.0; 4], 3, 2);
+    // Three backups at three versions: three copies beside the pull cache.
+    s.pull(0).unwrap();
+    s.push(push(0, 0, 1), &[1.0; 4]).unwrap();
+    s.pull(1).unwrap();
+    s.push(push(1, 1, 1), &[1.0; 4]).unwrap();
+    s.pull(2).unwrap();
+    assert_eq!(s.snapshots_held(), 3);
+    s.set_workers(1);
+    assert_eq!(s.snapshots_held(), 2, "workers 1 and 2's backups are freed (the cache keeps v2)");
+    // Scaled back: worker 2 must pull again before its push counts.
+    s.set_workers(3);
+    assert_eq!(s.push(push(2, 2, 1), &[1.0; 4]).unwrap_err().reason(), "pull_required");
+    s.pull(2).unwrap();
+    assert!(s.push(push(2, 2, 1), &[1.0; 4]).unwrap().applied);
+}

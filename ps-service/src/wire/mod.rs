@@ -172,8 +172,11 @@ impl WireError {
 }
 
 /// A parsed safetensors body: tensor views in file order and the metadata.
+/// A tensor of a parsed body: name, dtype, shape and its bytes in the body.
+pub type ParsedTensor<'a> = (String, Dtype, Vec<usize>, &'a [u8]);
+
 pub struct Parsed<'a> {
-    pub tensors: Vec<(String, Dtype, Vec<usize>, &'a [u8])>,
+    pub tensors: Vec<ParsedTensor<'a>>,
     pub metadata: BTreeMap<String, String>,
 }
 
@@ -225,6 +228,12 @@ pub const MAX_GRADIENT: f32 = 1e12;
 /// Whether a gradient element can be applied: finite and within ±[`MAX_GRADIENT`].
 pub fn usable_gradient(g: f32) -> bool {
     g.is_finite() && g.abs() <= MAX_GRADIENT
+}
+
+/// Reads a model's F32 tensors from `parsed` into `out` (`layout`'s length): every tensor of
+/// `layout` exactly once, with its shape, all values finite.
+pub fn fill_model(layout: &Layout, parsed: &Parsed<'_>, out: &mut [f32]) -> Result<(), WireError> {
+    fill(layout, parsed, false, out)
 }
 
 fn fill(layout: &Layout, parsed: &Parsed<'_>, allow_half: bool, out: &mut [f32]) -> Result<(), WireError> {
