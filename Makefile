@@ -8,12 +8,16 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup setup-test build test test-python test-stress lint fmt bench demo loadgen convergence compare simulate chaos crd observability clean
+.PHONY: help setup setup-build setup-test build test test-python test-stress lint fmt bench demo loadgen real-size convergence compare simulate chaos crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
 
-setup: ## Install what builds and the demo need (idempotent)
+setup: setup-build ## setup-build and the foresight Python package's wheel, in .venv (idempotent)
+	@scripts/setup-python.sh
+
+# The demo and the release build need neither the wheel nor the tests' tools.
+setup-build: ## Install what the release build and make demo need: the venv with torch, the data (idempotent)
 	@scripts/setup.sh
 
 # Only the tests need a Kubernetes control plane, helm, kubeconform and Kueue (built from Go
@@ -23,7 +27,7 @@ setup-test: setup ## Also the control plane, helm, kubeconform and Kueue for the
 	@tools/build-helm-tools.sh >/dev/null
 	@tools/build-kueue.sh >/dev/null
 
-build: setup ## Build the release binaries
+build: setup-build ## Build the release binaries
 	$(CARGO) build --release --locked --workspace --bins
 
 lint: setup ## rustfmt and clippy, warnings are errors
@@ -50,12 +54,17 @@ fmt: ## Format the code
 bench: setup ## Criterion benchmarks (figures: docs/benchmarks.md)
 	$(CARGO) bench --locked -p foresight-ps
 
-demo: build ## Train MNIST-5k with dc-asgd-a on 4 workers: foresight run examples/mnist-dcasgd.yaml
+# Only the three binaries it runs (the same features as `make build`, so one reuses the other).
+demo: setup-build ## Train MNIST-5k with dc-asgd-a on 4 workers: foresight run examples/mnist-dcasgd.yaml
+	$(CARGO) build --release --locked --bin foresight --bin foresight-ps --bin foresight-worker
 	rm -rf $(OUT)/demo
 	target/release/foresight run examples/mnist-dcasgd.yaml --out $(OUT)/demo
 
 loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-parameter model
 	@scripts/loadgen-demo.sh $(OUT)/loadgen
+
+real-size: build ## The parameter server at 100M parameters: memory by phase, register/pull/push, checkpoint and restore times (docs/benchmarks.md)
+	python3 scripts/real-size.py --bin target/release --out $(OUT)/real-size $(ARGS)
 
 convergence: build ## The paper's Table 1 shape: LeNet-5 on MNIST-5k, M = 1, 4, 8, 16, every rule, 5 seeds, per-epoch PS-model curves; rewrites docs/convergence.md (26 min here; ARGS=--reuse keeps finished runs)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md $(ARGS)
@@ -85,7 +94,7 @@ clean: ## Remove build outputs and demo output
 # not on the list at the top, so that the two lists never collide in a merge.
 .PHONY: images cluster-up cluster-down e2e cluster-demo cluster-observability scale
 
-images: build ## Operator, PS and worker images: buildah on a Debian rootfs (no Docker daemon, no registry)
+images: build setup ## Operator, PS and worker images: buildah on a Debian rootfs (no Docker daemon, no registry)
 	@tools/build-node.sh >/dev/null
 	tools/build-images.sh
 
@@ -102,7 +111,7 @@ e2e: setup-test ## The user's path and the failure paths in real pods on a real 
 	$(CARGO) build --locked --workspace --bins
 	RELEASE_DIR=$(CURDIR)/target/debug tools/e2e.sh
 
-cluster-demo: build ## A real cluster, the images, helm install, the MNIST TrainingJob watched to the end, its model
+cluster-demo: build setup ## A real cluster, the images, helm install, the MNIST TrainingJob watched to the end, its model
 	@tools/build-control-plane.sh >/dev/null
 	@tools/build-helm-tools.sh >/dev/null
 	@tools/build-node.sh >/dev/null

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what `make build` and `make demo` need (`make setup-test` adds the tests' tools).
+# Installs what `make build` and `make demo` need (`make setup` adds the Python package, `make
+# setup-test` the tests' tools).
 # Safe to run again: each step checks first.
 set -euo pipefail
 
@@ -26,8 +27,8 @@ fi
 
 cargo fetch --locked >/dev/null
 
-# The `foresight` Python package: its wheel, built from the Rust client, in the venv.
-"$(dirname "$0")/setup-python.sh"
+# The `foresight` Python package's wheel is built by scripts/setup-python.sh (`make setup`), not
+# here: the release build and `make demo` do not need it.
 
 # The tests' Kubernetes control plane, helm and kubeconform are not built here: `make
 # setup-test` (run by `make test` and `make e2e`) builds them, so `make demo` never waits for them.
