@@ -90,6 +90,8 @@ impl Problem {
 
 #[derive(Default)]
 struct WorkerStats {
+    /// Pushes answered `503 busy` (and retried).
+    busy: u64,
     latencies: Vec<Duration>,
     pulls: Vec<Duration>,
     staleness: Vec<u64>,
@@ -132,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
     let mut all = WorkerStats::default();
     for t in tasks {
         let s = t.await??;
+        all.busy += s.busy;
         all.latencies.extend(s.latencies);
         all.pulls.extend(s.pulls);
         all.staleness.extend(s.staleness);
@@ -150,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
         pct(&all.latencies, 0.5).as_secs_f64() * 1e3,
         pct(&all.latencies, 0.99).as_secs_f64() * 1e3
     );
+    println!("pushes refused busy and retried: {}", all.busy);
     println!(
         "pull latency p50 {:.2} ms p99 {:.2} ms",
         pct(&all.pulls, 0.5).as_secs_f64() * 1e3,
@@ -202,7 +206,17 @@ async fn run_worker(
         let w = model.values;
         problem.gradient(&w, noise, &mut rng, &mut grad);
         let t = Instant::now();
-        let reply = client.push(PushId::unjoined(m, model.version, seq), None, &layout, &grad, dtype).await?;
+        let id = PushId::unjoined(m, model.version, seq);
+        let reply = loop {
+            match client.push(id, None, &layout, &grad, dtype).await {
+                // A PS at its push slots (its memory limit) says when to come back.
+                Err(e) if e.reason() == Some("busy") => {
+                    stats.busy += 1;
+                    tokio::time::sleep(e.retry_after().unwrap_or(Duration::from_secs(1))).await;
+                }
+                other => break other?,
+            }
+        };
         stats.latencies.push(t.elapsed());
         stats.staleness.push(reply.staleness);
         min_version = Some(if reply.applied { reply.version } else { reply.version + 1 });

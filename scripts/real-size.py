@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""The parameter server at a real model size (`make real-size`; docs/benchmarks.md).
+
+One `foresight-ps` process and `foresight-loadgen`'s simulated workers on loopback, a model of
+--params float32 parameters (100M by default). The PS's resident memory is sampled from /proc
+every 20 ms and read at each phase: at start, once the model is registered, once every worker
+has pushed, its peak while training, at the end of training, and during the checkpoint that
+SIGTERM writes; then the PS is started again on that checkpoint and the restore is timed. The
+figures are compared with what the store is meant to hold: bytes per parameter of w, the
+optimizer's state and one backup per worker (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+GIB = 1 << 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss(pid: int) -> tuple[int, int]:
+    """VmRSS and VmHWM (the peak) of `pid`, in bytes."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    kib = lambda k: int(fields[k].split()[0]) * 1024  # noqa: E731
+    return kib("VmRSS"), kib("VmHWM")
+
+
+class Sampler(threading.Thread):
+    """The PS's resident memory every 20 ms, and its own status (registered, pushes per worker)."""
+
+    def __init__(self, pid: int, url: str, token: str) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.url, self.token = pid, url, token
+        self.samples: list[tuple[float, int]] = []
+        self.events: dict[str, float] = {}
+        self.stop = threading.Event()
+
+    def status(self) -> dict:
+        req = urllib.request.Request(f"{self.url}/v1/status", headers={"Authorization": f"Bearer {self.token}"})
+        return json.loads(urllib.request.urlopen(req, timeout=5).read())
+
+    def run(self) -> None:
+        last_status = 0.0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            try:
+                self.samples.append((now, rss(self.pid)[0]))
+            except (FileNotFoundError, ProcessLookupError, KeyError):
+                return  # the process ended (an exiting process's status has no VmRSS)
+            if now - last_status > 0.25 and "joined" not in self.events:
+                last_status = now
+                try:
+                    st = self.status()
+                except OSError:
+                    st = {}
+                if st.get("registered"):
+                    self.events.setdefault("registered", now)
+                workers = st.get("workers") or []
+                if workers and all(w["pushes"] > 0 for w in workers):
+                    self.events["joined"] = now
+            time.sleep(0.02)
+
+    def at(self, t: float) -> int:
+        """The resident memory sampled last before `t`."""
+        before = [r for s, r in self.samples if s <= t]
+        return before[-1] if before else self.samples[0][1]
+
+    def peak(self, start: float, end: float) -> int:
+        return max((r for s, r in self.samples if start <= s <= end), default=0)
+
+
+def start_ps(args, out: Path, port: int, token: str, log_name: str) -> subprocess.Popen:
+    cmd = [
+        str(args.ps_bin or args.bin / "foresight-ps"), "--listen", f"127.0.0.1:{port}", "--workers", str(args.workers),
+        "--algorithm", args.algorithm, "--learning-rate", "0.1", "--checkpoint-dir", str(out / "checkpoints"),
+        "--checkpoint-interval", "0", "--log-format", "json",
+    ]
+    if args.memory_limit:
+        cmd += ["--memory-limit", str(args.memory_limit)]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}, "FORESIGHT_TOKEN": token}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(out / log_name, "wb"))
+
+
+def wait_listening(ps: subprocess.Popen, url: str, log: Path, timeout: float = 600) -> float:
+    started = time.monotonic()
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=1).read()
+            return time.monotonic() - started
+        except OSError:
+            if ps.poll() is not None or time.monotonic() - started > timeout:
+                sys.exit(f"foresight-ps did not start:\n{log.read_text()[-2000:]}")
+            time.sleep(0.02)
+
+
+def log_field(log: Path, message: str, field: str) -> float | None:
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            fields = entry.get("fields", {})
+            if fields.get("message") == message and field in fields:
+                return float(fields[field])
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", type=Path, default=Path("target/release"))
+    ap.add_argument("--ps-bin", type=Path, help="foresight-ps to measure (default: the one in --bin)")
+    ap.add_argument("--params", type=int, default=100_000_000)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20, help="pushes per worker")
+    ap.add_argument("--algorithm", default="dc-asgd-a")
+    ap.add_argument("--memory-limit", type=int, help="the PS's --memory-limit in bytes (bounds its push slots)")
+    ap.add_argument("--out", type=Path, default=Path("out/real-size"))
+    args = ap.parse_args()
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    for old in (out / "checkpoints").glob("*"):
+        old.unlink()
+    token, port = secrets.token_hex(16), free_port()
+    url = f"http://127.0.0.1:{port}"
+    model_bytes = 4 * args.params
+
+    ps = start_ps(args, out, port, token, "ps.log")
+    wait_listening(ps, url, out / "ps.log")
+    sampler = Sampler(ps.pid, url, token)
+    sampler.start()
+    time.sleep(0.2)
+    t_start = time.monotonic()
+    env = {**os.environ, "FORESIGHT_TOKEN": token}
+    loadgen = subprocess.run(
+        [str(args.bin / "foresight-loadgen"), "--ps", url, "--workers", str(args.workers),
+         "--params", str(args.params), "--steps", str(args.steps)],
+        env=env, capture_output=True, text=True,
+    )
+    if loadgen.returncode != 0:
+        sys.exit(f"foresight-loadgen failed:\n{loadgen.stdout}\n{loadgen.stderr[-3000:]}")
+    t_trained = time.monotonic()
+    print(loadgen.stdout, end="")
+    time.sleep(0.5)
+    t_end = time.monotonic()
+
+    ps.send_signal(signal.SIGTERM)
+    ps.wait(timeout=600)
+    t_stopped = time.monotonic()
+    sampler.stop.set()
+    checkpoint = next((out / "checkpoints").glob("ckpt-*.safetensors"))
+    write_s = log_field(out / "ps.log", "checkpoint written", "seconds")
+
+    # The restore: a new process on the same directory; it listens once the model is restored.
+    ps2 = start_ps(args, out, port, token, "ps-restore.log")
+    listen_s = wait_listening(ps2, url, out / "ps-restore.log")
+    restored_rss, restored_hwm = rss(ps2.pid)
+    ps2.send_signal(signal.SIGKILL)
+    ps2.wait()
+    restore_s = log_field(out / "ps-restore.log", "restored checkpoint", "seconds")
+
+    grab = lambda pattern: re.search(pattern, loadgen.stdout)  # noqa: E731
+    registered_s = float(grab(r"parameters\) in ([\d.]+)s").group(1))
+    push = grab(r"push latency p50 ([\d.]+) ms p99 ([\d.]+) ms")
+    pull = grab(r"pull latency p50 ([\d.]+) ms p99 ([\d.]+) ms")
+    rate = float(grab(r"([\d.]+) pushes/s").group(1))
+    busy = int(grab(r"refused busy and retried: (\d+)").group(1))
+    ev = sampler.events
+    joined = ev.get("joined", t_trained)
+    result = {
+        "params": args.params,
+        "workers": args.workers,
+        "algorithm": args.algorithm,
+        "steps_per_worker": args.steps,
+        "memory_limit": args.memory_limit,
+        "rss_gib": {
+            "start": sampler.at(t_start) / GIB,
+            "registered": sampler.at(ev.get("registered", t_start) + 0.05) / GIB,
+            "all_joined": sampler.at(ev.get("joined", t_trained) + 0.05) / GIB,
+            "peak_training": sampler.peak(t_start, t_trained) / GIB,
+            "end_of_training": sampler.at(t_end) / GIB,
+            "peak_checkpoint": sampler.peak(t_end, t_stopped) / GIB,
+            "after_restore": restored_rss / GIB,
+            "peak_restore": restored_hwm / GIB,
+        },
+        # Once every worker has pushed: at a quarter, half, three quarters and the end of the
+        # rest of training (flat, or growing?).
+        "rss_after_joined_gib": [
+            sampler.at(joined + f * (t_trained - joined)) / GIB for f in (0.25, 0.5, 0.75, 1.0)
+        ],
+        "bytes_per_param": {
+            "all_joined": sampler.at(ev.get("joined", t_trained) + 0.05) / args.params,
+            "peak_training": sampler.peak(t_start, t_trained) / args.params,
+            "after_restore": restored_rss / args.params,
+        },
+        "seconds": {
+            "register": registered_s,
+            "pull_p50": float(pull.group(1)) / 1e3,
+            "pull_p99": float(pull.group(2)) / 1e3,
+            "push_apply_p50": float(push.group(1)) / 1e3,
+            "push_apply_p99": float(push.group(2)) / 1e3,
+            "checkpoint_write": write_s,
+            "sigterm_to_exit": t_stopped - t_end,
+            "restore": restore_s,
+            "restart_to_listening": listen_s,
+        },
+        "pushes_per_second": rate,
+        "pushes_refused_busy": busy,
+        "checkpoint_bytes": checkpoint.stat().st_size,
+        "model_bytes": model_bytes,
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
