@@ -232,9 +232,13 @@ impl AppState {
         count
     }
 
-    /// A slot for a push body ([`admission`]).
-    pub(crate) async fn admit_push(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
-        self.push_slots.get().expect("set when the model was installed").admit().await
+    /// A slot for a push body ([`admission`]). The slots are sized just after the store becomes
+    /// visible: a push in that instant goes unbounded rather than waiting for them.
+    pub(crate) async fn admit_push(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+        match self.push_slots.get() {
+            Some(slots) => slots.admit().await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The registered model, if any.
@@ -467,7 +471,7 @@ impl AppState {
                     let path = dir.join("model-final.safetensors");
                     let model = CheckpointData { state: Default::default(), ..data };
                     let (layout, hyper) = (store.layout(), store.hyper());
-                    checkpoint::write_atomic_with(&path, |f| checkpoint::encode_to(f, layout, hyper, &model))
+                    checkpoint::write_atomic(&path, |f| checkpoint::encode_to(f, layout, hyper, &model))
                         .map_err(internal)?;
                     tracing::info!(path = %path.display(), version, "final model written");
                     Some(path)

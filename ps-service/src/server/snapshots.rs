@@ -92,7 +92,7 @@ fn write_snapshot(store: &Store, policy: &SnapshotPolicy) -> Result<SnapshotReco
         params: snap.params().to_vec(),
         ..Default::default()
     };
-    checkpoint::write_atomic_with(&policy.dir.join(&file), |f| {
+    checkpoint::write_atomic(&policy.dir.join(&file), |f| {
         checkpoint::encode_to(f, store.layout(), store.hyper(), &data)
     })?;
     let record = SnapshotRecord { version: snap.version(), epoch, unix_ms, file };

@@ -47,9 +47,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io { path: path.to_path_buf(), source }
 }
 
-/// Writes a checkpoint (or, with empty optimizer state, a plain model file) to `out` straight from `data`: the header, then the model's and the
-/// optimizer state's bytes as they lie in memory. No copy of the model is made, so a checkpoint
-/// of a model of S bytes costs the PS the header and `out`'s buffer, not 2–3 × S more.
+/// Writes a checkpoint (or, with empty optimizer state, a plain model file) to `out` straight
+/// from `data`: the header, then the model's and the optimizer state's bytes as they lie in
+/// memory. No copy of the model is made, so a checkpoint of a model of S bytes costs the PS the
+/// header and `out`'s buffer, not 2–3 × S more.
 pub fn encode_to(
     out: &mut impl Write,
     layout: &Layout,
@@ -219,7 +220,7 @@ impl CheckpointDir {
         data: &CheckpointData,
     ) -> Result<PathBuf, CheckpointError> {
         let path = self.file_for(data.version);
-        write_atomic_with(&path, |f| encode_to(f, layout, hyper, data))?;
+        write_atomic(&path, |f| encode_to(f, layout, hyper, data))?;
         for (_, old) in self.list()?.into_iter().skip(self.keep) {
             fs::remove_file(&old).map_err(io(&old))?;
         }
@@ -241,13 +242,9 @@ impl CheckpointDir {
     }
 }
 
-/// Writes `bytes` to `path` via a temporary file, fsync and rename, then fsyncs the directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    write_atomic_with(path, |f| f.write_all(bytes))
-}
-
-/// [`write_atomic`] of what `write` streams into the file (through a buffer).
-pub fn write_atomic_with(
+/// Writes what `write` streams (through a 1 MiB buffer) to `path` via a temporary file, fsync
+/// and rename, then fsyncs the directory.
+pub fn write_atomic(
     path: &Path,
     write: impl FnOnce(&mut std::io::BufWriter<fs::File>) -> std::io::Result<()>,
 ) -> Result<(), CheckpointError> {
