@@ -766,10 +766,13 @@ t=$SECONDS
 mapfile -t built < <(RELEASE_DIR=$release IMAGES="operator ps worker" "$repo/tools/build-images.sh")
 ((${#built[@]} == 3)) || fail "build-images.sh built ${#built[@]} images"
 log "images built or found in the cache in $((SECONDS - t))s"
+# The worker image takes about 9 GB on the node while it is imported (4.4 GB after): a CI run
+# once failed on evicted pods with less than that free, so the figure goes in the log first.
+log "free disk: $(df -h --output=avail "${FORESIGHT_CACHE:-$HOME/.cache/foresight}" | tail -n1 | tr -d ' ') in the image cache's filesystem"
 archive_of() { printf '%s\n' "${built[@]}" | awk -v n="$1" '$1 == n { print $3 }'; }
 t=$SECONDS
 cluster import "$(archive_of operator)" "$(archive_of ps)"
-# The worker image (2.8 GB) imports while the operator is installed and the data loaded.
+# The worker image (4.4 GB) imports while the operator is installed and the data loaded.
 cluster import "$(archive_of worker)" >"$out/import-worker.log" 2>&1 &
 import_pid=$!
 
