@@ -298,6 +298,11 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.training.batchSize in body should be greater than or equal to 1",
         ),
         (
+            &[("spec.parameterServer.replicas", json!(65))],
+            "parameterServer.replicas",
+            "spec.parameterServer.replicas in body should be less than or equal to 64",
+        ),
+        (
             &[("spec.training.learningRate", json!(0))],
             "training.learningRate",
             "spec.training.learningRate: Invalid value: |must be > 0",
@@ -606,6 +611,11 @@ fn what_a_running_job_depends_on_cannot_change_and_its_workers_template_only_whi
             "spec.parameterServer.checkpoint.storage",
             json!("1Gi"),
             "spec.parameterServer: Invalid value: |checkpoint.storage cannot change",
+        ),
+        (
+            "spec.parameterServer.replicas",
+            json!(2),
+            "spec.parameterServer: Invalid value: |parameterServer.replicas cannot change",
         ),
         ("spec.workers.image", json!("worker:2"), template),
         ("spec.workers.gpus", json!(1), template),

@@ -1,6 +1,7 @@
 //! Training that survives, with real processes killed for real (SIGKILL, SIGSTOP): a worker
 //! replaced mid-run resumes where it left off; a parameter server that dies comes back from
-//! its checkpoint, or without one from the freshest copy a worker holds; a `sync` round never
+//! its checkpoint, or without one from the freshest copy a worker holds, and so does one shard of
+//! a sharded parameter server while the others keep serving; a `sync` round never
 //! waits forever for a stuck worker. MNIST-5k, libtorch workers, the real `foresight-ps`.
 //!
 //! Nothing here depends on how fast the machine trains: every job has an epoch budget no run
@@ -281,6 +282,56 @@ fn a_killed_parameter_server_comes_back_from_its_checkpoint() {
     eprintln!(
         "PS killed at version ≥ {at_kill}, restored version {restored}: at least {} updates lost; final held-out accuracy {acc:.4}",
         at_kill.saturating_sub(restored)
+    );
+}
+
+/// A model sharded over two parameter servers: shard 1 is SIGKILLed. Shard 0 keeps serving
+/// with nothing lost while shard 1 is gone; `foresight run` starts shard 1 again, it restores
+/// its own checkpoint, the workers carry on against both, and the final model, merged from the
+/// shards' slices, is evaluated like an unsharded one.
+#[test]
+fn a_killed_shard_comes_back_from_its_checkpoint_while_the_other_keeps_serving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = "fault-tolerance-shard-kill";
+    let spec = "  optimizer: {algorithm: dc-asgd-a}\n  \
+                parameterServer: {replicas: 2, checkpoint: {intervalSeconds: 1}}\n";
+    let yaml = job_yaml(tmp.path(), spec);
+    let mut run = Run::start(tmp.path(), &yaml, token);
+    let shard0 = run.ps();
+    let targets: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.out.join("prometheus-targets.json")).unwrap())
+            .unwrap();
+    let shard1 = targets[0]["targets"][1].as_str().unwrap().to_string();
+    let version = |addr: &str| status(addr, token).and_then(|s| s["version"].as_u64());
+    let ckpts = run.out.join("checkpoints/shard-1");
+    wait("a checkpoint of shard 1", || std::fs::read_dir(&ckpts).ok()?.flatten().next().map(|_| ()));
+    wait("shard 1 at version ≥ 20", || version(&shard1).filter(|v| *v >= 20));
+    let pid = pids_with(token, "FORESIGHT_PS_LISTEN", &shard1);
+    assert_eq!(pid.len(), 1, "one process is shard 1: {pid:?}");
+    signal(pid[0], "KILL");
+    let at_kill = version(&shard0).expect("shard 0 answers");
+    let ps_log = || strip_ansi(&std::fs::read_to_string(run.out.join("logs/ps-1.log")).unwrap_or_default());
+    let restored: u64 = wait("shard 1 to restore its checkpoint", || {
+        ps_log()
+            .lines()
+            .find(|l| l.contains("restored checkpoint"))
+            .and_then(|l| l.split("version=").nth(1)?.split_whitespace().next()?.parse().ok())
+    });
+    assert!(version(&shard0).unwrap() >= at_kill, "shard 0 lost updates while shard 1 was down");
+    wait("20 updates on shard 1 after its restore", || version(&shard1).filter(|v| *v >= restored + 20));
+    let exit = run.finalize(&shard0, token);
+    assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
+
+    let summary = run.summary();
+    let restarts = summary["restarts"].as_array().unwrap();
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert_eq!(restarts[0]["process"], "parameter server shard 1");
+    let final_model = &summary["final_model"];
+    assert!(final_model["accuracy"].as_f64().unwrap() > 0.5, "{summary:#}");
+    // The merged file holds the whole model at the lower of the shards' versions.
+    assert!(final_model["version"].as_u64().unwrap() >= restored + 20, "{summary:#}");
+    eprintln!(
+        "shard 1 killed, restored at version {restored}; shard 0 at {at_kill} then; final model {final_model}"
     );
 }
 

@@ -117,6 +117,51 @@ fn four_dc_asgd_a_workers_train_and_write_every_output() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("differ from --model lenet5"), "{o:?}");
 }
 
+/// The same job with the model sharded over four parameter servers trains like the unsharded
+/// one (the schedule of asynchronous pushes differs from run to run, so close, not equal), and
+/// its final model is one file of the model's own tensors, merged from the shards' slices.
+#[test]
+fn a_model_sharded_over_four_parameter_servers_trains_like_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let accuracy = |replicas: u32| {
+        let out = tmp.path().join(format!("out-{replicas}"));
+        let yaml = job(
+            tmp.path(),
+            &format!(
+                "spec:\n  model: {{name: mlp}}\n  dataset: {{format: csv, path: data/mnist5k}}\n  \
+                 training: {{epochs: 2, batchSize: 32, learningRate: 0.1}}\n  \
+                 optimizer: {{algorithm: dc-asgd-a, lambda0: 2}}\n  workers: {{replicas: 4}}\n  \
+                 parameterServer: {{replicas: {replicas}}}\n"
+            ),
+        );
+        let o = foresight(&["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"]);
+        assert!(
+            o.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+        let model = std::fs::read(out.join("model-final.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&model).unwrap();
+        let mut names = st.names();
+        names.sort();
+        (summary["accuracy"].as_f64().unwrap(), names.iter().map(|n| n.to_string()).collect::<Vec<_>>(), out)
+    };
+    let (one, names_one, _) = accuracy(1);
+    let (four, names_four, out) = accuracy(4);
+    assert_eq!(names_four, names_one, "the merged model holds the model's own tensors");
+    assert!(one > 0.8 && (four - one).abs() < 0.05, "1 PS: {one}, 4 shards: {four}");
+    for i in 0..4 {
+        assert!(
+            out.join(format!("logs/ps-{i}.log")).exists()
+                && out.join(format!("checkpoints/shard-{i}")).is_dir()
+        );
+    }
+    eprintln!("held-out accuracy of the final model: 1 PS {one:.4}, 4 shards {four:.4}");
+}
+
 #[test]
 fn a_bad_job_fails_with_a_clear_message() {
     let tmp = tempfile::tempdir().unwrap();

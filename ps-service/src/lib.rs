@@ -4,9 +4,9 @@
 //! - [`store`]: the versioned, sharded model, per-worker backups, `sync` rounds, checkpoints.
 //! - [`wire`]: safetensors bodies and their validation, shared with clients.
 //! - [`server`]: the axum HTTP/2 service, auth, limits and metrics.
-//! - [`client`]: the async client workers use (feature `client`).
+//! - [`client`]: the async client workers use (and shard 0 of a sharded PS, to finalize the
+//!   others).
 
-#[cfg(feature = "client")]
 pub mod client;
 pub mod optimizer;
 pub mod server;

@@ -94,6 +94,11 @@ struct Args {
     /// Where finalize writes model-final.safetensors (default: the checkpoint directory).
     #[arg(long, env = "FORESIGHT_OUTPUT_DIR")]
     output_dir: Option<PathBuf>,
+    /// Shard 0 of a model sharded over several PS processes: the other shards' URLs in shard
+    /// order, separated by commas. Finalizing this PS finalizes them too and writes the whole
+    /// model's final file, merged from every shard's slice.
+    #[arg(long, env = "FORESIGHT_PS_PEERS", value_delimiter = ',')]
+    peers: Vec<String>,
 
     /// Write the model every this many updates into --snapshot-dir, for learning curves of
     /// the PS's own model (0: never).
@@ -240,6 +245,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (args.checkpoint_interval > 0).then(|| Duration::from_secs(args.checkpoint_interval));
     config.keep_checkpoints = args.keep_checkpoints;
     config.output_dir = args.output_dir.clone();
+    if !args.peers.is_empty() {
+        // The same check as the workers' list of shards.
+        foresight_ps::client::PsClient::for_shards(&args.peers.join(","), None)
+            .map_err(|e| anyhow::anyhow!("--peers: {e}"))?;
+    }
+    config.peers = args.peers.clone();
     config.snapshots = args.snapshots()?;
     config.job = args.job_name.clone();
     config.namespace = args.namespace.clone();

@@ -117,7 +117,8 @@ class Job:
                 f"not inside a Foresight job: {' and '.join('$' + v for v in missing)} "
                 f"{'is' if len(missing) == 1 else 'are'} not set. Run the script as a TrainingJob's "
                 "workers (spec.workers.command) or with `foresight run job.yaml`, or set them yourself "
-                "(FORESIGHT_PS_URL=http://host:port, FORESIGHT_WORKER_INDEX=0, FORESIGHT_TOKEN=...)."
+                "(FORESIGHT_PS_URL=http://host:port, or the shards' URLs separated by commas, "
+                "FORESIGHT_WORKER_INDEX=0, FORESIGHT_TOKEN=...)."
             )
         dtype = os.environ.get("FORESIGHT_GRAD_DTYPE", "f32")
         if dtype not in ("f32", "bf16"):

@@ -100,12 +100,12 @@ impl Worker {
             .enable_all()
             .build()
             .map_err(|e| PyRuntimeError::new_err(format!("starting the I/O thread: {e}")))?;
-        let client = PsClient::new(ps_url, token).map_err(|e| to_py(py, e))?;
+        let clients = PsClient::for_shards(ps_url, token).map_err(|e| to_py(py, e))?;
         let retry = Retry::new(Duration::from_secs_f64(deadline_seconds), seed ^ worker as u64);
         let handle = runtime.handle().clone();
         // SAFETY: the wrapper's flat copy of the model, `layout.len()` values, alive for the call.
         let init: &[f32] = unsafe { floats(init_addr, layout.len()) };
-        let started = py.detach(|| Session::start(client, handle, worker, layout, init, retry));
+        let started = py.detach(|| Session::start(clients, handle, worker, layout, init, retry));
         let (session, joined) = started.map_err(|e| to_py(py, e))?;
         let dtype = if bf16 { GradDtype::Bf16 } else { GradDtype::F32 };
         let exchange = Exchange::new(session, &joined, Cadence { pull_every, push_every, dtype });

@@ -26,7 +26,8 @@ use foresight_ps::client::GradDtype;
                   To simulate asynchrony deterministically in one process: foresight-worker simulate --help"
 )]
 struct Args {
-    /// Parameter server base URL (h2c).
+    /// Parameter server base URL (h2c); for a PS sharded over N processes, the N shards' URLs
+    /// in shard order, separated by commas.
     #[arg(long, env = "FORESIGHT_PS_URL")]
     ps_url: String,
     /// Bearer token for the PS.

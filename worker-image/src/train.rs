@@ -175,10 +175,10 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
     let mut model = Model::build(&cfg.model, ds.train.shape, ds.classes, device).map_err(permanent)?;
     let params = model.parameters().map_err(permanent)?;
     let layout = layout_of(&params).map_err(permanent)?;
-    let client = PsClient::new(&cfg.ps_url, cfg.token.clone())?;
+    let clients = PsClient::for_shards(&cfg.ps_url, cfg.token.clone())?;
     let retry = Retry::new(cfg.ps_deadline, cfg.seed ^ cfg.worker as u64);
     let init = flat_params(&params)?;
-    let (session, joined) = Session::start(client, rt.handle().clone(), cfg.worker, layout, &init, retry)?;
+    let (session, joined) = Session::start(clients, rt.handle().clone(), cfg.worker, layout, &init, retry)?;
     // The job's worker count as the PS has it now (the job may have been scaled since it
     // started): this process's shard is taken by it, and kept until the process ends.
     let workers = joined.workers;

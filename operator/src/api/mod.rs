@@ -98,6 +98,7 @@ pub fn crd_yaml() -> String {
 #[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || self.workers.minReplicas <= self.workers.replicas").message("workers.minReplicas must be at most workers.replicas").field_path(".workers.minReplicas"))]
 #[x_kube(validation = Rule::new("!has(self.workers.minReplicas) || !has(self.optimizer) || !has(self.optimizer.algorithm) || self.optimizer.algorithm != 'sync'").message("workers.minReplicas needs an asynchronous algorithm: every sync round waits for every worker").field_path(".workers.minReplicas"))]
 #[x_kube(validation = Rule::new(transitions::unchanged(&["training.batchSize", "training.seed"])).message("training.batchSize and training.seed cannot change after the job is created (a worker resumes at a batch of its seeded shard); create a new TrainingJob").field_path(".training"))]
+#[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.replicas"])).message("parameterServer.replicas cannot change after the job is created (the model is split by it; each shard's checkpoints hold its slice); create a new TrainingJob").field_path(".parameterServer"))]
 #[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.checkpoint.storage"])).message("parameterServer.checkpoint.storage cannot change after the job is created (adding it restarts a parameter server whose memory holds the model, removing it drops the checkpoints); create a new TrainingJob").field_path(".parameterServer"))]
 #[x_kube(validation = Rule::new("!has(self.dataset.volume) || !has(self.workers.pod) || !has(self.workers.pod.volumeMounts) || self.workers.pod.volumeMounts.all(m, m.mountPath != self.dataset.path)").message("the dataset's volume is mounted at dataset.path").field_path(".workers.pod.volumeMounts"))]
 #[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_TEMPLATE_FIELDS)).message("workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
@@ -404,6 +405,12 @@ impl Default for OptimizerSpec {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ParameterServerSpec {
+    /// Parameter-server shards, 1 to 64 (default 1): the model is split over this many PS
+    /// processes by contiguous ranges balanced to one parameter (docs/protocol.md, "A sharded
+    /// parameter server"), each with its own checkpoints. Fixed for the life of the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub replicas: Option<u32>,
     /// Image of the parameter server (default: the operator's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -418,6 +425,13 @@ pub struct ParameterServerSpec {
     /// (cluster only; `foresight run` ignores it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodSettings>,
+}
+
+impl ParameterServerSpec {
+    /// The number of PS shards (processes the model is split over).
+    pub fn shards(&self) -> usize {
+        self.replicas.unwrap_or(1) as usize
+    }
 }
 
 /// Periodic checkpoints of the parameter server.

@@ -3,6 +3,8 @@
 //! server, as OpenAPI bounds and CEL rules (`x-kubernetes-validations`) on the field named here;
 //! `validate_update` adds the transition rules (what cannot change after creation).
 
+use foresight_ps::wire::shards::MAX_SHARDS;
+
 use super::{
     Algorithm, PodSettings, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES,
     TrainingJobSpec,
@@ -56,6 +58,13 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     }
     if let Some(ts) = &m.torchscript {
         check(!ts.path.trim().is_empty(), "model.torchscript.path", "must not be empty".into());
+    }
+    if let Some(n) = spec.parameter_server.replicas {
+        check(
+            (1..=MAX_SHARDS as u32).contains(&n),
+            "parameterServer.replicas",
+            format!("must be 1 to {MAX_SHARDS}, got {n}"),
+        );
     }
     let d = &spec.dataset;
     check(!d.path.trim().is_empty(), "dataset.path", "must not be empty".into());
@@ -351,6 +360,11 @@ pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(
         storage(old) == storage(new),
         "parameterServer",
         "parameterServer.checkpoint.storage cannot change after the job is created",
+    );
+    frozen(
+        old.parameter_server.shards() == new.parameter_server.shards(),
+        "parameterServer",
+        "parameterServer.replicas cannot change after the job is created",
     );
     let suspended = new.run_policy.suspend == Some(true);
     let template = |s: &TrainingJobSpec| {

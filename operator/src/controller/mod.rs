@@ -341,13 +341,19 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         return expire(ctx, job, &owner, &old).await;
     }
     let now = Time(Timestamp::now());
-    if let Err(e) = crate::api::validate(&job.spec) {
+    let invalid = match crate::api::validate(&job.spec) {
         // The CRD's rules refuse such a spec; this catches a CRD older than the operator.
-        let state = State {
-            phase: Phase::Failed,
-            reason: "InvalidSpec".into(),
-            message: e.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
-        };
+        Err(e) => Some(("InvalidSpec", e.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))),
+        Ok(()) if job.spec.parameter_server.shards() > 1 => Some((
+            "Unsupported",
+            "parameterServer.replicas > 1: this operator does not run a sharded parameter server yet \
+             (`foresight run` does)"
+                .to_string(),
+        )),
+        Ok(()) => None,
+    };
+    if let Some((reason, message)) = invalid {
+        let state = State { phase: Phase::Failed, reason: reason.into(), message };
         let observed = observed_nothing(job);
         write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
         return Ok(Action::await_change());

@@ -3,13 +3,13 @@
 //! `summary.json` and a plot in the output directory.
 
 mod plot;
+mod servers;
 mod summary;
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use foresight_ps::client::PsClient;
 use foresight_ps::server::{SNAPSHOT_INDEX, SnapshotRecord};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, TrainingJob};
 use crate::controller::children::WORKER_EXIT_PERMANENT;
+use servers::Servers;
 pub use summary::Summary;
 use summary::{FinalEvaluation, History, WorkerEvent};
 
@@ -270,37 +271,6 @@ impl Workers {
     }
 }
 
-/// The parameter server process, started again on the same address when it dies.
-struct ParameterServer {
-    proc_: Proc,
-    child: Child,
-    env: Vec<(String, String)>,
-    bin: PathBuf,
-    log: PathBuf,
-    url: String,
-}
-
-impl ParameterServer {
-    async fn start(
-        bin: &Path,
-        env: Vec<(String, String)>,
-        log: PathBuf,
-        url: String,
-    ) -> Result<Self, RunError> {
-        let (proc_, mut child) =
-            spawn("parameter server", &Program::bare(bin), &env, log.clone(), Stdio::null())?;
-        wait_ready(&url, &mut child, &proc_).await?;
-        Ok(Self { proc_, child, env, bin: bin.to_path_buf(), log, url })
-    }
-
-    /// Starts it again; it restores its newest checkpoint, or the workers re-seed it.
-    async fn restart(&mut self) -> Result<(), RunError> {
-        let again = Self::start(&self.bin, self.env.clone(), self.log.clone(), self.url.clone()).await?;
-        *self = again;
-        Ok(())
-    }
-}
-
 /// Counts restarts against the job's `backoffLimit`, per kind of process.
 struct Backoff {
     limit: u32,
@@ -350,17 +320,12 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let started = Instant::now();
     let started_unix_ms = unix_ms();
 
-    // The parameter server.
-    let ports = free_ports(1 + m)?;
-    let (ps_port, metrics_ports) = (ports[0], ports[1..].to_vec());
-    let ps_url = format!("http://127.0.0.1:{ps_port}");
+    // The parameter server: one process per shard.
+    let n = spec.parameter_server.shards();
+    let ports = free_ports(n + m)?;
+    let (ps_ports, metrics_ports) = (&ports[..n], ports[n..].to_vec());
     let mut ps_env = api::ps_env(spec, &name, namespace);
-    ps_env.extend([
-        ("FORESIGHT_PS_LISTEN".into(), format!("127.0.0.1:{ps_port}")),
-        ("FORESIGHT_TOKEN".into(), token.clone()),
-        ("FORESIGHT_CHECKPOINT_DIR".into(), ckpt_dir.display().to_string()),
-        ("FORESIGHT_OUTPUT_DIR".into(), opts.out.display().to_string()),
-    ]);
+    ps_env.push(("FORESIGHT_TOKEN".into(), token.clone()));
     let snapshot_dir = opts.out.join("snapshots");
     let own_program = spec.workers.command.is_some();
     if own_program && opts.snapshot_every.is_some() {
@@ -369,21 +334,25 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
              workers.command's program",
         ));
     }
+    if n > 1 && opts.snapshot_every.is_some() {
+        return Err(setup(
+            "--snapshot-every is for an unsharded parameter server (parameterServer.replicas: 1)",
+        ));
+    }
     if let Some(every) = opts.snapshot_every {
         ps_env.extend([
             ("FORESIGHT_SNAPSHOT_EVERY".into(), every.to_string()),
             ("FORESIGHT_SNAPSHOT_DIR".into(), snapshot_dir.display().to_string()),
         ]);
     }
-    let mut ps =
-        ParameterServer::start(&opts.ps_bin, ps_env, opts.out.join("logs/ps.log"), ps_url.clone()).await?;
-    let client = PsClient::new(&ps_url, Some(token.clone())).map_err(setup)?;
+    let mut ps = Servers::start(&opts.ps_bin, ps_env, ps_ports, &token, &ckpt_dir, &opts.out).await?;
+    let client = ps.first().clone();
 
     // The workers, with the environment the operator would give their pods.
     let (tx, mut rx) = mpsc::channel::<Msg>(1024);
-    let mut targets = vec![format!("127.0.0.1:{ps_port}")];
+    let mut targets = ps.targets();
     targets.extend(metrics_ports.iter().map(|p| format!("127.0.0.1:{p}")));
-    let env = worker_envs(job, opts, &ps_url, &token, &metrics_ports);
+    let env = worker_envs(job, opts, &ps.urls(), &token, &metrics_ports);
     let mut workers = Workers {
         env,
         procs: Vec::with_capacity(m),
@@ -432,15 +401,15 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                 }
                 None => break,
             },
-            status = ps.child.wait() => {
-                let status = status.unwrap_or_else(|_| failed_status());
-                if !backoff.allow("parameter server", true, status, started.elapsed().as_secs_f64()) {
+            (i, status) = ps.exited() => {
+                let what = ps.name(i);
+                if !backoff.allow(&what, true, status, started.elapsed().as_secs_f64()) {
                     bar.abandon();
                     stop_everything(&workers, &mut ps, &mut rx, m - exited).await;
-                    return Err(ps.proc_.failed(status));
+                    return Err(ps.failed(i, status));
                 }
-                bar.println(format!("the parameter server failed ({status}); starting it again ({} of {limit} restarts)", backoff.ps));
-                ps.restart().await?;
+                bar.println(format!("the {what} failed ({status}); starting it again ({} of {limit} restarts)", backoff.ps));
+                ps.restart(i).await?;
             }
             _ = tick.tick() => {
                 let status = client.status().await.ok();
@@ -457,16 +426,12 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     bar.finish_and_clear();
 
     // Every worker finished: write the final model, collect the figures, stop the PS.
-    let finalized = client.finalize().await.map_err(|e| setup(format!("finalizing the job: {e}")))?;
+    // (A sharded job's status and metrics are its first shard's: each shard applies every
+    // push, so versions and staleness agree but for pushes a restarted shard lost.)
+    let model = ps.finalize().await?;
     let status = client.status().await.map_err(|e| setup(format!("reading the PS status: {e}")))?;
-    let metrics = reqwest_text(&format!("{ps_url}/metrics")).await.unwrap_or_default();
-    ps.proc_.signal("TERM");
-    match tokio::time::timeout(Duration::from_secs(60), ps.child.wait()).await {
-        Ok(Ok(s)) if s.success() => {}
-        Ok(Ok(s)) => return Err(ps.proc_.failed(s)),
-        _ => return Err(setup("the parameter server did not stop within 60 s of SIGTERM")),
-    }
-    let model = finalized.get("path").and_then(|p| p.as_str()).map(PathBuf::from);
+    let metrics = reqwest_text(&format!("http://{}/metrics", ps.targets()[0])).await.unwrap_or_default();
+    ps.stop(Duration::from_secs(60)).await?;
     let (bin, env) = (&opts.worker_bin, &workers.env[0]);
     let final_model = match &model {
         Some(path) if !own_program => {
@@ -563,15 +528,9 @@ fn unix_ms() -> u64 {
 /// Stops every process in order — SIGTERM to all, the parameter server's last checkpoint (up to
 /// 60 s), then the exit of each of the `live` workers (up to 30 s, then SIGKILL) — so that no
 /// process outlives `foresight run`.
-async fn stop_everything(
-    workers: &Workers,
-    ps: &mut ParameterServer,
-    rx: &mut mpsc::Receiver<Msg>,
-    live: usize,
-) {
+async fn stop_everything(workers: &Workers, ps: &mut Servers, rx: &mut mpsc::Receiver<Msg>, live: usize) {
     workers.signal_all("TERM");
-    ps.proc_.signal("TERM");
-    let _ = tokio::time::timeout(Duration::from_secs(60), ps.child.wait()).await;
+    let _ = ps.stop(Duration::from_secs(60)).await;
     let mut live = live;
     for (sig, limit) in [(None, 30), (Some("KILL"), 10)] {
         if live == 0 {

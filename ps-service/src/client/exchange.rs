@@ -124,13 +124,12 @@ impl Exchange {
     /// round; one that still holds it answers a replay).
     fn pull_after_round(&mut self) -> Result<Model, ClientError> {
         loop {
-            let min = self.in_round.as_ref().map(|r| r.version + 1);
-            if let Some(m) = self.session.pull(self.step, min, ROUND_WAIT)? {
+            if let Some(m) = self.session.pull(self.step, self.in_round.is_some(), ROUND_WAIT)? {
                 self.in_round = None;
                 return Ok(m);
             }
             let Some(r) = &self.in_round else { continue };
-            match self.session.push(r.version, r.step, r.epoch, &r.grad, self.cadence.dtype)? {
+            match self.session.push(r.step, r.epoch, &r.grad, self.cadence.dtype)? {
                 Pushed::InRound { .. } => {
                     tracing::info!(version = r.version, "still waiting for the sync round")
                 }
@@ -156,8 +155,10 @@ impl Exchange {
     }
 
     fn push(&mut self, epoch: Option<f64>) -> Result<StepEnd, ClientError> {
-        let Some(version) = self.version else { return Err(ClientError::NotPulled) };
-        match self.session.push(version, self.step, epoch, &self.grad, self.cadence.dtype)? {
+        if self.version.is_none() {
+            return Err(ClientError::NotPulled);
+        }
+        match self.session.push(self.step, epoch, &self.grad, self.cadence.dtype)? {
             Pushed::Applied(reply) => {
                 self.stats.pushes += 1;
                 self.stats.last_staleness = Some(reply.staleness);
@@ -183,7 +184,7 @@ impl Exchange {
 
     /// The PS's model now, whatever the cadence (the final word at the end of training).
     pub fn pull_now(&mut self) -> Result<Model, ClientError> {
-        self.session.pull(self.step, None, Duration::ZERO)?.ok_or(ClientError::MissingVersion)
+        self.session.pull(self.step, false, Duration::ZERO)?.ok_or(ClientError::MissingVersion)
     }
 
     pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {

@@ -9,6 +9,7 @@ use crate::server::Report;
 use crate::wire::{self, Layout, WireError};
 
 mod exchange;
+mod link;
 mod session;
 pub mod shard;
 
@@ -48,6 +49,8 @@ pub enum ClientError {
     OtherModel,
     #[error("a gradient was pushed before the model was pulled")]
     NotPulled,
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Refusals of the parameter server that the same request will meet again, whoever sends it.
@@ -68,7 +71,7 @@ impl ClientError {
     /// model is wrong.
     pub fn is_permanent(&self) -> bool {
         match self {
-            Self::OtherModel => true,
+            Self::OtherModel | Self::Config(_) => true,
             Self::Refused { reason, .. } => PERMANENT_REFUSALS.contains(&reason.as_str()),
             _ => false,
         }
@@ -148,6 +151,18 @@ pub struct PsClient {
 }
 
 impl PsClient {
+    /// One client per shard, in shard order, from `urls` separated by commas (one URL for an
+    /// unsharded PS): `http://job-ps-0:8080,http://job-ps-1:8080`.
+    pub fn for_shards(urls: &str, token: Option<String>) -> Result<Vec<Self>, ClientError> {
+        let urls: Vec<&str> = urls.split(',').map(str::trim).collect();
+        if let Some(bad) = urls.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
+            return Err(ClientError::Config(format!(
+                "parameter server URL {bad:?} is not an http:// or https:// URL (shards are separated by commas)"
+            )));
+        }
+        urls.into_iter().map(|u| Self::new(u, token.clone())).collect()
+    }
+
     /// `base` is like `http://ps:8080`.
     pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
         let http = reqwest::Client::builder()

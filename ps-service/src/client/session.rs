@@ -9,17 +9,25 @@
 //!   the worker joins again;
 //! - a gradient the PS refuses for being stale is dropped and the model pulled again.
 //!
-//! Transient failures (PS unreachable, 5xx, `in_flight`, `seeding`) are retried with backoff
+//! A model sharded over N PS processes ([`ShardMap`]) is N such conversations side by side, one
+//! [`Link`] per shard, each over its own HTTP/2 connection: a pull is N pulls, a step's push is
+//! N pushes of the same step (seq), and each shard keeps its own versions, generations and
+//! backups, so a shard that restarts is re-seeded or rejoined alone.
+//!
+//! Transient failures (PS unreachable, 5xx, `in_flight`, `busy`) are retried with backoff
 //! until the PS has been unreachable for `deadline`.
 
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use rand::{Rng, SeedableRng};
 use tokio::runtime::Handle;
 
-use super::{ClientError, GradDtype, Joined, Model, PsClient, PushId, PushReply};
+use super::link::Link;
+use super::{ClientError, GradDtype, Joined, Model, PsClient, PushReply};
 use crate::server::Report;
 use crate::wire::Layout;
+use crate::wire::shards::ShardMap;
 
 /// What became of a pushed gradient.
 #[derive(Debug)]
@@ -35,40 +43,76 @@ pub enum Pushed {
     Finalized,
 }
 
-/// Refusals after which a gradient is dropped and the model pulled again.
-const DROPPED: [&str; 4] = ["pull_required", "too_stale", "round_closed", "future_version"];
+impl Pushed {
+    /// One step's outcome from its shards' (in shard order): the job's end first, then a round
+    /// still open (wait for it), then a drop (pull again); applied when every shard applied it.
+    fn combine(all: Vec<Pushed>) -> Pushed {
+        let mut rounds = all.iter().filter_map(|p| match p {
+            Pushed::InRound { version } => Some(*version),
+            _ => None,
+        });
+        if all.iter().any(|p| matches!(p, Pushed::Finalized)) {
+            return Pushed::Finalized;
+        }
+        if let Some(first) = rounds.next() {
+            return Pushed::InRound { version: rounds.fold(first, u64::min) };
+        }
+        let mut replies = Vec::with_capacity(all.len());
+        for p in all {
+            match p {
+                Pushed::Applied(r) => replies.push(r),
+                dropped => return dropped,
+            }
+        }
+        let mut reply = replies.swap_remove(0);
+        for r in replies {
+            reply.version = reply.version.min(r.version);
+            reply.staleness = reply.staleness.max(r.staleness);
+            reply.replayed &= r.replayed;
+        }
+        Pushed::Applied(reply)
+    }
+}
 
 pub struct Session {
-    client: PsClient,
-    /// Blocks on the client's futures: the caller's thread is not a runtime thread.
+    /// Blocks on the links' futures: the caller's thread is not a runtime thread.
     rt: Handle,
-    retry: Retry,
-    worker: usize,
     layout: Layout,
-    generation: u64,
-    /// The last model pulled: what this worker offers a PS that lost its model.
-    copy: Option<Model>,
+    map: ShardMap,
+    links: Vec<Link>,
 }
 
 impl Session {
-    /// Registers `init` (when this worker is first), joins, and returns where to resume.
+    /// Registers `init` (when this worker is first) with every shard, joins them, and returns
+    /// where to resume. `clients` are the shards', in shard order (one for an unsharded PS).
     pub fn start(
-        client: PsClient,
+        clients: Vec<PsClient>,
         rt: Handle,
         worker: usize,
         layout: Layout,
         init: &[f32],
         retry: Retry,
     ) -> Result<(Self, Joined), ClientError> {
-        let mut s = Self { client, rt, retry, worker, layout: layout.clone(), generation: 0, copy: None };
-        let registered = s.retry("registering the model", |c| {
-            let l = layout.clone();
-            async move { c.register(&l, init).await }
+        let n = clients.len();
+        let map = ShardMap::new(&layout, n).map_err(|e| {
+            ClientError::Config(format!("sharding the model over {n} parameter servers: {e}"))
         })?;
-        let joined = s.join(None)?;
+        let links = clients
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| Link::new(c, retry.for_shard(i), worker, map.layout(i).clone()))
+            .collect();
+        let mut s = Self { rt, layout, map, links };
+        let map = &s.map;
+        let registered = s
+            .rt
+            .block_on(join_all(s.links.iter_mut().enumerate().map(|(i, l)| l.register(&init[map.range(i)]))));
+        let registered = registered.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let joined = s.join()?;
         tracing::info!(
             worker,
-            registered,
+            registered = registered.iter().any(|&r| r),
+            shards = s.links.len(),
             generation = joined.generation,
             resume_step = joined.resume_step,
             parameters = s.layout.len(),
@@ -77,125 +121,77 @@ impl Session {
         Ok((s, joined))
     }
 
+    /// Joins every shard. Shards that disagree on this worker's position (one restored from an
+    /// older checkpoint) are joined again at the furthest: the steps one shard lost are lost
+    /// to that slice alone, as with an unsharded PS restored from a checkpoint.
+    fn join(&mut self) -> Result<Joined, ClientError> {
+        let all = self.rt.block_on(join_all(self.links.iter_mut().map(|l| l.join(None))));
+        let all = all.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let resume_step = all.iter().map(|j| j.resume_step).max().unwrap_or(0);
+        let behind = self.links.iter_mut().zip(&all).filter(|(_, j)| j.resume_step < resume_step);
+        let again = self.rt.block_on(join_all(behind.map(|(l, _)| l.join(Some(resume_step)))));
+        again.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(Joined {
+            generation: self.links[0].generation(),
+            resume_step,
+            version: all.iter().map(|j| j.version).min().unwrap_or(0),
+            workers: all.iter().map(|j| j.workers).max().unwrap_or(0),
+        })
+    }
+
     /// The layout of this worker's model.
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
 
-    fn join(&mut self, step: Option<u64>) -> Result<Joined, ClientError> {
-        let worker = self.worker;
-        // `unknown_worker` at join: the job was scaled up and the Job started this pod before
-        // the operator told the PS the new count; it is told within seconds.
-        let scaling = |e: &ClientError| e.is_transient() || e.reason() == Some("unknown_worker");
-        let joined = self
-            .retry
-            .run(&self.rt, &self.client, "joining", scaling, |c| async move { c.join(worker, step).await })?;
-        self.generation = joined.generation;
-        Ok(joined)
-    }
-
-    /// The PS lost its model: offer this worker's copy (the freshest offered wins) and join
-    /// again, keeping this worker's own position.
-    fn reseed(&mut self, step: u64) -> Result<(), ClientError> {
-        let worker = self.worker;
-        match self.copy.clone() {
-            Some(copy) => {
-                let layout = self.layout.clone();
-                let taken = self.retry("offering this worker's copy of the model", |c| {
-                    let (l, v) = (layout.clone(), copy.values.clone());
-                    async move { c.offer(worker, copy.version, &l, &v).await }
-                })?;
-                tracing::warn!(
-                    worker,
-                    version = copy.version,
-                    taken,
-                    "the parameter server had lost the model; offered this worker's copy"
-                );
-            }
-            None => tracing::warn!(
-                worker,
-                "the parameter server had lost the model; this worker holds no copy yet"
-            ),
-        }
-        self.join(Some(step))?;
-        Ok(())
-    }
-
-    /// Pulls the model; with `min_version` (a `sync` round), waits up to `wait` for it and
-    /// answers `None` when it has not come.
+    /// Pulls the model from every shard; its version is the lowest of theirs. After a `sync`
+    /// push (`after_round`), waits up to `wait` for the rounds to close and answers `None`
+    /// (keeping nothing) when one has not.
     pub fn pull(
         &mut self,
         step: u64,
-        min_version: Option<u64>,
+        after_round: bool,
         wait: Duration,
     ) -> Result<Option<Model>, ClientError> {
-        let worker = self.worker;
-        loop {
-            let pulled =
-                self.retry("pulling the model", |c| async move { c.pull(worker, min_version, wait).await });
-            match pulled {
-                Ok(Some(m)) => {
-                    self.copy = Some(m.clone());
-                    return Ok(Some(m));
-                }
-                Ok(None) => return Ok(None),
-                Err(e) if e.reason() == Some("not_registered") => self.reseed(step)?,
-                Err(e) => return Err(e),
+        let all = self.rt.block_on(join_all(self.links.iter_mut().map(|l| l.pull(step, after_round, wait))));
+        let Some(slices) = all.into_iter().collect::<Result<Option<Vec<Model>>, _>>()? else {
+            return Ok(None);
+        };
+        let version = slices.iter().map(|m| m.version).min().unwrap_or(0);
+        let values = if let [only] = &slices[..] {
+            only.values.clone()
+        } else {
+            let mut values = vec![0.0; self.layout.len()];
+            for (i, m) in slices.iter().enumerate() {
+                values[self.map.range(i)].copy_from_slice(&m.values);
             }
+            values
+        };
+        for (l, m) in self.links.iter_mut().zip(slices) {
+            l.keep(m);
         }
+        Ok(Some(Model { version, layout: self.layout.clone(), values }))
     }
 
-    /// Pushes the gradient of `step`, computed on `version`.
+    /// Pushes the gradient of `step` to every shard, each slice computed on the slice last
+    /// pulled from it; `Pushed::combine` says what the step came to.
     pub fn push(
         &mut self,
-        version: u64,
         step: u64,
         epoch: Option<f64>,
         grad: &[f32],
         dtype: GradDtype,
     ) -> Result<Pushed, ClientError> {
-        let id = PushId { worker: self.worker, generation: Some(self.generation), version, seq: step };
-        let layout = self.layout.clone();
-        let sent = self.retry("pushing a gradient", |c| {
-            let l = layout.clone();
-            async move { c.push(id, epoch, &l, grad, dtype).await }
-        });
-        match sent {
-            Ok(reply) if reply.applied => Ok(Pushed::Applied(reply)),
-            Ok(reply) => Ok(Pushed::InRound { version: reply.version }),
-            Err(e) => match e.reason() {
-                Some(r) if DROPPED.contains(&r) => Ok(Pushed::Dropped(r.to_string())),
-                // A round of this version holds this worker's gradient already (a retry of a
-                // push whose answer was lost, after a restart of this process).
-                Some("already_contributed") => Ok(Pushed::InRound { version }),
-                Some("finalized") => Ok(Pushed::Finalized),
-                Some("not_registered") => {
-                    self.reseed(step)?;
-                    Ok(Pushed::Dropped("not_registered".into()))
-                }
-                Some(r @ ("rejoin_required" | "stale_seq")) => {
-                    let r = r.to_string();
-                    self.join(Some(step))?;
-                    Ok(Pushed::Dropped(r))
-                }
-                _ => Err(e),
-            },
-        }
+        let map = &self.map;
+        let all = self.rt.block_on(join_all(
+            self.links.iter_mut().enumerate().map(|(i, l)| l.push(step, epoch, &grad[map.range(i)], dtype)),
+        ));
+        Ok(Pushed::combine(all.into_iter().collect::<Result<_, _>>()?))
     }
 
+    /// Reports progress to the first shard, whose status the operator and `foresight run` read.
     pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {
-        self.retry("reporting", |c| {
-            let r = report.clone();
-            async move { c.report(&r).await }
-        })
-    }
-
-    fn retry<T, F, Fut>(&mut self, what: &str, f: F) -> Result<T, ClientError>
-    where
-        F: FnMut(PsClient) -> Fut,
-        Fut: std::future::Future<Output = Result<T, ClientError>>,
-    {
-        self.retry.run(&self.rt, &self.client, what, ClientError::is_transient, f)
+        self.rt.block_on(self.links[0].report(report))
     }
 }
 
@@ -203,17 +199,22 @@ impl Session {
 /// backoff and jitter until `deadline` has passed since the first failure of the call.
 pub struct Retry {
     deadline: Duration,
+    seed: u64,
     rng: rand::rngs::StdRng,
 }
 
 impl Retry {
     pub fn new(deadline: Duration, seed: u64) -> Self {
-        Self { deadline, rng: rand::rngs::StdRng::seed_from_u64(seed) }
+        Self { deadline, seed, rng: rand::rngs::StdRng::seed_from_u64(seed) }
     }
 
-    fn run<T, F, Fut>(
+    /// The same policy for shard `i`'s link, with jitter of its own.
+    fn for_shard(&self, i: usize) -> Self {
+        Self::new(self.deadline, self.seed.wrapping_add(i as u64))
+    }
+
+    pub(super) async fn run<T, F, Fut>(
         &mut self,
-        rt: &Handle,
         client: &PsClient,
         what: &str,
         retryable: impl Fn(&ClientError) -> bool,
@@ -226,14 +227,14 @@ impl Retry {
         let started = Instant::now();
         let mut backoff = Duration::from_millis(100);
         loop {
-            match rt.block_on(f(client.clone())) {
+            match f(client.clone()).await {
                 Ok(v) => return Ok(v),
                 Err(e) if retryable(&e) && started.elapsed() < self.deadline => {
                     // Not sooner than the PS asked (an overloaded PS's `Retry-After`).
                     let jittered = backoff.mul_f64(self.rng.random_range(0.5..1.5));
                     let wait = e.retry_after().map_or(jittered, |asked| jittered.max(asked));
                     tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
-                    std::thread::sleep(wait);
+                    tokio::time::sleep(wait).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => {

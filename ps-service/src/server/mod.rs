@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::optimizer::Hyper;
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
 use crate::store::{CheckpointData, Store};
+use crate::wire::shards;
 
 pub use admission::cgroup_memory_limit;
 pub use error::ApiError;
@@ -59,6 +60,9 @@ pub struct PsConfig {
     pub memory_limit: Option<u64>,
     /// That count set explicitly instead.
     pub push_slots: Option<usize>,
+    /// Shard 0 of a sharded PS: the other shards' URLs, in shard order. Its finalize finalizes
+    /// them too and writes the whole model's final file from every shard's slice.
+    pub peers: Vec<String>,
 }
 
 impl PsConfig {
@@ -80,6 +84,7 @@ impl PsConfig {
             reseed_hold: Duration::from_secs(10),
             memory_limit: None,
             push_slots: None,
+            peers: Vec::new(),
         }
     }
 }
@@ -454,34 +459,52 @@ impl AppState {
     }
 
     /// Finalizes: the model becomes read-only, a last checkpoint and the final model are written.
+    /// Shard 0 of a sharded PS finalizes the other shards first and writes the whole model,
+    /// merged from every shard's slice, at the lowest of their versions.
     pub async fn finalize(self: &Arc<Self>) -> Result<(u64, Option<PathBuf>), ApiError> {
         let store = self.store().cloned().ok_or_else(ApiError::not_registered)?;
         let _guard = self.checkpoint_lock.lock().await;
+        let peers = self.finalize_peers().await?;
         let state = self.clone();
         tokio::task::spawn_blocking(move || {
             let data = store.finalize();
-            let version = data.version;
             if state.checkpoints.is_some() {
                 state.write_checkpoint(&store, &data).map_err(internal)?;
             }
             let dir = state.config.output_dir.as_ref().or(state.config.checkpoint_dir.as_ref());
-            let path = match dir {
-                Some(dir) => {
-                    std::fs::create_dir_all(dir).map_err(internal)?;
-                    let path = dir.join("model-final.safetensors");
-                    let model = CheckpointData { state: Default::default(), ..data };
-                    let (layout, hyper) = (store.layout(), store.hyper());
-                    checkpoint::write_atomic(&path, |f| checkpoint::encode_to(f, layout, hyper, &model))
-                        .map_err(internal)?;
-                    tracing::info!(path = %path.display(), version, "final model written");
-                    Some(path)
-                }
-                None => None,
+            let Some(dir) = dir else { return Ok((data.version, None)) };
+            std::fs::create_dir_all(dir).map_err(internal)?;
+            let path = dir.join("model-final.safetensors");
+            let (layout, model) = if peers.is_empty() {
+                (store.layout().clone(), CheckpointData { state: Default::default(), ..data })
+            } else {
+                let version = peers.iter().map(|p| p.version).fold(data.version, u64::min);
+                let mut slices = vec![(store.layout().clone(), data.params)];
+                slices.extend(peers.into_iter().map(|p| (p.layout, p.values)));
+                let (layout, params) = shards::merge(&slices).map_err(internal)?;
+                (layout, CheckpointData { version, params, state: Default::default(), ..data })
             };
-            Ok((version, path))
+            checkpoint::write_atomic(&path, |f| checkpoint::encode_to(f, &layout, store.hyper(), &model))
+                .map_err(internal)?;
+            tracing::info!(path = %path.display(), version = model.version, shards = 1 + state.config.peers.len(), "final model written");
+            Ok((model.version, Some(path)))
         })
         .await
         .expect("finalize task panicked")
+    }
+
+    /// The other shards, finalized, and their read-only slices (in shard order).
+    async fn finalize_peers(&self) -> Result<Vec<crate::client::Model>, ApiError> {
+        let mut slices = Vec::with_capacity(self.config.peers.len());
+        for url in &self.config.peers {
+            let failed = |e: crate::client::ClientError| internal(format!("finalizing shard {url}: {e}"));
+            let peer = crate::client::PsClient::new(url, self.config.token.clone()).map_err(failed)?;
+            peer.finalize().await.map_err(failed)?;
+            // As worker 0: once finalized, the backup that records is never used.
+            let slice = peer.pull(0, None, Duration::ZERO).await.map_err(failed)?;
+            slices.push(slice.ok_or_else(|| internal(format!("shard {url} sent no model")))?);
+        }
+        Ok(slices)
     }
 
     /// Runs periodic checkpoints until the process ends.

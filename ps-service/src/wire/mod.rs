@@ -11,6 +11,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 pub mod progress;
+pub mod shards;
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("safetensors is little-endian; the PS maps it onto f32 slices directly");

@@ -1,0 +1,180 @@
+//! The job's parameter server under `foresight run`: one process, or one per shard
+//! (`parameterServer.replicas`), each started again on its own address when it dies, with its
+//! own checkpoints. A sharded job's final model is the shards' final slices merged into one
+//! file, the same as an unsharded PS would have written.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use foresight_ps::client::PsClient;
+use futures_util::future::{join_all, select_all};
+use tokio::process::Child;
+
+use super::{Proc, Program, RunError, failed_status, setup, spawn, wait_ready};
+
+/// One PS process.
+struct Server {
+    proc_: Proc,
+    child: Child,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    url: String,
+}
+
+pub(super) struct Servers {
+    bin: PathBuf,
+    servers: Vec<Server>,
+    /// Shards: `servers.len()` once all started.
+    count: usize,
+    /// Shard 0's: the one the workers report progress to, and that finalizes the job.
+    client: PsClient,
+}
+
+impl Servers {
+    /// Starts one PS per port with `env` and each one's address and checkpoint directory
+    /// (`ckpt_dir`, or its `shard-<i>/`), and waits until each is ready. Shard 0 writes the
+    /// final model into `out`; the others their final slices beside their checkpoints.
+    pub(super) async fn start(
+        bin: &Path,
+        env: Vec<(String, String)>,
+        ports: &[u16],
+        token: &str,
+        ckpt_dir: &Path,
+        out: &Path,
+    ) -> Result<Self, RunError> {
+        let n = ports.len();
+        check_earlier_checkpoints(ckpt_dir, n)?;
+        let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+        let client = PsClient::new(&urls[0], Some(token.to_string())).map_err(setup)?;
+        let mut s = Self { bin: bin.to_path_buf(), servers: Vec::new(), count: n, client };
+        for (i, port) in ports.iter().enumerate() {
+            let (ckpt, log) = match n {
+                1 => (ckpt_dir.to_path_buf(), out.join("logs/ps.log")),
+                _ => (ckpt_dir.join(format!("shard-{i}")), out.join(format!("logs/ps-{i}.log"))),
+            };
+            let mut env = env.clone();
+            env.extend([
+                ("FORESIGHT_PS_LISTEN".into(), format!("127.0.0.1:{port}")),
+                ("FORESIGHT_CHECKPOINT_DIR".into(), ckpt.display().to_string()),
+            ]);
+            if i == 0 {
+                env.push(("FORESIGHT_OUTPUT_DIR".into(), out.display().to_string()));
+                if n > 1 {
+                    env.push(("FORESIGHT_PS_PEERS".into(), urls[1..].join(",")));
+                }
+            }
+            let server = s.spawn(i, env, log, urls[i].clone()).await?;
+            s.servers.push(server);
+        }
+        Ok(s)
+    }
+
+    async fn spawn(
+        &self,
+        i: usize,
+        env: Vec<(String, String)>,
+        log: PathBuf,
+        url: String,
+    ) -> Result<Server, RunError> {
+        let (proc_, mut child) =
+            spawn(&self.name(i), &Program::bare(&self.bin), &env, log.clone(), Stdio::null())?;
+        wait_ready(&url, &mut child, &proc_).await?;
+        Ok(Server { proc_, child, env, log, url })
+    }
+
+    /// "parameter server", or "parameter server shard i" when there are several.
+    pub(super) fn name(&self, i: usize) -> String {
+        match self.count {
+            1 => "parameter server".into(),
+            _ => format!("parameter server shard {i}"),
+        }
+    }
+
+    /// The shards' URLs in shard order, separated by commas: the workers' `FORESIGHT_PS_URL`.
+    pub(super) fn urls(&self) -> String {
+        self.servers.iter().map(|s| s.url.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    /// host:port of each shard, for Prometheus.
+    pub(super) fn targets(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.url.trim_start_matches("http://").to_string()).collect()
+    }
+
+    /// Shard 0's client.
+    pub(super) fn first(&self) -> &PsClient {
+        &self.client
+    }
+
+    /// Waits until a shard's process exits: which one, and how.
+    pub(super) async fn exited(&mut self) -> (usize, ExitStatus) {
+        let waits = self.servers.iter_mut().map(|s| Box::pin(s.child.wait()));
+        let (status, i, _) = select_all(waits).await;
+        (i, status.unwrap_or_else(|_| failed_status()))
+    }
+
+    /// Starts shard `i` again on its address; it restores its newest checkpoint, or the
+    /// workers re-seed it with their copies of its slice.
+    pub(super) async fn restart(&mut self, i: usize) -> Result<(), RunError> {
+        let s = &self.servers[i];
+        let again = self.spawn(i, s.env.clone(), s.log.clone(), s.url.clone()).await?;
+        self.servers[i] = again;
+        Ok(())
+    }
+
+    pub(super) fn failed(&self, i: usize, status: ExitStatus) -> RunError {
+        self.servers[i].proc_.failed(status)
+    }
+
+    /// SIGTERM to every shard (each writes its last checkpoint), then up to `limit` for their
+    /// exits: the first that failed or did not stop, as an error.
+    pub(super) async fn stop(&mut self, limit: Duration) -> Result<(), RunError> {
+        for s in &self.servers {
+            s.proc_.signal("TERM");
+        }
+        let exits =
+            join_all(self.servers.iter_mut().map(|s| tokio::time::timeout(limit, s.child.wait()))).await;
+        for (i, exit) in exits.into_iter().enumerate() {
+            match exit {
+                Ok(Ok(s)) if s.success() => {}
+                Ok(Ok(s)) => return Err(self.failed(i, s)),
+                _ => {
+                    return Err(setup(format!(
+                        "the {} did not stop within {limit:?} of SIGTERM",
+                        self.name(i)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Finalizes the job (shard 0 finalizes the others): the final model's file.
+    pub(super) async fn finalize(&self) -> Result<Option<PathBuf>, RunError> {
+        let answer = self.client.finalize().await.map_err(|e| setup(format!("finalizing the job: {e}")))?;
+        Ok(answer.get("path").and_then(|p| p.as_str()).map(PathBuf::from))
+    }
+}
+
+/// `--resume` with another shard count would restore slices that are not this run's: refused.
+/// (Unsharded checkpoints lie in the directory itself, a sharded run's in `shard-<i>/`.)
+fn check_earlier_checkpoints(dir: &Path, n: usize) -> Result<(), RunError> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    let names: Vec<String> =
+        entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let shard_dirs = names.iter().filter(|n| n.starts_with("shard-")).count();
+    let unsharded = names.iter().any(|n| n.starts_with("ckpt-"));
+    let earlier = match (unsharded, shard_dirs) {
+        (false, 0) => return Ok(()),
+        (true, _) => 1,
+        (false, k) => k,
+    };
+    if earlier != n {
+        return Err(setup(format!(
+            "{} holds the checkpoints of a run with {earlier} parameter server shard(s), this job has {n}: \
+             parameterServer.replicas cannot change for a job; choose another --out",
+            dir.display()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! One parameter-server shard's side of a worker's session: its connection, this process's
+//! generation there, and the slice of the model last pulled from it. Every shard is an ordinary
+//! PS for its slice, so this is the whole single-PS protocol (join, re-seed, rejoin, drop);
+//! [`super::Session`] runs one link per shard side by side.
+
+use std::time::Duration;
+
+use super::session::{Pushed, Retry};
+use super::{ClientError, GradDtype, Joined, Model, PsClient, PushId};
+use crate::server::Report;
+use crate::wire::Layout;
+
+/// Refusals after which a gradient is dropped and the model pulled again.
+const DROPPED: [&str; 4] = ["pull_required", "too_stale", "round_closed", "future_version"];
+
+pub(super) struct Link {
+    client: PsClient,
+    retry: Retry,
+    worker: usize,
+    /// This shard's slice of the model.
+    layout: Layout,
+    generation: u64,
+    /// The last slice pulled and kept: what this worker offers a shard that lost its model.
+    copy: Option<Model>,
+    /// The `sync` round this worker's last gradient is in, until a pull after it.
+    round: Option<u64>,
+}
+
+impl Link {
+    pub(super) fn new(client: PsClient, retry: Retry, worker: usize, layout: Layout) -> Self {
+        Self { client, retry, worker, layout, generation: 0, copy: None, round: None }
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Registers this worker's initial slice; false when another worker's came first.
+    pub(super) async fn register(&mut self, init: &[f32]) -> Result<bool, ClientError> {
+        let layout = self.layout.clone();
+        self.retry("registering the model", |c| {
+            let l = layout.clone();
+            async move { c.register(&l, init).await }
+        })
+        .await
+    }
+
+    pub(super) async fn join(&mut self, step: Option<u64>) -> Result<Joined, ClientError> {
+        let worker = self.worker;
+        // `unknown_worker` at join: the job was scaled up and the Job started this pod before
+        // the operator told the PS the new count; it is told within seconds.
+        let scaling = |e: &ClientError| e.is_transient() || e.reason() == Some("unknown_worker");
+        let joined = self
+            .retry
+            .run(&self.client, "joining", scaling, |c| async move { c.join(worker, step).await })
+            .await?;
+        self.generation = joined.generation;
+        Ok(joined)
+    }
+
+    /// The shard lost its model: offer this worker's copy (the freshest offered wins) and join
+    /// again, keeping this worker's own position.
+    async fn reseed(&mut self, step: u64) -> Result<(), ClientError> {
+        let worker = self.worker;
+        match self.copy.clone() {
+            Some(copy) => {
+                let layout = self.layout.clone();
+                let taken = self
+                    .retry("offering this worker's copy of the model", |c| {
+                        let (l, v) = (layout.clone(), copy.values.clone());
+                        async move { c.offer(worker, copy.version, &l, &v).await }
+                    })
+                    .await?;
+                tracing::warn!(
+                    worker,
+                    version = copy.version,
+                    taken,
+                    "the parameter server had lost the model; offered this worker's copy"
+                );
+            }
+            None => tracing::warn!(
+                worker,
+                "the parameter server had lost the model; this worker holds no copy yet"
+            ),
+        }
+        self.join(Some(step)).await?;
+        Ok(())
+    }
+
+    /// Pulls the slice; after a `sync` push (`after_round`), waits up to `wait` for that round
+    /// to close and answers `None` when it has not. The slice is not kept until [`Self::keep`].
+    pub(super) async fn pull(
+        &mut self,
+        step: u64,
+        after_round: bool,
+        wait: Duration,
+    ) -> Result<Option<Model>, ClientError> {
+        let (worker, min_version) = (self.worker, self.round.filter(|_| after_round).map(|v| v + 1));
+        loop {
+            let pulled = self
+                .retry("pulling the model", |c| async move { c.pull(worker, min_version, wait).await })
+                .await;
+            match pulled {
+                Ok(Some(m)) if m.layout != self.layout => return Err(ClientError::OtherModel),
+                Ok(m) => return Ok(m),
+                Err(e) if e.reason() == Some("not_registered") => self.reseed(step).await?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Keeps a pulled slice: the next gradient is computed on it.
+    pub(super) fn keep(&mut self, m: Model) {
+        self.round = None;
+        self.copy = Some(m);
+    }
+
+    /// Pushes this shard's slice of the gradient of `step`, computed on the slice kept last.
+    pub(super) async fn push(
+        &mut self,
+        step: u64,
+        epoch: Option<f64>,
+        grad: &[f32],
+        dtype: GradDtype,
+    ) -> Result<Pushed, ClientError> {
+        let version = self.copy.as_ref().ok_or(ClientError::NotPulled)?.version;
+        let id = PushId { worker: self.worker, generation: Some(self.generation), version, seq: step };
+        let layout = self.layout.clone();
+        let sent = self
+            .retry("pushing a gradient", |c| {
+                let l = layout.clone();
+                async move { c.push(id, epoch, &l, grad, dtype).await }
+            })
+            .await;
+        let pushed = match sent {
+            Ok(reply) if reply.applied => Pushed::Applied(reply),
+            Ok(reply) => Pushed::InRound { version: reply.version },
+            Err(e) => match e.reason() {
+                Some(r) if DROPPED.contains(&r) => Pushed::Dropped(r.to_string()),
+                // A round of this version holds this worker's gradient already (a retry of a
+                // push whose answer was lost, after a restart of this process).
+                Some("already_contributed") => Pushed::InRound { version },
+                Some("finalized") => Pushed::Finalized,
+                Some("not_registered") => {
+                    self.reseed(step).await?;
+                    Pushed::Dropped("not_registered".into())
+                }
+                Some(r @ ("rejoin_required" | "stale_seq")) => {
+                    let r = r.to_string();
+                    self.join(Some(step)).await?;
+                    Pushed::Dropped(r)
+                }
+                _ => return Err(e),
+            },
+        };
+        if let Pushed::InRound { version } = pushed {
+            self.round = Some(version);
+        }
+        Ok(pushed)
+    }
+
+    pub(super) async fn report(&mut self, report: &Report) -> Result<(), ClientError> {
+        self.retry("reporting", |c| {
+            let r = report.clone();
+            async move { c.report(&r).await }
+        })
+        .await
+    }
+
+    async fn retry<T, F, Fut>(&mut self, what: &str, f: F) -> Result<T, ClientError>
+    where
+        F: FnMut(PsClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        self.retry.run(&self.client, what, ClientError::is_transient, f).await
+    }
+}

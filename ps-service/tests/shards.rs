@@ -1,0 +1,201 @@
+//! A model sharded over N parameter servers: the same model as one PS, and a shard lost and
+//! restored while the others keep serving. Real PS servers on loopback (in-process, and the
+//! real binary for the kill), driven by the workers' own client ([`Exchange`]).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use foresight_ps::client::{Cadence, Exchange, GradDtype, PsClient, Retry, Session, StepEnd};
+use foresight_ps::optimizer::Algorithm;
+use foresight_ps::store::checkpoint;
+use foresight_ps::wire::Layout;
+use foresight_ps::wire::shards::ShardMap;
+use support::*;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Worker `m` of a job whose shards are at `urls`, joined, with the real client.
+fn worker(rt: &tokio::runtime::Runtime, urls: &[String], m: usize, deadline: Duration) -> Exchange {
+    let l = layout();
+    let clients = PsClient::for_shards(&urls.join(","), Some(TOKEN.into())).unwrap();
+    let retry = Retry::new(deadline, m as u64);
+    let (session, joined) =
+        Session::start(clients, rt.handle().clone(), m, l.clone(), &init(&l), retry).unwrap();
+    // Pulls every other step: the step between pushes a gradient computed on an older model.
+    Exchange::new(session, &joined, Cadence { pull_every: 2, push_every: 1, dtype: GradDtype::F32 })
+}
+
+/// One step of worker `m`: pull (when due), a gradient that depends on the step and on the
+/// model it was computed on, push.
+fn step(w: &mut Exchange, m: usize) -> StepEnd {
+    let model = w.pull_if_due().unwrap();
+    let k = w.step() as usize * 2 + m;
+    let g = grad(w.layout(), k);
+    let first = model.map_or(0.0, |m| m.values[0]);
+    for (acc, x) in w.grad_mut().iter_mut().zip(g) {
+        *acc += x + 0.01 * first;
+    }
+    w.end_step(Some(w.step() as f64 / 100.0)).unwrap()
+}
+
+fn status(rt: &tokio::runtime::Runtime, url: &str) -> serde_json::Value {
+    let c = PsClient::new(url, Some(TOKEN.into())).unwrap();
+    rt.block_on(c.status()).unwrap()
+}
+
+/// The model after a fixed interleaving of two workers (staleness 2 on every other push)
+/// under dc-asgd-a with momentum, on `n` in-process shards; with each shard's version.
+fn train_sharded(n: usize, steps: u64) -> (Vec<f32>, Vec<u64>, Vec<Layout>) {
+    let rt = runtime();
+    let shards: Vec<Ps> = (0..n)
+        .map(|_| {
+            let mut c = config(Algorithm::DcAsgdA, 2);
+            c.hyper.momentum = 0.9;
+            rt.block_on(start(c))
+        })
+        .collect();
+    let urls: Vec<String> = shards.iter().map(|s| s.url.clone()).collect();
+    let mut a = worker(&rt, &urls, 0, Duration::from_secs(5));
+    let mut b = worker(&rt, &urls, 1, Duration::from_secs(5));
+    for _ in 0..steps {
+        assert_eq!(step(&mut a, 0), StepEnd::Continue);
+        assert_eq!(step(&mut b, 1), StepEnd::Continue);
+    }
+    assert_eq!((a.stats().discarded, b.stats().discarded), (0, 0));
+    assert_eq!((a.stats().last_staleness, b.stats().last_staleness), (Some(2), Some(2)));
+    let model = a.pull_now().unwrap();
+    let versions = urls.iter().map(|u| status(&rt, u)["version"].as_u64().unwrap()).collect();
+    let layouts = urls
+        .iter()
+        .map(|u| {
+            let c = PsClient::new(u, Some(TOKEN.into())).unwrap();
+            rt.block_on(c.pull(0, None, Duration::ZERO)).unwrap().unwrap().layout
+        })
+        .collect();
+    (model.values, versions, layouts)
+}
+
+#[test]
+fn one_two_and_four_shards_train_the_same_model_bits() {
+    let steps = 12;
+    let (one, versions, _) = train_sharded(1, steps);
+    assert_eq!(versions, [2 * steps]);
+    assert_ne!(one, init(&layout()), "the model trained");
+    for n in [2, 4] {
+        let (model, versions, layouts) = train_sharded(n, steps);
+        assert_eq!(versions, vec![2 * steps; n], "every shard applied every push");
+        let map = ShardMap::new(&layout(), n).unwrap();
+        for (i, l) in layouts.iter().enumerate() {
+            assert_eq!(l, map.layout(i), "shard {i} of {n} holds its slice of the shard map");
+        }
+        let same = model.iter().zip(&one).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{n} shards: the model differs from one PS's");
+    }
+}
+
+#[test]
+fn a_shard_url_that_is_not_http_is_refused_with_the_list_it_came_from() {
+    let Err(e) = PsClient::for_shards("http://a:1, b:2", None) else { panic!("accepted") };
+    assert!(e.is_permanent());
+    assert!(e.to_string().contains("\"b:2\" is not an http:// or https:// URL"), "{e}");
+}
+
+/// Shard 1 of 2 (the real binary, periodic checkpoints) is SIGKILLed while two workers train.
+/// Shard 0 keeps serving with its version intact; shard 1 comes back from its checkpoint on the
+/// same address, the workers' client carries on by itself (rejoin, pull, push), and both
+/// shards end past where the kill found them.
+#[test]
+fn a_shard_killed_mid_run_restores_while_the_other_keeps_serving() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let shard_args = |i: usize| {
+        let ckpt = dir.path().join(format!("shard-{i}")).display().to_string();
+        let args = ["--workers", "2", "--algorithm", "dc-asgd-a", "--checkpoint-interval", "1"];
+        [&args[..], &["--checkpoint-dir", &ckpt]].concat().iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let spawn = |i: usize| {
+        let args = shard_args(i);
+        let ps = PsProcess::spawn(ports[i], &args.iter().map(String::as_str).collect::<Vec<_>>());
+        rt.block_on(ps.wait_ready());
+        ps
+    };
+    let _shard0 = spawn(0);
+    let mut shard1 = spawn(1);
+    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    // The workers train until told to stop, so the kill always lands mid-run.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trainers: Vec<_> = (0..2)
+        .map(|m| {
+            let (urls, stop) = (urls.clone(), stop.clone());
+            std::thread::spawn(move || {
+                // The client blocks on a runtime of its own, as in a worker process.
+                let rt = runtime();
+                let mut w = worker(&rt, &urls, m, Duration::from_secs(60));
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert_eq!(step(&mut w, m), StepEnd::Continue);
+                }
+                w.stats()
+            })
+        })
+        .collect();
+
+    // (No version before the first worker registered.)
+    let version = |i: usize| status(&rt, &urls[i])["version"].as_u64().unwrap_or(0);
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    until("a checkpoint of shard 1 past version 40", &|| {
+        version(1) > 40 && checkpoints(&dir.path().join("shard-1")).len() > 1
+    });
+    shard1.signal("KILL");
+    shard1.wait_exit();
+    let at_kill = version(0);
+    std::thread::sleep(Duration::from_secs(2));
+    // Shard 0 answers while shard 1 is gone, and lost nothing.
+    assert!(version(0) >= at_kill, "shard 0 went back while shard 1 was down");
+    let _shard1 = spawn(1);
+    let restored = version(1);
+    assert!(restored > 0, "shard 1 restored its checkpoint (version {restored})");
+    until("100 more updates on both shards", &|| version(0) > at_kill + 100 && version(1) > restored + 100);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for (m, t) in trainers.into_iter().enumerate() {
+        let stats = t.join().unwrap_or_else(|_| panic!("worker {m} failed"));
+        assert!(stats.pushes > 100, "worker {m}: {stats:?}");
+    }
+}
+
+/// Finalizing shard 0 finalizes the others and writes the whole model, merged from every
+/// shard's slice: the model's own tensors and the values a worker pulls, at the shards' version.
+#[test]
+fn finalizing_shard_zero_writes_the_whole_model_and_finalizes_the_others() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let shard1 = rt.block_on(start(config(Algorithm::DcAsgdA, 1)));
+    let mut c = config(Algorithm::DcAsgdA, 1);
+    c.output_dir = Some(dir.path().to_path_buf());
+    c.peers = vec![shard1.url.clone()];
+    let shard0 = rt.block_on(start(c));
+    let urls = [shard0.url.clone(), shard1.url.clone()];
+    let mut w = worker(&rt, &urls, 0, Duration::from_secs(5));
+    for _ in 0..5 {
+        assert_eq!(step(&mut w, 0), StepEnd::Continue);
+    }
+    let pulled = w.pull_now().unwrap();
+    let answer = rt.block_on(PsClient::new(&urls[0], Some(TOKEN.into())).unwrap().finalize()).unwrap();
+    assert_eq!(answer["version"], 5);
+    assert_eq!(status(&rt, &urls[1])["finalized"], true, "shard 1 was finalized");
+    let bytes = std::fs::read(dir.path().join("model-final.safetensors")).unwrap();
+    let (l, data, _) = checkpoint::decode(&bytes).unwrap();
+    assert_eq!((l, data.version, data.finalized), (layout(), 5, true));
+    assert_eq!(data.params, pulled.values);
+    // The workers stop at their next push: the job is over on every shard.
+    assert_eq!(step(&mut w, 0), StepEnd::Finalized);
+}
