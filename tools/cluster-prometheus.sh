@@ -115,6 +115,7 @@ scrape_configs:
     - {source_labels: [__meta_kubernetes_pod_container_name], target_label: container}
     - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_job], target_label: foresight_dev_job}
     - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], target_label: app_kubernetes_io_component}
+    - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_ps_shard], target_label: foresight_dev_ps_shard}
     - {source_labels: [__meta_kubernetes_pod_container_port_name], target_label: endpoint}
     - {target_label: job, replacement: $release_ns/foresight-jobs}
     - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_job], target_label: job, regex: (.+)}

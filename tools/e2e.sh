@@ -33,10 +33,12 @@
 #      ps-kill      the PS pod deleted mid-run, with checkpoint storage: the new PS restores the
 #                   checkpoint, the status says so (ParameterServerRestarted condition, reason
 #                   RestoredCheckpoint, and a Warning event), the job Succeeds;
-#      python       examples/python/mnist-cluster.yaml as its comments say, with 2 workers and 3
-#                   epochs: the script from a ConfigMap, run by the worker image (python, torch,
-#                   foresight); worker 0's pod deleted mid-run, the replacement resumes; Succeeded;
-#                   the final model on the output claim at ≥ 90 % held-out (foresight-worker);
+#      python       examples/python/mnist-cluster.yaml as its comments say, with 2 workers, 3
+#                   epochs and the PS sharded over 2 pods: the script from a ConfigMap, run by the
+#                   worker image (python, torch, foresight); a Deployment and a Service per shard;
+#                   worker 0's pod deleted mid-run, the replacement resumes; Succeeded; the final
+#                   model on the output claim (merged by shard 0 from both shards' slices: the
+#                   model's own tensors) at ≥ 90 % held-out (foresight-worker);
 #      kueue        Kueue's manager (tools/kueue.sh, on the host, started before the chart, which
 #                   is installed with kueue.enabled): a ClusterQueue with CPU for one job at a
 #                   time, two jobs labelled for it: the first is admitted and trains in real pods
@@ -552,19 +554,23 @@ delete_worker_0() {
 }
 
 # examples/python/mnist-cluster.yaml as its comments say (the script into a ConfigMap, the job
-# applied), shortened to 2 workers and 3 epochs (378 updates, as the 3-epoch pytest case): the
-# worker image runs the user's script as it is; worker 0's pod deleted mid-run, its replacement
-# resumes; Succeeded; the final model on the output claim evaluated by foresight-worker (the
-# script's LeNet-5 has the built-in's names).
+# applied), shortened to 2 workers and 3 epochs (378 updates, as the 3-epoch pytest case), its
+# parameter server sharded over 2 pods: the worker image runs the user's script as it is; worker
+# 0's pod deleted mid-run, its replacement resumes; Succeeded; the final model on the output
+# claim evaluated by foresight-worker (the script's LeNet-5 has the built-in's names).
 case_python() {
   local ns=e2e-python name=mnist-python ex=$repo/examples/python/mnist-cluster.yaml
   kc create namespace $ns
   load_mnist $ns
   kc -n $ns create configmap mnist-python --from-file="$repo/examples/python/mnist.py"
   sed -e 's/^    epochs: 12$/    epochs: 3/' -e 's/^      milestones: \[6, 9\]$/      milestones: [2]/' \
-    -e 's/^    replicas: 4$/    replicas: 2/' "$ex" >"$out/python-job.yaml"
-  [[ $(diff "$ex" "$out/python-job.yaml" | grep -c '^>') == 3 ]] || fail "the example's epochs, milestones or replicas lines changed"
+    -e 's/^    replicas: 4$/    replicas: 2/' -e 's/^  parameterServer:$/&\n    replicas: 2/' "$ex" >"$out/python-job.yaml"
+  [[ $(diff "$ex" "$out/python-job.yaml" | grep -c '^>') == 4 ]] || fail "the example's epochs, milestones, replicas or parameterServer lines changed"
   kc -n $ns apply -f "$out/python-job.yaml"
+  local shards
+  wait_for 60 "a Deployment per PS shard" eval '[[ $(kc -n '"$ns"' get deploy -l foresight.dev/job='"$name"',app.kubernetes.io/component=parameter-server -o name | wc -l) == 2 ]]'
+  shards=$(kc -n $ns get deploy,svc -l foresight.dev/job=$name,app.kubernetes.io/component=parameter-server -o name | paste -sd' ')
+  log "parameter server shards: $shards"
   local victim
   victim=$(delete_worker_0 $ns $name)
   replaced_worker_resumes $ns $name 2 "$victim" python

@@ -197,6 +197,89 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     assert_eq!(http_get(op.metrics, "/readyz").unwrap().0, 200);
 }
 
+/// A job sharded over two parameter servers: a Deployment and a Service per shard (shard 0
+/// under the unsharded names), the workers told both; the PS counts as ready only once every
+/// shard is; the operator talks to shard 0 alone, which passes scaling and the finalize on; at
+/// the end every shard is finalized and removed.
+#[test]
+fn a_sharded_job_runs_a_parameter_server_per_shard_and_ends_them_all() {
+    let cp = control_plane();
+    let ns = cp.namespace("sharded");
+    let (port0, port1) = (free_port(), free_port());
+    let _op =
+        Operator::start(cp, &ns, &["--leader-elect=false", "--ps-url", &format!("http://127.0.0.1:{port0}")]);
+    apply_job(cp, &ns, "big", json!({"workers": {"replicas": 2}, "parameterServer": {"replicas": 2}}));
+    let selector = "foresight.dev/job=big";
+    wait_for("both shards' Deployments", LONG, || cp.get_json(&ns, "deployment/big-ps-1"));
+    assert_eq!(cp.names(&ns, "deployments", selector), ["big-ps", "big-ps-1"]);
+    assert_eq!(cp.names(&ns, "services", selector), ["big-ps", "big-ps-1"]);
+    let workers = wait_for("the worker Job", LONG, || cp.get_json(&ns, "job/big-workers"));
+    let env = |c: &Value, k: &str| c["env"].as_array().unwrap().iter().find(|e| e["name"] == k).cloned();
+    let c = &workers["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        env(c, "FORESIGHT_PS_URL").unwrap()["value"],
+        format!("http://big-ps.{ns}.svc:8080,http://big-ps-1.{ns}.svc:8080")
+    );
+
+    // Real shards on loopback, shard 0 told where shard 1 is (as FORESIGHT_PS_PEERS tells it in
+    // its pod); a worker's own client registers a model over both and trains one step.
+    let ps1 = Ps::start(cp, &ns, "big", port1, 2);
+    let ps0 = Ps::start_with(cp, &ns, "big", port0, 2, &["--peers", &format!("http://127.0.0.1:{port1}")]);
+    {
+        use foresight_ps::client::{Cadence, Exchange, GradDtype, PsClient, Retry, Session};
+        use foresight_ps::wire::{Layout, TensorSpec};
+        // (Multi-threaded: the client blocks on its handle from this thread, as in a worker.)
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let urls = format!("http://127.0.0.1:{port0},http://127.0.0.1:{port1}");
+        let clients = PsClient::for_shards(&urls, Some(ps0.token.clone())).unwrap();
+        let layout = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![8] }]).unwrap();
+        let retry = Retry::new(Duration::from_secs(10), 0);
+        let (session, joined) =
+            Session::start(clients, rt.handle().clone(), 0, layout, &[0.0; 8], retry).unwrap();
+        let mut w =
+            Exchange::new(session, &joined, Cadence { pull_every: 1, push_every: 1, dtype: GradDtype::F32 });
+        w.pull_if_due().unwrap();
+        w.grad_mut().fill(1.0);
+        w.end_step(Some(0.5)).unwrap();
+    }
+    let shard_pod = |i: usize| {
+        wait_for(&format!("shard {i}'s pod"), LONG, || {
+            cp.names(&ns, "pods", &format!("{selector},foresight.dev/ps-shard={i}")).into_iter().next()
+        })
+    };
+    cp.set_pod_phase(&ns, &shard_pod(0), "Running");
+    for p in worker_pods(cp, &ns, "big", 2) {
+        cp.set_pod_phase(&ns, &p, "Running");
+    }
+    let st = wait_for("the status with shard 0 ready", LONG, || {
+        let s = status(cp, &ns, "big");
+        (s["workers"]["active"] == 2).then_some(s)
+    });
+    assert_eq!(st["parameterServer"]["ready"], false, "shard 1 is not ready yet: {st:#}");
+    cp.set_pod_phase(&ns, &shard_pod(1), "Running");
+    wait_for("every shard ready", LONG, || {
+        (status(cp, &ns, "big")["parameterServer"]["ready"] == true).then_some(())
+    });
+
+    // Scaling reaches every shard through shard 0.
+    patch_job(cp, &ns, "big", r#"{"spec":{"workers":{"replicas":3}}}"#);
+    wait_for("shard 1 told of 3 workers", LONG, || (ps1.status()["workers_expected"] == 3).then_some(()));
+    assert_eq!(ps0.status()["workers_expected"], 3);
+
+    for p in worker_pods(cp, &ns, "big", 3) {
+        cp.set_pod_phase(&ns, &p, "Succeeded");
+    }
+    wait_phase(cp, &ns, "big", "Succeeded");
+    assert_eq!(
+        (ps0.status()["finalized"].clone(), ps1.status()["finalized"].clone()),
+        (json!(true), json!(true))
+    );
+    wait_for("every shard's Deployment and Service to go", LONG, || {
+        (cp.names(&ns, "deployments", selector).is_empty() && cp.names(&ns, "services", selector).is_empty())
+            .then_some(())
+    });
+}
+
 #[test]
 fn failed_worker_pods_count_against_the_backoff_limit_and_the_job_fails() {
     let cp = control_plane();

@@ -188,8 +188,10 @@ fn run_scraped(prometheus: &Prometheus, out: &Path, also: impl FnOnce()) -> Scra
     let mut run = Foresight::spawn(&yaml, out);
     let sd = out.join("prometheus-targets.json");
     let targets: Vec<String> = run.wait_for("the run's prometheus-targets.json", || {
+        // Every group's targets: the PS (one group per shard) first, then the workers.
         let v = serde_json::from_str::<Value>(&std::fs::read_to_string(&sd).ok()?).ok()?;
-        Some(v[0]["targets"].as_array()?.iter().map(|t| t.as_str().unwrap().to_string()).collect())
+        let groups = v.as_array()?.iter().filter_map(|g| g["targets"].as_array());
+        Some(groups.flatten().map(|t| t.as_str().unwrap().to_string()).collect())
     });
     let (ps, workers) = (&targets[0], &targets[1..]);
     // Wait until every series has a value worth showing: updates applied, steps taken, and an

@@ -301,7 +301,8 @@ fn a_killed_shard_comes_back_from_its_checkpoint_while_the_other_keeps_serving()
     let targets: Value =
         serde_json::from_str(&std::fs::read_to_string(run.out.join("prometheus-targets.json")).unwrap())
             .unwrap();
-    let shard1 = targets[0]["targets"][1].as_str().unwrap().to_string();
+    assert_eq!(targets[1]["labels"]["foresight_dev_ps_shard"], "1", "{targets}");
+    let shard1 = targets[1]["targets"][0].as_str().unwrap().to_string();
     let version = |addr: &str| status(addr, token).and_then(|s| s["version"].as_u64());
     let ckpts = run.out.join("checkpoints/shard-1");
     wait("a checkpoint of shard 1", || std::fs::read_dir(&ckpts).ok()?.flatten().next().map(|_| ()));

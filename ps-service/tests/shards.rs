@@ -199,3 +199,24 @@ fn finalizing_shard_zero_writes_the_whole_model_and_finalizes_the_others() {
     // The workers stop at their next push: the job is over on every shard.
     assert_eq!(step(&mut w, 0), StepEnd::Finalized);
 }
+
+/// Scaling goes through shard 0, which tells the others first: every shard then takes the new
+/// worker's join, and a count a shard refuses changes nothing anywhere.
+#[test]
+fn scaling_shard_zero_scales_every_shard() {
+    let rt = runtime();
+    let shard1 = rt.block_on(start(config(Algorithm::Asgd, 1)));
+    let mut c = config(Algorithm::Asgd, 1);
+    c.peers = vec![shard1.url.clone()];
+    let shard0 = rt.block_on(start(c));
+    let urls = [shard0.url.clone(), shard1.url.clone()];
+    let first = PsClient::new(&urls[0], Some(TOKEN.into())).unwrap();
+    let Err(e) = rt.block_on(first.set_workers(0)) else { panic!("0 workers accepted") };
+    assert_eq!(e.reason(), Some("bad_request"));
+    rt.block_on(first.set_workers(2)).unwrap();
+    for u in &urls {
+        assert_eq!(status(&rt, u)["workers_expected"], 2, "{u}");
+    }
+    let mut w = worker(&rt, &urls, 1, Duration::from_secs(5));
+    assert_eq!(step(&mut w, 1), StepEnd::Continue);
+}

@@ -45,7 +45,8 @@ pub(super) async fn admit(
         .is_none_or(|j| children::is_idle_suspended(&j));
     let existing = ctx.caches.workload(ns, &name);
     let sets = kueue::pod_sets(
-        owner.ps_deployment(defaults, job.spec.workers.replicas).spec.template,
+        owner.ps_deployment(defaults, job.spec.workers.replicas, 0).spec.template,
+        owner.ps_shards().len(),
         owner.worker_job(defaults).spec.unwrap_or_default().template,
         job.spec.workers.replicas,
         job.spec.workers.min_replicas,

@@ -1,6 +1,6 @@
 //! The objects a TrainingJob owns, built from its spec alone (no I/O): the token Secret, the
-//! parameter server's Deployment, Service and optional checkpoint PVC, and the workers' Indexed
-//! Job. The reconciler applies them with server-side apply; tests check them field by field.
+//! parameter server's Deployment, Service and optional checkpoint PVC (one of each per shard),
+//! and the workers' Indexed Job. The reconciler applies them with server-side apply; tests check them field by field.
 
 use std::collections::BTreeMap;
 
@@ -117,6 +117,22 @@ pub fn ps_name(job: &str) -> String {
 pub fn pvc_name(job: &str) -> String {
     format!("{job}-ps-checkpoints")
 }
+/// Shard `i`'s Deployment and Service. Shard 0 keeps the unsharded names, so that an unsharded
+/// job's objects, and the operator's way to its PS (`--ps-url`), are the same with or without
+/// shards: shard 0 is the one the operator talks to (it passes scaling and finalize on).
+pub fn ps_shard_name(job: &str, shard: usize) -> String {
+    match shard {
+        0 => ps_name(job),
+        i => format!("{job}-ps-{i}"),
+    }
+}
+/// Shard `i`'s checkpoint claim (shard 0's is the unsharded one).
+pub fn ps_shard_pvc_name(job: &str, shard: usize) -> String {
+    match shard {
+        0 => pvc_name(job),
+        i => format!("{job}-ps-{i}-checkpoints"),
+    }
+}
 /// The claim a job with `output.storage` creates and keeps.
 pub fn output_pvc_name(job: &str) -> String {
     format!("{job}-output")
@@ -158,10 +174,19 @@ pub fn workers_name(job: &str) -> String {
     format!("{job}-workers")
 }
 
-/// The URL the workers reach the parameter server at: its Service's cluster DNS name.
-pub fn ps_cluster_url(job: &str, namespace: &str) -> String {
-    format!("http://{}.{namespace}.svc:{PS_PORT}", ps_name(job))
+/// The URL shard `shard` of the parameter server is reached at: its Service's cluster DNS name.
+pub fn ps_cluster_url(job: &str, namespace: &str, shard: usize) -> String {
+    format!("http://{}.{namespace}.svc:{PS_PORT}", ps_shard_name(job, shard))
 }
+
+/// The workers' `FORESIGHT_PS_URL`: every shard's URL, in shard order, separated by commas.
+pub fn ps_cluster_urls(job: &str, namespace: &str, shards: std::ops::Range<usize>) -> String {
+    shards.map(|i| ps_cluster_url(job, namespace, i)).collect::<Vec<_>>().join(",")
+}
+
+/// Label of a sharded parameter server's pods (and its Services' selectors): which shard. An
+/// unsharded PS's pods have none, so that its Deployment's selector is the one it always had.
+pub const LABEL_PS_SHARD: &str = "foresight.dev/ps-shard";
 
 /// The labels of every child and its pods; `component` tells the PS from the workers.
 pub fn labels(job: &str, component: &str) -> BTreeMap<String, String> {
@@ -238,6 +263,20 @@ impl<'a> Owner<'a> {
         }
     }
 
+    /// The parameter server's shards.
+    pub fn ps_shards(&self) -> std::ops::Range<usize> {
+        0..self.job.spec.parameter_server.shards()
+    }
+
+    /// The labels of shard `shard`'s pods: [`LABEL_PS_SHARD`] too when there are several.
+    fn ps_pod_labels(&self, shard: usize) -> BTreeMap<String, String> {
+        let mut l = labels(&self.name, COMPONENT_PS);
+        if self.ps_shards().len() > 1 {
+            l.insert(LABEL_PS_SHARD.into(), shard.to_string());
+        }
+        l
+    }
+
     pub fn checkpoint_storage(&self) -> Option<&str> {
         self.job.spec.parameter_server.checkpoint.as_ref()?.storage.as_deref()
     }
@@ -274,10 +313,12 @@ impl<'a> Owner<'a> {
         }
     }
 
-    /// The checkpoint PVC, when `parameterServer.checkpoint.storage` asks for one.
-    pub fn pvc(&self) -> Option<PersistentVolumeClaim> {
-        let size = self.checkpoint_storage()?;
-        Some(claim(self.meta(pvc_name(&self.name), COMPONENT_PS), size))
+    /// The checkpoint PVCs, one per shard, when `parameterServer.checkpoint.storage` asks for them.
+    pub fn pvcs(&self) -> Vec<PersistentVolumeClaim> {
+        let Some(size) = self.checkpoint_storage() else { return Vec::new() };
+        self.ps_shards()
+            .map(|i| claim(self.meta(ps_shard_pvc_name(&self.name, i), COMPONENT_PS), size))
+            .collect()
     }
 
     /// Replicas of the parameter server: 1, or 0 while the job is stopped *and* a PVC keeps the
@@ -292,9 +333,12 @@ impl<'a> Owner<'a> {
     /// The PS Deployment; its pod starts with `workers` as the job's worker count. That is the
     /// count the running Deployment was made with, not today's `workers.replicas`: scaling the
     /// job must not roll the PS (it is told the new count over HTTP instead).
-    pub fn ps_deployment(&self, defaults: &ChildDefaults, workers: u32) -> Deployment {
+    ///
+    /// Shard 0 of a sharded PS writes the final model and is told the other shards' URLs
+    /// (`FORESIGHT_PS_PEERS`); each shard has its own checkpoint claim.
+    pub fn ps_deployment(&self, defaults: &ChildDefaults, workers: u32, shard: usize) -> Deployment {
         let spec = &self.job.spec;
-        let pod_labels = labels(&self.name, COMPONENT_PS);
+        let pod_labels = self.ps_pod_labels(shard);
         let mut ps_settings = ps_env(spec, &self.name, &self.namespace);
         for (k, v) in &mut ps_settings {
             if k == PS_WORKERS_ENV {
@@ -303,17 +347,24 @@ impl<'a> Owner<'a> {
         }
         let mut env = vars(ps_settings);
         env.push(token_var(&self.name));
+        // Only shard 0 writes the model: the others' final slices stay beside their checkpoints.
+        let output_dir = if shard == 0 { self.model_place().ps_dir() } else { CHECKPOINT_DIR.to_string() };
         env.extend(vars([
             ("FORESIGHT_CHECKPOINT_DIR", CHECKPOINT_DIR.to_string()),
-            ("FORESIGHT_OUTPUT_DIR", self.model_place().ps_dir()),
+            ("FORESIGHT_OUTPUT_DIR", output_dir),
             ("FORESIGHT_PS_LISTEN", format!("0.0.0.0:{PS_PORT}")),
             ("FORESIGHT_LOG_FORMAT", "json".to_string()),
         ]));
+        let shards = self.ps_shards();
+        if shard == 0 && shards.len() > 1 {
+            let peers = ps_cluster_urls(&self.name, &self.namespace, 1..shards.end);
+            env.extend(vars([("FORESIGHT_PS_PEERS", peers)]));
+        }
         let checkpoints = match self.checkpoint_storage() {
             Some(_) => Volume {
                 name: "checkpoints".into(),
                 persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: pvc_name(&self.name),
+                    claim_name: ps_shard_pvc_name(&self.name, shard),
                     read_only: None,
                 }),
                 ..Default::default()
@@ -322,7 +373,7 @@ impl<'a> Owner<'a> {
         };
         let mut volumes = vec![checkpoints, empty_dir("tmp")];
         let mut mounts = vec![mount("checkpoints", CHECKPOINT_DIR, false), mount("tmp", "/tmp", false)];
-        if let ModelPlace::Output { claim, .. } = self.model_place() {
+        if let (0, ModelPlace::Output { claim, .. }) = (shard, self.model_place()) {
             volumes.push(Volume {
                 name: "output".into(),
                 persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
@@ -382,7 +433,7 @@ impl<'a> Owner<'a> {
         if let Some(a) = self.admitted() {
             with_flavor(&mut template, &a.ps);
         }
-        let mut metadata = self.meta(ps_name(&self.name), COMPONENT_PS);
+        let mut metadata = self.meta(ps_shard_name(&self.name, shard), COMPONENT_PS);
         metadata.annotations = Some(BTreeMap::from([(PS_TEMPLATE_HASH.into(), template_hash(&template))]));
         Deployment {
             metadata,
@@ -398,11 +449,11 @@ impl<'a> Owner<'a> {
         }
     }
 
-    pub fn ps_service(&self) -> Service {
+    pub fn ps_service(&self, shard: usize) -> Service {
         Service {
-            metadata: self.meta(ps_name(&self.name), COMPONENT_PS),
+            metadata: self.meta(ps_shard_name(&self.name, shard), COMPONENT_PS),
             spec: Some(ServiceSpec {
-                selector: Some(labels(&self.name, COMPONENT_PS)),
+                selector: Some(self.ps_pod_labels(shard)),
                 ports: Some(vec![ServicePort {
                     name: Some("http".into()),
                     port: PS_PORT,
@@ -424,8 +475,12 @@ impl<'a> Owner<'a> {
         let spec = &self.job.spec;
         let w = &spec.workers;
         let pod_labels = labels(&self.name, COMPONENT_WORKER);
-        let mut env =
-            vars(worker_env(spec, &self.name, &self.namespace, &ps_cluster_url(&self.name, &self.namespace)));
+        let mut env = vars(worker_env(
+            spec,
+            &self.name,
+            &self.namespace,
+            &ps_cluster_urls(&self.name, &self.namespace, self.ps_shards()),
+        ));
         env.push(EnvVar {
             name: "FORESIGHT_WORKER_INDEX".into(),
             value_from: Some(EnvVarSource {

@@ -291,13 +291,16 @@ pub fn plan(
 /// may admit the workers partially, down to that many.
 pub fn pod_sets(
     ps: PodTemplateSpec,
+    ps_shards: usize,
     workers: PodTemplateSpec,
     replicas: u32,
     min_replicas: Option<u32>,
 ) -> Vec<PodSet> {
     let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    // (The shards' pods differ only in their environment and claims, not in what they request.)
+    let ps_count = i32::try_from(ps_shards).unwrap_or(i32::MAX);
     vec![
-        PodSet { name: PODSET_PS.into(), count: 1, min_count: None, template: with_requests(ps) },
+        PodSet { name: PODSET_PS.into(), count: ps_count, min_count: None, template: with_requests(ps) },
         PodSet {
             name: PODSET_WORKERS.into(),
             count: count(replicas),

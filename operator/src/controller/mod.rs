@@ -341,19 +341,13 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         return expire(ctx, job, &owner, &old).await;
     }
     let now = Time(Timestamp::now());
-    let invalid = match crate::api::validate(&job.spec) {
+    if let Err(e) = crate::api::validate(&job.spec) {
         // The CRD's rules refuse such a spec; this catches a CRD older than the operator.
-        Err(e) => Some(("InvalidSpec", e.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))),
-        Ok(()) if job.spec.parameter_server.shards() > 1 => Some((
-            "Unsupported",
-            "parameterServer.replicas > 1: this operator does not run a sharded parameter server yet \
-             (`foresight run` does)"
-                .to_string(),
-        )),
-        Ok(()) => None,
-    };
-    if let Some((reason, message)) = invalid {
-        let state = State { phase: Phase::Failed, reason: reason.into(), message };
+        let state = State {
+            phase: Phase::Failed,
+            reason: "InvalidSpec".into(),
+            message: e.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+        };
         let observed = observed_nothing(job);
         write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
         return Ok(Action::await_change());
@@ -362,20 +356,25 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let uid = job.metadata.uid.as_deref().ok_or(Error::Incomplete)?;
     let token = ctx.settings.token_key.job_token(uid);
     apply(ctx, &owner, owner.secret(&token)).await?;
-    if let Some(pvc) = owner.pvc() {
+    for pvc in owner.pvcs() {
         apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
     }
     if let Some(pvc) = owner.output_pvc() {
         apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
     }
-    apply(ctx, &owner, owner.ps_service()).await?;
+    for shard in owner.ps_shards() {
+        apply(ctx, &owner, owner.ps_service(shard)).await?;
+    }
     let defaults = job_defaults(ctx, &owner, &old).await?;
     let admission = admission::admit(ctx, job, &owner, &defaults).await?;
     let owner = owner.with_admission(admission);
-    let ps_deployment = apply_ps_deployment(ctx, job, &owner, &defaults).await?;
+    let mut ps_ready = true;
+    for shard in owner.ps_shards() {
+        let d = apply_ps_deployment(ctx, job, &owner, &defaults, shard).await?;
+        ps_ready &= d.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
+    }
     let workers = apply_worker_job(ctx, job, &owner, &defaults).await?;
 
-    let ps_ready = ps_deployment.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
     let worker_job = worker_state(&workers);
     let placement = placement(ctx, &owner).await?;
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
@@ -461,7 +460,7 @@ where
     Ok(api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(value)).await?)
 }
 
-/// Applies the PS Deployment, except when that would restart a PS whose memory holds the only
+/// Applies the Deployment of PS shard `shard`, except when that would restart a PS whose memory holds the only
 /// copy of the model: a changed pod template (a new learning rate, image or resources) rolls the
 /// Deployment, and without `checkpoint.storage` the new pod would start from scratch. Then the
 /// running PS keeps its settings and a Warning event says why. Returns the Deployment as the
@@ -471,12 +470,13 @@ async fn apply_ps_deployment(
     job: &TrainingJob,
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
+    shard: usize,
 ) -> Result<Deployment> {
-    let running = ctx.caches.deployment(&owner.namespace, &children::ps_name(&owner.name));
+    let running = ctx.caches.deployment(&owner.namespace, &children::ps_shard_name(&owner.name, shard));
     // The worker count the PS started with stays in its template (scaling tells the PS over
     // HTTP, see `tell_ps_workers`), so that a change of workers.replicas never rolls it.
     let workers = running.as_ref().and_then(children::ps_workers_of).unwrap_or(job.spec.workers.replicas);
-    let desired = owner.ps_deployment(defaults, workers);
+    let desired = owner.ps_deployment(defaults, workers, shard);
     if owner.checkpoint_storage().is_none() {
         let hash = |d: &Deployment| d.annotations().get(children::PS_TEMPLATE_HASH).cloned();
         // A Deployment scaled to 0 (a job Kueue has not admitted yet) has no model to lose.
@@ -816,20 +816,22 @@ async fn publish(
     }
 }
 
-/// Removes the parameter server (its Deployment and Service) once the job has ended: deleting
-/// the Deployment stops the pod with SIGTERM, on which the PS writes its last checkpoint.
+/// Removes the parameter server (each shard's Deployment and Service) once the job has ended:
+/// deleting a Deployment stops the pod with SIGTERM, on which the PS writes its last checkpoint.
 async fn remove_ps(ctx: &Context, owner: &Owner<'_>) -> Result<()> {
-    let name = children::ps_name(&owner.name);
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    for r in [
-        deployments.delete(&name, &DeleteParams::background()).await.map(|_| ()),
-        services.delete(&name, &DeleteParams::background()).await.map(|_| ()),
-    ] {
-        match r {
-            Ok(()) => tracing::info!(%name, "removed the parameter server"),
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(e.into()),
+    for shard in owner.ps_shards() {
+        let name = children::ps_shard_name(&owner.name, shard);
+        for r in [
+            deployments.delete(&name, &DeleteParams::background()).await.map(|_| ()),
+            services.delete(&name, &DeleteParams::background()).await.map(|_| ()),
+        ] {
+            match r {
+                Ok(()) => tracing::info!(%name, "removed the parameter server"),
+                Err(e) if is_status(&e, 404) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
     Ok(())

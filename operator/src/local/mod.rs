@@ -350,8 +350,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
 
     // The workers, with the environment the operator would give their pods.
     let (tx, mut rx) = mpsc::channel::<Msg>(1024);
-    let mut targets = ps.targets();
-    targets.extend(metrics_ports.iter().map(|p| format!("127.0.0.1:{p}")));
+    let worker_targets: Vec<String> = metrics_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let env = worker_envs(job, opts, &ps.urls(), &token, &metrics_ports);
     let mut workers = Workers {
         env,
@@ -364,7 +363,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         let p = workers.start(i)?;
         workers.procs.push(p);
     }
-    write_targets(&opts.out, &name, &targets);
+    write_targets(&opts.out, &name, &ps.targets(), &worker_targets);
 
     let bar = progress_bar(opts.progress, spec.training.epochs);
     let limit = spec.run_policy.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT);
@@ -646,9 +645,24 @@ async fn reqwest_text(url: &str) -> Option<String> {
     resp.text().await.ok()
 }
 
-/// Prometheus file-based service discovery for the PS and the workers of this run.
-fn write_targets(out: &Path, job: &str, targets: &[String]) {
-    let sd = serde_json::json!([{ "targets": targets, "labels": { "trainingjob": job } }]);
+/// Prometheus file-based service discovery for the PS and the workers of this run: the PS
+/// shards first (labelled as the chart's PodMonitor labels a sharded PS's pods), then the
+/// workers.
+fn write_targets(out: &Path, job: &str, shards: &[String], workers: &[String]) {
+    let group = |targets: &[String], shard: Option<usize>| {
+        let mut labels = serde_json::json!({ "trainingjob": job });
+        if let Some(i) = shard {
+            labels["foresight_dev_ps_shard"] = i.to_string().into();
+        }
+        serde_json::json!({ "targets": targets, "labels": labels })
+    };
+    let sharded = shards.len() > 1;
+    let mut sd: Vec<_> = shards
+        .iter()
+        .enumerate()
+        .map(|(i, t)| group(std::slice::from_ref(t), sharded.then_some(i)))
+        .collect();
+    sd.push(group(workers, None));
     let _ =
         std::fs::write(out.join("prometheus-targets.json"), serde_json::to_vec_pretty(&sd).expect("json"));
 }

@@ -194,6 +194,18 @@ pub struct Ps {
 
 impl Ps {
     pub fn start(cp: &ControlPlane, ns: &str, name: &str, port: u16, workers: u32) -> Self {
+        Self::start_with(cp, ns, name, port, workers, &[])
+    }
+
+    /// With `extra` arguments (e.g. `--peers` for shard 0 of a sharded PS).
+    pub fn start_with(
+        cp: &ControlPlane,
+        ns: &str,
+        name: &str,
+        port: u16,
+        workers: u32,
+        extra: &[&str],
+    ) -> Self {
         let secret = wait_for("the token Secret", LONG, || cp.get_json(ns, &format!("secret/{name}-token")));
         let token = base64_decode(secret["data"]["token"].as_str().expect("the Secret holds a token"));
         let dir = tempfile::tempdir().unwrap();
@@ -213,6 +225,7 @@ impl Ps {
         ]
         .map(String::from)
         .to_vec();
+        let args = [args, extra.iter().map(|a| a.to_string()).collect()].concat();
         let proc_ = Self::spawn(&args, &token, port);
         Self { proc_, port, token, args, _dir: dir }
     }

@@ -441,7 +441,7 @@ async fn set_workers(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let count: usize = Params(q).require("count")?;
-    state.set_workers(count)?;
+    state.scale(count).await?;
     Ok(Json(serde_json::json!({ "workers": count })))
 }
 

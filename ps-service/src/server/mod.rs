@@ -390,7 +390,20 @@ impl AppState {
 
     /// The job was scaled to `n` workers (`PUT /v1/workers`): the tables grow before the new
     /// count is visible, so a new index is never looked up in a table too short for it.
-    pub fn set_workers(&self, n: usize) -> Result<(), ApiError> {
+    /// `PUT /v1/workers`: the job now has `n` workers. Shard 0 of a sharded PS tells the other
+    /// shards first (a count they refuse is refused here too, before anything changed; the
+    /// caller retries a failure, and telling a shard again is harmless).
+    pub async fn scale(&self, n: usize) -> Result<(), ApiError> {
+        self.check_worker_count(n)?;
+        for url in &self.config.peers {
+            let failed = |e: crate::client::ClientError| internal(format!("scaling shard {url}: {e}"));
+            let peer = crate::client::PsClient::new(url, self.config.token.clone()).map_err(failed)?;
+            peer.set_workers(n).await.map_err(failed)?;
+        }
+        self.set_workers(n)
+    }
+
+    fn check_worker_count(&self, n: usize) -> Result<(), ApiError> {
         if n == 0 || n > MAX_WORKERS {
             return Err(ApiError::bad_request(format!("count must be in 1..={MAX_WORKERS}, got {n}")));
         }
@@ -400,6 +413,12 @@ impl AppState {
                 "count {n} must be above the job's backupWorkers ({backup})"
             )));
         }
+        Ok(())
+    }
+
+    /// This PS alone now expects `n` workers.
+    pub fn set_workers(&self, n: usize) -> Result<(), ApiError> {
+        self.check_worker_count(n)?;
         let mut reports = self.reports.lock();
         if reports.len() < n {
             reports.resize(n, None);

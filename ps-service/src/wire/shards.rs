@@ -197,6 +197,29 @@ mod tests {
         assert_eq!(map.layout(1).tensors()[3].shape, [8, 12], "a whole tensor keeps its shape");
     }
 
+    /// The example of docs/protocol.md §7.9: the built-in LeNet-5 (tensors in name order).
+    #[test]
+    fn lenet5_over_two_shards_is_cut_inside_fc1_weight() {
+        let l = layout(&[
+            ("conv1.bias", &[6]),
+            ("conv1.weight", &[6, 1, 5, 5]),
+            ("conv2.bias", &[16]),
+            ("conv2.weight", &[16, 6, 5, 5]),
+            ("fc1.bias", &[120]),
+            ("fc1.weight", &[120, 400]),
+            ("fc2.bias", &[84]),
+            ("fc2.weight", &[84, 120]),
+            ("fc3.bias", &[10]),
+            ("fc3.weight", &[10, 84]),
+        ]);
+        let map = ShardMap::new(&l, 2).unwrap();
+        let names = |i: usize| map.layout(i).tensors().iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+        assert_eq!((l.len(), map.range(0).len(), map.range(1).len()), (61_706, 30_853, 30_853));
+        assert_eq!(names(0)[5], "fc1.weight[0..28161 of 120x400]");
+        assert_eq!(names(1)[0], "fc1.weight[28161..48000 of 120x400]");
+        assert_eq!(names(1)[1..], ["fc2.bias", "fc2.weight", "fc3.bias", "fc3.weight"]);
+    }
+
     #[test]
     fn the_shards_merge_back_into_the_model_for_every_count() {
         let l = model();

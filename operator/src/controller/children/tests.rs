@@ -37,8 +37,8 @@ fn every_child_is_owned_by_the_job_and_labelled() {
     let o = Owner::new(&j).unwrap();
     let metas = [
         o.secret("t").metadata,
-        o.ps_service().metadata,
-        o.ps_deployment(&defaults(), 3).metadata,
+        o.ps_service(0).metadata,
+        o.ps_deployment(&defaults(), 3, 0).metadata,
         o.worker_job(&defaults()).metadata,
     ];
     for m in metas {
@@ -50,7 +50,7 @@ fn every_child_is_owned_by_the_job_and_labelled() {
         );
         assert_eq!(m.labels.as_ref().unwrap()[LABEL_JOB], "mnist");
     }
-    assert!(o.pvc().is_none());
+    assert!(o.pvcs().is_empty());
 }
 
 #[test]
@@ -90,7 +90,7 @@ fn scaling_changes_completions_and_parallelism_but_no_pod_template() {
         let j = job(yaml);
         let o = Owner::new(&j).unwrap();
         let s = o.worker_job(&defaults()).spec.unwrap();
-        let ps = o.ps_deployment(&defaults(), 3);
+        let ps = o.ps_deployment(&defaults(), 3, 0);
         ((s.completions, s.parallelism), s.template, ps.spec.template)
     };
     let (three, workers3, ps3) = template(BASE);
@@ -101,7 +101,7 @@ fn scaling_changes_completions_and_parallelism_but_no_pod_template() {
     let c = &workers3.spec.unwrap().containers[0];
     assert!(c.env.as_ref().unwrap().iter().all(|e| e.name != "FORESIGHT_WORKERS"));
     let j = job(BASE);
-    let d = Owner::new(&j).unwrap().ps_deployment(&defaults(), 7);
+    let d = Owner::new(&j).unwrap().ps_deployment(&defaults(), 7, 0);
     assert_eq!(ps_workers_of(&d), Some(7));
 }
 
@@ -118,7 +118,7 @@ fn the_parameter_server_gets_its_settings_and_a_pvc_only_when_asked() {
         "{BASE}  parameterServer: {{image: my/ps:2, checkpoint: {{intervalSeconds: 30, storage: 2Gi}}}}\n"
     ));
     let o = Owner::new(&j).unwrap();
-    let d = o.ps_deployment(&defaults(), 3);
+    let d = o.ps_deployment(&defaults(), 3, 0);
     let pod = d.spec.template.spec.unwrap();
     let c = &pod.containers[0];
     assert_eq!(c.image.as_deref(), Some("my/ps:2"));
@@ -128,7 +128,7 @@ fn the_parameter_server_gets_its_settings_and_a_pvc_only_when_asked() {
     let ckpt = pod.volumes.unwrap().into_iter().find(|v| v.name == "checkpoints").unwrap();
     assert_eq!(ckpt.persistent_volume_claim.unwrap().claim_name, "mnist-ps-checkpoints");
     assert_eq!(
-        o.pvc().unwrap().spec.unwrap().resources.unwrap().requests.unwrap()["storage"],
+        o.pvcs()[0].spec.clone().unwrap().resources.unwrap().requests.unwrap()["storage"],
         Quantity("2Gi".into())
     );
     assert_eq!(d.spec.strategy.unwrap().type_.as_deref(), Some("Recreate"));
@@ -155,7 +155,7 @@ fn suspending_stops_the_ps_only_when_a_pvc_keeps_its_checkpoint() {
 fn the_ps_template_hash_follows_the_pod_template_only() {
     let hash = |yaml: &str| {
         let j = job(yaml);
-        let d = Owner::new(&j).unwrap().ps_deployment(&defaults(), 3);
+        let d = Owner::new(&j).unwrap().ps_deployment(&defaults(), 3, 0);
         d.metadata.annotations.unwrap()[PS_TEMPLATE_HASH].clone()
     };
     let base = hash(BASE);
@@ -187,7 +187,7 @@ fn the_final_model_goes_to_the_output_claim_which_no_one_owns() {
     let ps_of = |yaml: &str| {
         let j = job(yaml);
         let o = Owner::new(&j).unwrap();
-        let d = o.ps_deployment(&defaults(), 3);
+        let d = o.ps_deployment(&defaults(), 3, 0);
         (o.output_pvc(), d.spec.template.spec.unwrap())
     };
     let output_dir = |p: &PodSpec| env(&p.containers[0], "FORESIGHT_OUTPUT_DIR").value.clone().unwrap();
@@ -255,7 +255,7 @@ spec:
 fn each_roles_pod_settings_are_added_to_what_the_operator_sets() {
     let j = job(WITH_POD_SETTINGS);
     let o = Owner::new(&j).unwrap();
-    let ps = o.ps_deployment(&defaults(), 2).spec.template;
+    let ps = o.ps_deployment(&defaults(), 2, 0).spec.template;
     let ps_labels = ps.metadata.as_ref().unwrap().labels.as_ref().unwrap();
     assert_eq!((ps_labels["team"].as_str(), ps_labels[LABEL_JOB].as_str()), ("ml", "mnist"));
     assert_eq!(ps.metadata.as_ref().unwrap().annotations.as_ref().unwrap()["example.com/owner"], "ml");
@@ -310,7 +310,7 @@ fn the_names_the_api_reserves_are_the_ones_the_operator_uses() {
     let mut j2 = job(BASE);
     j2.spec.output = Some(crate::api::OutputSpec { claim_name: Some("m".into()), ..Default::default() });
     let o2 = Owner::new(&j2).unwrap();
-    let ps = o2.ps_deployment(&defaults(), 3).spec.template.spec.unwrap();
+    let ps = o2.ps_deployment(&defaults(), 3, 0).spec.template.spec.unwrap();
     let w = o.worker_job(&defaults()).spec.unwrap().template.spec.unwrap();
     let mut names: Vec<String> = ps
         .volumes
@@ -354,4 +354,65 @@ fn a_job_of_its_own_program_runs_it_in_the_workers_with_the_same_environment() {
     let builtin = Owner::new(&job(BASE)).unwrap().worker_job(&defaults());
     let c = &builtin.spec.unwrap().template.spec.unwrap().containers[0];
     assert_eq!((c.command.as_ref(), c.args.as_ref()), (None, None), "the image's entrypoint");
+}
+
+/// Two shards: a Deployment, a Service and a checkpoint claim each, shard 0 under the unsharded
+/// names; each Service selects its own shard's pod; shard 0 alone writes the model (and mounts
+/// the output claim) and knows the other shard; the workers get both URLs in shard order.
+#[test]
+fn a_sharded_parameter_server_is_one_deployment_service_and_claim_per_shard() {
+    let yaml = BASE.replace(
+        "  workers:",
+        "  parameterServer: {replicas: 2, checkpoint: {storage: 1Gi}}\n  output: {storage: 1Gi}\n  workers:",
+    );
+    let j = job(&yaml);
+    let o = Owner::new(&j).unwrap();
+    let names = |v: Vec<Option<String>>| v.into_iter().map(Option::unwrap).collect::<Vec<_>>();
+    let deployments: Vec<Deployment> = (0..2).map(|i| o.ps_deployment(&defaults(), 3, i)).collect();
+    assert_eq!(
+        names(deployments.iter().map(|d| d.metadata.name.clone()).collect()),
+        ["mnist-ps", "mnist-ps-1"]
+    );
+    assert_eq!(
+        names(o.pvcs().into_iter().map(|c| c.metadata.name).collect()),
+        ["mnist-ps-checkpoints", "mnist-ps-1-checkpoints"]
+    );
+    for (i, d) in deployments.iter().enumerate() {
+        let pod_labels = d.spec.template.metadata.as_ref().unwrap().labels.clone().unwrap();
+        assert_eq!(pod_labels[LABEL_PS_SHARD], i.to_string());
+        assert_eq!(d.spec.selector.match_labels.as_ref(), Some(&pod_labels));
+        let service = o.ps_service(i);
+        assert_eq!(service.metadata.name, d.metadata.name);
+        assert_eq!(service.spec.unwrap().selector.as_ref(), Some(&pod_labels), "shard {i}'s pod alone");
+        let pod = d.spec.template.spec.as_ref().unwrap();
+        let claims: Vec<_> =
+            pod.volumes.iter().flatten().filter_map(|v| v.persistent_volume_claim.as_ref()).collect();
+        let claims: Vec<&str> = claims.iter().map(|c| c.claim_name.as_str()).collect();
+        let c = &pod.containers[0];
+        let has = |name: &str| c.env.iter().flatten().any(|e| e.name == name);
+        match i {
+            0 => {
+                assert_eq!(claims, ["mnist-ps-checkpoints", "mnist-output"]);
+                assert_eq!(env(c, "FORESIGHT_OUTPUT_DIR").value.as_deref(), Some("/output/mnist"));
+                assert_eq!(
+                    env(c, "FORESIGHT_PS_PEERS").value.as_deref(),
+                    Some("http://mnist-ps-1.team-a.svc:8080")
+                );
+            }
+            _ => {
+                assert_eq!(claims, ["mnist-ps-1-checkpoints"], "only shard 0 mounts the output claim");
+                assert_eq!(env(c, "FORESIGHT_OUTPUT_DIR").value.as_deref(), Some(CHECKPOINT_DIR));
+                assert!(!has("FORESIGHT_PS_PEERS"));
+            }
+        }
+    }
+    let w = o.worker_job(&defaults()).spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        env(&w.containers[0], "FORESIGHT_PS_URL").value.as_deref(),
+        Some("http://mnist-ps.team-a.svc:8080,http://mnist-ps-1.team-a.svc:8080")
+    );
+    // Unsharded, nothing of this: no shard label, the selector it always had.
+    let one = job(BASE);
+    let d = Owner::new(&one).unwrap().ps_deployment(&defaults(), 3, 0);
+    assert!(!d.spec.selector.match_labels.unwrap().contains_key(LABEL_PS_SHARD));
 }

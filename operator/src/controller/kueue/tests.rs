@@ -12,6 +12,7 @@ fn template(resources: serde_json::Value) -> PodTemplateSpec {
 fn sets(replicas: u32, gpus: u32) -> Vec<PodSet> {
     pod_sets(
         template(json!({"requests": {"cpu": "1"}})),
+        1,
         template(json!({"limits": {"nvidia.com/gpu": gpus.to_string()}})),
         replicas,
         None,
@@ -54,7 +55,8 @@ fn the_pod_sets_count_the_ps_and_every_worker_with_limits_as_requests() {
 
 #[test]
 fn min_replicas_below_replicas_lets_kueue_admit_part_of_the_workers() {
-    let count = |min| pod_sets(PodTemplateSpec::default(), PodTemplateSpec::default(), 4, min)[1].min_count;
+    let count =
+        |min| pod_sets(PodTemplateSpec::default(), 1, PodTemplateSpec::default(), 4, min)[1].min_count;
     assert_eq!(count(Some(2)), Some(2));
     assert_eq!(count(Some(4)), None, "all of them: nothing partial");
     assert_eq!(count(None), None);
@@ -70,10 +72,10 @@ fn the_digest_follows_what_kueue_counts_and_nothing_else() {
     assert_eq!(base, podsets_hash(&sets(2, 4)));
     assert_ne!(base, podsets_hash(&sets(3, 4)), "a new worker count");
     assert_ne!(base, podsets_hash(&sets(2, 1)), "new resources");
-    let partial = pod_sets(PodTemplateSpec::default(), PodTemplateSpec::default(), 2, Some(1));
+    let partial = pod_sets(PodTemplateSpec::default(), 1, PodTemplateSpec::default(), 2, Some(1));
     assert_ne!(
         podsets_hash(&partial),
-        podsets_hash(&pod_sets(Default::default(), Default::default(), 2, None))
+        podsets_hash(&pod_sets(Default::default(), 1, Default::default(), 2, None))
     );
     let mut env_changed = sets(2, 4);
     env_changed[0].template.spec.as_mut().unwrap().containers[0].env =
