@@ -63,7 +63,7 @@ demo: setup-build ## Train MNIST-5k with dc-asgd-a on 4 workers: foresight run e
 loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-parameter model
 	@scripts/loadgen-demo.sh $(OUT)/loadgen
 
-real-size: build ## The parameter server at 100M parameters: memory by phase, register/pull/push, checkpoint and restore times (docs/benchmarks.md)
+real-size: build ## The parameter server at 100M parameters: memory by phase, register/pull/push, checkpoint and restore times (docs/benchmarks.md; ARGS=--shards 2 splits it over 2 PS processes)
 	python3 scripts/real-size.py --bin target/release --out $(OUT)/real-size $(ARGS)
 
 convergence: build ## The paper's Table 1 shape: LeNet-5 on MNIST-5k, M = 1, 4, 8, 16, every rule, 5 seeds, per-epoch PS-model curves; rewrites docs/convergence.md (26 min here; ARGS=--reuse keeps finished runs)

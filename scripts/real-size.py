@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The parameter server at a real model size (`make real-size`; docs/benchmarks.md).
 
-One `foresight-ps` process and `foresight-loadgen`'s simulated workers on loopback, a model of
---params float32 parameters (100M by default). The PS's resident memory is sampled from /proc
+One `foresight-ps` process (or --shards N, shard 0 with the others as --peers) and
+`foresight-loadgen`'s simulated workers on loopback, a model of --params float32 parameters
+(100M by default). Each PS process's resident memory is sampled from /proc
 every 20 ms and read at each phase: at start, once the model is registered, once every worker
 has pushed, its peak while training, at the end of training, and during the checkpoint that
-SIGTERM writes; then the PS is started again on that checkpoint and the restore is timed. The
+SIGTERM writes; then the PS is started again on that checkpoint and the restore is timed (every
+shard's figures separately when sharded, in `shards`). The
 figures are compared with what the store is meant to hold: bytes per parameter of w, the
 optimizer's state and one backup per worker (see docs/benchmarks.md).
 """
@@ -86,14 +88,16 @@ class Sampler(threading.Thread):
         return max((r for s, r in self.samples if start <= s <= end), default=0)
 
 
-def start_ps(args, out: Path, port: int, token: str, log_name: str) -> subprocess.Popen:
+def start_ps(args, out: Path, port: int, token: str, log_name: str, ckpt: Path, peers: list[str]) -> subprocess.Popen:
     cmd = [
         str(args.ps_bin or args.bin / "foresight-ps"), "--listen", f"127.0.0.1:{port}", "--workers", str(args.workers),
-        "--algorithm", args.algorithm, "--learning-rate", "0.1", "--checkpoint-dir", str(out / "checkpoints"),
+        "--algorithm", args.algorithm, "--learning-rate", "0.1", "--checkpoint-dir", str(ckpt),
         "--checkpoint-interval", "0", "--log-format", "json",
     ]
     if args.memory_limit:
         cmd += ["--memory-limit", str(args.memory_limit)]
+    if peers:
+        cmd += ["--peers", ",".join(peers)]
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("FORESIGHT_")}, "FORESIGHT_TOKEN": token}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(out / log_name, "wb"))
 
@@ -120,77 +124,37 @@ def log_field(log: Path, message: str, field: str) -> float | None:
     return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", type=Path, default=Path("target/release"))
-    ap.add_argument("--ps-bin", type=Path, help="foresight-ps to measure (default: the one in --bin)")
-    ap.add_argument("--params", type=int, default=100_000_000)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20, help="pushes per worker")
-    ap.add_argument("--algorithm", default="dc-asgd-a")
-    ap.add_argument("--memory-limit", type=int, help="the PS's --memory-limit in bytes (bounds its push slots)")
-    ap.add_argument("--out", type=Path, default=Path("out/real-size"))
-    args = ap.parse_args()
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    for old in (out / "checkpoints").glob("*"):
-        old.unlink()
-    token, port = secrets.token_hex(16), free_port()
-    url = f"http://127.0.0.1:{port}"
-    model_bytes = 4 * args.params
+class Shard:
+    """One PS process: its port, directories, logs and memory sampler."""
 
-    ps = start_ps(args, out, port, token, "ps.log")
-    wait_listening(ps, url, out / "ps.log")
-    sampler = Sampler(ps.pid, url, token)
-    sampler.start()
-    time.sleep(0.2)
-    t_start = time.monotonic()
-    env = {**os.environ, "FORESIGHT_TOKEN": token}
-    loadgen = subprocess.run(
-        [str(args.bin / "foresight-loadgen"), "--ps", url, "--workers", str(args.workers),
-         "--params", str(args.params), "--steps", str(args.steps)],
-        env=env, capture_output=True, text=True,
-    )
-    if loadgen.returncode != 0:
-        sys.exit(f"foresight-loadgen failed:\n{loadgen.stdout}\n{loadgen.stderr[-3000:]}")
-    t_trained = time.monotonic()
-    print(loadgen.stdout, end="")
-    time.sleep(0.5)
-    t_end = time.monotonic()
+    def __init__(self, args, out: Path, i: int, n: int) -> None:
+        self.args, self.out, self.i = args, out, i
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ckpt = out / "checkpoints" if n == 1 else out / "checkpoints" / f"shard-{i}"
+        self.log = "ps.log" if n == 1 else f"ps-{i}.log"
+        self.ckpt.mkdir(parents=True, exist_ok=True)
+        for old in self.ckpt.glob("*"):
+            old.unlink()
 
-    ps.send_signal(signal.SIGTERM)
-    ps.wait(timeout=600)
-    t_stopped = time.monotonic()
-    sampler.stop.set()
-    checkpoint = next((out / "checkpoints").glob("ckpt-*.safetensors"))
-    write_s = log_field(out / "ps.log", "checkpoint written", "seconds")
+    def start(self, token: str, peers: list[str], log: str | None = None) -> subprocess.Popen:
+        log = log or self.log
+        ps = start_ps(self.args, self.out, self.port, token, log, self.ckpt, peers)
+        self.listen_s = wait_listening(ps, self.url, self.out / log)
+        return ps
 
-    # The restore: a new process on the same directory; it listens once the model is restored.
-    ps2 = start_ps(args, out, port, token, "ps-restore.log")
-    listen_s = wait_listening(ps2, url, out / "ps-restore.log")
-    restored_rss, restored_hwm = rss(ps2.pid)
-    ps2.send_signal(signal.SIGKILL)
-    ps2.wait()
-    restore_s = log_field(out / "ps-restore.log", "restored checkpoint", "seconds")
 
-    grab = lambda pattern: re.search(pattern, loadgen.stdout)  # noqa: E731
-    registered_s = float(grab(r"parameters\) in ([\d.]+)s").group(1))
-    push = grab(r"push latency p50 ([\d.]+) ms p99 ([\d.]+) ms")
-    pull = grab(r"pull latency p50 ([\d.]+) ms p99 ([\d.]+) ms")
-    rate = float(grab(r"([\d.]+) pushes/s").group(1))
-    busy = int(grab(r"refused busy and retried: (\d+)").group(1))
-    ev = sampler.events
+def figures(args, shard: Shard, sampler: Sampler, times: dict, restored: tuple[int, int], params: int) -> dict:
+    """One PS process's memory by phase and its checkpoint and restore times."""
+    ev, (t_start, t_trained, t_end, t_stopped) = sampler.events, (times[k] for k in ("start", "trained", "end", "stopped"))
     joined = ev.get("joined", t_trained)
-    result = {
-        "params": args.params,
-        "workers": args.workers,
-        "algorithm": args.algorithm,
-        "steps_per_worker": args.steps,
-        "memory_limit": args.memory_limit,
+    restored_rss, restored_hwm = restored
+    return {
+        "params": params,
         "rss_gib": {
             "start": sampler.at(t_start) / GIB,
             "registered": sampler.at(ev.get("registered", t_start) + 0.05) / GIB,
-            "all_joined": sampler.at(ev.get("joined", t_trained) + 0.05) / GIB,
+            "all_joined": sampler.at(joined + 0.05) / GIB,
             "peak_training": sampler.peak(t_start, t_trained) / GIB,
             "end_of_training": sampler.at(t_end) / GIB,
             "peak_checkpoint": sampler.peak(t_end, t_stopped) / GIB,
@@ -199,30 +163,110 @@ def main() -> None:
         },
         # Once every worker has pushed: at a quarter, half, three quarters and the end of the
         # rest of training (flat, or growing?).
-        "rss_after_joined_gib": [
-            sampler.at(joined + f * (t_trained - joined)) / GIB for f in (0.25, 0.5, 0.75, 1.0)
-        ],
+        "rss_after_joined_gib": [sampler.at(joined + f * (t_trained - joined)) / GIB for f in (0.25, 0.5, 0.75, 1.0)],
         "bytes_per_param": {
-            "all_joined": sampler.at(ev.get("joined", t_trained) + 0.05) / args.params,
-            "peak_training": sampler.peak(t_start, t_trained) / args.params,
-            "after_restore": restored_rss / args.params,
+            "all_joined": sampler.at(joined + 0.05) / params,
+            "peak_training": sampler.peak(t_start, t_trained) / params,
+            "after_restore": restored_rss / params,
         },
+        "seconds": {
+            "checkpoint_write": log_field(shard.out / shard.log, "checkpoint written", "seconds"),
+            "sigterm_to_exit": t_stopped - t_end,
+            "restore": log_field(shard.out / f"restore-{shard.log}", "restored checkpoint", "seconds"),
+            "restart_to_listening": shard.listen_s,
+        },
+        "checkpoint_bytes": next(shard.ckpt.glob("ckpt-*.safetensors")).stat().st_size,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", type=Path, default=Path("target/release"))
+    ap.add_argument("--ps-bin", type=Path, help="foresight-ps to measure (default: the one in --bin)")
+    ap.add_argument("--params", type=int, default=100_000_000)
+    ap.add_argument("--shards", type=int, default=1, help="PS processes the model is split over")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20, help="pushes per worker")
+    ap.add_argument("--algorithm", default="dc-asgd-a")
+    ap.add_argument("--memory-limit", type=int, help="each PS's --memory-limit in bytes (bounds its push slots)")
+    ap.add_argument("--out", type=Path, default=Path("out/real-size"))
+    args = ap.parse_args()
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(16)
+    shards = [Shard(args, out, i, args.shards) for i in range(args.shards)]
+    urls = [s.url for s in shards]
+    # Shard 0 last: it is told where the others are.
+    procs = [s.start(token, []) for s in shards[1:]]
+    procs.insert(0, shards[0].start(token, urls[1:]))
+    samplers = [Sampler(p.pid, s.url, token) for p, s in zip(procs, shards)]
+    for sm in samplers:
+        sm.start()
+    time.sleep(0.2)
+    times = {"start": time.monotonic()}
+    env = {**os.environ, "FORESIGHT_TOKEN": token}
+    loadgen = subprocess.run(
+        [str(args.bin / "foresight-loadgen"), "--ps", ",".join(urls), "--workers", str(args.workers),
+         "--params", str(args.params), "--steps", str(args.steps)],
+        env=env, capture_output=True, text=True,
+    )
+    if loadgen.returncode != 0:
+        sys.exit(f"foresight-loadgen failed:\n{loadgen.stdout}\n{loadgen.stderr[-3000:]}")
+    times["trained"] = time.monotonic()
+    print(loadgen.stdout, end="")
+    time.sleep(0.5)
+    times["end"] = time.monotonic()
+
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(timeout=600)
+    times["stopped"] = time.monotonic()
+    for sm in samplers:
+        sm.stop.set()
+
+    # The restore: new processes on the same directories; each listens once its slice is restored.
+    restored = []
+    for s in shards:
+        ps2 = s.start(token, [], log=f"restore-{s.log}")
+        restored.append(rss(ps2.pid))
+        ps2.send_signal(signal.SIGKILL)
+        ps2.wait()
+
+    grab = lambda pattern: re.search(pattern, loadgen.stdout)  # noqa: E731
+    registered_s = float(grab(r"\) in ([\d.]+)s").group(1))
+    push = grab(r"push latency p50 ([\d.]+) ms p99 ([\d.]+) ms")
+    pull = grab(r"pull latency p50 ([\d.]+) ms p99 ([\d.]+) ms")
+    rate = float(grab(r"([\d.]+) pushes/s").group(1))
+    busy = int(grab(r"refused busy and retried: (\d+)").group(1))
+    per_shard = [
+        figures(args, s, sm, times, r, len(range(args.params * i // args.shards, args.params * (i + 1) // args.shards)))
+        for i, (s, sm, r) in enumerate(zip(shards, samplers, restored))
+    ]
+    result = {
+        "params": args.params,
+        "shards": args.shards,
+        "workers": args.workers,
+        "algorithm": args.algorithm,
+        "steps_per_worker": args.steps,
+        "memory_limit": args.memory_limit,
         "seconds": {
             "register": registered_s,
             "pull_p50": float(pull.group(1)) / 1e3,
             "pull_p99": float(pull.group(2)) / 1e3,
             "push_apply_p50": float(push.group(1)) / 1e3,
             "push_apply_p99": float(push.group(2)) / 1e3,
-            "checkpoint_write": write_s,
-            "sigterm_to_exit": t_stopped - t_end,
-            "restore": restore_s,
-            "restart_to_listening": listen_s,
         },
         "pushes_per_second": rate,
         "pushes_refused_busy": busy,
-        "checkpoint_bytes": checkpoint.stat().st_size,
-        "model_bytes": model_bytes,
+        "model_bytes": 4 * args.params,
     }
+    if args.shards == 1:
+        only = per_shard[0]
+        result["seconds"].update(only.pop("seconds"))
+        result.update({k: v for k, v in only.items() if k != "params"})
+    else:
+        result["per_shard"] = per_shard
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -3,16 +3,20 @@
 //! The objective is a noisy quadratic f(w) = ½·Σ h_i (w_i − w*_i)², with curvatures h_i in
 //! [0.5, 2]: cheap enough to run thousands of steps per second on any size of model, with a
 //! loss that shows whether staleness and delay compensation help or hurt. Each worker pulls,
-//! computes a gradient at the model it pulled, and pushes it, as a real worker would.
+//! computes a gradient at the model it pulled, and pushes it, as a real worker would; against a
+//! sharded PS (`--ps` with the shards' URLs) every pull and push goes to every shard at once,
+//! each with its slice (`wire::shards`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use foresight_ps::client::{GradDtype, PsClient, PushId};
+use foresight_ps::client::{ClientError, GradDtype, PsClient, PushId, PushReply};
 use foresight_ps::server::Report;
+use foresight_ps::wire::shards::ShardMap;
 use foresight_ps::wire::{Layout, TensorSpec};
+use futures_util::future::join_all;
 use rand::{Rng, SeedableRng};
 
 #[global_allocator]
@@ -22,7 +26,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// PS base URL (h2c).
+    /// PS base URL (h2c); for a sharded PS, the shards' URLs in shard order, separated by commas.
     #[arg(long, env = "FORESIGHT_PS_URL", default_value = "http://127.0.0.1:8080")]
     ps: String,
     /// Bearer token.
@@ -88,6 +92,80 @@ impl Problem {
     }
 }
 
+/// The PS's shards (one for an unsharded PS): a client and a slice of the model each.
+struct Shards {
+    clients: Vec<PsClient>,
+    map: ShardMap,
+}
+
+/// A model pulled from every shard: each shard's version, and the whole vector.
+struct Pulled {
+    versions: Vec<u64>,
+    values: Vec<f32>,
+}
+
+impl Shards {
+    async fn register(&self, values: &[f32]) -> Result<bool, ClientError> {
+        let all = join_all(
+            self.clients
+                .iter()
+                .enumerate()
+                .map(|(i, c)| c.register(self.map.layout(i), &values[self.map.range(i)])),
+        );
+        Ok(all.await.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().any(|r| r))
+    }
+
+    /// `None` when a `sync` long-poll ran out on some shard.
+    async fn pull(
+        &self,
+        m: usize,
+        min: Option<&[u64]>,
+        wait: Duration,
+    ) -> Result<Option<Pulled>, ClientError> {
+        let all = join_all(self.clients.iter().enumerate().map(|(i, c)| c.pull(m, min.map(|v| v[i]), wait)));
+        let Some(slices) = all.await.into_iter().collect::<Result<Option<Vec<_>>, _>>()? else {
+            return Ok(None);
+        };
+        let mut values = Vec::with_capacity(slices.iter().map(|s| s.values.len()).sum());
+        for s in &slices {
+            values.extend_from_slice(&s.values);
+        }
+        Ok(Some(Pulled { versions: slices.iter().map(|s| s.version).collect(), values }))
+    }
+
+    /// Pushes every shard its slice of `grad`, each computed on its version; a shard at its push
+    /// slots (its memory limit) says when to come back. The replies, and the busy answers met.
+    async fn push(
+        &self,
+        m: usize,
+        versions: &[u64],
+        seq: u64,
+        grad: &[f32],
+        dtype: GradDtype,
+    ) -> Result<(Vec<PushReply>, u64), ClientError> {
+        let one = |i: usize| async move {
+            let (layout, slice) = (self.map.layout(i), &grad[self.map.range(i)]);
+            let mut busy = 0;
+            loop {
+                match self.clients[i]
+                    .push(PushId::unjoined(m, versions[i], seq), None, layout, slice, dtype)
+                    .await
+                {
+                    Err(e) if e.reason() == Some("busy") => {
+                        busy += 1;
+                        tokio::time::sleep(e.retry_after().unwrap_or(Duration::from_secs(1))).await;
+                    }
+                    other => return other.map(|r| (r, busy)),
+                }
+            }
+        };
+        let all =
+            join_all((0..self.clients.len()).map(one)).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let busy = all.iter().map(|(_, b)| b).sum();
+        Ok((all.into_iter().map(|(r, _)| r).collect(), busy))
+    }
+}
+
 #[derive(Default)]
 struct WorkerStats {
     /// Pushes answered `503 busy` (and retried).
@@ -105,15 +183,18 @@ async fn main() -> anyhow::Result<()> {
         args.workers > 0 && args.params > 0 && args.steps > 0,
         "workers, params and steps must be > 0"
     );
-    let client = PsClient::new(&args.ps, args.token.clone())?;
+    let clients = PsClient::for_shards(&args.ps, args.token.clone())?;
+    let client = clients[0].clone();
     let layout = Layout::new(vec![TensorSpec { name: "quadratic.weight".into(), shape: vec![args.params] }])?;
+    let map = ShardMap::new(&layout, clients.len())?;
+    let shards = Arc::new(Shards { clients, map });
     let registering = Instant::now();
-    let registered =
-        client.register(&layout, &vec![0.0; args.params]).await.context("registering the model")?;
+    let registered = shards.register(&vec![0.0; args.params]).await.context("registering the model")?;
     println!(
-        "model {} ({} parameters) in {:.3}s",
+        "model {} ({} parameters, {} shards) in {:.3}s",
         if registered { "registered" } else { "already registered" },
         args.params,
+        shards.map.count(),
         registering.elapsed().as_secs_f64()
     );
     let problem = Arc::new(Problem::new(args.params));
@@ -124,10 +205,10 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let tasks: Vec<_> = (0..args.workers)
         .map(|m| {
-            let (client, problem, layout) = (client.clone(), problem.clone(), layout.clone());
+            let (shards, problem, client) = (shards.clone(), problem.clone(), client.clone());
             let (steps, noise, wait) = (args.steps, args.noise, Duration::from_millis(args.wait_ms));
             tokio::spawn(
-                async move { run_worker(m, client, problem, layout, steps, noise, dtype, wait).await },
+                async move { run_worker(m, &shards, &client, problem, steps, noise, dtype, wait).await },
             )
         })
         .collect();
@@ -167,7 +248,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let status = client.status().await?;
     println!("ps status: version {} staleness {}", status["version"], status["staleness"]);
-    let model = client.pull(0, None, Duration::ZERO).await?.context("pull returned nothing")?;
+    let model = shards.pull(0, None, Duration::ZERO).await?.context("pull returned nothing")?;
     println!(
         "final loss {:.6} (initial {:.6})",
         problem.loss(&model.values),
@@ -182,23 +263,23 @@ async fn main() -> anyhow::Result<()> {
 #[allow(clippy::too_many_arguments)]
 async fn run_worker(
     m: usize,
-    client: PsClient,
+    shards: &Shards,
+    first: &PsClient,
     problem: Arc<Problem>,
-    layout: Layout,
     steps: u64,
     noise: f32,
     dtype: GradDtype,
     wait: Duration,
 ) -> anyhow::Result<WorkerStats> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(m as u64);
-    let mut grad = vec![0.0; layout.len()];
+    let mut grad = vec![0.0; problem.optimum.len()];
     let mut stats = WorkerStats::default();
-    let mut min_version = None;
+    let mut min_versions: Option<Vec<u64>> = None;
     for seq in 1..=steps {
         let pulling = Instant::now();
         let model = loop {
             // Under `sync` the next version exists only once every worker has pushed: long-poll.
-            if let Some(model) = client.pull(m, min_version, wait).await? {
+            if let Some(model) = shards.pull(m, min_versions.as_deref(), wait).await? {
                 break model;
             }
         };
@@ -206,20 +287,12 @@ async fn run_worker(
         let w = model.values;
         problem.gradient(&w, noise, &mut rng, &mut grad);
         let t = Instant::now();
-        let id = PushId::unjoined(m, model.version, seq);
-        let reply = loop {
-            match client.push(id, None, &layout, &grad, dtype).await {
-                // A PS at its push slots (its memory limit) says when to come back.
-                Err(e) if e.reason() == Some("busy") => {
-                    stats.busy += 1;
-                    tokio::time::sleep(e.retry_after().unwrap_or(Duration::from_secs(1))).await;
-                }
-                other => break other?,
-            }
-        };
+        let (replies, busy) = shards.push(m, &model.versions, seq, &grad, dtype).await?;
+        stats.busy += busy;
         stats.latencies.push(t.elapsed());
-        stats.staleness.push(reply.staleness);
-        min_version = Some(if reply.applied { reply.version } else { reply.version + 1 });
+        stats.staleness.push(replies.iter().map(|r| r.staleness).max().unwrap_or(0));
+        min_versions =
+            Some(replies.iter().map(|r| if r.applied { r.version } else { r.version + 1 }).collect());
         if seq % 20 == 0 || seq == steps {
             stats.last_loss = problem.loss(&w);
             let report = Report {
@@ -230,7 +303,7 @@ async fn run_worker(
                 accuracy: None,
                 samples_per_second: None,
             };
-            client.report(&report).await?;
+            first.report(&report).await?;
         }
     }
     Ok(stats)
