@@ -549,10 +549,13 @@ fn a_pod_waiting_for_its_claim_to_bind_is_not_unschedulable() {
     assert!(msg.contains("parameter server pod") && msg.contains("claims-ps-checkpoints"), "{msg}");
 
     // A volume appears (as a provisioner would make one): the claim binds, the pod is placed.
+    // Made for this claim (claimRef): the tests share one control plane, and another test's
+    // pending claim of the same size could otherwise take it first (seen once in make test).
     let pv = format!(
         r#"{{"apiVersion":"v1","kind":"PersistentVolume","metadata":{{"name":"{ns}-pv"}},
             "spec":{{"capacity":{{"storage":"1Gi"}},"accessModes":["ReadWriteOnce"],
-                     "hostPath":{{"path":"/tmp/{ns}-pv"}},"storageClassName":""}}}}"#
+                     "hostPath":{{"path":"/tmp/{ns}-pv"}},"storageClassName":"",
+                     "claimRef":{{"namespace":"{ns}","name":"claims-ps-checkpoints"}}}}}}"#
     );
     cp.kubectl_ok(&["apply", "-f", "-"], Some(&pv));
     let st = wait_for("the claim bound and the reason moved on", LONG, || {
