@@ -396,7 +396,7 @@ def render(args, results, minutes):
         rows="\n".join(rows), costs="\n".join(costs) or "| – | | | | |", minutes=minutes, drift=drift,
         machine=f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}",
         date=dt.date.today().isoformat(), repeats=args.repeats, baselines=len(baselines),
-        half=args.epochs // 2, three_quarters=args.epochs * 3 // 4, total=total,
+        half=args.epochs // 2, three_quarters=args.epochs * 3 // 4, total=total, bin=args.bin,
     )
 
 
@@ -408,7 +408,7 @@ Written by `make chaos` (`scripts/chaos.py --doc docs/reliability.md`) on {date}
 The job: LeNet-5 on MNIST-5k (4,000 training / 1,000 held-out examples), 4 workers, dc-asgd-a
 (λ0 = 2, μ = 0.95), η = 0.05 (×0.1 after epochs {half} and {three_quarters}), batch 32, {epochs}
 epochs, seed {seed}, PS checkpoints every 5 s, `runPolicy.backoffLimit: 100`, run with
-`foresight run` (release binaries). Each scenario is the same job with one kind of failure, and
+`foresight run` (the binaries in `{bin}`). Each scenario is the same job with one kind of failure, and
 the scenarios run in {repeats} interleaved rounds (then one more baseline), so that the machine's
 drift falls on all of them alike:
 

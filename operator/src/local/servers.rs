@@ -1,7 +1,7 @@
 //! The job's parameter server under `foresight run`: one process, or one per shard
 //! (`parameterServer.replicas`), each started again on its own address when it dies, with its
-//! own checkpoints. A sharded job's final model is the shards' final slices merged into one
-//! file, the same as an unsharded PS would have written.
+//! own checkpoints. Shard 0 knows the others (`FORESIGHT_PS_PEERS`): finalizing it finalizes
+//! them and writes the whole model's final file, as an unsharded PS would have.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
