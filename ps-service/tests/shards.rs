@@ -109,13 +109,34 @@ fn a_shard_url_that_is_not_http_is_refused_with_the_list_it_came_from() {
 /// shards end past where the kill found them.
 #[test]
 fn a_shard_killed_mid_run_restores_while_the_other_keeps_serving() {
+    let restored = kill_shard_1_mid_run(true);
+    assert!(restored > 0, "shard 1 restored its checkpoint (version {restored})");
+}
+
+/// The same without checkpoints: shard 1 comes back empty and the workers offer their copies of
+/// its slice; it resumes from the freshest, never from the initial weights, and shard 0 is not
+/// touched.
+#[test]
+fn a_shard_that_lost_its_slice_is_reseeded_from_the_workers_copies() {
+    let seeded = kill_shard_1_mid_run(false);
+    assert!(seeded > 30, "shard 1 was re-seeded at version {seeded}, killed past 40");
+}
+
+/// Two workers train against 2 real shards until shard 1 has passed version 40 (and, with
+/// `checkpoints`, written a checkpoint of it), which is then SIGKILLed and started again on its
+/// address; checks that shard 0 lost nothing and that both shards then train on. Shard 1's
+/// version once it is back.
+fn kill_shard_1_mid_run(checkpoints_on: bool) -> u64 {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port()];
     let shard_args = |i: usize| {
-        let ckpt = dir.path().join(format!("shard-{i}")).display().to_string();
-        let args = ["--workers", "2", "--algorithm", "dc-asgd-a", "--checkpoint-interval", "1"];
-        [&args[..], &["--checkpoint-dir", &ckpt]].concat().iter().map(|s| s.to_string()).collect::<Vec<_>>()
+        let mut args: Vec<String> = ["--workers", "2", "--algorithm", "dc-asgd-a"].map(String::from).to_vec();
+        if checkpoints_on {
+            let ckpt = dir.path().join(format!("shard-{i}")).display().to_string();
+            args.extend(["--checkpoint-interval".into(), "1".into(), "--checkpoint-dir".into(), ckpt]);
+        }
+        args
     };
     let spawn = |i: usize| {
         let args = shard_args(i);
@@ -152,8 +173,8 @@ fn a_shard_killed_mid_run_restores_while_the_other_keeps_serving() {
             std::thread::sleep(Duration::from_millis(50));
         }
     };
-    until("a checkpoint of shard 1 past version 40", &|| {
-        version(1) > 40 && checkpoints(&dir.path().join("shard-1")).len() > 1
+    until("shard 1 past version 40 (and a checkpoint of it)", &|| {
+        version(1) > 40 && (!checkpoints_on || checkpoints(&dir.path().join("shard-1")).len() > 1)
     });
     shard1.signal("KILL");
     shard1.wait_exit();
@@ -162,14 +183,18 @@ fn a_shard_killed_mid_run_restores_while_the_other_keeps_serving() {
     // Shard 0 answers while shard 1 is gone, and lost nothing.
     assert!(version(0) >= at_kill, "shard 0 went back while shard 1 was down");
     let _shard1 = spawn(1);
-    let restored = version(1);
-    assert!(restored > 0, "shard 1 restored its checkpoint (version {restored})");
-    until("100 more updates on both shards", &|| version(0) > at_kill + 100 && version(1) > restored + 100);
+    // Restored before it listens, or re-seeded by the first worker's offer.
+    until("shard 1 to hold its slice again", &|| version(1) > 0);
+    let back = version(1);
+    until("100 more updates on both shards", &|| version(0) > at_kill + 100 && version(1) > back + 100);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut pushes = 0;
     for (m, t) in trainers.into_iter().enumerate() {
-        let stats = t.join().unwrap_or_else(|_| panic!("worker {m} failed"));
-        assert!(stats.pushes > 100, "worker {m}: {stats:?}");
+        pushes += t.join().unwrap_or_else(|_| panic!("worker {m} failed")).pushes;
     }
+    // Every shard applied the steps counted here: at least the 100 after the restart.
+    assert!(pushes > 100, "{pushes} steps applied in all");
+    back
 }
 
 /// Finalizing shard 0 finalizes the others and writes the whole model, merged from every
