@@ -281,7 +281,10 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
     )
     accuracy = json.loads(evaluated.stdout.splitlines()[0])["accuracy"]
     print(f"final model of 2 Rust + 2 Python workers, 2 epochs: held-out accuracy {accuracy:.4f}")
-    assert accuracy > 0.9
+    # What this checks is that the two kinds of worker train one model (chance is 0.1; a layout
+    # or shard mismatch would be far below). The asynchronous schedule's luck spreads it: 0.895
+    # to 0.932 over 4 runs at 2 epochs (one of them in make test), and 0.890 to 0.923 at 3.
+    assert accuracy > 0.85
 
 
 def unigram_entropy(path) -> float:
