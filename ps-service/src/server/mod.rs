@@ -388,8 +388,6 @@ impl AppState {
         self.workers.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// The job was scaled to `n` workers (`PUT /v1/workers`): the tables grow before the new
-    /// count is visible, so a new index is never looked up in a table too short for it.
     /// `PUT /v1/workers`: the job now has `n` workers. Shard 0 of a sharded PS tells the other
     /// shards first (a count they refuse is refused here too, before anything changed; the
     /// caller retries a failure, and telling a shard again is harmless).
@@ -416,7 +414,8 @@ impl AppState {
         Ok(())
     }
 
-    /// This PS alone now expects `n` workers.
+    /// This PS alone now expects `n` workers: the tables grow before the new count is visible,
+    /// so a new index is never looked up in a table too short for it.
     pub fn set_workers(&self, n: usize) -> Result<(), ApiError> {
         self.check_worker_count(n)?;
         let mut reports = self.reports.lock();
