@@ -14,6 +14,9 @@
 //! A pull returns an `Arc<Snapshot>` whose buffer is the encoded safetensors body. Workers
 //! that pull the same version share it, and under the delay-compensated rules the same Arc is
 //! w_bak(m): M workers hold at most as many model copies as distinct versions they pulled.
+//! A snapshot's buffer, once no one holds it, goes back to the store ([`SnapshotBuffers`]) for a
+//! later version: a pull of a new version then writes into memory already mapped instead of
+//! faulting in (and, with the allocator's slack, keeping) a fresh model-sized allocation.
 
 pub mod checkpoint;
 mod staleness;
@@ -40,6 +43,43 @@ pub struct Snapshot {
     /// Header bytes, then the parameters; a `Vec<f32>` so the parameters are aligned.
     buf: Vec<f32>,
     header_words: usize,
+    /// Where the buffer goes when the last holder lets go (nowhere once the store is gone).
+    recycle: std::sync::Weak<SnapshotBuffers>,
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        if let Some(buffers) = self.recycle.upgrade() {
+            buffers.put(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+/// Spare snapshot buffers beyond this many are freed: enough for the next versions' snapshots
+/// while the older ones are still being sent, without holding memory after a burst of pulls.
+pub const SPARE_SNAPSHOTS: usize = 2;
+
+/// Buffers of snapshots that no one holds any more, for the next versions' snapshots.
+#[derive(Default)]
+struct SnapshotBuffers {
+    spare: Mutex<Vec<Vec<f32>>>,
+}
+
+impl SnapshotBuffers {
+    /// A buffer of `len` elements whose contents the caller overwrites entirely.
+    fn take(&self, len: usize) -> Vec<f32> {
+        match self.spare.lock().pop() {
+            Some(buf) if buf.len() == len => buf,
+            _ => vec![0.0; len],
+        }
+    }
+
+    fn put(&self, buf: Vec<f32>) {
+        let mut spare = self.spare.lock();
+        if spare.len() < SPARE_SNAPSHOTS {
+            spare.push(buf);
+        }
+    }
 }
 
 impl Snapshot {
@@ -255,6 +295,7 @@ pub struct Store {
     listener: Option<VersionListener>,
     /// `sync` rounds applied without every worker's gradient.
     rounds_closed_short: std::sync::atomic::AtomicU64,
+    snapshot_buffers: Arc<SnapshotBuffers>,
 }
 
 impl Store {
@@ -396,6 +437,7 @@ impl Store {
             round: Mutex::new(round),
             listener: None,
             rounds_closed_short: Default::default(),
+            snapshot_buffers: Arc::default(),
         }
     }
 
@@ -504,13 +546,15 @@ impl Store {
             Role::Wait(p) => p.wait().clone(),
             Role::Take(op, version, pending) => {
                 let header_words = self.header.len() / 4;
-                let mut buf = vec![0f32; header_words + self.layout.len()];
+                // Every element is overwritten: the header, then each shard's range.
+                let mut buf = self.snapshot_buffers.take(header_words + self.layout.len());
                 bytemuck::cast_slice_mut::<f32, u8>(&mut buf[..header_words]).copy_from_slice(&self.header);
                 self.walk(op, |shard, d| {
                     let r = header_words + shard.range.start..header_words + shard.range.end;
                     buf[r].copy_from_slice(&d.w);
                 });
-                let snap = Arc::new(Snapshot { version, buf, header_words });
+                let recycle = Arc::downgrade(&self.snapshot_buffers);
+                let snap = Arc::new(Snapshot { version, buf, header_words, recycle });
                 let _ = pending.set(snap.clone());
                 let mut seq = self.seq.lock();
                 if seq.pending.as_ref().is_some_and(|(v, _)| *v == version) {
@@ -858,6 +902,11 @@ impl Store {
             staleness: seq.staleness.summary(self.hyper.max_staleness),
             workers: seq.workers[..self.workers().min(seq.workers.len())].to_vec(),
         }
+    }
+
+    /// Snapshot buffers kept for later versions (at most [`SPARE_SNAPSHOTS`]).
+    pub fn spare_snapshots(&self) -> usize {
+        self.snapshot_buffers.spare.lock().len()
     }
 
     /// Distinct model copies held for backups and the pull cache (for memory accounting).

@@ -452,3 +452,36 @@ fn a_worker_scaled_away_leaves_no_model_copy_behind() {
     s.pull(2).unwrap();
     assert!(s.push(push(2, 2, 1), &[1.0; 4]).unwrap().applied);
 }
+
+#[test]
+fn snapshots_of_later_versions_reuse_released_buffers() {
+    let s = store(Algorithm::Asgd, 1.0, vec![0.0; 100], 1, 16);
+    let mut buffers = std::collections::HashSet::new();
+    for v in 0..6u64 {
+        let snap = s.pull(0).unwrap();
+        assert_eq!(snap.version(), v);
+        assert_eq!(&snap.bytes()[..s.f32_header().len()], s.f32_header());
+        assert!(snap.params().iter().all(|&x| x == -(v as f32)), "version {v}: {:?}", &snap.params()[..4]);
+        buffers.insert(snap.params().as_ptr() as usize);
+        drop(snap);
+        s.push(push(0, v, v + 1), &[1.0; 100]).unwrap();
+    }
+    // The pull cache holds the newest version while the next one is copied: two buffers take
+    // turns, and no version after the second allocates.
+    assert_eq!(buffers.len(), 2);
+}
+
+#[test]
+fn released_snapshots_beyond_the_spares_are_freed() {
+    let workers = 8;
+    let s = store(Algorithm::DcAsgdA, 0.1, vec![0.0; 64], workers, 16);
+    for m in 0..workers {
+        s.pull(m).unwrap();
+        s.push(push(m, m as u64, 1), &[1.0; 64]).unwrap();
+    }
+    assert_eq!(s.snapshots_held(), workers);
+    // Worker 0's backup (version 0) and the pull cache (version 7, worker 7's) stay.
+    s.set_workers(1);
+    assert_eq!(s.snapshots_held(), 2);
+    assert_eq!(s.spare_snapshots(), SPARE_SNAPSHOTS, "6 backups released, {SPARE_SNAPSHOTS} kept");
+}
