@@ -253,12 +253,14 @@ fn a_sharded_job_runs_a_parameter_server_per_shard_and_ends_them_all() {
     }
     let st = wait_for("the status with shard 0 ready", LONG, || {
         let s = status(cp, &ns, "big");
-        (s["workers"]["active"] == 2).then_some(s)
+        (s["workers"]["active"] == 2 && s["parameterServer"]["readyShards"] == 1).then_some(s)
     });
+    assert_eq!(st["parameterServer"]["shards"], 2, "{st:#}");
     assert_eq!(st["parameterServer"]["ready"], false, "shard 1 is not ready yet: {st:#}");
     cp.set_pod_phase(&ns, &shard_pod(1), "Running");
     wait_for("every shard ready", LONG, || {
-        (status(cp, &ns, "big")["parameterServer"]["ready"] == true).then_some(())
+        let ps = &status(cp, &ns, "big")["parameterServer"];
+        (ps["ready"] == true && ps["readyShards"] == 2).then_some(())
     });
 
     // Scaling reaches every shard through shard 0.

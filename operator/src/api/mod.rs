@@ -633,6 +633,14 @@ pub struct ParameterServerStatus {
     /// When the running parameter server process started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// A sharded parameter server's shards (`parameterServer.replicas`; absent when it is one
+    /// process). `ready` is true when every shard's pod is; `restarts` and `incarnation` are
+    /// shard 0's, the shard the operator talks to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
+    /// How many of the shards have a ready pod (absent when unsharded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_shards: Option<u32>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -38,7 +38,7 @@ use children::{COMPONENT_PS, ChildDefaults, Owner, WorkerJobUpdate};
 use kueue::Admission;
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
-use status::{Finalize, Observed, Placement, PsProcess, State, WorkerJob};
+use status::{Finalize, Observed, Placement, PsProcess, ShardsReady, State, WorkerJob};
 use token::TokenKey;
 pub use watch::Watch;
 
@@ -368,11 +368,13 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let defaults = job_defaults(ctx, &owner, &old).await?;
     let admission = admission::admit(ctx, job, &owner, &defaults).await?;
     let owner = owner.with_admission(admission);
-    let mut ps_ready = true;
+    let mut ready_shards = 0;
     for shard in owner.ps_shards() {
         let d = apply_ps_deployment(ctx, job, &owner, &defaults, shard).await?;
-        ps_ready &= d.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
+        ready_shards += u32::from(d.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1));
     }
+    let shards = job.spec.parameter_server.shards() as u32;
+    let ps_ready = ready_shards == shards;
     let workers = apply_worker_job(ctx, job, &owner, &defaults).await?;
 
     let worker_job = worker_state(&workers);
@@ -394,6 +396,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         admission: owner.admission().clone(),
         workers: Some(worker_job),
         ps_ready,
+        ps_shards: (shards > 1).then_some(ShardsReady { count: shards, ready: ready_shards }),
         placement,
         finalize,
         model_place: owner.model_place(),
@@ -432,6 +435,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         admission: Admission::NotQueued,
         workers: None,
         ps_ready: false,
+        ps_shards: None,
         placement: Placement::Scheduled,
         finalize: Finalize::NotYet,
         model_place: children::ModelPlace::EmptyDir,

@@ -38,6 +38,13 @@ pub enum Finalize {
     GaveUp(String),
 }
 
+/// A sharded parameter server's pods: how many shards there are, and how many are ready.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ShardsReady {
+    pub count: u32,
+    pub ready: u32,
+}
+
 /// Everything the phase depends on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observed {
@@ -52,6 +59,8 @@ pub struct Observed {
     /// The worker Job; `None` before it exists.
     pub workers: Option<WorkerJob>,
     pub ps_ready: bool,
+    /// Shards with a ready pod, of how many (`None` for an unsharded parameter server).
+    pub ps_shards: Option<ShardsReady>,
     /// Whether the scheduler placed the job's pods.
     pub placement: Placement,
     pub finalize: Finalize,
@@ -399,7 +408,12 @@ fn next_ps_status<'a>(
     o: &'a Observed,
 ) -> (ParameterServerStatus, Option<&'a PsProcess>) {
     let old = old.cloned().unwrap_or_default();
-    let mut new = ParameterServerStatus { ready: o.ps_ready, ..old.clone() };
+    let mut new = ParameterServerStatus {
+        ready: o.ps_ready,
+        shards: o.ps_shards.map(|s| s.count),
+        ready_shards: o.ps_shards.map(|s| s.ready),
+        ..old.clone()
+    };
     let Some(p) = &o.ps_process else {
         return (new, None);
     };

@@ -10,6 +10,7 @@ fn observed() -> Observed {
         admission: Admission::NotQueued,
         workers: Some(WorkerJob::default()),
         ps_ready: false,
+        ps_shards: None,
         placement: Placement::Scheduled,
         finalize: Finalize::NotYet,
         model_place: ModelPlace::EmptyDir,
@@ -441,4 +442,28 @@ fn an_unschedulable_pod_waits_for_its_claims_unless_something_else_keeps_it_out(
         Placement::Unschedulable(format!("parameter server pod p: {gpus}"))
     );
     assert!(matches!(unschedulable_pod(pod, gpus, &["out"]), Placement::WaitingForClaims(_)), "claims first");
+}
+
+#[test]
+fn a_sharded_parameter_server_reports_its_ready_shards() {
+    let running = with_workers(|w| {
+        w.active = 2;
+        w.ready = 2;
+    });
+    let at = |o: &Observed| {
+        let s = next_status(&TrainingJobStatus::default(), o, &decide(o), &t("2026-01-01T00:01:00Z"));
+        s.parameter_server.unwrap()
+    };
+    let one_of_two = Observed { ps_shards: Some(ShardsReady { count: 2, ready: 1 }), ..running.clone() };
+    let ps = at(&one_of_two);
+    assert_eq!((ps.ready, ps.shards, ps.ready_shards), (false, Some(2), Some(1)));
+    let both =
+        Observed { ps_ready: true, ps_shards: Some(ShardsReady { count: 2, ready: 2 }), ..running.clone() };
+    let ps = at(&both);
+    assert_eq!((ps.ready, ps.shards, ps.ready_shards), (true, Some(2), Some(2)));
+    // One process: the status has no shard fields, as before sharding.
+    let ps = at(&Observed { ps_ready: true, ..running });
+    assert_eq!((ps.shards, ps.ready_shards), (None, None));
+    let json = serde_json::to_value(&ps).unwrap();
+    assert!(json.get("shards").is_none() && json.get("readyShards").is_none(), "{json}");
 }
