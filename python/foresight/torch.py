@@ -4,6 +4,10 @@ parameter server and pulls its model into the parameters, as the job's pullEvery
 The parameter server applies the update (the job's rule: dc-asgd-a, asgd, sync, ...), so there
 is no local optimizer. Parameters are matched by ``named_parameters()`` names; parameters with
 ``requires_grad=False`` and buffers (BatchNorm statistics) stay local to the worker.
+
+It is a ``torch.optim.Optimizer``, so what takes one (learning-rate schedulers, step hooks, Hugging
+Face's ``Trainer(optimizers=...)``, see ``foresight.transformers``) takes it; its ``lr`` is 0 and
+unused: the parameter server applies the job's ``training.learningRate`` and schedule.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from . import _native
 __all__ = ["Optimizer"]
 
 
-class Optimizer:
+class Optimizer(torch.optim.Optimizer):
     """A worker's optimizer: ``zero_grad()``, ``step()``, as any ``torch.optim.Optimizer``.
 
     Creating it joins the job: the first worker's model is registered as the initial model (give
@@ -52,9 +56,8 @@ class Optimizer:
             raise ValueError(f"the model's parameters are on several devices ({sorted(map(str, devices))})")
         if grad_dtype not in (None, "f32", "bf16"):
             raise ValueError(f"grad_dtype={grad_dtype!r}: expected 'f32' or 'bf16'")
+        super().__init__([p for _, p in named], {"lr": 0.0})
         self.model = model
-        self.device = devices.pop()
-        self.param_groups = [{"params": [p for _, p in named]}]  # what schedulers and hooks look for
         self._params = [p for _, p in named]
         self._numel = sum(p.numel() for p in self._params)
         pin = self.device.type == "cuda"
@@ -93,17 +96,9 @@ class Optimizer:
         self._pull()
 
     @property
-    def state(self) -> dict:
-        """No local optimizer state: the parameter server holds it."""
-        return {}
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self._params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.detach_()
-                p.grad.zero_()
+    def device(self) -> torch.device:
+        """Where the parameters are now (a Trainer may move the model after this was created)."""
+        return self._params[0].device
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:

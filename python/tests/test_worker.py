@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from collections.abc import Iterable, Iterator
 
 import pytest
 import torch
@@ -305,3 +306,54 @@ def test_the_transformer_example_learns_more_than_byte_frequencies(tmp_path):
     unigram = unigram_entropy(corpus)
     print(f"1 epoch, {summary['updates']} updates: held-out {summary['loss']:.3f} nats/byte, unigram {unigram:.3f}")
     assert summary["loss"] < unigram - LEARNED_CONTEXT, summary
+
+
+def events(lines: Iterable[str]) -> Iterator[dict]:
+    """The JSON events among a worker's stdout lines (not the Trainer's printed log dicts)."""
+    for line in lines:
+        if line.startswith('{"'):
+            yield json.loads(line)
+
+
+def test_a_hugging_face_trainer_is_a_worker_and_a_killed_one_resumes(ps_factory, tmp_path):
+    """examples/python/hf_trainer.py (transformers' Trainer, a GPT-2 from a config) on 2 workers,
+    1 epoch; worker 1 SIGKILLed once its Trainer logged step 100, and a new process started in
+    its place. Every step of both workers is applied exactly once (the PS's version is the sum of
+    the steps each worker's `done` counts, and the replacement stops at the same count as worker
+    0), the Trainer's logged loss reaches the PS as progress, and the final model learned context."""
+    ps = ps_factory(workers=2, algorithm="dc-asgd-a", learning_rate=0.3)
+    env = worker_env(
+        ps, DATASET_PATH=ROOT / "data/torch-nn", HOLDOUT=0.05, EPOCHS=1, BATCH_SIZE=16, SEED=1, TORCH_THREADS=1
+    )
+
+    def start(i: int) -> subprocess.Popen:
+        command = [sys.executable, str(ROOT / "examples/python/hf_trainer.py")]
+        return subprocess.Popen(command, env={**env, "FORESIGHT_WORKER_INDEX": str(i)}, stdout=subprocess.PIPE, text=True)
+
+    first, doomed = start(0), start(1)
+    for e in events(doomed.stdout):
+        if e["event"] == "progress" and e["step"] >= 100:
+            break
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    killed_at = ps.status()["version"]
+    replacement = start(1)
+    done, progress = [], []
+    for p in (first, replacement):
+        out, _ = p.communicate(timeout=900)
+        assert p.returncode == 0
+        got = list(events(out.splitlines()))
+        done += [e for e in got if e["event"] == "done"]
+        progress += [e for e in got if e["event"] == "progress"]
+    assert sorted(d["worker"] for d in done) == [0, 1]
+    steps = [d["steps"] for d in done]
+    version = ps.status()["version"]
+    print(f"killed at version {killed_at}; steps per worker {steps}; PS version {version}; done {done}")
+    assert steps[0] == steps[1] and version == sum(steps), (steps, version)
+    assert all(d["discarded"] == 0 for d in done), done
+    # The replacement trained only what its killed process had not put in the model.
+    (resumed,) = [d for d in done if d["worker"] == 1]
+    assert resumed["pushes"] < resumed["steps"], resumed
+    assert len(progress) >= 5 and progress[0]["loss"] > progress[-1]["loss"], progress
+    unigram = unigram_entropy(ROOT / "data/torch-nn/corpus.txt")
+    assert all(d["test_loss"] < unigram - LEARNED_CONTEXT for d in done), (done, unigram)
