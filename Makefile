@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup setup-build setup-test build test test-python test-stress lint fmt bench demo loadgen real-size convergence compare simulate chaos crd observability clean
+.PHONY: help setup setup-build setup-test build test test-python test-stress lint fmt bench demo loadgen real-size real-size-job convergence compare simulate chaos crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ loadgen: build ## The parameter server alone under 4 simulated workers on a 1M-p
 
 real-size: build ## The parameter server at 100M parameters: memory by phase, register/pull/push, checkpoint and restore times (docs/benchmarks.md; ARGS=--shards 2 splits it over 2 PS processes)
 	python3 scripts/real-size.py --bin target/release --out $(OUT)/real-size $(ARGS)
+
+real-size-job: setup build ## A 100M-parameter Python transformer trained end to end by 4 workers on a PS of 2 shards, a worker and a shard SIGKILLed mid-run (docs/benchmarks.md)
+	python3 scripts/real-size-job.py --bin target/release --out $(OUT)/real-size-job $(ARGS)
 
 convergence: build ## The paper's Table 1 shape: LeNet-5 on MNIST-5k, M = 1, 4, 8, 16, every rule, 5 seeds, per-epoch PS-model curves; rewrites docs/convergence.md (26 min here; ARGS=--reuse keeps finished runs)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md $(ARGS)
