@@ -496,3 +496,39 @@ fn a_sync_round_never_waits_forever_for_a_stuck_worker() {
     assert!(p1 > before, "worker 1 pushed after it woke");
     assert!(acc > 0.5, "held-out accuracy of the final model {acc}");
 }
+
+/// Workers of a `sync` job finish at different times (one was stopped for a while): the rounds
+/// of the worker still training close without waiting for those that finished, which say so
+/// (`POST /v1/leave`). The round timeout is an hour, so without that the job would not end
+/// within the test's limit: every round after the others finished used to wait for it.
+#[test]
+fn a_sync_job_does_not_wait_for_workers_that_finished_their_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = "fault-tolerance-sync-finished";
+    let yaml = tmp.path().join("job.yaml");
+    let spec = "apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: ft}\nspec:\n  \
+                model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k}\n  \
+                training: {epochs: 2, batchSize: 32, learningRate: 0.1}\n  \
+                optimizer: {algorithm: sync, backupWorkers: 1, syncRoundTimeoutSeconds: 3600}\n  \
+                workers: {replicas: 3}\n";
+    std::fs::write(&yaml, spec).unwrap();
+    let mut run = Run::start(tmp.path(), &yaml, token);
+    let ps = run.ps();
+    wait("5 sync rounds", || status(&ps, token).and_then(|s| s["version"].as_u64()).filter(|v| *v >= 5));
+    let pid = pids_with(token, "FORESIGHT_WORKER_INDEX", "2");
+    assert_eq!(pid.len(), 1, "{pid:?}");
+    signal(pid[0], "STOP");
+    let finished = |w: usize| status(&ps, token).is_some_and(|s| s["workers"][w]["finished"] == true);
+    // Rounds close with 2 of 3 (one backup worker) while worker 2 is stopped.
+    wait("workers 0 and 1 to finish their steps", || (finished(0) && finished(1)).then_some(()));
+    assert!(!finished(2));
+    let stopped = status(&ps, token).unwrap()["workers"][2]["pushes"].as_u64().unwrap();
+    signal(pid[0], "CONT");
+    let exit = wait("foresight run to finish", || run.child.try_wait().unwrap());
+    assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
+    let summary = run.summary();
+    assert!(summary["restarts"].as_array().unwrap().is_empty());
+    let (p2, _, acc) = done(&summary, 2);
+    assert!(p2 > stopped, "worker 2 trained on alone after it woke ({stopped} pushes before, {p2} in all)");
+    assert!(acc > 0.5, "held-out accuracy of the final model {acc}");
+}

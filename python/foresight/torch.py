@@ -143,8 +143,10 @@ class Optimizer(torch.optim.Optimizer):
                 offset += n
 
     def load_final(self) -> None:
-        """Loads the parameter server's model now (the job's result) into the parameters."""
-        self._native.pull_now(self._flat.data_ptr(), self._numel)
+        """Ends this worker's training: tells the parameter server this worker trained all its
+        steps (``sync`` rounds stop waiting for it), then loads its model (the job's result) into
+        the parameters."""
+        self._native.finish(self._flat.data_ptr(), self._numel)
         self._load()
 
     def parameters(self) -> Iterable[torch.nn.Parameter]:

@@ -166,6 +166,17 @@ impl Worker {
         Ok(m.version)
     }
 
+    /// Ends this worker's training (the PS is told it trained all its steps), then the PS's
+    /// model into the `len` floats at `addr`.
+    fn finish(&mut self, py: Python<'_>, addr: usize, len: usize) -> PyResult<u64> {
+        self.check_len(len)?;
+        let exchange = &mut self.exchange;
+        let m = py.detach(|| exchange.finish()).map_err(|e| to_py(py, e))?;
+        // SAFETY: as in `pull_if_due`.
+        unsafe { floats(addr, len) }.copy_from_slice(&m.values);
+        Ok(m.version)
+    }
+
     /// Ends a step whose gradient is the `len` floats at `addr`: adds it to what is accumulated
     /// and pushes when a push is due. True when the job was finalized (stop training).
     #[pyo3(signature = (addr, len, epoch=None))]

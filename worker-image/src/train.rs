@@ -266,7 +266,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         ps.report(&report)?;
     }
     // The final word is the PS's model, evaluated here.
-    let final_model = ps.pull_now()?;
+    let final_model = ps.finish()?;
     load_params(&params, &final_model.values);
     let (test_loss, test_accuracy) = evaluate(&mut model, &ds.test, device)?;
     metrics.accuracy.set(test_accuracy);

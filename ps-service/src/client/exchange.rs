@@ -182,7 +182,17 @@ impl Exchange {
         Ok(StepEnd::Continue)
     }
 
-    /// The PS's model now, whatever the cadence (the final word at the end of training).
+    /// Ends this worker's training: tells the PS it trained all its steps (so `sync` rounds stop
+    /// waiting for it; a PS that cannot be told is only logged: the training is done either
+    /// way), then pulls the PS's model, the final word.
+    pub fn finish(&mut self) -> Result<Model, ClientError> {
+        if let Err(e) = self.session.leave() {
+            tracing::warn!(error = %e, "could not tell the parameter server this worker finished");
+        }
+        self.pull_now()
+    }
+
+    /// The PS's model now, whatever the cadence.
     pub fn pull_now(&mut self) -> Result<Model, ClientError> {
         self.session.pull(self.step, false, Duration::ZERO)?.ok_or(ClientError::MissingVersion)
     }

@@ -159,6 +159,12 @@ impl Link {
         Ok(pushed)
     }
 
+    /// Tells the shard this worker trained all its steps.
+    pub(super) async fn leave(&mut self) -> Result<(), ClientError> {
+        let (worker, generation) = (self.worker, self.generation);
+        self.retry("leaving", |c| async move { c.leave(worker, generation).await }).await
+    }
+
     pub(super) async fn report(&mut self, report: &Report) -> Result<(), ClientError> {
         self.retry("reporting", |c| {
             let r = report.clone();

@@ -308,6 +308,13 @@ impl PsClient {
         Ok(())
     }
 
+    /// `POST /v1/leave`: this incarnation of `worker` has trained all its steps.
+    pub async fn leave(&self, worker: usize, generation: u64) -> Result<(), ClientError> {
+        let path = format!("/v1/leave?worker={worker}&generation={generation}");
+        Self::check(self.req(reqwest::Method::POST, &path).send().await?).await?;
+        Ok(())
+    }
+
     pub async fn status(&self) -> Result<serde_json::Value, ClientError> {
         Ok(Self::check(self.req(reqwest::Method::GET, "/v1/status").send().await?).await?.json().await?)
     }

@@ -189,6 +189,12 @@ impl Session {
         Ok(Pushed::combine(all.into_iter().collect::<Result<_, _>>()?))
     }
 
+    /// Tells every shard this worker trained all its steps (its `sync` rounds stop waiting for it).
+    pub fn leave(&mut self) -> Result<(), ClientError> {
+        let all = self.rt.block_on(join_all(self.links.iter_mut().map(Link::leave)));
+        all.into_iter().collect()
+    }
+
     /// Reports progress to the first shard, whose status the operator and `foresight run` read.
     pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {
         self.rt.block_on(self.links[0].report(report))

@@ -26,6 +26,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/join", post(join))
         .route("/v1/gradients", post(push))
         .route("/v1/report", post(report))
+        .route("/v1/leave", post(leave))
         .route("/v1/status", get(status))
         .route("/v1/finalize", post(finalize))
         .route("/v1/workers", put(set_workers))
@@ -370,6 +371,33 @@ impl Report {
         }
         Ok(())
     }
+}
+
+/// `POST /v1/leave?worker=&generation=`: the worker has trained all its steps. Under `sync`, a
+/// round that holds every still-training worker's gradient closes at once.
+async fn leave(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let q = Params(q);
+    let worker: usize = q.require("worker")?;
+    let generation: u64 = q.require("generation")?;
+    worker_in_range(&state, worker)?;
+    let store = registered(&state)?;
+    state.saw(worker);
+    let closed = tokio::task::spawn_blocking(move || store.leave(worker, generation))
+        .await
+        .expect("leave task panicked")?;
+    tracing::info!(worker, generation, "worker finished its steps");
+    if let Some(o) = closed {
+        tracing::info!(
+            version = o.version,
+            "sync round closed: it holds every still-training worker's gradient"
+        );
+        state.metrics.updates.inc();
+        state.metrics.model_version.set(o.version as i64);
+    }
+    Ok(Json(serde_json::json!({ "finished": true, "closed_round": closed.map(|o| o.version) })))
 }
 
 async fn report(

@@ -150,7 +150,7 @@ impl Metrics {
             ),
             rounds_closed_short: counter(
                 "foresight_ps_sync_rounds_closed_short_total",
-                "sync rounds closed without every worker's gradient (backup workers, or the round timeout).",
+                "sync rounds closed without the gradient of every worker still training (backup workers, or the round timeout).",
             ),
             registry,
             compensation: parking_lot::Mutex::new(None),

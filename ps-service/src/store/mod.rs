@@ -208,6 +208,9 @@ pub struct WorkerStatus {
     /// where a new incarnation of the worker resumes.
     #[serde(rename = "resume_step")]
     durable_seq: Option<u64>,
+    /// The worker has trained all its steps ([`Store::leave`]): `sync` rounds stop waiting for
+    /// it. A new process joining as this worker clears it.
+    pub finished: bool,
 }
 
 /// What [`Store::join`] hands a new incarnation of a worker.
@@ -593,6 +596,7 @@ impl Store {
         let w = &mut seq.workers[worker];
         w.generation += 1;
         w.last = None;
+        w.finished = false;
         w.durable_seq = w.durable_seq.max(offered);
         let workers = self.workers();
         Ok(Joined { generation: w.generation, resume_step: w.durable_seq.unwrap_or(0), version, workers })
@@ -772,14 +776,48 @@ impl Store {
         self.apply_round(round)
     }
 
-    /// `sync` rounds applied without every worker's gradient so far.
+    /// `sync` rounds applied without the gradient of every worker still training, so far.
     pub fn rounds_closed_short(&self) -> u64 {
         self.rounds_closed_short.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Gradients that close a `sync` round: M minus the backup workers, at least one.
+    /// Gradients that close a `sync` round: M minus the backup workers, but no more than the
+    /// workers still training (those that finished their steps send no more), at least one.
     fn round_quorum(&self) -> usize {
-        self.workers().saturating_sub(self.hyper.backup_workers).max(1)
+        self.workers().saturating_sub(self.hyper.backup_workers).min(self.training_workers()).max(1)
+    }
+
+    /// Workers of the job that have not finished their steps.
+    fn training_workers(&self) -> usize {
+        let m = self.workers();
+        let seq = self.seq.lock();
+        seq.workers[..m.min(seq.workers.len())].iter().filter(|w| !w.finished).count()
+    }
+
+    /// Worker `worker` (this incarnation, `generation`) has trained all its steps. Under `sync`,
+    /// a round that now holds the gradients of every worker still training closes at once
+    /// (its outcome is returned): without this, once some workers finished, the quorum of
+    /// M − backupWorkers could never fill again and each round waited for the round timeout.
+    pub fn leave(&self, worker: usize, generation: u64) -> Result<Option<PushOutcome>, StoreError> {
+        self.check_worker(worker)?;
+        // Lock order: round, then sequencer.
+        let mut round = self.round.lock();
+        {
+            let mut seq = self.seq.lock();
+            let w = &mut seq.workers[worker];
+            if generation < w.generation {
+                return Err(StoreError::Superseded { worker, got: generation, current: w.generation });
+            }
+            if generation > w.generation {
+                return Err(StoreError::RejoinRequired { worker, got: generation, current: w.generation });
+            }
+            w.finished = true;
+        }
+        let due = self.hyper.algorithm == Algorithm::Sync
+            && round.count > 0
+            && round.count >= self.round_quorum()
+            && !self.is_finalized();
+        Ok(due.then(|| self.apply_round(&mut round)))
     }
 
     /// The `sync` round in progress: (its version, contributions so far); `None` for the
@@ -803,7 +841,7 @@ impl Store {
     /// Applies a round with the round lock held: the next round's contributions need the
     /// version this produces, so nobody else can use the lock now.
     fn apply_round(&self, round: &mut SyncRound) -> PushOutcome {
-        if round.count < self.workers() {
+        if round.count < self.training_workers() {
             self.rounds_closed_short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);

@@ -485,3 +485,42 @@ fn released_snapshots_beyond_the_spares_are_freed() {
     assert_eq!(s.snapshots_held(), 2);
     assert_eq!(s.spare_snapshots(), SPARE_SNAPSHOTS, "6 backups released, {SPARE_SNAPSHOTS} kept");
 }
+
+#[test]
+fn a_sync_round_closes_once_it_holds_every_still_training_workers_gradient() {
+    // 4 workers, 1 backup: rounds close with 3 gradients. Workers 0 and 1 finished their steps
+    // (they left); 2 and 3 train on. Before `leave`, their rounds could never reach 3 again.
+    let mut hyper = Hyper::new(Algorithm::Sync, 0.5);
+    hyper.backup_workers = 1;
+    let s = Store::with_shard_len(layout(2), vec![0.0; 2], hyper, 4, 2);
+    let generations: Vec<u64> = (0..4).map(|m| s.join(m, None).unwrap().generation).collect();
+    s.leave(0, generations[0]).unwrap();
+    let o = s.push(push(2, 0, 1), &[1.0, 1.0]).unwrap();
+    assert!(!o.applied, "3 workers still train: the round waits for 2 of them");
+    s.push(push(3, 0, 1), &[3.0, 3.0]).unwrap();
+    let o =
+        s.leave(1, generations[1]).unwrap().expect("the round holds both still-training workers' gradients");
+    assert_eq!(o.version, 1);
+    assert_eq!(s.snapshot_now().params(), &[-1.0, -1.0], "the mean of 1 and 3, at learning rate 0.5");
+    assert_eq!(s.rounds_closed_short(), 0, "no still-training worker was missing");
+    // The next round needs only workers 2 and 3.
+    s.push(push(2, 1, 2), &[1.0, 1.0]).unwrap();
+    assert!(s.push(push(3, 1, 2), &[1.0, 1.0]).unwrap().applied);
+    assert_eq!(s.status().version, 2);
+}
+
+#[test]
+fn only_the_current_incarnation_of_a_worker_can_leave_and_a_new_one_trains_again() {
+    let mut hyper = Hyper::new(Algorithm::Sync, 1.0);
+    hyper.backup_workers = 0;
+    let s = Store::with_shard_len(layout(1), vec![0.0], hyper, 2, 1);
+    let first = s.join(0, None).unwrap().generation;
+    let second = s.join(0, None).unwrap().generation;
+    assert_eq!(s.leave(0, first).unwrap_err().reason(), "superseded");
+    assert_eq!(s.leave(0, second + 1).unwrap_err().reason(), "rejoin_required");
+    assert!(!s.status().workers[0].finished, "a refused leave changes nothing");
+    s.leave(0, second).unwrap();
+    assert!(s.status().workers[0].finished);
+    s.join(0, None).unwrap();
+    assert!(!s.status().workers[0].finished, "a process joining as the worker trains again");
+}
