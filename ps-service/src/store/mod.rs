@@ -831,11 +831,12 @@ impl Store {
 
     /// Closes the `sync` round for `version` with the gradients it has, when it is still open
     /// and has at least one: a round never waits forever for a worker that is gone. The
-    /// missing workers' gradients for it are refused when they come (`round_closed`).
+    /// missing workers' gradients for it are refused when they come (`round_closed`). Never
+    /// after finalize: the final model is the last version.
     pub fn close_round(&self, version: u64) -> Option<PushOutcome> {
         let mut round = self.round.lock();
-        (self.hyper.algorithm == Algorithm::Sync && round.version == version && round.count > 0)
-            .then(|| self.apply_round(&mut round))
+        let open = self.hyper.algorithm == Algorithm::Sync && round.version == version && round.count > 0;
+        (open && !self.is_finalized()).then(|| self.apply_round(&mut round))
     }
 
     /// Applies a round with the round lock held: the next round's contributions need the

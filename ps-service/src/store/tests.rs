@@ -524,3 +524,13 @@ fn only_the_current_incarnation_of_a_worker_can_leave_and_a_new_one_trains_again
     s.join(0, None).unwrap();
     assert!(!s.status().workers[0].finished, "a process joining as the worker trains again");
 }
+
+#[test]
+fn a_partial_round_is_not_closed_after_finalize() {
+    let s = store(Algorithm::Sync, 1.0, vec![0.0; 2], 3, 1);
+    s.push(push(1, 0, 1), &[2.0, 4.0]).unwrap();
+    let last = s.finalize();
+    assert_eq!(s.close_round(0), None, "the round timeout must not move the model past its final version");
+    assert_eq!(s.status().version, last.version);
+    assert_eq!(s.snapshot_now().params(), &last.params[..]);
+}
