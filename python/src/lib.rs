@@ -156,16 +156,6 @@ impl Worker {
         }))
     }
 
-    /// The PS's model now, whatever the cadence, into the `len` floats at `addr`.
-    fn pull_now(&mut self, py: Python<'_>, addr: usize, len: usize) -> PyResult<u64> {
-        self.check_len(len)?;
-        let exchange = &mut self.exchange;
-        let m = py.detach(|| exchange.pull_now()).map_err(|e| to_py(py, e))?;
-        // SAFETY: as in `pull_if_due`.
-        unsafe { floats(addr, len) }.copy_from_slice(&m.values);
-        Ok(m.version)
-    }
-
     /// Ends this worker's training (the PS is told it trained all its steps), then the PS's
     /// model into the `len` floats at `addr`.
     fn finish(&mut self, py: Python<'_>, addr: usize, len: usize) -> PyResult<u64> {
