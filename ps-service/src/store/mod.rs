@@ -296,7 +296,7 @@ pub struct Store {
     seq: Mutex<Sequencer>,
     round: Mutex<SyncRound>,
     listener: Option<VersionListener>,
-    /// `sync` rounds applied without every worker's gradient.
+    /// `sync` rounds applied without the gradient of every worker that could contribute.
     rounds_closed_short: std::sync::atomic::AtomicU64,
     snapshot_buffers: Arc<SnapshotBuffers>,
 }
@@ -761,7 +761,7 @@ impl Store {
         optimizer::accumulate(&mut round.sum, grad);
         round.contributed[p.worker] = Some(p.seq);
         round.count += 1;
-        if round.count < self.round_quorum() {
+        if round.count < self.round_quorum(round) {
             let lr = self.hyper.lr.at(self.seq.lock().epoch);
             let stats = UpdateStats::default();
             return PushOutcome {
@@ -776,22 +776,28 @@ impl Store {
         self.apply_round(round)
     }
 
-    /// `sync` rounds applied without the gradient of every worker still training, so far.
+    /// `sync` rounds applied without the gradient of every worker that could contribute, so far.
     pub fn rounds_closed_short(&self) -> u64 {
         self.rounds_closed_short.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Gradients that close a `sync` round: M minus the backup workers, but no more than the
-    /// workers still training (those that finished their steps send no more), at least one.
-    fn round_quorum(&self) -> usize {
-        self.workers().saturating_sub(self.hyper.backup_workers).min(self.training_workers()).max(1)
+    /// workers that can still contribute to it, at least one.
+    fn round_quorum(&self, round: &SyncRound) -> usize {
+        self.workers().saturating_sub(self.hyper.backup_workers).min(self.round_contributors(round)).max(1)
     }
 
-    /// Workers of the job that have not finished their steps.
-    fn training_workers(&self) -> usize {
+    /// Workers that have contributed to `round` or still can: all but those that finished their
+    /// steps without a gradient in it (a worker's last gradient counts though it left since).
+    fn round_contributors(&self, round: &SyncRound) -> usize {
         let m = self.workers();
         let seq = self.seq.lock();
-        seq.workers[..m.min(seq.workers.len())].iter().filter(|w| !w.finished).count()
+        let contributed = |i: usize| round.contributed.get(i).is_some_and(Option::is_some);
+        seq.workers[..m.min(seq.workers.len())]
+            .iter()
+            .enumerate()
+            .filter(|(i, w)| !w.finished || contributed(*i))
+            .count()
     }
 
     /// Worker `worker` (this incarnation, `generation`) has trained all its steps. Under `sync`,
@@ -815,7 +821,7 @@ impl Store {
         }
         let due = self.hyper.algorithm == Algorithm::Sync
             && round.count > 0
-            && round.count >= self.round_quorum()
+            && round.count >= self.round_quorum(&round)
             && !self.is_finalized();
         Ok(due.then(|| self.apply_round(&mut round)))
     }
@@ -842,7 +848,7 @@ impl Store {
     /// Applies a round with the round lock held: the next round's contributions need the
     /// version this produces, so nobody else can use the lock now.
     fn apply_round(&self, round: &mut SyncRound) -> PushOutcome {
-        if round.count < self.training_workers() {
+        if round.count < self.round_contributors(round) {
             self.rounds_closed_short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);

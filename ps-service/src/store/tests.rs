@@ -534,3 +534,20 @@ fn a_partial_round_is_not_closed_after_finalize() {
     assert_eq!(s.status().version, last.version);
     assert_eq!(s.snapshot_now().params(), &last.params[..]);
 }
+
+#[test]
+fn a_worker_whose_last_gradient_is_in_the_round_still_counts_when_it_leaves() {
+    // 3 workers, no backups: worker 0 contributes its last gradient, then leaves. The round
+    // still needs workers 1 and 2: it must not close with 0's and 1's alone.
+    let s = store(Algorithm::Sync, 1.0, vec![0.0], 3, 1);
+    let g0 = s.join(0, None).unwrap().generation;
+    s.push(push(0, 0, 1), &[3.0]).unwrap();
+    assert_eq!(s.leave(0, g0).unwrap(), None, "the round waits for 1 and 2");
+    assert!(!s.push(push(1, 0, 1), &[3.0]).unwrap().applied, "worker 2 has not contributed");
+    let o = s.push(push(2, 0, 1), &[3.0]).unwrap();
+    assert!(o.applied && o.version == 1);
+    assert_eq!(s.rounds_closed_short(), 0);
+    // From the next round on, worker 0 is not waited for.
+    s.push(push(1, 1, 2), &[1.0]).unwrap();
+    assert!(s.push(push(2, 1, 2), &[1.0]).unwrap().applied);
+}
