@@ -291,8 +291,9 @@ def report(
 
 
 def finish(*, evaluate: Callable[[], tuple[float, float]] | None = None) -> dict[str, Any]:
-    """Ends this worker's training: the model the Optimizer wraps now holds the parameter server's
-    model, the job's result (evaluate that, not this worker's copy). ``evaluate``, called after
+    """Ends this worker's training: the parameter server is told this worker trained all its steps
+    (``sync`` rounds stop waiting for it), and the model the Optimizer wraps now holds the
+    parameter server's model, the job's result (evaluate that, not this worker's copy). ``evaluate``, called after
     that, returns its held-out (loss, accuracy) for the run's summary (without it the summary
     names no accuracy). Returns this worker's counts: steps, gradients pushed and discarded, and
     the evaluation."""
