@@ -394,8 +394,7 @@ async fn leave(
             version = o.version,
             "sync round closed: it holds every still-training worker's gradient"
         );
-        state.metrics.updates.inc();
-        state.metrics.model_version.set(o.version as i64);
+        state.count_round_closed(o.version);
     }
     Ok(Json(serde_json::json!({ "finished": true, "closed_round": closed.map(|o| o.version) })))
 }

@@ -377,9 +377,15 @@ impl AppState {
                 new_version = o.version,
                 "sync round closed without every worker's gradient"
             );
-            self.metrics.updates.inc();
-            self.metrics.model_version.set(o.version as i64);
+            self.count_round_closed(o.version);
         }
+    }
+
+    /// A `sync` round applied outside a push (its timeout, or a leave): the push path counts
+    /// the others.
+    pub(crate) fn count_round_closed(&self, version: u64) {
+        self.metrics.updates.inc();
+        self.metrics.model_version.set(version as i64);
     }
 
     /// The job's worker count M now.
