@@ -6,7 +6,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use foresight_ps::optimizer::{Algorithm, Combine, Hyper, LrSchedule};
-use foresight_ps::server::{AppState, Listener, PsConfig, SnapshotPolicy, TlsFiles, router, serve};
+use foresight_ps::server::{
+    AppState, ConnectionLimits, Listener, PsConfig, SnapshotPolicy, TlsFiles, router, serve,
+};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -111,6 +113,13 @@ struct Args {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "FORESIGHT_BODY_LIMIT", default_value_t = 1 << 30)]
     body_limit: usize,
+    /// A request body that sends nothing for this many seconds is refused (408) and its buffer
+    /// freed: a worker paused mid-push does not pin a model-sized buffer.
+    #[arg(long, env = "FORESIGHT_BODY_IDLE_TIMEOUT", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    body_idle_timeout: u64,
+    /// Connections open at once at most; further ones wait in the listen backlog.
+    #[arg(long, env = "FORESIGHT_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections: u64,
     /// Memory limit in bytes, which bounds how many push bodies are buffered at once (default:
     /// the container's cgroup limit; none: unbounded).
     #[arg(long, env = "FORESIGHT_MEMORY_LIMIT")]
@@ -240,6 +249,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut config = PsConfig::new(args.hyper(), args.workers);
     config.token = args.token()?;
     config.body_limit = args.body_limit;
+    config.body_idle_timeout = Duration::from_secs(args.body_idle_timeout);
     config.checkpoint_dir = args.checkpoint_dir.clone();
     config.checkpoint_interval =
         (args.checkpoint_interval > 0).then(|| Duration::from_secs(args.checkpoint_interval));
@@ -262,7 +272,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let state = AppState::new(config)?;
     let tls = args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| TlsFiles { cert, key });
-    let listener = Listener::bind(&args.listen, tls.as_ref()).await?;
+    let limits = ConnectionLimits { max_connections: args.max_connections as usize, ..Default::default() };
+    let listener = Listener::bind(&args.listen, tls.as_ref()).await?.with_limits(limits);
     tracing::info!(
         addr = %listener.local_addr()?,
         algorithm = %args.algorithm,

@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use foresight_ps::client::{GradDtype, PsClient, PushId};
+use foresight_ps::server::TlsFiles;
 use foresight_ps::store::checkpoint;
 use support::*;
 
@@ -200,27 +201,7 @@ async fn refuses_to_start_with_bad_configuration() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_serves_http2_negotiated_by_alpn() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let ok = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-        ])
-        .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl (make setup installs it)");
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let TlsFiles { cert, key } = self_signed_cert(dir.path());
     let port = free_port();
     let ps = PsProcess::spawn(
         port,

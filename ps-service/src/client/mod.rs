@@ -62,7 +62,9 @@ impl ClientError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Transport(_) => true,
-            Self::Refused { status, reason, .. } => status.is_server_error() || reason == "in_flight",
+            Self::Refused { status, reason, .. } => {
+                status.is_server_error() || reason == "in_flight" || reason == "body_stalled"
+            }
             _ => false,
         }
     }

@@ -4,11 +4,12 @@
 //! Buffers go back to a small pool when a request is done.
 
 use axum::body::Body;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
 
 use super::error::ApiError;
+use super::guarded_body::stalled;
 use crate::wire;
 
 /// A bounded stack of reusable vectors.
@@ -52,6 +53,14 @@ impl<T> Pool<T> {
     }
 }
 
+/// A failed body read: a stalled upload is a 408 (the client may retry), anything else a 400.
+fn body_error(e: axum::Error) -> ApiError {
+    match stalled(&e) {
+        Some(s) => ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_stalled", s.to_string()),
+        None => ApiError::bad_request(format!("failed to read the request body: {e}")),
+    }
+}
+
 /// The body's declared length, refused at once when over `limit`.
 fn declared_length(headers: &HeaderMap, limit: usize) -> Result<Option<usize>, ApiError> {
     let declared = headers
@@ -76,8 +85,7 @@ pub async fn read_limited(
     }
     let mut body = body;
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| ApiError::bad_request(format!("failed to read the request body: {e}")))?;
+        let frame = frame.map_err(body_error)?;
         if let Ok(chunk) = frame.into_data() {
             if buf.len() + chunk.len() > limit {
                 return Err(ApiError::too_large(limit));
@@ -116,8 +124,7 @@ pub async fn read_gradient(
     let mut total = 0usize;
     let mut body = body;
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| ApiError::bad_request(format!("failed to read the request body: {e}")))?;
+        let frame = frame.map_err(body_error)?;
         let Ok(chunk) = frame.into_data() else { continue };
         total += chunk.len();
         if total > limit {

@@ -14,6 +14,7 @@ use axum::{Json, Router, middleware};
 use serde::{Deserialize, Serialize};
 
 use super::body::{Gradient, read_gradient, read_limited};
+use super::guarded_body::{BodyGuard, guard_request_body};
 use super::{ApiError, AppState, auth};
 use crate::store::{Push, Store};
 use crate::wire;
@@ -21,6 +22,7 @@ use crate::wire;
 pub const VERSION_HEADER: &str = "x-foresight-version";
 
 pub fn router(state: Arc<AppState>) -> Router {
+    let guard = BodyGuard { idle: state.config.body_idle_timeout };
     let v1 = Router::new()
         .route("/v1/model", put(register).get(pull))
         .route("/v1/join", post(join))
@@ -46,6 +48,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         })
         // Bodies are read by the handlers under the PS's own limit.
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(guard, guard_request_body))
         .with_state(state)
 }
 

@@ -7,6 +7,7 @@ mod admission;
 mod auth;
 mod body;
 mod error;
+mod guarded_body;
 mod handlers;
 pub mod metrics;
 mod serve;
@@ -27,7 +28,7 @@ use crate::wire::shards;
 pub use admission::cgroup_memory_limit;
 pub use error::ApiError;
 pub use handlers::{Report, router};
-pub use serve::{Listener, TlsFiles, serve};
+pub use serve::{ConnectionLimits, Listener, TlsFiles, serve};
 pub use snapshots::{SNAPSHOT_INDEX, SnapshotPolicy, SnapshotRecord};
 
 /// Everything the PS is configured with (the binary fills it from flags and environment).
@@ -38,6 +39,8 @@ pub struct PsConfig {
     /// Bearer token for `/v1/*`; `None` only when the operator of the PS said so explicitly.
     pub token: Option<String>,
     pub body_limit: usize,
+    /// A request body that sends nothing for this long is refused (408) and its buffer freed.
+    pub body_idle_timeout: Duration,
     pub checkpoint_dir: Option<PathBuf>,
     pub checkpoint_interval: Option<Duration>,
     pub keep_checkpoints: usize,
@@ -72,6 +75,7 @@ impl PsConfig {
             workers,
             token: None,
             body_limit: 1 << 30,
+            body_idle_timeout: Duration::from_secs(30),
             checkpoint_dir: None,
             checkpoint_interval: None,
             keep_checkpoints: 3,

@@ -1,5 +1,6 @@
 //! Serving: h2c with prior knowledge and HTTP/1.1 on one port (TLS optional), with flow-control
-//! windows sized for gradients of hundreds of MB, and graceful shutdown.
+//! windows sized for gradients of hundreds of MB, time bounds on every phase of a connection (a
+//! peer that stops talking is let go), a cap on open connections, and graceful shutdown.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -7,13 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 /// HTTP/2's default 64 KiB stream window makes a 100 MB upload crawl (REFERENCE.md).
@@ -28,9 +30,39 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// Time bounds and caps on connections (request bodies are bounded by the handlers' guard).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// HTTP/1.1: the request head must arrive within this (slowloris).
+    pub header_read_timeout: Duration,
+    /// HTTP/2: a PING every this long on an idle connection...
+    pub keep_alive_interval: Duration,
+    /// ...that must be answered within this, or the connection is closed (a dead or paused peer).
+    pub keep_alive_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
+    /// Connections open at once; the next ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Concurrent HTTP/2 streams per connection (a worker uses a few).
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(30),
+            keep_alive_interval: Duration::from_secs(30),
+            keep_alive_timeout: Duration::from_secs(20),
+            tls_handshake_timeout: Duration::from_secs(10),
+            max_connections: 4096,
+            max_concurrent_streams: 256,
+        }
+    }
+}
+
 pub struct Listener {
     tcp: TcpListener,
     tls: Option<TlsAcceptor>,
+    limits: ConnectionLimits,
 }
 
 impl Listener {
@@ -38,7 +70,11 @@ impl Listener {
         let tcp =
             TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
         let tls = tls.map(acceptor).transpose()?;
-        Ok(Self { tcp, tls })
+        Ok(Self { tcp, tls, limits: ConnectionLimits::default() })
+    }
+
+    pub fn with_limits(self, limits: ConnectionLimits) -> Self {
+        Self { limits, ..self }
     }
 
     pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
@@ -64,19 +100,14 @@ fn acceptor(files: &TlsFiles) -> anyhow::Result<TlsAcceptor> {
 
 /// Serves `app` until `shutdown` resolves, then lets open requests finish (up to 30 s).
 pub async fn serve(listener: Listener, app: Router, shutdown: impl Future<Output = ()>) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http2()
-        .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_frame_size(MAX_FRAME)
-        .max_concurrent_streams(1024);
-    let builder = Arc::new(builder);
+    let limits = listener.limits;
+    let builder = Arc::new(builder(&limits));
+    let open = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.tcp.accept() => match accepted {
+        let (stream, peer, permit) = tokio::select! {
+            accepted = accept(&listener.tcp, &open) => match accepted {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -89,34 +120,58 @@ pub async fn serve(listener: Listener, app: Router, shutdown: impl Future<Output
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let builder = builder.clone();
-        match &listener.tls {
-            None => {
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
+        let tls = listener.tls.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let ended = match tls {
+                None => {
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    watcher.watch(conn.into_owned()).await
+                }
+                Some(tls) => {
+                    let stream =
+                        match tokio::time::timeout(limits.tls_handshake_timeout, tls.accept(stream)).await {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                            Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                        };
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    watcher.watch(conn.into_owned()).await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
-            Some(tls) => {
-                let tls = tls.clone();
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    let stream = match tls.accept(stream).await {
-                        Ok(s) => s,
-                        Err(e) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    };
-                    let conn =
-                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-                    if let Err(e) = watcher.watch(conn).await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-        }
+        });
     }
     if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown()).await.is_err() {
         tracing::warn!("open connections did not finish within 30 s");
     }
+}
+
+/// The next connection, once fewer than the cap are open: until then new peers wait in the
+/// kernel's backlog instead of costing the PS a task and buffers each.
+async fn accept(
+    tcp: &TcpListener,
+    open: &Arc<Semaphore>,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr, OwnedSemaphorePermit)> {
+    let permit = open.clone().acquire_owned().await.expect("the semaphore is never closed");
+    let (stream, peer) = tcp.accept().await?;
+    Ok((stream, peer, permit))
+}
+
+fn builder(limits: &ConnectionLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.keep_alive_interval)
+        .keep_alive_timeout(limits.keep_alive_timeout)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+        .max_concurrent_streams(limits.max_concurrent_streams);
+    builder
 }

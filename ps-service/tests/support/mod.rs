@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foresight_ps::optimizer::{Algorithm, Hyper};
-use foresight_ps::server::{AppState, Listener, PsConfig, router, serve};
+use foresight_ps::server::{AppState, ConnectionLimits, Listener, PsConfig, TlsFiles, router, serve};
 use foresight_ps::wire::{Layout, TensorSpec};
 
 pub const TOKEN: &str = "test-token";
@@ -39,8 +39,13 @@ pub fn config(algorithm: Algorithm, workers: usize) -> PsConfig {
 
 /// Starts a PS in this process on a free loopback port.
 pub async fn start(config: PsConfig) -> Ps {
+    start_with(config, ConnectionLimits::default(), None).await
+}
+
+/// The same with these connection limits, over TLS when given a certificate.
+pub async fn start_with(config: PsConfig, limits: ConnectionLimits, tls: Option<&TlsFiles>) -> Ps {
     let state = AppState::new(config).expect("valid config");
-    let listener = Listener::bind("127.0.0.1:0", None).await.unwrap();
+    let listener = Listener::bind("127.0.0.1:0", tls).await.unwrap().with_limits(limits);
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let app = router(state.clone());
@@ -163,4 +168,27 @@ pub fn checkpoints(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// A self-signed certificate for localhost and 127.0.0.1, made with openssl in `dir`.
+pub fn self_signed_cert(dir: &Path) -> TlsFiles {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let ok = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
+        .args([
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (make setup installs it)");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    TlsFiles { cert, key }
 }
