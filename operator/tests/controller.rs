@@ -226,7 +226,7 @@ fn a_sharded_job_runs_a_parameter_server_per_shard_and_ends_them_all() {
     let ps1 = Ps::start(cp, &ns, "big", port1, 2);
     let ps0 = Ps::start_with(cp, &ns, "big", port0, 2, &["--peers", &format!("http://127.0.0.1:{port1}")]);
     {
-        use foresight_ps::client::{Cadence, Exchange, GradDtype, PsClient, Retry, Session};
+        use foresight_ps::client::{Cadence, Exchange, PsClient, Retry, Session};
         use foresight_ps::wire::{Layout, TensorSpec};
         // (Multi-threaded: the client blocks on its handle from this thread, as in a worker.)
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
@@ -236,8 +236,7 @@ fn a_sharded_job_runs_a_parameter_server_per_shard_and_ends_them_all() {
         let retry = Retry::new(Duration::from_secs(10), 0);
         let (session, joined) =
             Session::start(clients, rt.handle().clone(), 0, layout, &[0.0; 8], retry).unwrap();
-        let mut w =
-            Exchange::new(session, &joined, Cadence { pull_every: 1, push_every: 1, dtype: GradDtype::F32 });
+        let mut w = Exchange::new(session, &joined, Cadence::every_step());
         w.pull_if_due().unwrap();
         w.grad_mut().fill(1.0);
         w.end_step(Some(0.5)).unwrap();

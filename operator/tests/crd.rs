@@ -391,6 +391,16 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.optimizer.algorithm: Unsupported value: \"adam\"",
         ),
         (
+            &[("spec.optimizer", json!({"algorithm": "dc-asgd-a", "pullEvery": 3, "pushEvery": 2}))],
+            "optimizer.pullEvery",
+            "spec.optimizer.pullEvery: Invalid value: |pullEvery must be a multiple of pushEvery",
+        ),
+        (
+            &[("spec.optimizer", json!({"algorithm": "sync", "pullEvery": 2, "pushEvery": 1}))],
+            "optimizer.pullEvery",
+            "spec.optimizer.pullEvery: Invalid value: |under sync pullEvery must equal pushEvery",
+        ),
+        (
             &[("spec.optimizer.pullEvery", json!(0))],
             "optimizer.pullEvery",
             "spec.optimizer.pullEvery in body should be greater than or equal to 1",

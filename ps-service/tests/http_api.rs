@@ -425,6 +425,17 @@ async fn other_endpoints_validate_their_input() {
     assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
     let r = put(b"garbage".to_vec()).await.unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // A version no model can reach: counting up from u64::MAX would wrap.
+    for version in [1u64 << 53, u64::MAX] {
+        let r = http
+            .put(format!("{}/v1/model?version={version}&worker=0", ps.url))
+            .bearer_auth(TOKEN)
+            .body(wire::encode_f32(&l, &init(&l), &BTreeMap::new()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "version {version}");
+    }
     assert!(ps.state.store().is_none(), "a refused registration registers nothing");
     c.register(&l, &init(&l)).await.unwrap();
     let r = put(wire::encode_f32(&l, &init(&l), &BTreeMap::new())).await.unwrap();

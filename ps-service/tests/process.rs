@@ -123,6 +123,110 @@ async fn sigkill_loses_only_what_came_after_the_last_periodic_checkpoint() {
     assert!(checkpoints(&ckpt).len() <= 2, "keeps the newest 2: {:?}", checkpoints(&ckpt));
 }
 
+/// A job scaled up, then its PS restarted with the command line it was first given: the
+/// checkpoint's membership wins, so the added worker is not refused as unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_the_worker_count_the_job_was_scaled_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let args = ["--workers", "2", "--algorithm", "asgd", "--checkpoint-interval", "0", "--checkpoint-dir"];
+    let args = [&args[..], &[ckpt.to_str().unwrap()]].concat();
+    let mut ps = PsProcess::spawn(free_port(), &args);
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    c.register(&l, &init(&l)).await.unwrap();
+    c.set_workers(3).await.unwrap();
+    train(&c, 3, 2, 1).await;
+    ps.signal("TERM");
+    assert!(ps.wait_exit().success());
+
+    let ps = PsProcess::spawn(free_port(), &args);
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    assert_eq!(c.status().await.unwrap()["workers_expected"], 3);
+    let joined = c.join(2, Some(2)).await.unwrap();
+    assert_eq!(joined.workers, 3);
+    train(&c, 3, 1, 3).await;
+    assert_eq!(c.status().await.unwrap()["version"], 9);
+}
+
+/// A tmpfs of `size` mounted on `dir` for the test's life (the tests run as root, as make test
+/// does on this project's machines).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "mount a tmpfs (needs root): {}", String::from_utf8_lossy(&out.stderr));
+        Self(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Fills the filesystem holding `path` with one file, to the last byte.
+fn fill(path: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    while f.write_all(&chunk[..1]).is_ok() {}
+}
+
+/// A checkpoint volume that fills up: the periodic checkpoints and finalize fail with "No space
+/// left on device", the PS keeps serving and training, the last good checkpoint stays and no
+/// partial file is left; once there is room again, finalize writes the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_checkpoint_volume_fails_the_write_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let _volume = Tmpfs::mount(&ckpt, "1m");
+    let args = ["--workers", "1", "--algorithm", "dc-asgd-a", "--checkpoint-interval", "1"];
+    let port = free_port();
+    let ps = PsProcess::spawn(port, &[&args[..], &["--checkpoint-dir", ckpt.to_str().unwrap()]].concat());
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    c.register(&l, &init(&l)).await.unwrap();
+    train(&c, 1, 2, 1).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while checkpoints(&ckpt) != ["ckpt-000000000002.safetensors"] {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint of v2: {:?}", checkpoints(&ckpt));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let at_2 = newest_checkpoint(&ckpt);
+    fill(&ckpt.join("filler"));
+
+    train(&c, 1, 3, 3).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await; // two periodic checkpoints fail
+    let err = c.finalize().await.unwrap_err();
+    assert!(err.to_string().contains("No space left on device"), "{err}");
+    assert_eq!(c.status().await.unwrap()["version"], 5, "the PS still serves");
+    let mut names = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect::<Vec<_>>();
+    names.sort();
+    assert_eq!(names, ["ckpt-000000000002.safetensors", "filler"], "no partial file is left");
+    assert_eq!(newest_checkpoint(&ckpt), at_2, "the last good checkpoint is intact");
+
+    std::fs::remove_file(ckpt.join("filler")).unwrap();
+    let done = c.finalize().await.unwrap();
+    assert_eq!(done["version"], 5);
+    assert_eq!(newest_checkpoint(&ckpt).version, 5);
+    assert!(ckpt.join("model-final.safetensors").exists());
+}
+
 /// --snapshot-every N: the model as first registered, then one file per N updates, each the
 /// model at the version its record names, listed in snapshots.jsonl in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

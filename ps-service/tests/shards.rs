@@ -25,7 +25,7 @@ fn worker(rt: &tokio::runtime::Runtime, urls: &[String], m: usize, deadline: Dur
     let (session, joined) =
         Session::start(clients, rt.handle().clone(), m, l.clone(), &init(&l), retry).unwrap();
     // Pulls every other step: the step between pushes a gradient computed on an older model.
-    Exchange::new(session, &joined, Cadence { pull_every: 2, push_every: 1, dtype: GradDtype::F32 })
+    Exchange::new(session, &joined, Cadence::new(2, 1, GradDtype::F32).unwrap())
 }
 
 /// One step of worker `m`: pull (when due), a gradient that depends on the step and on the

@@ -87,9 +87,9 @@ impl Worker {
         deadline_seconds: f64,
         seed: u64,
     ) -> PyResult<Self> {
-        if pull_every == 0 || push_every == 0 {
-            return Err(PyValueError::new_err("pull_every and push_every must be at least 1"));
-        }
+        let dtype = if bf16 { GradDtype::Bf16 } else { GradDtype::F32 };
+        let cadence =
+            Cadence::new(pull_every, push_every, dtype).map_err(|e| PyValueError::new_err(e.to_string()))?;
         if !(deadline_seconds.is_finite() && deadline_seconds >= 0.0) {
             return Err(PyValueError::new_err("deadline_seconds must be a non-negative number"));
         }
@@ -107,8 +107,7 @@ impl Worker {
         let init: &[f32] = unsafe { floats(init_addr, layout.len()) };
         let started = py.detach(|| Session::start(clients, handle, worker, layout, init, retry));
         let (session, joined) = started.map_err(|e| to_py(py, e))?;
-        let dtype = if bf16 { GradDtype::Bf16 } else { GradDtype::F32 };
-        let exchange = Exchange::new(session, &joined, Cadence { pull_every, push_every, dtype });
+        let exchange = Exchange::new(session, &joined, cadence);
         Ok(Self { exchange, joined, worker, _runtime: runtime })
     }
 

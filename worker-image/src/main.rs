@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use foresight_ps::client::GradDtype;
+use foresight_ps::client::{Cadence, GradDtype};
 
 /// Train on a shard of the data against a Foresight parameter server.
 #[derive(Parser, Debug)]
@@ -179,7 +179,6 @@ fn exit_on_sigterm(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
 /// configuration's, which no retry fixes.
 fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
     anyhow::ensure!(args.batch_size > 0 && args.epochs > 0, "batch size and epochs must be at least 1");
-    anyhow::ensure!(args.pull_every > 0 && args.push_every > 0, "pullEvery and pushEvery must be at least 1");
     anyhow::ensure!(args.holdout > 0.0 && args.holdout < 1.0, "holdout must be in (0, 1)");
     anyhow::ensure!(args.slowdown.is_finite() && args.slowdown >= 1.0, "slowdown must be ≥ 1");
     let token = match (&args.token, &args.token_file) {
@@ -205,12 +204,14 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
         epochs: args.epochs,
         batch_size: args.batch_size,
         seed: args.seed,
-        pull_every: args.pull_every,
-        push_every: args.push_every,
-        grad_dtype: match args.grad_dtype {
-            WireType::F32 => GradDtype::F32,
-            WireType::Bf16 => GradDtype::Bf16,
-        },
+        cadence: Cadence::new(
+            args.pull_every,
+            args.push_every,
+            match args.grad_dtype {
+                WireType::F32 => GradDtype::F32,
+                WireType::Bf16 => GradDtype::Bf16,
+            },
+        )?,
         ps_deadline: Duration::from_secs(args.ps_deadline_seconds),
         report_every: args.report_every.max(1),
         slowdown: args.slowdown,

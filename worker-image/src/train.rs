@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use foresight_ps::client::{
-    Cadence, ClientError, Exchange, GradDtype, Joined, PsClient, Retry, Session, StepEnd, shard,
+    Cadence, ClientError, Exchange, Joined, PsClient, Retry, Session, StepEnd, shard,
 };
 use foresight_ps::server::Report;
 use foresight_ps::wire::progress::WorkerEvent as Event;
@@ -32,9 +32,7 @@ pub struct TrainConfig {
     pub epochs: usize,
     pub batch_size: usize,
     pub seed: u64,
-    pub pull_every: u64,
-    pub push_every: u64,
-    pub grad_dtype: GradDtype,
+    pub cadence: Cadence,
     /// Give up when the PS has been unreachable this long.
     pub ps_deadline: Duration,
     pub report_every: u64,
@@ -212,8 +210,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
             "resuming where this worker's earlier process left off"
         );
     }
-    let cadence = Cadence { pull_every: cfg.pull_every, push_every: cfg.push_every, dtype: cfg.grad_dtype };
-    let mut ps = Exchange::new(session, &joined, cadence);
+    let mut ps = Exchange::new(session, &joined, cfg.cadence);
     let mut window = Window { since: Instant::now(), samples: 0 };
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(cfg.worker as u64 * 7919));
     'epochs: for epoch in 0..cfg.epochs as u64 {

@@ -338,6 +338,8 @@ impl Algorithm {
 #[x_kube(validation = Rule::new("!has(self.meanSquareDecay) || self.algorithm == 'dc-asgd-a'").message("meanSquareDecay only applies to dc-asgd-a").field_path(".meanSquareDecay"))]
 #[x_kube(validation = Rule::new("!has(self.backupWorkers) || self.algorithm == 'sync'").message("backupWorkers only applies to sync").field_path(".backupWorkers"))]
 #[x_kube(validation = Rule::new("!has(self.syncRoundTimeoutSeconds) || self.algorithm == 'sync'").message("syncRoundTimeoutSeconds only applies to sync").field_path(".syncRoundTimeoutSeconds"))]
+#[x_kube(validation = Rule::new("self.pushEvery < 1 || self.pullEvery % self.pushEvery == 0").message("pullEvery must be a multiple of pushEvery: the steps accumulated into one push must all be computed on the model pulled before them").field_path(".pullEvery"))]
+#[x_kube(validation = Rule::new("self.algorithm != 'sync' || self.pullEvery == self.pushEvery").message("under sync pullEvery must equal pushEvery: each round's model is pulled before the next gradient is computed").field_path(".pullEvery"))]
 #[serde(rename_all = "camelCase")]
 pub struct OptimizerSpec {
     /// sync (synchronous SGD), asgd, dc-asgd-c (DC-ASGD, constant λ) or dc-asgd-a (DC-ASGD,

@@ -38,6 +38,22 @@ fn the_example_parses_and_validates() {
     validate(&job.spec).unwrap();
 }
 
+/// A gradient accumulated over pushEvery steps on one pulled model: pulls only after pushes.
+#[test]
+fn pull_and_push_cadences_that_label_gradients_truly_are_accepted() {
+    for (algorithm, pull, push) in [
+        (Algorithm::DcAsgdA, 4, 2),
+        (Algorithm::Asgd, 2, 2),
+        (Algorithm::Asgd, 5, 1),
+        (Algorithm::Sync, 3, 3),
+    ] {
+        let mut spec = example().spec;
+        spec.optimizer =
+            OptimizerSpec { algorithm, pull_every: pull, push_every: push, ..Default::default() };
+        validate(&spec).unwrap_or_else(|e| panic!("{algorithm:?} pull {pull} push {push}: {e:?}"));
+    }
+}
+
 #[test]
 fn defaults_fill_what_is_left_out() {
     let job: TrainingJob = serde_yaml::from_str(
@@ -86,6 +102,11 @@ fn every_rule_names_its_field() {
         }),
         ("optimizer.pullEvery", |s| s.optimizer.pull_every = 0),
         ("optimizer.pushEvery", |s| s.optimizer.push_every = 0),
+        ("optimizer.pullEvery", |s| (s.optimizer.pull_every, s.optimizer.push_every) = (3, 2)),
+        ("optimizer.pullEvery", |s| (s.optimizer.pull_every, s.optimizer.push_every) = (1, 4)),
+        ("optimizer.pullEvery", |s| {
+            s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, pull_every: 2, ..Default::default() }
+        }),
         ("optimizer.momentum", |s| s.optimizer.momentum = Some(1.0)),
         ("optimizer.weightDecay", |s| s.optimizer.weight_decay = Some(-0.1)),
         ("optimizer.backupWorkers", |s| s.optimizer.backup_workers = Some(1)),
@@ -286,7 +307,7 @@ fn what_a_worker_resumes_from_never_changes_and_its_pod_template_only_while_susp
         |s| s.workers.node_selector = Some([("pool".to_string(), "gpu".to_string())].into()),
         |s| s.training.epochs += 10,
         |s| s.optimizer.pull_every += 1,
-        |s| s.optimizer.push_every += 1,
+        |s| (s.optimizer.pull_every, s.optimizer.push_every) = (2, 2),
     ];
     for change in changes {
         let mut new = old.clone();

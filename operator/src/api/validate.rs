@@ -3,6 +3,7 @@
 //! server, as OpenAPI bounds and CEL rules (`x-kubernetes-validations`) on the field named here;
 //! `validate_update` adds the transition rules (what cannot change after creation).
 
+use foresight_ps::client::cadence_problem;
 use foresight_ps::wire::shards::MAX_SHARDS;
 
 use super::{
@@ -119,6 +120,11 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     }
     check(o.pull_every >= 1, "optimizer.pullEvery", "must be at least 1".into());
     check(o.push_every >= 1, "optimizer.pushEvery", "must be at least 1".into());
+    if o.pull_every >= 1 && o.push_every >= 1 {
+        let problem =
+            cadence_problem(o.pull_every.into(), o.push_every.into(), o.algorithm == Algorithm::Sync);
+        check(problem.is_none(), "optimizer.pullEvery", problem.unwrap_or_default());
+    }
     if let Some(mom) = o.momentum {
         check((0.0..1.0).contains(&mom), "optimizer.momentum", format!("must be in [0, 1), got {mom}"));
     }

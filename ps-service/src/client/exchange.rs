@@ -15,12 +15,51 @@ use super::{ClientError, GradDtype, Joined, Model};
 use crate::server::Report;
 use crate::wire::Layout;
 
-/// How often a worker talks to the PS.
+/// How often a worker talks to the PS. Build it with [`Cadence::new`], which refuses the
+/// combinations that would mislabel a gradient.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cadence {
-    pub pull_every: u64,
-    pub push_every: u64,
-    pub dtype: GradDtype,
+    pull_every: u64,
+    push_every: u64,
+    dtype: GradDtype,
+}
+
+impl Cadence {
+    pub fn new(pull_every: u64, push_every: u64, dtype: GradDtype) -> Result<Self, ClientError> {
+        cadence_problem(pull_every, push_every, false).map_or(Ok(()), |p| Err(ClientError::Config(p)))?;
+        Ok(Self { pull_every, push_every, dtype })
+    }
+
+    /// Every step, F32 gradients.
+    pub fn every_step() -> Self {
+        Self { pull_every: 1, push_every: 1, dtype: GradDtype::F32 }
+    }
+}
+
+/// What is wrong with pulling every `pull_every` and pushing every `push_every` steps, if
+/// anything. A pushed gradient is labelled with the last pulled version: that is where the PS
+/// measures its staleness, finds the backup delay compensation uses and applies `maxStaleness`.
+/// So the steps accumulated into one push must all be computed on that one pulled model: a pull
+/// may only come right after a push (`pull_every` a multiple of `push_every`). Under `sync` a
+/// worker must also pull the round's model before its next gradient, or the round it pushes to
+/// has closed (`pull_every == push_every`).
+pub fn cadence_problem(pull_every: u64, push_every: u64, sync: bool) -> Option<String> {
+    if pull_every == 0 || push_every == 0 {
+        return Some("pullEvery and pushEvery must be at least 1".into());
+    }
+    if sync && pull_every != push_every {
+        return Some(format!(
+            "under sync pullEvery must equal pushEvery (got {pull_every} and {push_every}): \
+             each round's model is pulled before the next gradient is computed"
+        ));
+    }
+    if !pull_every.is_multiple_of(push_every) {
+        return Some(format!(
+            "pullEvery ({pull_every}) must be a multiple of pushEvery ({push_every}): the steps \
+             accumulated into one push must all be computed on the model pulled before them"
+        ));
+    }
+    None
 }
 
 /// How long a `sync` worker waits for its round before pushing its gradient for it again (the

@@ -13,7 +13,7 @@ mod link;
 mod session;
 pub mod shard;
 
-pub use exchange::{Cadence, Exchange, PushStats, StepEnd};
+pub use exchange::{Cadence, Exchange, PushStats, StepEnd, cadence_problem};
 pub use session::{Pushed, Retry, Session};
 
 const VERSION_HEADER: &str = "x-foresight-version";

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::body::{Gradient, read_gradient, read_limited};
 use super::guarded_body::{BodyGuard, guard_request_body};
 use super::{ApiError, AppState, auth};
-use crate::store::{Push, Store};
+use crate::store::{MAX_VERSION, Push, Store};
 use crate::wire;
 
 pub const VERSION_HEADER: &str = "x-foresight-version";
@@ -97,6 +97,11 @@ async fn register(
 ) -> Result<Response, ApiError> {
     let q = Params(q);
     let version: u64 = q.get("version")?.unwrap_or(0);
+    if version > MAX_VERSION {
+        return Err(ApiError::bad_request(format!(
+            "version {version} is above {MAX_VERSION}, the largest a model can have"
+        )));
+    }
     let worker: Option<usize> = q.get("worker")?;
     if let Some(w) = worker {
         worker_in_range(&state, w)?;

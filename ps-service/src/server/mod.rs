@@ -93,8 +93,7 @@ impl PsConfig {
     }
 }
 
-/// The most workers a job may have (the TrainingJob CRD's bound).
-pub const MAX_WORKERS: usize = 1024;
+pub use crate::store::MAX_WORKERS;
 
 /// Shared state of the running PS.
 pub struct AppState {
@@ -162,6 +161,23 @@ pub enum StartError {
     TooManyBackups { backup: usize, workers: usize },
 }
 
+/// The worker count to start with: the checkpoint's (the job may have been scaled since the
+/// command line was written; the operator tells a restarted PS any later change) unless it is
+/// unknown or does not fit the configured backup workers.
+fn restored_membership(config: &PsConfig, restored: Option<&CheckpointData>) -> usize {
+    let Some(saved) = restored.map(|d| d.workers).filter(|&n| n > config.hyper.backup_workers) else {
+        return config.workers;
+    };
+    if saved != config.workers {
+        tracing::info!(
+            checkpoint = saved,
+            command_line = config.workers,
+            "the worker count comes from the checkpoint"
+        );
+    }
+    saved
+}
+
 impl AppState {
     /// Builds the state and restores the newest valid checkpoint, if there is one.
     pub fn new(config: PsConfig) -> Result<Arc<Self>, StartError> {
@@ -177,16 +193,16 @@ impl AppState {
             Some(d) => Some(CheckpointDir::new(d, config.keep_checkpoints)?),
             None => None,
         };
-        let metrics = metrics::Metrics::new(&config.job, &config.namespace);
-        metrics.max_staleness.set(config.hyper.max_staleness.map_or(0, |b| b as i64));
-        metrics.workers_expected.set(config.workers as i64);
-        let (version_tx, _) = watch::channel(0);
-        let workers = config.workers;
         let restoring = Instant::now();
         let restored = match &checkpoints {
             Some(dir) => dir.load_newest()?,
             None => None,
         };
+        let workers = restored_membership(&config, restored.as_ref().map(|(_, _, data, _)| data));
+        let metrics = metrics::Metrics::new(&config.job, &config.namespace);
+        metrics.max_staleness.set(config.hyper.max_staleness.map_or(0, |b| b as i64));
+        metrics.workers_expected.set(workers as i64);
+        let (version_tx, _) = watch::channel(0);
         let restored_version = restored.as_ref().map(|(_, _, data, _)| data.version);
         let state = Arc::new(Self {
             config,

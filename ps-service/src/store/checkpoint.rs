@@ -11,6 +11,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::{MAX_VERSION, MAX_WORKERS};
 use crate::optimizer::{Hyper, OptimizerState};
 use crate::wire::{self, Layout, TensorSpec, WireError};
 
@@ -33,6 +34,9 @@ pub struct CheckpointData {
     /// Per worker, its current generation ([`crate::store::Store::join`]), so that an old
     /// incarnation stays refused after a restart.
     pub worker_generations: Vec<u64>,
+    /// The job's worker count M (`PUT /v1/workers` changes it): a restarted PS keeps the scaled
+    /// membership instead of its command line's. 0: unknown (written before it was kept).
+    pub workers: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +83,7 @@ pub fn encode_to(
         ("hyperparameters".to_string(), serde_json::to_string(hyper).expect("plain data")),
         ("model_tensors".to_string(), layout.tensors().len().to_string()),
         ("finalized".to_string(), data.finalized.to_string()),
+        ("workers".to_string(), data.workers.to_string()),
         ("worker_seqs".to_string(), serde_json::to_string(&data.worker_seqs).expect("plain data")),
         (
             "worker_generations".to_string(),
@@ -103,6 +108,9 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     }
     let field = |k: &str| meta.get(k).ok_or_else(|| format!("metadata lacks {k:?}"));
     let version: u64 = field("version")?.parse().map_err(|e| format!("bad version: {e}"))?;
+    if version > MAX_VERSION {
+        return Err(format!("version {version} is above the largest a model can have ({MAX_VERSION})"));
+    }
     let epoch: f64 = field("epoch")?.parse().map_err(|e| format!("bad epoch: {e}"))?;
     let hyper: Hyper =
         serde_json::from_str(field("hyperparameters")?).map_err(|e| format!("bad hyperparameters: {e}"))?;
@@ -116,6 +124,12 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     let worker_generations: Vec<u64> = match meta.get("worker_generations") {
         Some(s) => serde_json::from_str(s).map_err(|e| format!("bad worker_generations: {e}"))?,
         None => Vec::new(),
+    };
+    let workers: usize = match meta.get("workers") {
+        Some(w) => {
+            w.parse().ok().filter(|w| *w <= MAX_WORKERS).ok_or_else(|| format!("bad workers {w:?}"))?
+        }
+        None => 0,
     };
     let n_model: usize = field("model_tensors")?.parse().map_err(|e| format!("bad model_tensors: {e}"))?;
     let tensors = &parsed.tensors;
@@ -141,7 +155,8 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     if let Some((name, ..)) = rest.first() {
         return Err(format!("unexpected tensor {name:?}"));
     }
-    let data = CheckpointData { version, epoch, params, state, finalized, worker_seqs, worker_generations };
+    let data =
+        CheckpointData { version, epoch, params, state, finalized, worker_seqs, worker_generations, workers };
     Ok((layout, data, hyper))
 }
 
@@ -212,7 +227,9 @@ impl CheckpointDir {
         Ok(out)
     }
 
-    /// Writes a checkpoint atomically and prunes all but the newest `keep`.
+    /// Writes a checkpoint atomically, then keeps it and the `keep − 1` newest older ones. A file
+    /// of a higher version than this one is not this model's future but an earlier run's past
+    /// (this PS was seeded below it): it goes too, or the next restart would restore it.
     pub fn write(
         &self,
         layout: &Layout,
@@ -221,20 +238,31 @@ impl CheckpointDir {
     ) -> Result<PathBuf, CheckpointError> {
         let path = self.file_for(data.version);
         write_atomic(&path, |f| encode_to(f, layout, hyper, data))?;
-        for (_, old) in self.list()?.into_iter().skip(self.keep) {
+        let (newer, older): (Vec<_>, Vec<_>) = self
+            .list()?
+            .into_iter()
+            .filter(|(v, _)| *v != data.version)
+            .partition(|(v, _)| *v > data.version);
+        for (v, old) in newer.into_iter().chain(older.into_iter().skip(self.keep - 1)) {
+            if v > data.version {
+                tracing::warn!(path = %old.display(), version = data.version, "removing a checkpoint of a higher version from an earlier run");
+            }
             fs::remove_file(&old).map_err(io(&old))?;
         }
         Ok(path)
     }
 
-    /// The newest checkpoint that decodes; each one that does not is logged and skipped.
+    /// The newest checkpoint that decodes. One that does not is renamed `<name>.corrupt` (kept
+    /// for a post-mortem, out of every later listing and pruning) and the previous one tried.
     pub fn load_newest(&self) -> Result<Option<(PathBuf, Layout, CheckpointData, Hyper)>, CheckpointError> {
         for (_, path) in self.list()? {
             let bytes = fs::read(&path).map_err(io(&path))?;
             match decode(&bytes) {
                 Ok((layout, data, hyper)) => return Ok(Some((path, layout, data, hyper))),
                 Err(why) => {
-                    tracing::error!(path = %path.display(), %why, "skipping corrupt checkpoint, trying the previous one")
+                    let aside = path.with_extension("safetensors.corrupt");
+                    fs::rename(&path, &aside).map_err(io(&path))?;
+                    tracing::error!(path = %aside.display(), %why, "set a corrupt checkpoint aside, trying the previous one")
                 }
             }
         }
@@ -254,11 +282,16 @@ pub fn write_atomic(
         path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
         std::process::id()
     ));
-    let mut f = std::io::BufWriter::with_capacity(1 << 20, fs::File::create(&tmp).map_err(io(&tmp))?);
-    write(&mut f).map_err(io(&tmp))?;
-    let f = f.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
-    f.sync_all().map_err(io(&tmp))?;
-    drop(f);
+    let written = (|| {
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, fs::File::create(&tmp)?);
+        write(&mut f)?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()
+    })();
+    if let Err(e) = written {
+        // A full volume must not also lose the space the partial file took.
+        let _ = fs::remove_file(&tmp);
+        return Err(io(&tmp)(e));
+    }
     fs::rename(&tmp, path).map_err(io(path))?;
     fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
     Ok(())
@@ -294,6 +327,7 @@ mod tests {
             finalized: momentum,
             worker_seqs: vec![Some(3), None],
             worker_generations: vec![2, 0],
+            workers: 2,
         };
         (layout, hyper, data)
     }
@@ -332,6 +366,61 @@ mod tests {
                 .to_string_lossy()
                 .ends_with(".tmp"))
         );
+    }
+
+    fn versions(dir: &CheckpointDir) -> Vec<u64> {
+        dir.list().unwrap().into_iter().map(|(v, _)| v).collect()
+    }
+
+    /// A restore that fell back past a corrupt v9 and a PS seeded below an earlier run's v50:
+    /// neither file may shadow or outlive the checkpoints written after, with any `keep`.
+    #[test]
+    fn files_of_higher_versions_and_corrupt_ones_never_crowd_out_new_checkpoints() {
+        for keep in [1, 2] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = CheckpointDir::new(tmp.path(), keep).unwrap();
+            let (layout, hyper, mut data) = sample(false);
+            data.version = 4;
+            dir.write(&layout, &hyper, &data).unwrap();
+            fs::write(dir.file_for(9), b"torn").unwrap();
+            fs::copy(dir.file_for(4), tmp.path().join("kept")).unwrap();
+            let (_, _, restored, _) = dir.load_newest().unwrap().unwrap();
+            assert_eq!(restored.version, 4, "keep {keep}");
+            assert!(tmp.path().join("ckpt-000000000009.safetensors.corrupt").exists());
+            fs::rename(tmp.path().join("kept"), dir.file_for(50)).unwrap();
+            for v in [5, 6] {
+                data.version = v;
+                dir.write(&layout, &hyper, &data).unwrap();
+                assert_eq!(versions(&dir)[0], v, "keep {keep}: the new checkpoint is the newest");
+            }
+            let expected: Vec<u64> = [6, 5, 4].into_iter().take(keep).collect();
+            assert_eq!(versions(&dir), expected, "keep {keep}");
+            assert_eq!(dir.load_newest().unwrap().unwrap().2.version, 6);
+        }
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_partial_file_and_the_last_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path(), 1).unwrap();
+        let (layout, hyper, data) = sample(false);
+        dir.write(&layout, &hyper, &data).unwrap();
+        let full = std::io::Error::from_raw_os_error(28); // ENOSPC
+        let failed = write_atomic(&dir.file_for(43), |f| {
+            f.write_all(&[0u8; 4 << 20])?;
+            Err(full)
+        });
+        assert!(failed.unwrap_err().to_string().contains("No space left on device"));
+        let names: Vec<_> = fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, [dir.file_for(42).file_name().unwrap()]);
+        assert_eq!(dir.load_newest().unwrap().unwrap().2, data);
+    }
+
+    #[test]
+    fn a_version_no_model_can_reach_is_refused() {
+        let (layout, hyper, mut data) = sample(false);
+        data.version = u64::MAX;
+        assert!(decode(&encode(&layout, &hyper, &data)).unwrap_err().contains("above the largest"));
     }
 
     #[test]

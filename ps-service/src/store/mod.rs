@@ -37,6 +37,13 @@ pub use staleness::{StalenessCounts, StalenessSummary};
 /// Elements per shard: 256 KiB of f32, so a shard's slices stay in L2 while a kernel runs.
 pub const DEFAULT_SHARD_LEN: usize = 1 << 16;
 
+/// The most workers a job may have (the TrainingJob CRD's bound).
+pub const MAX_WORKERS: usize = 1024;
+
+/// The largest version a model can have: versions stay exact as JSON numbers (doubles) for any
+/// client, and counting up from it can never wrap. A registration or offer above it is refused.
+pub const MAX_VERSION: u64 = (1 << 53) - 1;
+
 /// A model version as a ready-to-send safetensors body.
 pub struct Snapshot {
     version: u64,
@@ -913,6 +920,7 @@ impl Store {
                 finalized: seq.finalized,
                 worker_seqs: seq.workers.iter().map(|w| w.durable_seq).collect(),
                 worker_generations: seq.workers.iter().map(|w| w.generation).collect(),
+                workers: self.workers(),
             };
             (op, data)
         };
