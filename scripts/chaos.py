@@ -470,6 +470,24 @@ minus the final model's version (exact: each step is one update, and no step is 
 
 Rerun: `make chaos` (about {minutes:.0f} minutes here; `ARGS="--epochs 20 --repeats 1"` for a
 shorter one).
+## Hostile clients, full disks, restarts: what the PS does (tests)
+
+Not measured by `make chaos`: each row is a test in `make test` that does it for real (sockets,
+curl, signals, a tmpfs) and fails if the PS does otherwise.
+
+| case | what was done | what held | test |
+|---|---|---|---|
+| refusal before the body is read | 10 pushes without a token at 1 KB, 300 KB and 5 MB, by curl 7.88 (h2c) and by our client | every one got its `401 unauthorized` (before the PS drained refused bodies, curl got "HTTP/2 stream error", exit 92, for 10 of 10 at 5 MB) | `hostile_clients::a_refusal_sent_before_the_body_is_read_reaches_curl_and_our_client` |
+| a push paused mid-body | half of a 4 MB body, then silence (`--body-idle-timeout` 1 s) | `408 body_stalled` within 5 s, the model unchanged, the same worker's next push applied | `hostile_clients::a_stalled_upload_is_refused_and_changes_nothing` |
+| slowloris request head | an HTTP/1.1 head that never ends (header timeout 1 s) | the connection closed within 5 s | `hostile_clients::a_request_head_that_never_ends_is_cut_off` |
+| a silent HTTP/2 peer | preface and SETTINGS, then no PING answered (interval and timeout 1 s) | a PING sent, the connection closed within 8 s | `hostile_clients::an_http2_peer_that_never_answers_a_ping_is_dropped` |
+| a TLS handshake that never starts | a TCP connection to the TLS port, nothing sent (timeout 1 s) | closed within 5 s, nothing sent back | `hostile_clients::a_tls_handshake_that_never_starts_is_cut_off` |
+| more connections than the cap | `--max-connections 2`, two idle connections held | a third waited (not served within 1 s); served once the two closed | `hostile_clients::connections_beyond_the_cap_wait_for_one_to_close` |
+| a worker's token on control calls | `PUT /v1/workers` and `POST /v1/finalize` with the workers' token, the PS holding a control token | `403 forbidden`, nothing changed; the control token did both | `http_api::only_the_control_token_finalizes_or_rescales_the_job` |
+| a full checkpoint volume | a 1 MiB tmpfs filled to the last byte under a running PS | periodic checkpoints and finalize failed with "No space left on device"; the PS kept serving (status, pushes); the last good checkpoint intact, no partial file; after space came back finalize wrote the model | `process::a_full_checkpoint_volume_fails_the_write_and_loses_nothing` |
+| corrupt and stale checkpoint files | a torn newest file; a higher-version file of an earlier run; `keepCheckpoints` 1 and 2 | the torn file set aside as `.corrupt`, the one before restored; every new checkpoint is the newest and the stale one is pruned | `checkpoint::tests::files_of_higher_versions_and_corrupt_ones_never_crowd_out_new_checkpoints` |
+| a scaled job's PS restarted | `PUT /v1/workers?count=3` on a PS started with `--workers 2`, SIGTERM, the same command line again | the restored PS expects 3 workers; worker 2 joins and trains | `process::a_restart_keeps_the_worker_count_the_job_was_scaled_to` |
+| a version near u64::MAX | offers at 2^53 and u64::MAX; a checkpoint at u64::MAX | `400` and "above the largest" respectively: no counter can wrap | `http_api::other_endpoints_validate_their_input`, `checkpoint::tests::a_version_no_model_can_reach_is_refused` |
 """
 
 if __name__ == "__main__":

@@ -51,6 +51,10 @@ enum Cmd {
         /// to talk to that PS yourself: its address is in --out's prometheus-targets.json.
         #[arg(long, env = "FORESIGHT_TOKEN", hide_env_values = true, value_parser = parse_token)]
         token: Option<String>,
+        /// The run's control token (default: a new random one): the only one its parameter
+        /// server accepts to finalize the job or change its worker count. The workers never get it.
+        #[arg(long, env = "FORESIGHT_CONTROL_TOKEN", hide_env_values = true, value_parser = parse_token)]
+        control_token: Option<String>,
         /// Have the parameter server write its model every N updates into --out/snapshots and
         /// evaluate each afterwards: summary.json's `curve` (the PS model's held-out loss and
         /// accuracy against updates, epochs and seconds).
@@ -200,6 +204,7 @@ async fn main() {
             no_progress,
             resume,
             token,
+            control_token,
             snapshot_every,
         } => {
             let mut opts = RunOptions::beside_current_exe(out);
@@ -209,6 +214,7 @@ async fn main() {
             opts.progress = !no_progress;
             opts.resume = resume;
             opts.token = token;
+            opts.control_token = control_token;
             opts.snapshot_every = snapshot_every;
             opts.worker_overrides = slow_worker
                 .into_iter()

@@ -113,21 +113,25 @@ fn job_yaml(dir: &Path, spec: &str) -> PathBuf {
 struct Run {
     child: Child,
     out: PathBuf,
+    /// The run's control token: the one that may finalize it.
+    control: String,
 }
 
 impl Run {
     fn start(dir: &Path, yaml: &Path, token: &str) -> Self {
         let out = dir.join("out");
+        let control = format!("{token}-control");
         let log = std::fs::File::create(dir.join("foresight-run.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_foresight"))
             .args(["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"])
             .env("FORESIGHT_TOKEN", token)
+            .env("FORESIGHT_CONTROL_TOKEN", &control)
             .current_dir(repo())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
-        Self { child, out }
+        Self { child, out, control }
     }
 
     /// The PS's address, from the run's Prometheus targets.
@@ -141,8 +145,8 @@ impl Run {
     }
 
     /// Ends the job as the operator does, then waits for the run to finish.
-    fn finalize(&mut self, ps: &str, token: &str) -> ExitStatus {
-        let (code, body) = http(ps, "POST", "/v1/finalize", token).expect("the PS answers");
+    fn finalize(&mut self, ps: &str) -> ExitStatus {
+        let (code, body) = http(ps, "POST", "/v1/finalize", &self.control.clone()).expect("the PS answers");
         assert_eq!(code, 200, "POST /v1/finalize: {body}");
         wait("foresight run to finish", || self.child.try_wait().unwrap())
     }
@@ -200,7 +204,7 @@ fn a_killed_worker_is_started_again_and_resumes_where_it_left_off() {
     let joined = worker_status(&ps, token, 1, "worker 1's replacement to join", has("generation", 2));
     let seen = joined["resume_step"].as_u64().unwrap();
     worker_status(&ps, token, 1, "the replacement's steps in the model", has("resume_step", seen + 20));
-    let exit = run.finalize(&ps, token);
+    let exit = run.finalize(&ps);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
 
     let summary = run.summary();
@@ -265,7 +269,7 @@ fn a_killed_parameter_server_comes_back_from_its_checkpoint() {
             .and_then(|l| l.split("version=").nth(1)?.split_whitespace().next()?.parse().ok())
     });
     wait("20 updates after the restore", || version().filter(|v| *v >= restored + 20));
-    let exit = run.finalize(&ps, token);
+    let exit = run.finalize(&ps);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
 
     let summary = run.summary();
@@ -320,7 +324,7 @@ fn a_killed_shard_comes_back_from_its_checkpoint_while_the_other_keeps_serving()
     });
     assert!(version(&shard0).unwrap() >= at_kill, "shard 0 lost updates while shard 1 was down");
     wait("20 updates on shard 1 after its restore", || version(&shard1).filter(|v| *v >= restored + 20));
-    let exit = run.finalize(&shard0, token);
+    let exit = run.finalize(&shard0);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
 
     let summary = run.summary();
@@ -486,7 +490,7 @@ fn a_sync_round_never_waits_forever_for_a_stuck_worker() {
     let pushes = |w: &Value| w["pushes"].as_u64().unwrap_or(0);
     let before = pushes(&status(&ps, token).unwrap()["workers"][1]);
     worker_status(&ps, token, 1, "worker 1 to push again", |w| pushes(w) > before);
-    let exit = run.finalize(&ps, token);
+    let exit = run.finalize(&ps);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
     let summary = run.summary();
     assert!(summary["restarts"].as_array().unwrap().is_empty());

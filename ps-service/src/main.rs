@@ -31,6 +31,14 @@ struct Args {
     /// Serve /v1/* without a token. Only for local experiments.
     #[arg(long)]
     allow_unauthenticated: bool,
+    /// The job's control token (the operator's): only it may finalize the job or change its
+    /// worker count (POST /v1/finalize, PUT /v1/workers), and it is accepted everywhere else too.
+    /// Without it the workers' token may do both.
+    #[arg(long, env = "FORESIGHT_CONTROL_TOKEN", hide_env_values = true)]
+    control_token: Option<String>,
+    /// File holding the control token; surrounding whitespace is ignored.
+    #[arg(long, env = "FORESIGHT_CONTROL_TOKEN_FILE", conflicts_with = "control_token")]
+    control_token_file: Option<PathBuf>,
 
     /// Number of workers in the job; worker ids are 0..workers.
     #[arg(long, env = "FORESIGHT_WORKERS")]
@@ -202,17 +210,7 @@ impl Args {
     }
 
     fn token(&self) -> anyhow::Result<Option<String>> {
-        let token = match (&self.token, &self.token_file) {
-            (Some(t), _) => Some(t.trim().to_string()),
-            (None, Some(f)) => {
-                let t = std::fs::read_to_string(f)
-                    .with_context(|| format!("reading --token-file {}", f.display()))?;
-                Some(t.trim().to_string())
-            }
-            (None, None) => None,
-        };
-        match token {
-            Some(t) if t.is_empty() => anyhow::bail!("the token is empty"),
+        match read_token(&self.token, &self.token_file, "--token-file")? {
             Some(t) => Ok(Some(t)),
             None if self.allow_unauthenticated => Ok(None),
             None => anyhow::bail!(
@@ -220,6 +218,28 @@ impl Args {
             ),
         }
     }
+
+    fn control_token(&self) -> anyhow::Result<Option<String>> {
+        let control = read_token(&self.control_token, &self.control_token_file, "--control-token-file")?;
+        if control.is_some() && control == self.token()? {
+            anyhow::bail!("the control token must differ from the workers' token");
+        }
+        Ok(control)
+    }
+}
+
+/// A token given inline or in a file, trimmed; an empty one is an error.
+fn read_token(inline: &Option<String>, file: &Option<PathBuf>, flag: &str) -> anyhow::Result<Option<String>> {
+    let token = match (inline, file) {
+        (Some(t), _) => t.trim().to_string(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading {flag} {}", f.display()))?
+            .trim()
+            .to_string(),
+        (None, None) => return Ok(None),
+    };
+    anyhow::ensure!(!token.is_empty(), "the token is empty");
+    Ok(Some(token))
 }
 
 fn init_logging(format: LogFormat) {
@@ -248,6 +268,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let mut config = PsConfig::new(args.hyper(), args.workers);
     config.token = args.token()?;
+    config.control_token = args.control_token()?;
     config.body_limit = args.body_limit;
     config.body_idle_timeout = Duration::from_secs(args.body_idle_timeout);
     config.checkpoint_dir = args.checkpoint_dir.clone();

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use foresight_ps::client::{GradDtype, PsClient, PushId};
+use foresight_ps::client::{ClientError, GradDtype, PsClient, PushId};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::wire::{self, Layout, TensorSpec};
 use reqwest::StatusCode;
@@ -726,4 +726,33 @@ async fn a_push_beyond_the_push_slots_waits_then_is_refused_busy_and_changes_not
     let m = scrape(&ps.url).await;
     assert_eq!(metric(&m, "foresight_ps_push_slots", &[]), 1.0);
     assert_eq!(metric(&m, "foresight_ps_gradients_rejected_total", &["reason=\"busy\""]), 1.0);
+}
+
+/// With a control token, a worker's token (which every worker pod holds) may train but not end
+/// or rescale the job; the control token may do everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_control_token_finalizes_or_rescales_the_job() {
+    let mut cfg = config(Algorithm::Asgd, 2);
+    cfg.control_token = Some("control-secret".into());
+    let ps = start(cfg).await;
+    let (worker, l) = (client(&ps), layout());
+    let control = PsClient::new(&ps.url, Some("control-secret".into())).unwrap();
+    let anonymous = PsClient::new(&ps.url, Some("wrong".into())).unwrap();
+    worker.register(&l, &init(&l)).await.unwrap();
+    worker.pull(0, None, Duration::ZERO).await.unwrap();
+    for refused in [worker.set_workers(3).await.unwrap_err(), worker.finalize().await.unwrap_err()] {
+        assert!(
+            matches!(&refused, ClientError::Refused { status, reason, .. } if *status == StatusCode::FORBIDDEN && reason == "forbidden"),
+            "{refused:?}"
+        );
+    }
+    for refused in [anonymous.set_workers(3).await.unwrap_err(), anonymous.status().await.unwrap_err()] {
+        assert_eq!(refused.reason(), Some("unauthorized"));
+    }
+    let status = control.status().await.unwrap();
+    assert_eq!((status["workers_expected"].as_u64(), status["finalized"].as_bool()), (Some(2), Some(false)));
+    control.pull(1, None, Duration::ZERO).await.unwrap();
+    control.set_workers(3).await.unwrap();
+    assert_eq!(control.finalize().await.unwrap()["version"], 0);
+    assert_eq!(worker.status().await.unwrap()["workers_expected"], 3);
 }

@@ -34,8 +34,10 @@ pub const PS_PORT: i32 = 8080;
 pub const PS_STARTUP_SECONDS: i32 = 3600;
 /// The workers' `/metrics` port.
 pub const WORKER_METRICS_PORT: i32 = 9090;
-/// Key of the token in the job's Secret.
+/// Key of the workers' token in the job's Secret.
 pub const TOKEN_KEY: &str = "token";
+/// Key of the control token (finalize, rescale) in the job's Secret: only the PS's pod reads it.
+pub const CONTROL_TOKEN_KEY: &str = "control-token";
 /// Where the parameter server keeps its checkpoints and writes the final model.
 pub const CHECKPOINT_DIR: &str = "/checkpoints";
 /// The PS's start-up worker count (see [`Owner::ps_deployment`]).
@@ -303,12 +305,14 @@ impl<'a> Owner<'a> {
         Some(pvc)
     }
 
-    /// The Secret holding the job's bearer token.
-    pub fn secret(&self, token: &str) -> Secret {
+    /// The Secret holding the job's tokens: the workers' and the control token.
+    pub fn secret(&self, token: &str, control: &str) -> Secret {
+        let data = [(TOKEN_KEY, token), (CONTROL_TOKEN_KEY, control)]
+            .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())));
         Secret {
             metadata: self.meta(secret_name(&self.name), COMPONENT_PS),
             type_: Some("Opaque".into()),
-            data: Some(BTreeMap::from([(TOKEN_KEY.into(), ByteString(token.as_bytes().to_vec()))])),
+            data: Some(BTreeMap::from(data)),
             ..Default::default()
         }
     }
@@ -346,7 +350,8 @@ impl<'a> Owner<'a> {
             }
         }
         let mut env = vars(ps_settings);
-        env.push(token_var(&self.name));
+        env.push(token_var(&self.name, "FORESIGHT_TOKEN", TOKEN_KEY));
+        env.push(token_var(&self.name, "FORESIGHT_CONTROL_TOKEN", CONTROL_TOKEN_KEY));
         // Only shard 0 writes the model: the others' final slices stay beside their checkpoints.
         let output_dir = if shard == 0 { self.model_place().ps_dir() } else { CHECKPOINT_DIR.to_string() };
         env.extend(vars([
@@ -492,7 +497,7 @@ impl<'a> Owner<'a> {
             }),
             ..Default::default()
         });
-        env.push(token_var(&self.name));
+        env.push(token_var(&self.name, "FORESIGHT_TOKEN", TOKEN_KEY));
         env.extend(vars([
             ("FORESIGHT_METRICS_ADDR", format!("0.0.0.0:{WORKER_METRICS_PORT}")),
             ("FORESIGHT_LOG_FORMAT", "json".to_string()),
@@ -647,13 +652,14 @@ fn vars<K: Into<String>>(env: impl IntoIterator<Item = (K, String)>) -> Vec<EnvV
     env.into_iter().map(|(k, v)| EnvVar { name: k.into(), value: Some(v), ..Default::default() }).collect()
 }
 
-fn token_var(job: &str) -> EnvVar {
+/// `name` from the job's Secret's `key`.
+fn token_var(job: &str, name: &str, key: &str) -> EnvVar {
     EnvVar {
-        name: "FORESIGHT_TOKEN".into(),
+        name: name.into(),
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
                 name: secret_name(job),
-                key: TOKEN_KEY.into(),
+                key: key.into(),
                 optional: Some(false),
             }),
             ..Default::default()

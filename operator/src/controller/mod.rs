@@ -354,8 +354,10 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     }
 
     let uid = job.metadata.uid.as_deref().ok_or(Error::Incomplete)?;
-    let token = ctx.settings.token_key.job_token(uid);
-    apply(ctx, &owner, owner.secret(&token)).await?;
+    // The operator's own calls to the PS (status, rescale, finalize) use the control token.
+    let (workers_token, token) =
+        (ctx.settings.token_key.job_token(uid), ctx.settings.token_key.control_token(uid));
+    apply(ctx, &owner, owner.secret(&workers_token, &token)).await?;
     for pvc in owner.pvcs() {
         apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
     }

@@ -29,9 +29,19 @@ impl TokenKey {
         Ok(Self(hmac::Key::new(hmac::HMAC_SHA256, material)))
     }
 
-    /// The token of the job with this UID: 64 hex digits.
+    /// The workers' token of the job with this UID: 64 hex digits.
     pub fn job_token(&self, uid: &str) -> String {
-        let tag = hmac::sign(&self.0, format!("foresight.dev/job-token/v1/{uid}").as_bytes());
+        self.derive(&format!("foresight.dev/job-token/v1/{uid}"))
+    }
+
+    /// The job's control token: the operator's calls that end or rescale the job (a worker
+    /// pod never holds it).
+    pub fn control_token(&self, uid: &str) -> String {
+        self.derive(&format!("foresight.dev/control-token/v1/{uid}"))
+    }
+
+    fn derive(&self, label: &str) -> String {
+        let tag = hmac::sign(&self.0, label.as_bytes());
         tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
     }
 }
@@ -94,6 +104,8 @@ mod tests {
         assert_eq!(t, k.job_token("uid-1"));
         assert_ne!(t, k.job_token("uid-2"));
         assert_ne!(t, TokenKey::new(&[8u8; 32]).unwrap().job_token("uid-1"));
+        assert_ne!(t, k.control_token("uid-1"));
+        assert_eq!(k.control_token("uid-1"), k.control_token("uid-1"));
     }
 
     #[test]

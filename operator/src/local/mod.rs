@@ -38,6 +38,8 @@ pub struct RunOptions {
     pub resume: bool,
     /// The job token (default: a new random one).
     pub token: Option<String>,
+    /// The control token, which alone may finalize or rescale the job (default: a new random one).
+    pub control_token: Option<String>,
     /// The PS writes its model every N updates into `out/snapshots`, and the run evaluates each
     /// (summary.json's `curve`).
     pub snapshot_every: Option<u64>,
@@ -57,6 +59,7 @@ impl RunOptions {
             progress: true,
             resume: false,
             token: None,
+            control_token: None,
             snapshot_every: None,
         }
     }
@@ -192,6 +195,8 @@ fn spawn(
     let bin = &program.path;
     let child = Command::new(bin)
         .args(&program.args)
+        // Given to the PS explicitly; a worker must not inherit it from this process.
+        .env_remove("FORESIGHT_CONTROL_TOKEN")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -312,11 +317,17 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     }
     std::fs::create_dir_all(opts.out.join("logs"))
         .map_err(|e| setup(format!("{}: {e}", opts.out.display())))?;
-    let token: String = opts.token.clone().unwrap_or_else(|| {
+    let random_token = || {
         use rand::Rng;
         let mut rng = rand::rng();
-        (0..32).map(|_| format!("{:x}", rng.random_range(0..16u8))).collect()
-    });
+        (0..32).map(|_| format!("{:x}", rng.random_range(0..16u8))).collect::<String>()
+    };
+    let token: String = opts.token.clone().unwrap_or_else(random_token);
+    // What this process finalizes the job with; the workers never see it.
+    let control: String = opts.control_token.clone().unwrap_or_else(random_token);
+    if control == token {
+        return Err(setup("the control token must differ from the job token"));
+    }
     let started = Instant::now();
     let started_unix_ms = unix_ms();
 
@@ -326,6 +337,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     let (ps_ports, metrics_ports) = (&ports[..n], ports[n..].to_vec());
     let mut ps_env = api::ps_env(spec, &name, namespace);
     ps_env.push(("FORESIGHT_TOKEN".into(), token.clone()));
+    ps_env.push(("FORESIGHT_CONTROL_TOKEN".into(), control.clone()));
     let snapshot_dir = opts.out.join("snapshots");
     let own_program = spec.workers.command.is_some();
     if own_program && opts.snapshot_every.is_some() {
@@ -345,7 +357,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
             ("FORESIGHT_SNAPSHOT_DIR".into(), snapshot_dir.display().to_string()),
         ]);
     }
-    let mut ps = Servers::start(&opts.ps_bin, ps_env, ps_ports, &token, &ckpt_dir, &opts.out).await?;
+    let mut ps = Servers::start(&opts.ps_bin, ps_env, ps_ports, &control, &ckpt_dir, &opts.out).await?;
     let client = ps.first().clone();
 
     // The workers, with the environment the operator would give their pods.

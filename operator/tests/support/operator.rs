@@ -183,11 +183,13 @@ pub fn ps_pod(cp: &ControlPlane, ns: &str, name: &str) -> String {
     })
 }
 
-/// A real parameter server on loopback, holding the job's token from its Secret.
+/// A real parameter server on loopback, holding the job's tokens from its Secret, as its pod
+/// would (`token` is the workers').
 pub struct Ps {
     proc_: KillOnDrop,
     pub port: u16,
     pub token: String,
+    control: String,
     args: Vec<String>,
     _dir: tempfile::TempDir,
 }
@@ -208,6 +210,10 @@ impl Ps {
     ) -> Self {
         let secret = wait_for("the token Secret", LONG, || cp.get_json(ns, &format!("secret/{name}-token")));
         let token = base64_decode(secret["data"]["token"].as_str().expect("the Secret holds a token"));
+        let control = base64_decode(
+            secret["data"]["control-token"].as_str().expect("the Secret holds a control token"),
+        );
+        assert_ne!(token, control);
         let dir = tempfile::tempdir().unwrap();
         let args = [
             "--listen",
@@ -226,14 +232,15 @@ impl Ps {
         .map(String::from)
         .to_vec();
         let args = [args, extra.iter().map(|a| a.to_string()).collect()].concat();
-        let proc_ = Self::spawn(&args, &token, port);
-        Self { proc_, port, token, args, _dir: dir }
+        let proc_ = Self::spawn(&args, &token, &control, port);
+        Self { proc_, port, token, control, args, _dir: dir }
     }
 
-    fn spawn(args: &[String], token: &str, port: u16) -> KillOnDrop {
+    fn spawn(args: &[String], token: &str, control: &str, port: u16) -> KillOnDrop {
         let child = Command::new(foresight_bin().with_file_name("foresight-ps"))
             .args(args)
             .env("FORESIGHT_TOKEN", token)
+            .env("FORESIGHT_CONTROL_TOKEN", control)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -249,7 +256,7 @@ impl Ps {
         assert!(Command::new("kill").args(["-s", signal, &pid]).status().unwrap().success());
         let exit = self.proc_.0.wait().unwrap();
         eprintln!("the parameter server exited on SIG{signal}: {exit}");
-        self.proc_ = Self::spawn(&self.args, &self.token, self.port);
+        self.proc_ = Self::spawn(&self.args, &self.token, &self.control, self.port);
     }
 
     /// Registers a 4-float model and applies one gradient from worker 0: step 1.

@@ -1,32 +1,61 @@
-//! Bearer-token check for `/v1/*`, in constant time.
+//! Bearer-token checks for `/v1/*`: the workers' token, and the control token that alone may
+//! end or rescale the job (a worker's token is in every worker pod; the control token only in
+//! the PS's and the operator's hands).
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
+use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use ring::digest::{SHA256, digest};
 use subtle::ConstantTimeEq;
 
 use super::{ApiError, AppState};
 
+/// Routes that need the control token when one is configured.
+pub const CONTROL_ROUTES: [&str; 2] = ["/v1/finalize", "/v1/workers"];
+
+/// Whether `given` is `expected`, in time that depends on neither (both are hashed first, so
+/// not even the expected token's length shows).
+fn same(given: &[u8], expected: Option<&String>) -> bool {
+    expected.is_some_and(|e| {
+        bool::from(digest(&SHA256, given).as_ref().ct_eq(digest(&SHA256, e.as_bytes()).as_ref()))
+    })
+}
+
 pub async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(expected) = &state.config.token else {
-        return next.run(req).await;
-    };
+    let config = &state.config;
     let given = req
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    // ct_eq on slices of different lengths is false without looking at the contents.
-    if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+        .unwrap_or("")
+        .as_bytes();
+    let control = same(given, config.control_token.as_ref());
+    let worker = config.token.is_none() || same(given, config.token.as_ref());
+    let path = req.uri().path();
+    let allowed = match &config.control_token {
+        Some(_) if CONTROL_ROUTES.contains(&path) => control,
+        _ => worker || control,
+    };
+    if allowed {
         return next.run(req).await;
     }
-    if req.uri().path() == "/v1/gradients" {
+    if path == "/v1/gradients" {
         state.metrics.reject("unauthorized");
     }
-    tracing::warn!(path = req.uri().path(), "refused a request without a valid token");
+    if worker {
+        tracing::warn!(path, "refused a control call made with the workers' token");
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this call needs the job's control token: a worker's token may not finalize or rescale the job",
+        )
+        .into_response();
+    }
+    tracing::warn!(path, "refused a request without a valid token");
     ApiError::unauthorized().into_response()
 }

@@ -38,6 +38,9 @@ pub struct PsConfig {
     pub workers: usize,
     /// Bearer token for `/v1/*`; `None` only when the operator of the PS said so explicitly.
     pub token: Option<String>,
+    /// The job's control token: when set, only it may finalize or rescale the job
+    /// ([`auth::CONTROL_ROUTES`]); it is accepted on every other route too.
+    pub control_token: Option<String>,
     pub body_limit: usize,
     /// A request body that sends nothing for this long is refused (408) and its buffer freed.
     pub body_idle_timeout: Duration,
@@ -69,11 +72,17 @@ pub struct PsConfig {
 }
 
 impl PsConfig {
+    /// What this PS sends to its peer shards (it finalizes and rescales them).
+    fn peer_token(&self) -> Option<String> {
+        self.control_token.clone().or_else(|| self.token.clone())
+    }
+
     pub fn new(hyper: Hyper, workers: usize) -> Self {
         Self {
             hyper,
             workers,
             token: None,
+            control_token: None,
             body_limit: 1 << 30,
             body_idle_timeout: Duration::from_secs(30),
             checkpoint_dir: None,
@@ -421,7 +430,7 @@ impl AppState {
         self.check_worker_count(n)?;
         for url in &self.config.peers {
             let failed = |e: crate::client::ClientError| internal(format!("scaling shard {url}: {e}"));
-            let peer = crate::client::PsClient::new(url, self.config.token.clone()).map_err(failed)?;
+            let peer = crate::client::PsClient::new(url, self.config.peer_token()).map_err(failed)?;
             peer.set_workers(n).await.map_err(failed)?;
         }
         self.set_workers(n)
@@ -542,7 +551,7 @@ impl AppState {
         let mut slices = Vec::with_capacity(self.config.peers.len());
         for url in &self.config.peers {
             let failed = |e: crate::client::ClientError| internal(format!("finalizing shard {url}: {e}"));
-            let peer = crate::client::PsClient::new(url, self.config.token.clone()).map_err(failed)?;
+            let peer = crate::client::PsClient::new(url, self.config.peer_token()).map_err(failed)?;
             peer.finalize().await.map_err(failed)?;
             // As worker 0: once finalized, the backup that records is never used.
             let slice = peer.pull(0, None, Duration::ZERO).await.map_err(failed)?;

@@ -287,6 +287,9 @@ struct SyncRound {
     /// Each worker's contributing seq, if it has contributed.
     contributed: Vec<Option<u64>>,
     count: usize,
+    /// The worker count M when the round got its first gradient: a scale-up counts from the
+    /// next round (a scale-down at once: removed workers cannot contribute). `None`: empty.
+    members: Option<usize>,
 }
 
 /// Called with the new model version after each update completes.
@@ -423,6 +426,7 @@ impl Store {
             sum: if hyper.algorithm == Algorithm::Sync { vec![0.0; n] } else { Vec::new() },
             contributed: vec![None; workers],
             count: 0,
+            members: None,
         };
         let seq = Sequencer {
             next_op: 0,
@@ -642,6 +646,7 @@ impl Store {
         round.sum.fill(0.0);
         round.contributed.fill(None);
         round.count = 0;
+        round.members = None;
         drop(round);
         self.notify(version);
         true
@@ -767,6 +772,7 @@ impl Store {
         debug_assert_eq!(round.version, p.version, "admit() lets only current-version pushes through");
         optimizer::accumulate(&mut round.sum, grad);
         round.contributed[p.worker] = Some(p.seq);
+        round.members.get_or_insert(self.workers());
         round.count += 1;
         if round.count < self.round_quorum(round) {
             let lr = self.hyper.lr.at(self.seq.lock().epoch);
@@ -791,13 +797,20 @@ impl Store {
     /// Gradients that close a `sync` round: M minus the backup workers, but no more than the
     /// workers that can still contribute to it, at least one.
     fn round_quorum(&self, round: &SyncRound) -> usize {
-        self.workers().saturating_sub(self.hyper.backup_workers).min(self.round_contributors(round)).max(1)
+        let m = self.round_members(round);
+        m.saturating_sub(self.hyper.backup_workers).min(self.round_contributors(round)).max(1)
+    }
+
+    /// The workers the round counts: M when it got its first gradient, or fewer since.
+    fn round_members(&self, round: &SyncRound) -> usize {
+        let m = self.workers();
+        round.members.map_or(m, |at_start| at_start.min(m))
     }
 
     /// Workers that have contributed to `round` or still can: all but those that finished their
     /// steps without a gradient in it (a worker's last gradient counts though it left since).
     fn round_contributors(&self, round: &SyncRound) -> usize {
-        let m = self.workers();
+        let m = self.round_members(round);
         let seq = self.seq.lock();
         let contributed = |i: usize| round.contributed.get(i).is_some_and(Option::is_some);
         seq.workers[..m.min(seq.workers.len())]
@@ -874,6 +887,7 @@ impl Store {
         round.sum.fill(0.0);
         round.contributed.fill(None);
         round.count = 0;
+        round.members = None;
         round.version = version;
         self.notify(version);
         PushOutcome { version, staleness: 0, applied: true, replayed: false, stats, lr }

@@ -434,6 +434,29 @@ fn a_job_scaled_up_and_down_follows_its_worker_count() {
     assert_eq!(r.join(2, None).unwrap().resume_step, 1);
 }
 
+/// The protocol: a scale-up changes the quorum from the next round on. A round that already
+/// has gradients closes with the membership it started with; the new worker may still add
+/// its gradient to it.
+#[test]
+fn a_scale_up_mid_round_counts_from_the_next_round() {
+    let s = store(Algorithm::Sync, 1.0, vec![0.0; 2], 2, 1);
+    assert!(!s.push(push(0, 0, 1), &[2.0, 0.0]).unwrap().applied);
+    s.set_workers(3);
+    let o = s.push(push(1, 0, 1), &[0.0, 2.0]).unwrap();
+    assert!(o.applied && o.version == 1, "the round of two closes with two");
+    assert_eq!(s.snapshot_now().params(), &[-1.0, -1.0]);
+    assert_eq!(s.rounds_closed_short(), 0);
+    // The next round is a round of three.
+    s.pull(2).unwrap();
+    assert!(!s.push(push(0, 1, 2), &[1.0, 1.0]).unwrap().applied);
+    assert!(!s.push(push(1, 1, 2), &[1.0, 1.0]).unwrap().applied, "two of three is not a round");
+    assert!(s.push(push(2, 1, 1), &[1.0, 1.0]).unwrap().applied);
+    // A scale-down mid-round counts at once: the removed worker could never contribute.
+    s.push(push(0, 2, 3), &[1.0, 1.0]).unwrap();
+    s.set_workers(2);
+    assert!(s.push(push(1, 2, 3), &[1.0, 1.0]).unwrap().applied);
+}
+
 #[test]
 fn a_worker_scaled_away_leaves_no_model_copy_behind() {
     let s = store(Algorithm::DcAsgdA, 0.1, vec![0.0; 4], 3, 2);

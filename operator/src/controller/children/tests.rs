@@ -36,7 +36,7 @@ fn every_child_is_owned_by_the_job_and_labelled() {
     let j = job(BASE);
     let o = Owner::new(&j).unwrap();
     let metas = [
-        o.secret("t").metadata,
+        o.secret("t", "c").metadata,
         o.ps_service(0).metadata,
         o.ps_deployment(&defaults(), 3, 0).metadata,
         o.worker_job(&defaults()).metadata,
@@ -74,6 +74,10 @@ fn the_worker_job_is_indexed_with_gpus_index_token_and_data() {
     assert_eq!(env(c, "FORESIGHT_MODEL").value.as_deref(), Some("lenet5"));
     let token = env(c, "FORESIGHT_TOKEN").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
     assert_eq!((token.name.as_str(), token.key.as_str()), ("mnist-token", "token"));
+    assert!(
+        !c.env.as_ref().unwrap().iter().any(|e| e.name == "FORESIGHT_CONTROL_TOKEN"),
+        "a worker never holds the control token"
+    );
     assert!(env(c, "FORESIGHT_WORKER_INDEX").value_from.as_ref().unwrap().field_ref.is_some());
     // The dataset volume is mounted read-only at dataset.path, under a fixed name.
     let data = pod.volumes.unwrap().into_iter().find(|v| v.name == "dataset").unwrap();
@@ -122,6 +126,12 @@ fn the_parameter_server_gets_its_settings_and_a_pvc_only_when_asked() {
     let pod = d.spec.template.spec.unwrap();
     let c = &pod.containers[0];
     assert_eq!(c.image.as_deref(), Some("my/ps:2"));
+    for (var, key) in [("FORESIGHT_TOKEN", "token"), ("FORESIGHT_CONTROL_TOKEN", "control-token")] {
+        let from = env(c, var).value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!((from.name.as_str(), from.key.as_str()), ("mnist-token", key));
+    }
+    let secret = o.secret("t", "c").data.unwrap();
+    assert_eq!((secret["token"].0.as_slice(), secret["control-token"].0.as_slice()), (&b"t"[..], &b"c"[..]));
     assert_eq!(env(c, "FORESIGHT_WORKERS").value.as_deref(), Some("3"));
     assert_eq!(env(c, "FORESIGHT_CHECKPOINT_INTERVAL").value.as_deref(), Some("30"));
     assert_eq!(env(c, "FORESIGHT_CHECKPOINT_DIR").value.as_deref(), Some(CHECKPOINT_DIR));
