@@ -554,7 +554,7 @@ async fn joins_generations_and_reseeding() {
     // Both have offered: the hold is over. Each joins and trains on.
     let j0 = c.join(0, Some(120)).await.unwrap();
     assert_eq!((j0.generation, j0.resume_step, j0.version), (1, 120, 45));
-    let id = PushId { worker: 0, generation: Some(1), version: 45, seq: 121 };
+    let id = PushId { worker: 0, generation: Some(1), version: 45, incarnation: None, seq: 121 };
     assert_eq!(c.push(id, None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap().version, 46);
     // Worker 0 is replaced: the old process's retry is refused and changes nothing.
     let j0b = c.join(0, None).await.unwrap();
@@ -627,7 +627,7 @@ async fn the_worker_count_changes_without_a_restart_and_bad_counts_change_nothin
     let joined = c.join(2, None).await.unwrap();
     assert_eq!(joined.workers, 3);
     c.pull(2, None, Duration::ZERO).await.unwrap().unwrap();
-    let id = PushId { worker: 2, generation: Some(joined.generation), version: 0, seq: 1 };
+    let id = PushId { worker: 2, generation: Some(joined.generation), version: 0, incarnation: None, seq: 1 };
     c.push(id, None, &l, &init(&l), GradDtype::F32).await.unwrap();
     let status = c.status().await.unwrap();
     assert_eq!(

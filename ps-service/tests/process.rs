@@ -151,6 +151,46 @@ async fn a_restart_keeps_the_worker_count_the_job_was_scaled_to() {
     assert_eq!(c.status().await.unwrap()["version"], 9);
 }
 
+/// After a restart from a checkpoint at v2, versions up to 2 name the same models as before
+/// and later ones other models: a gradient the old process served on v3 is refused (asgd would
+/// otherwise take it as fresh), one on v2 is taken, and so is one that does not say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_after_a_restart_are_not_mistaken_for_the_old_process_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let args = ["--workers", "1", "--algorithm", "asgd", "--checkpoint-interval", "0", "--checkpoint-dir"];
+    let args = [&args[..], &[ckpt.to_str().unwrap()]].concat();
+    let mut ps = PsProcess::spawn(free_port(), &args);
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    c.register(&l, &init(&l)).await.unwrap();
+    train(&c, 1, 2, 1).await;
+    let old = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(old.version, 2);
+    let old_incarnation = old.incarnation.expect("a pull names its process");
+    ps.signal("TERM");
+    assert!(ps.wait_exit().success());
+
+    let ps = PsProcess::spawn(free_port(), &args);
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let new = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    assert_ne!(new.incarnation, Some(old_incarnation));
+    let push = |version: u64, incarnation: Option<u64>, seq: u64| {
+        let id = PushId { worker: 0, generation: None, version, incarnation, seq };
+        let c = c.clone();
+        let l = l.clone();
+        async move { c.push(id, None, &l, &grad(&l, 0), GradDtype::F32).await }
+    };
+    assert_eq!(push(2, Some(old_incarnation), 3).await.unwrap().version, 3, "v2 is shared");
+    let err = push(3, Some(old_incarnation), 4).await.unwrap_err();
+    assert_eq!(err.reason(), Some("pull_required"), "{err}");
+    assert_eq!(c.status().await.unwrap()["version"], 3, "the refused push changed nothing");
+    assert_eq!(push(3, new.incarnation, 4).await.unwrap().version, 4);
+    assert_eq!(push(4, None, 5).await.unwrap().version, 5, "a client that does not say is not checked");
+}
+
 /// A tmpfs of `size` mounted on `dir` for the test's life (the tests run as root, as make test
 /// does on this project's machines).
 struct Tmpfs(std::path::PathBuf);

@@ -123,8 +123,15 @@ impl Link {
         grad: &[f32],
         dtype: GradDtype,
     ) -> Result<Pushed, ClientError> {
-        let version = self.copy.as_ref().ok_or(ClientError::NotPulled)?.version;
-        let id = PushId { worker: self.worker, generation: Some(self.generation), version, seq: step };
+        let copy = self.copy.as_ref().ok_or(ClientError::NotPulled)?;
+        let (version, incarnation) = (copy.version, copy.incarnation);
+        let id = PushId {
+            worker: self.worker,
+            generation: Some(self.generation),
+            version,
+            incarnation,
+            seq: step,
+        };
         let layout = self.layout.clone();
         let sent = self
             .retry("pushing a gradient", |c| {

@@ -17,6 +17,7 @@ pub use exchange::{Cadence, Exchange, PushStats, StepEnd, cadence_problem};
 pub use session::{Pushed, Retry, Session};
 
 const VERSION_HEADER: &str = "x-foresight-version";
+const INCARNATION_HEADER: &str = "x-foresight-incarnation";
 
 /// Element type a gradient is sent in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +101,9 @@ impl ClientError {
 #[derive(Clone, Debug)]
 pub struct Model {
     pub version: u64,
+    /// The PS process that served it (`x-foresight-incarnation`): a version names a model only
+    /// within its process's history. `None`: not known (a model combined from several shards).
+    pub incarnation: Option<u64>,
     pub layout: Layout,
     pub values: Vec<f32>,
 }
@@ -135,13 +139,15 @@ pub struct PushId {
     pub generation: Option<u64>,
     /// The model version the gradient was computed on.
     pub version: u64,
+    /// The PS process that served that version ([`Model::incarnation`]); `None`: not checked.
+    pub incarnation: Option<u64>,
     pub seq: u64,
 }
 
 impl PushId {
     /// A push of a client that never joins.
     pub fn unjoined(worker: usize, version: u64, seq: u64) -> Self {
-        Self { worker, generation: None, version, seq }
+        Self { worker, generation: None, version, incarnation: None, seq }
     }
 }
 
@@ -264,9 +270,14 @@ impl PsClient {
             return Ok(None);
         }
         let version = Self::version_of(&resp)?;
+        let incarnation = resp
+            .headers()
+            .get(INCARNATION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| u64::from_str_radix(v, 16).ok());
         let bytes = resp.bytes().await?;
         let (layout, values, _) = wire::decode_model(&bytes)?;
-        Ok(Some(Model { version, layout, values }))
+        Ok(Some(Model { version, incarnation, layout, values }))
     }
 
     /// Pushes a gradient. Reusing `id` for a retry is safe: the PS applies a (worker,
@@ -293,10 +304,13 @@ impl PsClient {
         epoch: Option<f64>,
         body: Vec<u8>,
     ) -> Result<PushReply, ClientError> {
-        let PushId { worker, generation, version, seq } = id;
+        let PushId { worker, generation, version, incarnation, seq } = id;
         let mut path = format!("/v1/gradients?worker={worker}&version={version}&seq={seq}");
         if let Some(g) = generation {
             path += &format!("&generation={g}");
+        }
+        if let Some(i) = incarnation {
+            path += &format!("&incarnation={i:016x}");
         }
         if let Some(e) = epoch {
             path += &format!("&epoch={e}");

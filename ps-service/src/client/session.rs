@@ -170,7 +170,7 @@ impl Session {
         for (l, m) in self.links.iter_mut().zip(slices) {
             l.keep(m);
         }
-        Ok(Some(Model { version, layout: self.layout.clone(), values }))
+        Ok(Some(Model { version, incarnation: None, layout: self.layout.clone(), values }))
     }
 
     /// Pushes the gradient of `step` to every shard, each slice computed on the slice last

@@ -20,6 +20,8 @@ use crate::store::{MAX_VERSION, Push, Store};
 use crate::wire;
 
 pub const VERSION_HEADER: &str = "x-foresight-version";
+/// This PS process (`/v1/status` `process.incarnation`), on every model a pull sends.
+pub const INCARNATION_HEADER: &str = "x-foresight-incarnation";
 
 pub fn router(state: Arc<AppState>) -> Router {
     let guard = BodyGuard { idle: state.config.body_idle_timeout };
@@ -210,9 +212,11 @@ async fn pull(
     state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
     state.metrics.sent_bytes.inc_by(snap.bytes().len() as u64);
     let version = snap.version();
+    let incarnation = HeaderValue::from_str(&state.process.incarnation).expect("hex digits");
     let headers = [
         (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
         (header::HeaderName::from_static(VERSION_HEADER), HeaderValue::from(version)),
+        (header::HeaderName::from_static(INCARNATION_HEADER), incarnation),
     ];
     Ok((headers, Body::from(bytes::Bytes::from_owner(SnapshotBody(snap)))).into_response())
 }
@@ -271,6 +275,9 @@ async fn push_inner(
     }
     worker_in_range(state, worker)?;
     let store = registered(state)?;
+    if let Some(pulled_from) = q.get::<String>("incarnation")? {
+        state.check_lineage(&pulled_from, version)?;
+    }
     if state.must_offer(worker) {
         return Err(ApiError::lost_model());
     }

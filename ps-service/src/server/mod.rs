@@ -131,6 +131,11 @@ pub struct AppState {
     /// Which process this is and how it began: the operator compares `incarnation` between
     /// reads of `/v1/status` to see a restart (a crashed container or a replaced pod alike).
     pub process: ProcessInfo,
+    /// The newest version this process's model shares with an earlier process's history (the
+    /// checkpoint it restored, the worker's copy it was seeded with): up to it, a version names
+    /// the same model in both; past it, different ones. `None`: nothing shared (a first
+    /// registration).
+    shared_up_to: Mutex<Option<u64>>,
 }
 
 /// This PS process, as `/v1/status` reports it under `process`.
@@ -236,6 +241,7 @@ impl AppState {
                     .map_or(0, |d| d.as_millis() as u64),
                 restored_version,
             },
+            shared_up_to: Mutex::new(restored_version),
         });
         if let Some((path, layout, data, saved)) = restored {
             if saved.algorithm != state.config.hyper.algorithm {
@@ -326,6 +332,7 @@ impl AppState {
         // the initial model (a worker that had pulled nothing newer), means the PS lost its
         // model: hold for the others' copies, or training could go on from an old one.
         if worker.is_some() && taken {
+            *self.shared_up_to.lock() = Some(version);
             self.metrics.reseeds.inc();
             tracing::info!(version, worker, "model seeded from a worker's copy");
             let mut seeding = self.seeding.lock();
@@ -339,6 +346,27 @@ impl AppState {
             self.metrics.model_version.set(version as i64);
         }
         taken
+    }
+
+    /// Refuses a gradient computed on `version` as served by another PS process
+    /// (`incarnation`, from the pull) unless that version is one this process shares with it:
+    /// after a restart versions past the restored or seeded one name other models, and under
+    /// `asgd` and `sync` such a gradient would otherwise pass as fresh.
+    pub fn check_lineage(&self, incarnation: &str, version: u64) -> Result<(), ApiError> {
+        let here = &self.process.incarnation;
+        let shared = *self.shared_up_to.lock();
+        if incarnation == here || shared.is_some_and(|v| version <= v) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "pull_required",
+            format!(
+                "version {version} was served by an earlier parameter-server process ({incarnation}); \
+                 this one ({here}) shares {} with it: pull the model again",
+                shared.map_or("no version".to_string(), |v| format!("versions up to {v}"))
+            ),
+        ))
     }
 
     /// Notes that `worker` has offered its copy, whether or not it was taken: the hold waits
