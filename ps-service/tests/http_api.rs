@@ -205,6 +205,8 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
             .collect();
         safetensors::serialize(views, None).unwrap()
     };
+    // Worker 1 is behind (its pull was v0); the body cases push as worker 0, whose query the
+    // store would take (its pull was v1, τ = 1), so that only the body is wrong.
     let q = |worker: usize, version: u64, seq: u64| format!("worker={worker}&version={version}&seq={seq}");
     let cases = vec![
         Case {
@@ -250,7 +252,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "unknown tensor name",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: other_layout(vec![
                 spec("conv.weight", vec![4, 3, 3, 3]),
                 spec("fc.w", vec![10, 100]),
@@ -262,7 +264,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "missing tensor",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: other_layout(vec![spec("conv.weight", vec![4, 3, 3, 3]), spec("fc.weight", vec![10, 100])]),
             status: StatusCode::UNPROCESSABLE_ENTITY,
             reason: "layout_mismatch",
@@ -270,7 +272,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "wrong shape",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: other_layout(vec![
                 spec("conv.weight", vec![4, 3, 3, 3]),
                 spec("fc.weight", vec![100, 10]),
@@ -282,7 +284,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "f64 dtype",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: f64_body,
             status: StatusCode::UNPROCESSABLE_ENTITY,
             reason: "dtype_mismatch",
@@ -290,7 +292,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "truncated body",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: good[..good.len() - 10].to_vec(),
             status: StatusCode::BAD_REQUEST,
             reason: "malformed_body",
@@ -298,7 +300,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "garbage body",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}".to_vec(),
             status: StatusCode::BAD_REQUEST,
             reason: "malformed_body",
@@ -306,7 +308,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "empty body",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: Vec::new(),
             status: StatusCode::BAD_REQUEST,
             reason: "malformed_body",
@@ -314,7 +316,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "NaN",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: with(&|g| g[5] = f32::NAN),
             status: StatusCode::UNPROCESSABLE_ENTITY,
             reason: "non_finite",
@@ -322,7 +324,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "+Inf",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: with(&|g| g[1000] = f32::INFINITY),
             status: StatusCode::UNPROCESSABLE_ENTITY,
             reason: "non_finite",
@@ -330,7 +332,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "finite but too large to square (1e20 squares to +Inf: NaN all over the model)",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: with(&|g| g[7] = 1e20),
             status: StatusCode::UNPROCESSABLE_ENTITY,
             reason: "too_large",
@@ -362,7 +364,7 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         Case {
             what: "body over the limit",
             token: Some(TOKEN),
-            query: q(1, 2, 1),
+            query: q(0, 1, 3),
             body: vec![0u8; 65 * 1024],
             status: StatusCode::PAYLOAD_TOO_LARGE,
             reason: "body_too_large",
@@ -755,4 +757,26 @@ async fn only_the_control_token_finalizes_or_rescales_the_job() {
     control.set_workers(3).await.unwrap();
     assert_eq!(control.finalize().await.unwrap()["version"], 0);
     assert_eq!(worker.status().await.unwrap()["workers_expected"], 3);
+}
+
+/// A push whose answer needs no gradient — a sync worker's re-push of a gradient already in the
+/// round, a refusal — is answered from its query: its body is never read into a buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_answered_from_its_query_costs_no_body() {
+    let ps = start(config(Algorithm::Sync, 2)).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    let received = || async { metric(&scrape(&ps.url).await, "foresight_ps_received_bytes_total", &[]) };
+    let first = c.push(PushId::unjoined(0, 0, 1), None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap();
+    assert!(!first.applied);
+    let before = received().await;
+    assert!(before > 0.0);
+    let again = c.push(PushId::unjoined(0, 0, 1), None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap();
+    assert!(again.replayed && !again.applied, "{again:?}");
+    let other = c.push(PushId::unjoined(0, 0, 2), None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap_err();
+    assert_eq!(other.reason(), Some("already_contributed"));
+    assert_eq!(received().await, before, "neither body was read");
+    let closing = c.push(PushId::unjoined(1, 0, 1), None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap();
+    assert!(closing.applied && closing.version == 1);
+    assert!(received().await > before, "a push that needs its gradient reads it");
 }

@@ -289,6 +289,12 @@ async fn push_inner(
             "the parameter server is collecting the workers' copies of the model it lost; retry shortly",
         ));
     }
+    // A replay (a sync worker's periodic re-push, a retry whose answer was lost) or a refusal
+    // needs no gradient: answered now, the body is never buffered (the guard drains it).
+    let p = Push { worker, generation, version, seq, epoch };
+    if let Some(answer) = store.answer_before_body(p) {
+        return Ok(push_response(state, &store, answer?, Duration::ZERO));
+    }
     // Held until the buffers are back in their pools: K bodies at most in memory at once.
     let _slot = state.admit_push().await?;
     let mut buf = state.bodies.take();
@@ -315,7 +321,6 @@ async fn push_inner(
         };
         let result = decoded.map_err(ApiError::from).and_then(|()| {
             let applying = Instant::now();
-            let p = Push { worker, generation, version, seq, epoch };
             let outcome = s2.push(p, &grad).map_err(ApiError::from)?;
             Ok((outcome, applying.elapsed()))
         });
@@ -326,6 +331,16 @@ async fn push_inner(
     state.bodies.give(buf);
     state.grads.give(grad);
     let (o, apply_time) = result?;
+    Ok(push_response(state, &store, o, apply_time))
+}
+
+/// Records a push's outcome in the metrics and answers it.
+fn push_response(
+    state: &AppState,
+    store: &Store,
+    o: crate::store::PushOutcome,
+    apply_time: Duration,
+) -> Response {
     let m = &state.metrics;
     if !o.replayed {
         m.staleness.observe(o.staleness as f64);
@@ -348,7 +363,7 @@ async fn push_inner(
         replayed: o.replayed,
         learning_rate: o.lr,
     };
-    Ok(([(VERSION_HEADER, HeaderValue::from(o.version))], Json(body)).into_response())
+    ([(VERSION_HEADER, HeaderValue::from(o.version))], Json(body)).into_response()
 }
 
 /// What a worker reports about its training (`POST /v1/report`).

@@ -697,10 +697,50 @@ impl Store {
         result
     }
 
+    /// The answer to a push that does not depend on its gradient, when there is one now: a
+    /// replay or a refusal. `None`: the gradient is needed. Changes nothing, so that a server can
+    /// answer before it reads (and buffers) a body; [`Store::push`] checks everything again.
+    pub fn answer_before_body(&self, p: Push) -> Option<Result<PushOutcome, StoreError>> {
+        if let Err(e) = self.check_worker(p.worker) {
+            return Some(Err(e));
+        }
+        // Lock order: round, then sequencer.
+        let round = (self.hyper.algorithm == Algorithm::Sync).then(|| self.round.lock());
+        let seq = self.seq.lock();
+        match self.judge(&seq, &p, round.as_deref()) {
+            Ok(Judged::Replay(outcome)) => Some(Ok(outcome)),
+            Ok(Judged::Accept { .. }) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// Every check that can refuse a push, made under the sequencer lock; on success the
     /// worker's push is marked in flight and, for the asynchronous rules, a ticket issued.
     fn admit(&self, p: Push, round: Option<&SyncRound>) -> Result<Admission, StoreError> {
         let mut seq = self.seq.lock();
+        let (staleness, backup) = match self.judge(&seq, &p, round)? {
+            Judged::Replay(outcome) => return Ok(Admission::Replay(outcome)),
+            Judged::Accept { staleness, backup } => (staleness, backup),
+        };
+        // Past this point the push is accepted.
+        if let Some(e) = p.epoch {
+            seq.epoch = seq.epoch.max(e);
+        }
+        seq.workers[p.worker].in_flight = true;
+        if round.is_some() {
+            return Ok(Admission::Contribution);
+        }
+        let (op, version) = issue_update(&mut seq);
+        // Tickets are issued in model order: once this one is, the update is in every later
+        // snapshot and checkpoint, so its seq is what a restored PS must remember.
+        seq.workers[p.worker].durable_seq = Some(p.seq);
+        let step = Step::at(self.hyper.lr.at(seq.epoch), version - seq.mean_square_origin);
+        Ok(Admission::Ticket(Ticket { op, version, step, backup, staleness }))
+    }
+
+    /// What the checks of [`Store::admit`] make of `p` in the state `seq` (and `round`, under
+    /// `sync`), without changing anything.
+    fn judge(&self, seq: &Sequencer, p: &Push, round: Option<&SyncRound>) -> Result<Judged, StoreError> {
         let w = &seq.workers[p.worker];
         match p.generation {
             Some(got) if got < w.generation => {
@@ -716,7 +756,7 @@ impl Store {
         }
         if let Some((last, outcome)) = w.last {
             if p.seq == last {
-                return Ok(Admission::Replay(PushOutcome { replayed: true, ..outcome }));
+                return Ok(Judged::Replay(PushOutcome { replayed: true, ..outcome }));
             }
             if p.seq < last {
                 return Err(StoreError::StaleSeq { worker: p.worker, seq: p.seq, last });
@@ -750,20 +790,7 @@ impl Store {
         } else {
             None
         };
-        // Past this point the push is accepted.
-        if let Some(e) = p.epoch {
-            seq.epoch = seq.epoch.max(e);
-        }
-        seq.workers[p.worker].in_flight = true;
-        if round.is_some() {
-            return Ok(Admission::Contribution);
-        }
-        let (op, version) = issue_update(&mut seq);
-        // Tickets are issued in model order: once this one is, the update is in every later
-        // snapshot and checkpoint, so its seq is what a restored PS must remember.
-        seq.workers[p.worker].durable_seq = Some(p.seq);
-        let step = Step::at(self.hyper.lr.at(seq.epoch), version - seq.mean_square_origin);
-        Ok(Admission::Ticket(Ticket { op, version, step, backup, staleness }))
+        Ok(Judged::Accept { staleness, backup })
     }
 
     /// Adds a gradient to the `sync` round, with the round lock held and after `admit` has
@@ -985,6 +1012,12 @@ impl Store {
         seen.dedup();
         seen.len()
     }
+}
+
+/// What the checks make of a push.
+enum Judged {
+    Replay(PushOutcome),
+    Accept { staleness: u64, backup: Option<Arc<Snapshot>> },
 }
 
 enum Admission {
