@@ -545,7 +545,7 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
         &mut full,
         "spec.optimizer",
         json!({"algorithm": "dc-asgd-a", "lambda0": 0, "meanSquareDecay": 0, "maxStaleness": 0,
-               "momentum": 0, "weightDecay": 0, "pullEvery": 2, "pushEvery": 3}),
+               "momentum": 0, "weightDecay": 0, "pullEvery": 6, "pushEvery": 3}),
     );
     set(&mut full, "spec.parameterServer.checkpoint", json!({"intervalSeconds": 1, "storage": "1Gi"}));
     set(&mut full, "spec.runPolicy", json!({"backoffLimit": 0, "activeDeadlineSeconds": 1, "suspend": true}));

@@ -163,8 +163,10 @@ struct ScrapedRun {
     worker_metrics: String,
 }
 
-/// The job token of the scraped run, so that the test can end it with `/v1/finalize`.
+/// The job token of the scraped run.
 const RUN_TOKEN: &str = "dashboard-test-token";
+/// Its control token, so that the test can end it with `/v1/finalize` as the operator does.
+const RUN_CONTROL_TOKEN: &str = "dashboard-test-control-token";
 
 /// Runs `foresight run` (2 workers) while Prometheus scrapes its PS and workers through
 /// `out/prometheus-targets.json`, until every target has been scraped [`SCRAPES`] times with all
@@ -216,7 +218,7 @@ fn run_scraped(prometheus: &Prometheus, out: &Path, also: impl FnOnce()) -> Scra
     let ps_metrics = http(ps, "GET", "/metrics", "").unwrap().1;
     let worker_metrics = http(&workers[0], "GET", "/metrics", "").unwrap().1;
 
-    let auth = format!("Bearer {RUN_TOKEN}");
+    let auth = format!("Bearer {RUN_CONTROL_TOKEN}");
     let (status, body) = http_with(ps, "POST", "/v1/finalize", &[("Authorization", &auth)], "").unwrap();
     assert_eq!(status, 200, "POST /v1/finalize: {body}");
     let status = run.wait();
@@ -543,6 +545,7 @@ impl Foresight {
         let child = Command::new(env!("CARGO_BIN_EXE_foresight"))
             .args(["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"])
             .env("FORESIGHT_TOKEN", RUN_TOKEN)
+            .env("FORESIGHT_CONTROL_TOKEN", RUN_CONTROL_TOKEN)
             .current_dir(repo())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

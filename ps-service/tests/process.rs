@@ -123,17 +123,32 @@ async fn sigkill_loses_only_what_came_after_the_last_periodic_checkpoint() {
     assert!(checkpoints(&ckpt).len() <= 2, "keeps the newest 2: {:?}", checkpoints(&ckpt));
 }
 
+/// The arguments of an `asgd` PS of `workers` checkpointing into `ckpt` (on SIGTERM only).
+fn asgd_on(ckpt: &std::path::Path, workers: usize) -> Vec<String> {
+    let args = ["--algorithm", "asgd", "--checkpoint-interval", "0", "--workers", &workers.to_string()];
+    [&args[..], &["--checkpoint-dir", ckpt.to_str().unwrap()]]
+        .concat()
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// The real binary with `args` on a free port, ready, and a client with the token.
+async fn ready(args: &[String]) -> (PsProcess, PsClient) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ps = PsProcess::spawn(free_port(), &args);
+    ps.wait_ready().await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    (ps, c)
+}
+
 /// A job scaled up, then its PS restarted with the command line it was first given: the
 /// checkpoint's membership wins, so the added worker is not refused as unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_keeps_the_worker_count_the_job_was_scaled_to() {
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let args = ["--workers", "2", "--algorithm", "asgd", "--checkpoint-interval", "0", "--checkpoint-dir"];
-    let args = [&args[..], &[ckpt.to_str().unwrap()]].concat();
-    let mut ps = PsProcess::spawn(free_port(), &args);
-    ps.wait_ready().await;
-    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let args = asgd_on(&dir.path().join("ckpt"), 2);
+    let (mut ps, c) = ready(&args).await;
     let l = layout();
     c.register(&l, &init(&l)).await.unwrap();
     c.set_workers(3).await.unwrap();
@@ -141,9 +156,7 @@ async fn a_restart_keeps_the_worker_count_the_job_was_scaled_to() {
     ps.signal("TERM");
     assert!(ps.wait_exit().success());
 
-    let ps = PsProcess::spawn(free_port(), &args);
-    ps.wait_ready().await;
-    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let (_ps, c) = ready(&args).await;
     assert_eq!(c.status().await.unwrap()["workers_expected"], 3);
     let joined = c.join(2, Some(2)).await.unwrap();
     assert_eq!(joined.workers, 3);
@@ -157,12 +170,8 @@ async fn a_restart_keeps_the_worker_count_the_job_was_scaled_to() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn versions_after_a_restart_are_not_mistaken_for_the_old_process_versions() {
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let args = ["--workers", "1", "--algorithm", "asgd", "--checkpoint-interval", "0", "--checkpoint-dir"];
-    let args = [&args[..], &[ckpt.to_str().unwrap()]].concat();
-    let mut ps = PsProcess::spawn(free_port(), &args);
-    ps.wait_ready().await;
-    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let args = asgd_on(&dir.path().join("ckpt"), 1);
+    let (mut ps, c) = ready(&args).await;
     let l = layout();
     c.register(&l, &init(&l)).await.unwrap();
     train(&c, 1, 2, 1).await;
@@ -172,9 +181,7 @@ async fn versions_after_a_restart_are_not_mistaken_for_the_old_process_versions(
     ps.signal("TERM");
     assert!(ps.wait_exit().success());
 
-    let ps = PsProcess::spawn(free_port(), &args);
-    ps.wait_ready().await;
-    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let (_ps, c) = ready(&args).await;
     let new = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
     assert_ne!(new.incarnation, Some(old_incarnation));
     let push = |version: u64, incarnation: Option<u64>, seq: u64| {
