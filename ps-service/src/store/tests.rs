@@ -457,6 +457,18 @@ fn a_scale_up_mid_round_counts_from_the_next_round() {
     assert!(s.push(push(1, 2, 3), &[1.0, 1.0]).unwrap().applied);
 }
 
+/// Finalize leaves a partial `sync` round open (the final model is the last version); a worker
+/// whose gradient is in it re-pushes it while it waits, and must hear that the job ended.
+#[test]
+fn a_worker_waiting_in_a_round_that_finalize_left_open_hears_the_job_ended() {
+    let s = store(Algorithm::Sync, 1.0, vec![0.0; 2], 2, 1);
+    assert!(!s.push(push(0, 0, 1), &[1.0, 1.0]).unwrap().applied);
+    s.finalize();
+    assert_eq!(s.push(push(0, 0, 1), &[1.0, 1.0]).unwrap_err().reason(), "finalized");
+    assert_eq!(s.answer_before_body(push(0, 0, 1)).unwrap().unwrap_err().reason(), "finalized");
+    assert_eq!(s.version(), 0);
+}
+
 #[test]
 fn a_worker_scaled_away_leaves_no_model_copy_behind() {
     let s = store(Algorithm::DcAsgdA, 0.1, vec![0.0; 4], 3, 2);
