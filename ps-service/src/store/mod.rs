@@ -754,18 +754,21 @@ impl Store {
         if w.in_flight {
             return Err(StoreError::InFlight { worker: p.worker });
         }
-        // Before the replay: a `sync` worker re-pushing the gradient of a round that finalize
-        // left open (§7.7) must learn that the job ended, not that its round still waits.
-        if seq.finalized {
-            return Err(StoreError::Finalized);
-        }
         if let Some((last, outcome)) = w.last {
+            // A `sync` contribution in a round that finalize left open will never be applied:
+            // the worker re-pushing it while it waits must learn that the job ended.
+            if p.seq == last && seq.finalized && !outcome.applied {
+                return Err(StoreError::Finalized);
+            }
             if p.seq == last {
                 return Ok(Judged::Replay(PushOutcome { replayed: true, ..outcome }));
             }
             if p.seq < last {
                 return Err(StoreError::StaleSeq { worker: p.worker, seq: p.seq, last });
             }
+        }
+        if seq.finalized {
+            return Err(StoreError::Finalized);
         }
         if p.version > seq.version {
             return Err(StoreError::FutureVersion { got: p.version, current: seq.version });
