@@ -488,6 +488,7 @@ curl, signals, a tmpfs) and fails if the PS does otherwise.
 | corrupt and stale checkpoint files | a torn newest file; a higher-version file of an earlier run; `keepCheckpoints` 1 and 2 | the torn file set aside as `.corrupt`, the one before restored; every new checkpoint is the newest and the stale one is pruned | `checkpoint::tests::files_of_higher_versions_and_corrupt_ones_never_crowd_out_new_checkpoints` |
 | a scaled job's PS restarted | `PUT /v1/workers?count=3` on a PS started with `--workers 2`, SIGTERM, the same command line again | the restored PS expects 3 workers; worker 2 joins and trains | `process::a_restart_keeps_the_worker_count_the_job_was_scaled_to` |
 | a version near u64::MAX | offers at 2^53 and u64::MAX; a checkpoint at u64::MAX | `400` and "above the largest" respectively: no counter can wrap | `http_api::other_endpoints_validate_their_input`, `checkpoint::tests::a_version_no_model_can_reach_is_refused` |
+| a stopped `sync` worker | 2 workers, `syncRoundTimeoutSeconds` 3600, silence timeout 2 s; worker 1 SIGSTOPped after 10 rounds, then SIGCONT | 20 rounds closed without it (it shows `silent` in `/v1/status`); awake, it pushed again and the job finished; the property test drives pauses, kills, restarts, finishes and timeouts at every point of a round: an open round always misses a worker that can still send | `fault_tolerance::a_sync_round_never_waits_forever_for_a_stuck_worker`, `store::tests::a_sync_round_only_ever_waits_for_a_worker_that_can_still_send` |
 """
 
 if __name__ == "__main__":

@@ -87,6 +87,11 @@ struct Args {
     /// ones it has, so a dead worker never stops the job.
     #[arg(long, env = "FORESIGHT_SYNC_ROUND_TIMEOUT", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     sync_round_timeout: u64,
+    /// A worker the PS has heard nothing from (no pull, push, join, leave or report) for this
+    /// many seconds is marked silent: `sync` rounds stop waiting for it until it is heard again,
+    /// so a dead or stopped worker holds up one round, not all. Default: the round timeout.
+    #[arg(long, env = "FORESIGHT_WORKER_SILENCE_TIMEOUT", value_parser = clap::value_parser!(u64).range(1..))]
+    worker_silence_timeout: Option<u64>,
     /// After a restart that lost the model (no checkpoint), how many seconds pushes wait for
     /// every worker to offer its copy, so that training continues from the freshest one.
     #[arg(long, env = "FORESIGHT_RESEED_HOLD", default_value_t = 10)]
@@ -287,6 +292,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.namespace = args.namespace.clone();
     config.max_long_poll = Duration::from_secs(args.max_long_poll);
     config.sync_round_timeout = Duration::from_secs(args.sync_round_timeout);
+    config.worker_silence_timeout =
+        Duration::from_secs(args.worker_silence_timeout.unwrap_or(args.sync_round_timeout));
     config.reseed_hold = Duration::from_secs(args.reseed_hold);
     config.memory_limit = args.memory_limit.or_else(foresight_ps::server::cgroup_memory_limit);
     config.push_slots = args.push_slots.map(|k| k as usize);
@@ -305,6 +312,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     state.spawn_checkpointer();
     state.spawn_snapshotter();
     state.spawn_round_watch();
+    state.spawn_presence_watch();
     serve(listener, router(state.clone()), shutdown_signal()).await;
     match state.checkpoint().await {
         Ok(Some(path)) => tracing::info!(path = %path.display(), "final checkpoint written on shutdown"),

@@ -491,7 +491,8 @@ def run(ps):
           and w_st[0].get("last_staleness") == 0, str(w_st))
     check("status: worker 1 never pulled nor pushed",
           w_st[1] == {"generation": 0, "pulled_version": None, "pushes": 0, "last_staleness": None,
-                      "mean_staleness": 0.0, "resume_step": None, "finished": False}, str(w_st))
+                      "mean_staleness": 0.0, "resume_step": None, "finished": False,
+                      "silent": False}, str(w_st))
     check("status: worker 0's resume_step is its last accepted seq", w_st[0].get("resume_step") == 10, str(w_st))
     s = st.get("staleness") or {}
     check("status: staleness summary over 3 pushes, all tau = 0",

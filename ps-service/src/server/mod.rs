@@ -10,6 +10,7 @@ mod error;
 mod guarded_body;
 mod handlers;
 pub mod metrics;
+mod presence;
 mod serve;
 mod snapshots;
 
@@ -58,6 +59,9 @@ pub struct PsConfig {
     /// `sync`: a round that has waited this long since its last gradient closes with the ones
     /// it has (a dead worker never holds the job up for longer).
     pub sync_round_timeout: Duration,
+    /// A worker not heard (no pull, push, join, leave or report) for this long is marked
+    /// silent: `sync` rounds stop waiting for it until it is heard again.
+    pub worker_silence_timeout: Duration,
     /// After the model was seeded from a worker's copy (the PS had lost it), pushes wait this
     /// long at most for the other workers to offer fresher copies.
     pub reseed_hold: Duration,
@@ -94,6 +98,7 @@ impl PsConfig {
             namespace: "default".into(),
             max_long_poll: Duration::from_secs(60),
             sync_round_timeout: Duration::from_secs(120),
+            worker_silence_timeout: Duration::from_secs(120),
             reseed_hold: Duration::from_secs(10),
             memory_limit: None,
             push_slots: None,
@@ -111,7 +116,7 @@ pub struct AppState {
     pub metrics: metrics::Metrics,
     version_tx: watch::Sender<u64>,
     reports: Mutex<Vec<Option<Report>>>,
-    last_seen: Mutex<Vec<Option<Instant>>>,
+    presence: presence::Presences,
     checkpoints: Option<CheckpointDir>,
     last_checkpoint: Mutex<Instant>,
     /// One checkpoint write at a time (periodic, shutdown and finalize may race).
@@ -224,7 +229,7 @@ impl AppState {
             metrics,
             version_tx,
             reports: Mutex::new(vec![None; workers]),
-            last_seen: Mutex::new(vec![None; workers]),
+            presence: presence::Presences::new(workers),
             checkpoints,
             last_checkpoint: Mutex::new(Instant::now()),
             checkpoint_lock: tokio::sync::Mutex::new(()),
@@ -486,11 +491,7 @@ impl AppState {
             reports.resize(n, None);
         }
         drop(reports);
-        let mut seen = self.last_seen.lock();
-        if seen.len() < n {
-            seen.resize(n, None);
-        }
-        drop(seen);
+        self.presence.grow(n);
         if let Some(store) = self.store() {
             store.set_workers(n);
         }
@@ -502,15 +503,42 @@ impl AppState {
         Ok(())
     }
 
+    /// A request from `worker`: it counts in `sync` rounds again if it had fallen silent.
     fn saw(&self, worker: usize) {
-        let now = Instant::now();
-        let mut seen = self.last_seen.lock();
-        if let Some(slot) = seen.get_mut(worker) {
-            *slot = Some(now);
+        if self.presence.heard(worker) {
+            tracing::info!(worker, "a silent worker was heard again");
+            if let Some(store) = self.store() {
+                store.set_silent(worker, false);
+            }
         }
-        let active =
-            seen.iter().flatten().filter(|t| now.duration_since(**t) < Duration::from_secs(60)).count();
-        self.metrics.workers.set(active as i64);
+        self.metrics.workers.set(self.presence.heard_within(Duration::from_secs(60)) as i64);
+    }
+
+    /// Marks the workers not heard for `worker_silence_timeout` silent, until the process ends:
+    /// a `sync` round then closes as soon as every worker that can still send a gradient has.
+    pub fn spawn_presence_watch(self: &Arc<Self>) {
+        let state = self.clone();
+        let timeout = self.config.worker_silence_timeout;
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval((timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)));
+            loop {
+                tick.tick().await;
+                let Some(store) = state.store() else { continue };
+                for worker in state.presence.newly_silent(state.workers(), timeout) {
+                    tracing::info!(worker, silent_for = ?timeout, "nothing heard from a worker: rounds stop waiting for it");
+                    if let Some(o) = store.set_silent(worker, true) {
+                        tracing::warn!(
+                            version = o.version,
+                            worker,
+                            "sync round closed without a silent worker's gradient"
+                        );
+                        state.count_round_closed(o.version);
+                    }
+                }
+                state.metrics.workers.set(state.presence.heard_within(Duration::from_secs(60)) as i64);
+            }
+        });
     }
 
     /// Writes a checkpoint now, if a directory is configured and a model registered.

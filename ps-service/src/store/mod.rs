@@ -218,6 +218,9 @@ pub struct WorkerStatus {
     /// The worker has trained all its steps ([`Store::leave`]): `sync` rounds stop waiting for
     /// it. A new process joining as this worker clears it.
     pub finished: bool,
+    /// Nothing was heard from the worker for the PS's silence timeout ([`Store::set_silent`]):
+    /// `sync` rounds stop waiting for it until it is heard again.
+    pub silent: bool,
 }
 
 /// What [`Store::join`] hands a new incarnation of a worker.
@@ -840,16 +843,50 @@ impl Store {
     }
 
     /// Workers that have contributed to `round` or still can: all but those that finished their
-    /// steps without a gradient in it (a worker's last gradient counts though it left since).
+    /// steps or fell silent without a gradient in it (a worker's last gradient counts though it
+    /// left since).
     fn round_contributors(&self, round: &SyncRound) -> usize {
+        self.round_workers(round, |w| !(w.finished || w.silent))
+    }
+
+    /// Workers of `round` still training, silent or not: a round applied with fewer gradients
+    /// is closed short.
+    fn round_trainers(&self, round: &SyncRound) -> usize {
+        self.round_workers(round, |w| !w.finished)
+    }
+
+    /// The round's members that have contributed or pass `counts`.
+    fn round_workers(&self, round: &SyncRound, counts: impl Fn(&WorkerStatus) -> bool) -> usize {
         let m = self.round_members(round);
         let seq = self.seq.lock();
         let contributed = |i: usize| round.contributed.get(i).is_some_and(Option::is_some);
         seq.workers[..m.min(seq.workers.len())]
             .iter()
             .enumerate()
-            .filter(|(i, w)| !w.finished || contributed(*i))
+            .filter(|(i, w)| counts(w) || contributed(*i))
             .count()
+    }
+
+    /// The PS has heard nothing from `worker` for its silence timeout (`silent`), or hears it
+    /// again. Under `sync`, a round that now holds the gradient of every worker that can still
+    /// send one closes at once (its outcome is returned): a dead or stopped worker then costs
+    /// one silence timeout, not every later round's timeout. A worker heard again counts from
+    /// the round in progress on.
+    pub fn set_silent(&self, worker: usize, silent: bool) -> Option<PushOutcome> {
+        self.check_worker(worker).ok()?;
+        // Lock order: round, then sequencer.
+        let mut round = self.round.lock();
+        self.seq.lock().workers[worker].silent = silent;
+        (silent && self.round_is_due(&round)).then(|| self.apply_round(&mut round))
+    }
+
+    /// Whether the `sync` round holds enough gradients to close now that fewer workers can
+    /// contribute to it (one left or fell silent). Never after finalize.
+    fn round_is_due(&self, round: &SyncRound) -> bool {
+        self.hyper.algorithm == Algorithm::Sync
+            && round.count > 0
+            && round.count >= self.round_quorum(round)
+            && !self.is_finalized()
     }
 
     /// Worker `worker` (this incarnation, `generation`) has trained all its steps. Under `sync`,
@@ -871,11 +908,7 @@ impl Store {
             }
             w.finished = true;
         }
-        let due = self.hyper.algorithm == Algorithm::Sync
-            && round.count > 0
-            && round.count >= self.round_quorum(&round)
-            && !self.is_finalized();
-        Ok(due.then(|| self.apply_round(&mut round)))
+        Ok(self.round_is_due(&round).then(|| self.apply_round(&mut round)))
     }
 
     /// The `sync` round in progress: (its version, contributions so far); `None` for the
@@ -900,7 +933,7 @@ impl Store {
     /// Applies a round with the round lock held: the next round's contributions need the
     /// version this produces, so nobody else can use the lock now.
     fn apply_round(&self, round: &mut SyncRound) -> PushOutcome {
-        if round.count < self.round_contributors(round) {
+        if round.count < self.round_trainers(round) {
             self.rounds_closed_short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);

@@ -586,3 +586,131 @@ fn a_worker_whose_last_gradient_is_in_the_round_still_counts_when_it_leaves() {
     s.push(push(1, 1, 2), &[1.0]).unwrap();
     assert!(s.push(push(2, 1, 2), &[1.0]).unwrap().applied);
 }
+
+#[test]
+fn a_silent_worker_stops_holding_up_sync_rounds_until_it_is_heard_again() {
+    // 3 workers, no backups: worker 2 falls silent (dead or stopped) with rounds to go.
+    let s = store(Algorithm::Sync, 1.0, vec![0.0], 3, 1);
+    s.push(push(0, 0, 1), &[1.0]).unwrap();
+    s.push(push(1, 0, 1), &[1.0]).unwrap();
+    let o = s.set_silent(2, true).expect("the round holds every gradient that can still come");
+    assert_eq!((o.version, s.rounds_closed_short()), (1, 1));
+    assert!(s.status().workers[2].silent);
+    // Later rounds close as soon as the two live workers contributed: no timeout each time
+    // (closed short all the same: worker 2 has not finished its steps).
+    s.push(push(0, 1, 2), &[1.0]).unwrap();
+    assert!(s.push(push(1, 1, 2), &[1.0]).unwrap().applied);
+    assert_eq!(s.rounds_closed_short(), 2);
+    // Heard again: it counts from the round in progress on.
+    assert_eq!(s.set_silent(2, false), None);
+    s.push(push(0, 2, 3), &[1.0]).unwrap();
+    assert!(!s.push(push(1, 2, 3), &[1.0]).unwrap().applied, "the round waits for worker 2 again");
+    assert!(s.push(push(2, 2, 1), &[1.0]).unwrap().applied);
+    // A worker whose gradient is in the round still counts when it falls silent.
+    s.push(push(2, 3, 2), &[1.0]).unwrap();
+    assert_eq!(s.set_silent(2, true), None, "workers 0 and 1 have not contributed");
+    s.push(push(0, 3, 4), &[1.0]).unwrap();
+    assert!(s.push(push(1, 3, 4), &[1.0]).unwrap().applied);
+    // Not after finalize, and not for a worker outside the job.
+    s.push(push(0, 4, 5), &[1.0]).unwrap();
+    s.finalize();
+    assert_eq!(s.set_silent(1, true), None);
+    assert_eq!(s.set_silent(7, true), None);
+}
+
+/// What a `sync` worker does next in [`a_sync_round_only_ever_waits_for_a_worker_that_can_still_send`].
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    /// Pull, compute, push a gradient for the version pulled.
+    Push,
+    /// SIGSTOP, or dead: after the silence timeout the PS marks it silent.
+    Stop,
+    /// SIGCONT: its next request is heard.
+    Resume,
+    /// SIGKILL and a new process joins as the worker.
+    Restart,
+    /// It trained all its steps and leaves.
+    Finish,
+    /// The round timeout passes.
+    Timeout,
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        6 => Just(Event::Push),
+        1 => Just(Event::Stop),
+        1 => Just(Event::Resume),
+        1 => Just(Event::Restart),
+        1 => Just(Event::Finish),
+        1 => Just(Event::Timeout),
+    ]
+}
+
+/// The driver's view of one worker process.
+#[derive(Clone, Copy, Default)]
+struct Proc {
+    generation: u64,
+    seq: u64,
+    stopped: bool,
+    finished: bool,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A `sync` job never hangs: whatever pauses, kills, restarts and finishes happen at any
+    /// point of a round, an open round always has a worker that can still send the gradient it
+    /// waits for (running, not finished, not yet in the round). The round timeout is only a
+    /// fallback for the time before the PS notices a silent worker.
+    #[test]
+    fn a_sync_round_only_ever_waits_for_a_worker_that_can_still_send(
+        (m, b) in (1usize..5).prop_flat_map(|m| (Just(m), 0..m)),
+        script in proptest::collection::vec((0usize..4, event()), 1..80),
+    ) {
+        let mut hyper = Hyper::new(Algorithm::Sync, 0.1);
+        hyper.backup_workers = b;
+        let s = Store::with_shard_len(layout(2), vec![0.0; 2], hyper, m, 1);
+        let mut procs: Vec<Proc> = (0..m).map(|w| Proc { generation: s.join(w, None).unwrap().generation, ..Proc::default() }).collect();
+        for (w, e) in script {
+            let w = w % m;
+            let p = &mut procs[w];
+            let live = !p.stopped && !p.finished;
+            match e {
+                Event::Push if live => {
+                    let version = s.pull(w).unwrap().version();
+                    p.seq += 1;
+                    let push = Push { worker: w, generation: Some(p.generation), version, seq: p.seq, epoch: None };
+                    let _ = s.push(push, &[1.0, -1.0]);
+                }
+                Event::Stop if live => {
+                    p.stopped = true;
+                    s.set_silent(w, true);
+                }
+                Event::Resume if p.stopped => {
+                    p.stopped = false;
+                    s.set_silent(w, false);
+                }
+                Event::Restart => {
+                    s.set_silent(w, false);
+                    *p = Proc { generation: s.join(w, None).unwrap().generation, ..Proc::default() };
+                }
+                Event::Finish if live => {
+                    p.finished = true;
+                    s.leave(w, p.generation).unwrap();
+                }
+                Event::Timeout => {
+                    let (version, _) = s.sync_round().unwrap();
+                    s.close_round(version);
+                }
+                _ => {}
+            }
+            let round = s.round.lock();
+            if round.count > 0 {
+                let waits_for_someone = (0..m).any(|i| {
+                    !procs[i].stopped && !procs[i].finished && round.contributed[i].is_none()
+                });
+                prop_assert!(waits_for_someone, "round {} holds {} gradients and no worker that can still send one is missing", round.version, round.count);
+            }
+        }
+    }
+}
