@@ -111,7 +111,7 @@ impl LrSchedule {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Safeguards {
-    /// Clamp each element's compensation gain λ·g² at 1/η.
+    /// Clamp each element's compensation gain λ·g² at (1 − momentum)/η.
     pub gain_clamp: bool,
     /// Divide dc-asgd-a's MeanSquare by 1 − μ^t (it starts at 0).
     pub bias_correction: bool,

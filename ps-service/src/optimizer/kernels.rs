@@ -12,10 +12,16 @@ use super::UpdateStats;
 
 pub(crate) const LANES: usize = 8;
 
-/// MeanSquare values below this are flushed to 0: a parameter whose gradient stays 0 would
-/// otherwise decay through the subnormal range, where x86 arithmetic is slow. It is far below
-/// any ε (λ = λ0/√(MeanSquare+ε) is the same f32 either way).
-pub(crate) const MEAN_SQUARE_FLOOR: f32 = 1e-30;
+/// MeanSquare, momentum and compensation values below this (in magnitude) are flushed to 0:
+/// state a parameter with gradient 0 keeps would otherwise decay geometrically through the
+/// subnormal range, where x86 arithmetic is slow, and stay there for every later update. It is
+/// far below any ε (λ = λ0/√(MeanSquare+ε) is the same f32 either way) and any step that moves
+/// an f32 weight of a trained model.
+pub(crate) const FLUSH_FLOOR: f32 = 1e-30;
+
+/// A gradient element below this (in magnitude) counts g² = 0: g², (1−μ)·g² and λ·g² would be
+/// subnormal or close to it (√[`FLUSH_FLOOR`]).
+pub(crate) const SQUARE_FLOOR: f32 = 1e-15;
 
 /// Scalars for one pass of a rule.
 #[derive(Clone, Copy, Debug)]
@@ -107,7 +113,14 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
         _mm256_set1_ps(s.epsilon),
     );
     let (floor, max_gain, one) =
-        (_mm256_set1_ps(MEAN_SQUARE_FLOOR), _mm256_set1_ps(s.max_gain), _mm256_set1_ps(1.0));
+        (_mm256_set1_ps(FLUSH_FLOOR), _mm256_set1_ps(s.max_gain), _mm256_set1_ps(1.0));
+    let square_floor = _mm256_set1_ps(SQUARE_FLOOR);
+    let sign = _mm256_set1_ps(-0.0);
+    // x with the elements whose magnitude is below `below` set to 0.
+    let flush = |x: __m256, below: __m256| {
+        let small = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_andnot_ps(sign, x), below);
+        _mm256_andnot_ps(small, x)
+    };
     let (mut gs, mut cs, mut ls) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
     let mut clamped = _mm256_setzero_ps();
     for c in (0..body).step_by(LANES) {
@@ -115,14 +128,14 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
         unsafe {
             let gv = _mm256_loadu_ps(g.as_ptr().add(c));
             let wv = _mm256_loadu_ps(w.as_ptr().add(c));
-            let g2 = _mm256_mul_ps(gv, gv);
+            let g2 = _mm256_mul_ps(flush(gv, square_floor), gv);
             gs = _mm256_add_ps(gs, g2);
             let mut d = _mm256_add_ps(gv, _mm256_mul_ps(wd, wv));
             if KIND != SGD {
                 let lambda = if KIND == DC_ADAPTIVE {
                     let m = _mm256_loadu_ps(ms.as_ptr().add(c));
                     let m = _mm256_add_ps(_mm256_mul_ps(decay, m), _mm256_mul_ps(keep, g2));
-                    let m = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(m, floor), m);
+                    let m = flush(m, floor);
                     _mm256_storeu_ps(ms.as_mut_ptr().add(c), m);
                     _mm256_div_ps(l0, _mm256_sqrt_ps(_mm256_add_ps(m, eps)))
                 } else {
@@ -133,14 +146,14 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
                 let over = _mm256_cmp_ps::<_CMP_GT_OQ>(gain, max_gain);
                 clamped = _mm256_add_ps(clamped, _mm256_and_ps(over, one));
                 let gain = _mm256_min_ps(gain, max_gain);
-                let comp = _mm256_mul_ps(gain, _mm256_sub_ps(wv, bv));
+                let comp = flush(_mm256_mul_ps(gain, _mm256_sub_ps(wv, bv)), floor);
                 cs = _mm256_add_ps(cs, _mm256_mul_ps(comp, comp));
                 ls = _mm256_add_ps(ls, lambda);
                 d = _mm256_add_ps(d, comp);
             }
             if MOM {
                 let m = _mm256_loadu_ps(mom.as_ptr().add(c));
-                let m = _mm256_add_ps(_mm256_mul_ps(mu, m), d);
+                let m = flush(_mm256_add_ps(_mm256_mul_ps(mu, m), d), floor);
                 _mm256_storeu_ps(mom.as_mut_ptr().add(c), m);
                 d = m;
             }
@@ -212,13 +225,13 @@ fn element<const KIND: u8, const MOM: bool>(
     ms: &mut f32,
     mom: &mut f32,
 ) {
-    let g2 = g * g;
+    let g2 = flush(g, SQUARE_FLOOR) * g;
     acc.grad_sq[lane] += g2;
     let mut d = g + s.weight_decay * *w;
     if KIND != SGD {
         let lambda = if KIND == DC_ADAPTIVE {
             let m = s.decay * *ms + (1.0 - s.decay) * g2;
-            *ms = if m < MEAN_SQUARE_FLOOR { 0.0 } else { m };
+            *ms = flush(m, FLUSH_FLOOR);
             s.lambda0 / (*ms + s.epsilon).sqrt()
         } else {
             s.lambda0
@@ -226,16 +239,22 @@ fn element<const KIND: u8, const MOM: bool>(
         let gain = lambda * g2;
         let over = gain > s.max_gain;
         acc.clamped[lane] += if over { 1.0 } else { 0.0 };
-        let comp = if over { s.max_gain } else { gain } * (*w - bak);
+        let comp = flush(if over { s.max_gain } else { gain } * (*w - bak), FLUSH_FLOOR);
         acc.comp_sq[lane] += comp * comp;
         acc.lambda[lane] += lambda;
         d += comp;
     }
     if MOM {
-        *mom = s.momentum * *mom + d;
+        *mom = flush(s.momentum * *mom + d, FLUSH_FLOOR);
         d = *mom;
     }
     *w -= s.lr * d;
+}
+
+/// `x`, or 0 when its magnitude is below `below` (as the AVX2 build's `flush`).
+#[inline(always)]
+fn flush(x: f32, below: f32) -> f32 {
+    if x.abs() < below { 0.0 } else { x }
 }
 
 #[inline(always)]

@@ -10,9 +10,11 @@
 //! Weight decay adds wd·w to the step, momentum folds the step through a heavy-ball buffer.
 //!
 //! Numerical safeguards of the delay-compensated rules ([`Safeguards`], docs/convergence.md):
-//! the per-element gain λ·g² is clamped at 1/η, so the compensation never moves a parameter
-//! past its backup; dc-asgd-a's MeanSquare, which starts at 0, is bias-corrected like Adam's
-//! second moment (÷ (1 − μ^t)); MeanSquare below 1e-30 is flushed to 0 (no subnormals).
+//! the per-element gain λ·g² is clamped at (1 − momentum)/η, so the compensation never moves a
+//! parameter past its backup, with momentum's build-up too; dc-asgd-a's MeanSquare, which starts
+//! at 0, is bias-corrected like Adam's second moment (÷ (1 − μ^t)); MeanSquare, momentum and
+//! compensation below 1e-30 are flushed to 0 and gradients below 1e-15 count g² = 0 (no
+//! subnormals).
 
 mod hyper;
 pub(crate) mod kernels;
@@ -46,7 +48,7 @@ pub struct UpdateStats {
     pub compensation_sq: f64,
     /// Σ λ over the elements (0 for rules without compensation)
     pub lambda_sum: f64,
-    /// Elements whose compensation gain λ·g² was clamped at 1/η.
+    /// Elements whose compensation gain λ·g² was clamped at (1 − momentum)/η.
     pub clamped: u64,
     pub elements: u64,
 }
@@ -117,7 +119,9 @@ pub fn apply(
         lambda0: (f64::from(hyper.lambda0) * b.sqrt()) as f32,
         decay: hyper.mean_square_decay,
         epsilon: (f64::from(hyper.epsilon) * b) as f32,
-        max_gain: if guard.gain_clamp { 1.0 / step.lr } else { f32::INFINITY },
+        // With momentum μ a constant compensation builds up to 1/(1 − μ) times itself in the
+        // buffer: (1 − μ)/η bounds the step it makes, not only its first term.
+        max_gain: if guard.gain_clamp { (1.0 - hyper.momentum) / step.lr } else { f32::INFINITY },
     };
     let need_backup = || backup.expect("delay-compensated rules need the worker's backup");
     let pass = match hyper.algorithm {

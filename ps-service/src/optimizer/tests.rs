@@ -122,7 +122,7 @@ fn reference(h: &Hyper, w: &mut [f32], g: &[f32], bak: &[f32], st: &mut Optimize
             } else {
                 h.lambda0
             };
-            let gain = (lambda * g[i] * g[i]).min(1.0 / h.lr.base);
+            let gain = (lambda * g[i] * g[i]).min((1.0 - h.momentum) / h.lr.base);
             d += gain * (w[i] - bak[i]);
         }
         if h.momentum > 0.0 {
@@ -290,4 +290,79 @@ fn idle_parameters_never_leave_mean_square_subnormal() {
     }
     assert_eq!(st.mean_square, vec![0.0; 9]);
     assert_eq!(w, vec![0.5; 9], "no gradient, no compensation");
+}
+
+/// With momentum μ, a compensation that recurs every update (a worker that always pushes
+/// against a stale backup) builds up to 1/(1 − μ) times itself in the buffer: the clamp at
+/// (1 − μ)/η keeps the step within w − w_bak (it was 10× past at μ = 0.9 with the clamp at 1/η).
+#[test]
+fn the_gain_clamp_bounds_the_step_with_momentum_too() {
+    for algo in [Algorithm::DcAsgdC, Algorithm::DcAsgdA] {
+        let mut h = hyper(algo, 0.1);
+        h.lambda0 = 1e8;
+        h.momentum = 0.9;
+        let mut st = OptimizerState::new(&h, 1);
+        let mut w = vec![1.0f32];
+        let mut clamped = 0;
+        for t in 0..100 {
+            // Every push comes from a worker whose backup is 1 behind the model.
+            let bak = [w[0] - 1.0];
+            let before = w[0];
+            let stats = apply(
+                &h,
+                Step::at(0.1, t + 1),
+                &mut w,
+                &[1e-3],
+                Some(&bak),
+                &mut st.mean_square,
+                &mut st.momentum,
+            );
+            clamped += stats.clamped;
+            let gradient_part = 0.1 * 1e-3 / (1.0 - 0.9);
+            assert!(
+                (before - w[0]).abs() <= 1.0 + gradient_part + 1e-4,
+                "{algo}, update {t}: moved {} past a backup 1 away",
+                before - w[0]
+            );
+        }
+        assert_eq!(clamped, 100, "{algo}: every update clamped");
+    }
+}
+
+/// A parameter whose gradient turns 0 ends with momentum exactly 0: the buffer decays by μ per
+/// update and would otherwise sit in the subnormal range (μ = 0.5: from about update 126 on).
+#[test]
+fn momentum_of_idle_parameters_never_goes_subnormal() {
+    let mut h = hyper(Algorithm::Asgd, 0.1);
+    h.momentum = 0.5;
+    let mut st = OptimizerState::new(&h, 9);
+    let mut w = vec![0.5; 9];
+    apply(&h, Step::at(0.1, 1), &mut w, &[1.0; 9], None, &mut st.mean_square, &mut st.momentum);
+    for t in 0..300 {
+        apply(&h, Step::at(0.1, t + 2), &mut w, &[0.0; 9], None, &mut st.mean_square, &mut st.momentum);
+        assert!(st.momentum.iter().all(|m| *m == 0.0 || m.is_normal()), "update {t}: {:?}", st.momentum);
+    }
+    assert_eq!(st.momentum, vec![0.0; 9]);
+}
+
+/// Gradients so small their squares would be subnormal count g² = 0 and leave MeanSquare and
+/// the compensation 0; the plain gradient step is kept.
+#[test]
+fn tiny_gradients_leave_no_subnormal_state() {
+    let mut h = hyper(Algorithm::DcAsgdA, 0.1);
+    h.momentum = 0.9;
+    let mut st = OptimizerState::new(&h, 9);
+    let mut w = vec![0.5; 9];
+    let stats = apply(
+        &h,
+        Step::at(0.1, 1),
+        &mut w,
+        &[1e-20; 9],
+        Some(&[0.4; 9]),
+        &mut st.mean_square,
+        &mut st.momentum,
+    );
+    assert_eq!(st.mean_square, vec![0.0; 9]);
+    assert_eq!((stats.grad_sq, stats.compensation_sq), (0.0, 0.0));
+    assert!(st.momentum.iter().all(|m| *m == 0.0 || m.is_normal()), "{:?}", st.momentum);
 }

@@ -353,6 +353,7 @@ fn push_response(
             m.model_version.set(store.version() as i64);
             if store.hyper().algorithm.is_delay_compensated() {
                 m.observe_compensation(o.stats.compensation_ratio(), o.stats.mean_lambda());
+                m.compensation_clamped.inc_by(o.stats.clamped);
             }
         }
     }

@@ -26,6 +26,8 @@ pub struct Metrics {
     pub sent_bytes: IntCounter,
     pub compensation_ratio: Gauge,
     pub lambda: Gauge,
+    /// Elements whose compensation gain hit the clamp, over every update.
+    pub compensation_clamped: IntCounter,
     pub workers: IntGauge,
     pub workers_expected: IntGauge,
     /// Push bodies buffered at once at most (0: unbounded).
@@ -116,6 +118,10 @@ impl Metrics {
                 "foresight_ps_lambda",
                 "Mean λ_t over the parameters, exponentially weighted over the last ~20 delay-compensated updates.",
             ),
+            compensation_clamped: counter(
+                "foresight_ps_compensation_clamped_total",
+                "Parameter elements whose delay-compensation gain λ·g² was clamped at (1 − momentum)/η, summed over the updates.",
+            ),
             workers: int_gauge(
                 "foresight_ps_workers",
                 "Workers seen (pull, push or report) in the last 60 seconds.",
@@ -150,7 +156,7 @@ impl Metrics {
             ),
             rounds_closed_short: counter(
                 "foresight_ps_sync_rounds_closed_short_total",
-                "sync rounds closed without the gradient of every worker still training (backup workers, or the round timeout).",
+                "sync rounds closed without the gradient of every worker still training (backup workers, a silent worker, or the round timeout).",
             ),
             registry,
             compensation: parking_lot::Mutex::new(None),
