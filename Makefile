@@ -81,6 +81,13 @@ simulate: build ## The rules at any staleness without the machine: foresight-wor
 chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 45 min here; ARGS=...)
 	python3 scripts/chaos.py --out $(OUT)/chaos --doc docs/reliability.md $(ARGS)
 
+# h2spec is built from Go modules into ~/.cache/foresight (tools/build-h2spec.sh). Declared .PHONY
+# here, not on the list at the top, for the same reason as the cluster targets below.
+.PHONY: h2spec
+h2spec: ## HTTP/2 conformance: h2spec against foresight-ps over h2c and TLS, fails below the floors in scripts/h2spec.sh (about 12 s; ARGS=-- --strict)
+	$(CARGO) build --locked -p foresight-ps --bin foresight-ps
+	FORESIGHT_BIN_DIR=$(CURDIR)/target/debug scripts/h2spec.sh $(OUT)/h2spec $(ARGS)
+
 # (docs/img/dashboard.png comes from the real cluster now: make cluster-observability.)
 observability: build ## Run a local job under Prometheus, render the dashboard's panels to out/observability/dashboard.png (1 min)
 	python3 scripts/render-dashboard.py --out $(OUT)/observability --png $(OUT)/observability/dashboard.png

@@ -489,6 +489,32 @@ curl, signals, a tmpfs) and fails if the PS does otherwise.
 | a scaled job's PS restarted | `PUT /v1/workers?count=3` on a PS started with `--workers 2`, SIGTERM, the same command line again | the restored PS expects 3 workers; worker 2 joins and trains | `process::a_restart_keeps_the_worker_count_the_job_was_scaled_to` |
 | a version near u64::MAX | offers at 2^53 and u64::MAX; a checkpoint at u64::MAX | `400` and "above the largest" respectively: no counter can wrap | `http_api::other_endpoints_validate_their_input`, `checkpoint::tests::a_version_no_model_can_reach_is_refused` |
 | a stopped `sync` worker | 2 workers, `syncRoundTimeoutSeconds` 3600, silence timeout 2 s; worker 1 SIGSTOPped after 10 rounds, then SIGCONT | 20 rounds closed without it (it shows `silent` in `/v1/status`); awake, it pushed again and the job finished; the property test drives pauses, kills, restarts, finishes and timeouts at every point of a round: an open round always misses a worker that can still send | `fault_tolerance::a_sync_round_never_waits_forever_for_a_stuck_worker`, `store::tests::a_sync_round_only_ever_waits_for_a_worker_that_can_still_send` |
+
+### HTTP/2 conformance (h2spec)
+
+`make h2spec` (`scripts/h2spec.sh`) runs [h2spec](https://github.com/summerwind/h2spec) 2.2.1
+against `foresight-ps` on loopback, over h2c (prior knowledge) and over TLS (h2 by ALPN, a
+self-signed certificate): `h2spec -h 127.0.0.1 -p PORT -P /readyz`, then the same with `-t -k`.
+It fails when h2c passes fewer than 141 of the 145 cases or TLS fewer than 142. h2spec is built from Go modules
+into `~/.cache/foresight` by `tools/build-h2spec.sh` (module `v2.2.1+incompatible`: the later
+tags' go.mod lacks the `/v2` suffix, so Go cannot select them): 80 s and 105 s cold here (empty
+Go build and module caches; about 70 s of CPU, most of it the standard library; other builds
+were running), 7 s with a warm Go build cache, 0.06 s when cached. A run takes about 12 s (each
+mode ~5 s, mostly h2spec's 2 s timeout on failing cases). The path is `/readyz` because its
+5-byte body lets `http2/6.9.2/2` run (h2spec skips it under 5 bytes; `/healthz` answers "ok").
+
+Measured here on the debug build: **h2c 142 passed, 3 failed** in 9 of 10 runs, 141 and 4 in the
+other; **TLS 143 passed, 2 failed** in 4 of 5 runs, 142 and 3 in the other (the intermittent
+case below); before a connection whose TLS handshake chose h2 was served HTTP/2 only, 142 in 9 of
+10. `--strict` adds one
+case (`http2/5.4.1/2`, GOAWAY after an invalid PING), which passes. The failures:
+
+| case | what h2spec saw | whose |
+|---|---|---|
+| `http2/3.5/2` invalid connection preface | the PS answered `HTTP/1.1 400 Bad Request` and closed the connection (in 5 ms); h2spec parsed those bytes as a frame header and reported "unexpected EOF" instead of "connection closed" | ours, by design on h2c (one port serves HTTP/1.1 and h2c: hyper-util's auto builder takes anything that is not the preface for HTTP/1.1); over TLS it passes now: a connection whose ALPN chose h2 is served HTTP/2 only (`server/serve.rs`) |
+| `http2/4.2/2` DATA frame larger than SETTINGS_MAX_FRAME_SIZE | the PS advertises 16,777,215 (2^24−1, the maximum, for large gradients); h2spec's frame of that + 1 cannot be encoded in 24 bits, so it was never sent, and the PS answered the POST with its 405 | h2spec's expectation: it cannot test a peer that advertises the maximum |
+| `http2/4.2/3` HEADERS frame larger than SETTINGS_MAX_FRAME_SIZE | h2spec sent a 17,583-byte HEADERS frame (larger than the default 16,384, far below our limit); the PS answered it, `431` (the header list exceeds h2's 16 KiB) | h2spec's expectation: it assumes the default frame size for HEADERS |
+| `http2/6.9.1/3` WINDOW_UPDATEs pushing a stream window above 2^31−1 (sometimes: run alone 30 times, it failed 9 times over h2c and 5 over TLS) | the 5-byte response with END_STREAM, no RST_STREAM: when the response is already sent, h2 0.4.20 ignores a WINDOW_UPDATE on that stream (`prioritize.rs`: "We can't send any data"), so the overflow is only caught when the updates arrive first | the HTTP/2 library (h2), and h2spec's timing: it expects the server to be still sending |
 """
 
 if __name__ == "__main__":

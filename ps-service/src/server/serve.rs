@@ -102,6 +102,9 @@ fn acceptor(files: &TlsFiles) -> anyhow::Result<TlsAcceptor> {
 pub async fn serve(listener: Listener, app: Router, shutdown: impl Future<Output = ()>) {
     let limits = listener.limits;
     let builder = Arc::new(builder(&limits));
+    // For a TLS connection whose handshake chose h2: whatever is not the HTTP/2 preface is then
+    // a protocol error, not an HTTP/1.1 request to answer (h2spec's http2/3.5/2).
+    let h2_builder = Arc::new(builder.as_ref().clone().http2_only());
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -119,7 +122,7 @@ pub async fn serve(listener: Listener, app: Router, shutdown: impl Future<Output
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
-        let builder = builder.clone();
+        let (builder, h2_builder) = (builder.clone(), h2_builder.clone());
         let tls = listener.tls.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
@@ -136,8 +139,13 @@ pub async fn serve(listener: Listener, app: Router, shutdown: impl Future<Output
                             Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                             Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
                         };
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    watcher.watch(conn.into_owned()).await
+                    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        let conn = h2_builder.serve_connection(TokioIo::new(stream), service);
+                        watcher.watch(conn.into_owned()).await
+                    } else {
+                        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        watcher.watch(conn.into_owned()).await
+                    }
                 }
             };
             if let Err(e) = ended {
