@@ -505,6 +505,9 @@ async fn evaluate_models(
         .arg(flag)
         .arg(path)
         .envs(env.iter().map(|(k, v)| (k, v)))
+        // An evaluation is no worker: whatever finds worker m's process by its index (a
+        // supervisor, scripts/chaos.py killing workers) must not find this one.
+        .env_remove("FORESIGHT_WORKER_INDEX")
         .stdin(Stdio::null())
         .output()
         .await
