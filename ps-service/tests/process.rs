@@ -5,7 +5,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use foresight_ps::client::{GradDtype, PsClient, PushId};
+use foresight_ps::client::{Cadence, GradDtype, PsClient, PushId, StepEnd};
 use foresight_ps::server::TlsFiles;
 use foresight_ps::store::checkpoint;
 use support::*;
@@ -387,4 +387,65 @@ async fn tls_serves_http2_negotiated_by_alpn() {
     assert!(curl("/v1/status", Some(TOKEN)).ends_with("2 200"));
     assert!(curl("/v1/status", None).ends_with("2 401"));
     drop(ps);
+}
+
+/// The PS dies without a checkpoint, and a new worker process registers its initial weights
+/// before the others notice: the next pull of a worker that trained shows an older model from
+/// another process, so it offers its copy, which replaces the registered model (updates applied
+/// to it or not); gradients computed on the registered model's versions are refused from then
+/// on. Training does not go back to the initial weights.
+#[test]
+fn a_copy_fresher_than_a_model_registered_after_a_loss_replaces_it() {
+    let rt = runtime();
+    let port = free_port();
+    let args = ["--algorithm", "asgd", "--workers", "2", "--checkpoint-interval", "0", "--reseed-hold", "1"];
+    let ps = PsProcess::spawn(port, &args);
+    rt.block_on(ps.wait_ready());
+    let urls = [ps.url.clone()];
+    let mut a = worker(&rt, &urls, Cadence::every_step(), 0, Duration::from_secs(30));
+    for _ in 0..20 {
+        assert_eq!(step(&mut a, 0), StepEnd::Continue);
+    }
+    drop(ps); // SIGKILL: nothing survives.
+
+    let ps = PsProcess::spawn(port, &args);
+    rt.block_on(ps.wait_ready());
+    let b = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    let (on_registered, status) = rt.block_on(async {
+        assert!(b.register(&l, &init(&l)).await.unwrap(), "the new process's model is the first");
+        let gen_b = b.join(1, None).await.unwrap().generation;
+        let mut version = 0;
+        for seq in 1..=3 {
+            let m = b.pull(1, None, Duration::ZERO).await.unwrap().unwrap();
+            let id = PushId {
+                worker: 1,
+                generation: Some(gen_b),
+                version: m.version,
+                incarnation: m.incarnation,
+                seq,
+            };
+            version = b.push(id, None, &l, &grad(&l, seq as usize), GradDtype::F32).await.unwrap().version;
+        }
+        let m = b.pull(1, None, Duration::ZERO).await.unwrap().unwrap();
+        let id = PushId {
+            worker: 1,
+            generation: Some(gen_b),
+            version: m.version,
+            incarnation: m.incarnation,
+            seq: 4,
+        };
+        (id, (version, b.status().await.unwrap()))
+    });
+    assert_eq!(on_registered.version, 3);
+    assert_eq!(status.0, 3);
+
+    // Worker 0's next step pulls v3 from another process, offers its copy (the model it pulled
+    // last: v19, its 20th gradient went into v20), pulls that and pushes on it.
+    assert_eq!(step(&mut a, 0), StepEnd::Continue);
+    let status = rt.block_on(b.status()).unwrap();
+    assert_eq!((&status["version"], &status["reseeds"]), (&20.into(), &1.into()), "{status}");
+    let err = rt.block_on(b.push(on_registered, None, &l, &grad(&l, 4), GradDtype::F32)).unwrap_err();
+    assert_eq!(err.reason(), Some("pull_required"), "a gradient on the replaced model: {err}");
+    assert_eq!(rt.block_on(b.status()).unwrap()["version"], 20, "the refused push changed nothing");
 }

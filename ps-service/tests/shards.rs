@@ -6,39 +6,16 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use foresight_ps::client::{Cadence, Exchange, GradDtype, PsClient, Retry, Session, StepEnd};
+use foresight_ps::client::{Cadence, GradDtype, PsClient, StepEnd};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::store::checkpoint;
 use foresight_ps::wire::Layout;
 use foresight_ps::wire::shards::ShardMap;
 use support::*;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
-/// Worker `m` of a job whose shards are at `urls`, joined, with the real client.
-fn worker(rt: &tokio::runtime::Runtime, urls: &[String], m: usize, deadline: Duration) -> Exchange {
-    let l = layout();
-    let clients = PsClient::for_shards(&urls.join(","), Some(TOKEN.into())).unwrap();
-    let retry = Retry::new(deadline, m as u64);
-    let (session, joined) =
-        Session::start(clients, rt.handle().clone(), m, l.clone(), &init(&l), retry).unwrap();
-    // Pulls every other step: the step between pushes a gradient computed on an older model.
-    Exchange::new(session, &joined, Cadence::new(2, 1, GradDtype::F32).unwrap())
-}
-
-/// One step of worker `m`: pull (when due), a gradient that depends on the step and on the
-/// model it was computed on, push.
-fn step(w: &mut Exchange, m: usize) -> StepEnd {
-    let model = w.pull_if_due().unwrap();
-    let k = w.step() as usize * 2 + m;
-    let g = grad(w.layout(), k);
-    let first = model.map_or(0.0, |m| m.values[0]);
-    for (acc, x) in w.grad_mut().iter_mut().zip(g) {
-        *acc += x + 0.01 * first;
-    }
-    w.end_step(Some(w.step() as f64 / 100.0)).unwrap()
+/// Pulls every other step: the step between pushes a gradient computed on an older model.
+fn every_other() -> Cadence {
+    Cadence::new(2, 1, GradDtype::F32).unwrap()
 }
 
 fn status(rt: &tokio::runtime::Runtime, url: &str) -> serde_json::Value {
@@ -58,8 +35,8 @@ fn train_sharded(n: usize, steps: u64) -> (Vec<f32>, Vec<u64>, Vec<Layout>) {
         })
         .collect();
     let urls: Vec<String> = shards.iter().map(|s| s.url.clone()).collect();
-    let mut a = worker(&rt, &urls, 0, Duration::from_secs(5));
-    let mut b = worker(&rt, &urls, 1, Duration::from_secs(5));
+    let mut a = worker(&rt, &urls, every_other(), 0, Duration::from_secs(5));
+    let mut b = worker(&rt, &urls, every_other(), 1, Duration::from_secs(5));
     for _ in 0..steps {
         assert_eq!(step(&mut a, 0), StepEnd::Continue);
         assert_eq!(step(&mut b, 1), StepEnd::Continue);
@@ -155,7 +132,7 @@ fn kill_shard_1_mid_run(checkpoints_on: bool) -> u64 {
             std::thread::spawn(move || {
                 // The client blocks on a runtime of its own, as in a worker process.
                 let rt = runtime();
-                let mut w = worker(&rt, &urls, m, Duration::from_secs(60));
+                let mut w = worker(&rt, &urls, every_other(), m, Duration::from_secs(60));
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     assert_eq!(step(&mut w, m), StepEnd::Continue);
                 }
@@ -209,7 +186,7 @@ fn finalizing_shard_zero_writes_the_whole_model_and_finalizes_the_others() {
     c.peers = vec![shard1.url.clone()];
     let shard0 = rt.block_on(start(c));
     let urls = [shard0.url.clone(), shard1.url.clone()];
-    let mut w = worker(&rt, &urls, 0, Duration::from_secs(5));
+    let mut w = worker(&rt, &urls, every_other(), 0, Duration::from_secs(5));
     for _ in 0..5 {
         assert_eq!(step(&mut w, 0), StepEnd::Continue);
     }
@@ -242,6 +219,6 @@ fn scaling_shard_zero_scales_every_shard() {
     for u in &urls {
         assert_eq!(status(&rt, u)["workers_expected"], 2, "{u}");
     }
-    let mut w = worker(&rt, &urls, 1, Duration::from_secs(5));
+    let mut w = worker(&rt, &urls, every_other(), 1, Duration::from_secs(5));
     assert_eq!(step(&mut w, 1), StepEnd::Continue);
 }

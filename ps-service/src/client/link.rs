@@ -102,11 +102,26 @@ impl Link {
                 .await;
             match pulled {
                 Ok(Some(m)) if m.layout != self.layout => return Err(ClientError::OtherModel),
+                Ok(Some(m)) if self.went_back(&m) => {
+                    // Offered once: whether taken or not, this copy is not offered again.
+                    self.reseed(step).await?;
+                    self.copy = None;
+                }
                 Ok(m) => return Ok(m),
                 Err(e) if e.reason() == Some("not_registered") => self.reseed(step).await?,
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Whether `pulled` comes from another PS process than this worker's copy and is older:
+    /// the PS lost the model and another worker registered its initial weights before this one
+    /// could offer its copy (a registered model takes a fresher copy, updates or not).
+    fn went_back(&self, pulled: &Model) -> bool {
+        self.copy.as_ref().is_some_and(|copy| {
+            let other_process = copy.incarnation.is_some() && pulled.incarnation != copy.incarnation;
+            other_process && pulled.version < copy.version
+        })
     }
 
     /// Keeps a pulled slice: the next gradient is computed on it.

@@ -119,8 +119,10 @@ async fn register(
     result?;
     let config = state.config.clone();
     let (buf, built) = tokio::task::spawn_blocking(move || {
-        let built = wire::decode_model(&buf).map(|(layout, values, _)| {
-            Store::seeded(layout, values, version, config.hyper.clone(), config.workers)
+        let built = wire::decode_model(&buf).map(|(layout, values, _)| match worker {
+            // A worker's copy (the PS had lost the model), or a job's first registration.
+            Some(_) => Store::seeded(layout, values, version, config.hyper.clone(), config.workers),
+            None => Store::registered(layout, values, version, config.hyper.clone(), config.workers),
         });
         (buf, built)
     })

@@ -281,6 +281,23 @@ struct Sequencer {
     /// The version at which MeanSquare was last all zero (dc-asgd-a's bias correction counts
     /// updates from there).
     mean_square_origin: u64,
+    /// What a worker's copy of the model may replace ([`Store::takes_copy`]).
+    origin: Origin,
+    /// Versions below this were served before a worker's copy replaced the model: a gradient
+    /// computed on one is refused (`pull_required`), whatever the rule.
+    lineage_from: u64,
+}
+
+/// Where the model came from, which decides what a worker's copy of it may replace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Origin {
+    /// Registered in this process from a worker's initial weights. Should a worker hold a copy
+    /// of a later version, the PS had lost the job's model and a new worker registered first: the
+    /// copy replaces it, updates applied since or not (they trained from the initial weights).
+    Registered,
+    /// Restored from a checkpoint or seeded from a worker's copy: a fresher copy replaces it only
+    /// while no update has been applied (`seeded_at`).
+    Kept,
 }
 
 /// The `sync` rule's round: one gradient per worker for `version`.
@@ -388,6 +405,13 @@ impl Store {
         Self::seeded_with_shard_len(layout, values, version, hyper, workers, DEFAULT_SHARD_LEN)
     }
 
+    /// A job's model registered from a worker's initial weights (see [`Origin::Registered`]).
+    pub fn registered(layout: Layout, values: Vec<f32>, version: u64, hyper: Hyper, workers: usize) -> Self {
+        let store = Self::seeded(layout, values, version, hyper, workers);
+        store.seq.lock().origin = Origin::Registered;
+        store
+    }
+
     fn seeded_with_shard_len(
         layout: Layout,
         values: Vec<f32>,
@@ -443,6 +467,8 @@ impl Store {
             staleness: StalenessCounts::default(),
             seeded_at: Some(data.version),
             mean_square_origin: data.version,
+            origin: Origin::Kept,
+            lineage_from: 0,
         };
         Self {
             layout,
@@ -618,23 +644,33 @@ impl Store {
 
     /// Whether a copy of `version` would replace the model ([`Store::reseed`]).
     pub fn takes_copy(&self, version: u64) -> bool {
-        let seq = self.seq.lock();
-        !seq.finalized && seq.seeded_at.is_some_and(|at| version > at)
+        Self::copy_replaces(&self.seq.lock(), version)
     }
 
-    /// Replaces a seeded model that no update has touched yet with a fresher copy (`version`
-    /// newer than the seed's). False, and nothing changed, otherwise.
+    fn copy_replaces(seq: &Sequencer, version: u64) -> bool {
+        let fresher = match seq.origin {
+            Origin::Registered => version > seq.version,
+            Origin::Kept => seq.seeded_at.is_some_and(|at| version > at),
+        };
+        fresher && !seq.finalized
+    }
+
+    /// Replaces the model with a worker's fresher copy (`version` newer than the seed's, while no
+    /// update has touched it; or newer than a registered model's version, see
+    /// [`Origin::Registered`]). False, and nothing changed, otherwise. Gradients computed on the
+    /// versions before are refused from now on.
     pub fn reseed(&self, values: &[f32], version: u64) -> bool {
         assert_eq!(values.len(), self.layout.len(), "copy decoded against another layout");
         let mut round = self.round.lock();
         let op = {
             let mut seq = self.seq.lock();
-            if seq.seeded_at.is_none_or(|at| version <= at) || seq.finalized {
+            if !Self::copy_replaces(&seq, version) {
                 return false;
             }
             let op = seq.next_op;
             seq.next_op += 1;
             (seq.version, seq.seeded_at) = (version, Some(version));
+            (seq.origin, seq.lineage_from) = (Origin::Kept, version);
             seq.mean_square_origin = version;
             seq.cached = None;
             seq.backups.fill(None);
@@ -775,6 +811,10 @@ impl Store {
         }
         if p.version > seq.version {
             return Err(StoreError::FutureVersion { got: p.version, current: seq.version });
+        }
+        if p.version < seq.lineage_from {
+            let pulled = seq.workers[p.worker].pulled_version;
+            return Err(StoreError::PullRequired { worker: p.worker, got: p.version, pulled });
         }
         let staleness = seq.version - p.version;
         if let Some(round) = round {

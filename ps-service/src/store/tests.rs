@@ -377,6 +377,28 @@ fn a_fresher_copy_replaces_a_seeded_model_until_the_first_update() {
 }
 
 #[test]
+fn a_registered_model_takes_a_fresher_copy_even_after_updates() {
+    // The PS lost the job's model and a new worker registered its initial weights first: a
+    // surviving worker's copy of v50 replaces it, though two updates were applied to it.
+    let s = Store::registered(layout(2), vec![0.0, 0.0], 0, Hyper::new(Algorithm::Asgd, 1.0), 2);
+    s.push(push(1, 0, 1), &[1.0, 1.0]).unwrap();
+    s.push(push(1, 1, 2), &[1.0, 1.0]).unwrap();
+    assert!(!s.takes_copy(2) && !s.reseed(&[9.0, 9.0], 2), "not as fresh as the model");
+    assert!(s.takes_copy(50) && s.reseed(&[5.0, 5.0], 50));
+    assert_eq!((s.version(), s.snapshot_now().params()), (50, &[5.0, 5.0][..]));
+    // Gradients computed on the registered model are refused, even under asgd.
+    assert_eq!(s.push(push(1, 2, 3), &[1.0, 1.0]).unwrap_err().reason(), "pull_required");
+    assert_eq!(s.version(), 50);
+    s.push(push(1, 50, 3), &[1.0, 1.0]).unwrap();
+    // From now on it is a copy's model: a fresher copy after an update is refused.
+    assert!(!s.takes_copy(500), "training has moved on from the copy");
+    // A model restored or seeded (not registered) never takes a copy after an update.
+    let kept = store(Algorithm::Asgd, 1.0, vec![0.0, 0.0], 2, 2);
+    kept.push(push(0, 0, 1), &[1.0, 1.0]).unwrap();
+    assert!(!kept.takes_copy(50));
+}
+
+#[test]
 fn backup_workers_close_a_round_with_the_first_m_minus_b_gradients() {
     let mut hyper = Hyper::new(Algorithm::Sync, 1.0);
     hyper.backup_workers = 1;

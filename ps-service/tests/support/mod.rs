@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use foresight_ps::client::{Cadence, Exchange, PsClient, Retry, Session, StepEnd};
 use foresight_ps::optimizer::{Algorithm, Hyper};
 use foresight_ps::server::{AppState, ConnectionLimits, Listener, PsConfig, TlsFiles, router, serve};
 use foresight_ps::wire::{Layout, TensorSpec};
@@ -191,4 +192,38 @@ pub fn self_signed_cert(dir: &Path) -> TlsFiles {
         .expect("openssl (make setup installs it)");
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     TlsFiles { cert, key }
+}
+
+/// A runtime for tests that drive the workers' blocking client ([`Session`]).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Worker `m` of a job whose shards are at `urls`, joined, with the real client.
+pub fn worker(
+    rt: &tokio::runtime::Runtime,
+    urls: &[String],
+    cadence: Cadence,
+    m: usize,
+    deadline: Duration,
+) -> Exchange {
+    let l = layout();
+    let clients = PsClient::for_shards(&urls.join(","), Some(TOKEN.into())).unwrap();
+    let retry = Retry::new(deadline, m as u64);
+    let (session, joined) =
+        Session::start(clients, rt.handle().clone(), m, l.clone(), &init(&l), retry).unwrap();
+    Exchange::new(session, &joined, cadence)
+}
+
+/// One step of worker `m`: pull (when due), a gradient that depends on the step and on the
+/// model it was computed on, push.
+pub fn step(w: &mut Exchange, m: usize) -> StepEnd {
+    let model = w.pull_if_due().unwrap();
+    let k = w.step() as usize * 2 + m;
+    let g = grad(w.layout(), k);
+    let first = model.map_or(0.0, |m| m.values[0]);
+    for (acc, x) in w.grad_mut().iter_mut().zip(g) {
+        *acc += x + 0.01 * first;
+    }
+    w.end_step(Some(w.step() as f64 / 100.0)).unwrap()
 }
