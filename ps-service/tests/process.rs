@@ -412,33 +412,23 @@ fn a_copy_fresher_than_a_model_registered_after_a_loss_replaces_it() {
     rt.block_on(ps.wait_ready());
     let b = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
     let l = layout();
-    let (on_registered, status) = rt.block_on(async {
+    let on_registered = rt.block_on(async {
         assert!(b.register(&l, &init(&l)).await.unwrap(), "the new process's model is the first");
-        let gen_b = b.join(1, None).await.unwrap().generation;
-        let mut version = 0;
-        for seq in 1..=3 {
-            let m = b.pull(1, None, Duration::ZERO).await.unwrap().unwrap();
-            let id = PushId {
-                worker: 1,
-                generation: Some(gen_b),
-                version: m.version,
-                incarnation: m.incarnation,
-                seq,
-            };
-            version = b.push(id, None, &l, &grad(&l, seq as usize), GradDtype::F32).await.unwrap().version;
-        }
-        let m = b.pull(1, None, Duration::ZERO).await.unwrap().unwrap();
-        let id = PushId {
-            worker: 1,
-            generation: Some(gen_b),
-            version: m.version,
-            incarnation: m.incarnation,
-            seq: 4,
+        let generation = Some(b.join(1, None).await.unwrap().generation);
+        // Worker 1's push id for step `seq`, on the model it pulls now.
+        let pulled = |seq| {
+            let b = b.clone();
+            async move {
+                let m = b.pull(1, None, Duration::ZERO).await.unwrap().unwrap();
+                PushId { worker: 1, generation, version: m.version, incarnation: m.incarnation, seq }
+            }
         };
-        (id, (version, b.status().await.unwrap()))
+        for seq in 1..=3 {
+            b.push(pulled(seq).await, None, &l, &grad(&l, seq as usize), GradDtype::F32).await.unwrap();
+        }
+        pulled(4).await
     });
-    assert_eq!(on_registered.version, 3);
-    assert_eq!(status.0, 3);
+    assert_eq!(on_registered.version, 3, "3 updates applied to the registered model");
 
     // Worker 0's next step pulls v3 from another process, offers its copy (the model it pulled
     // last: v19, its 20th gradient went into v20), pulls that and pushes on it.
