@@ -535,6 +535,11 @@ impl AppState {
                         );
                         state.count_round_closed(o.version);
                     }
+                    // Heard in the meantime: `saw` may have cleared the store's mark before it
+                    // was set.
+                    if !state.presence.is_silent(worker) {
+                        store.set_silent(worker, false);
+                    }
                 }
                 state.metrics.workers.set(state.presence.heard_within(Duration::from_secs(60)) as i64);
             }

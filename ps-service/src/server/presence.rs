@@ -54,6 +54,11 @@ impl Presences {
         silent
     }
 
+    /// Whether `worker` is marked silent now.
+    pub fn is_silent(&self, worker: usize) -> bool {
+        self.table.lock().get(worker) == Some(&Presence::Silent)
+    }
+
     /// Workers heard within `window`.
     pub fn heard_within(&self, window: Duration) -> usize {
         let table = self.table.lock();
@@ -74,7 +79,8 @@ mod tests {
         p.heard(0);
         assert_eq!(p.newly_silent(3, Duration::from_millis(20)), [1, 2]);
         assert!(p.newly_silent(3, Duration::from_millis(20)).is_empty(), "marked once");
-        assert!(p.heard(2), "was silent");
+        assert!(p.is_silent(2) && p.heard(2), "was silent");
+        assert!(!p.is_silent(2));
         assert!(!p.heard(2), "heard already");
         assert_eq!(p.heard_within(Duration::from_secs(1)), 2);
         p.grow(5);
