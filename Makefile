@@ -92,6 +92,16 @@ h2spec: ## HTTP/2 conformance: h2spec against foresight-ps over h2c and TLS, fai
 observability: build ## Run a local job under Prometheus, render the dashboard's panels to out/observability/dashboard.png (1 min)
 	python3 scripts/render-dashboard.py --out $(OUT)/observability --png $(OUT)/observability/dashboard.png
 
+# cargo-fuzz (nightly) on the gradient and model body decoders, the push path through the router,
+# the checkpoint reader and the TrainingJob parser (fuzz/README.md). Its own target dir
+# (fuzz/target), one cargo job; cargo-fuzz is installed into ~/.cache/foresight when missing.
+fuzz: ## Fuzz every target for 5 min each (fuzz/run.sh; ARGS=--seconds N, or target names)
+	fuzz/run.sh $(ARGS)
+
+# trainingjob builds the operator crate (12-35 min the first time here): named in ARGS only.
+fuzz-short: ## Fuzz the ps-service targets for 25 s each, a bounded smoke run (ARGS=trainingjob or other names)
+	fuzz/run.sh --seconds 25 --no-operator $(ARGS)
+
 crd: ## Regenerate crds/trainingjob.yaml from the TrainingJob types (a test fails when it is stale)
 	$(CARGO) run -q -p foresight-operator --bin foresight -- crd > crds/trainingjob.yaml
 	cp crds/trainingjob.yaml charts/foresight/files/trainingjob.crd.yaml
@@ -99,6 +109,8 @@ crd: ## Regenerate crds/trainingjob.yaml from the TrainingJob types (a test fail
 clean: ## Remove build outputs and demo output
 	$(CARGO) clean
 	rm -rf $(OUT)
+
+.PHONY: fuzz fuzz-short
 
 # A real single-node cluster and the images it runs (tools/README.md). Declared .PHONY here,
 # not on the list at the top, so that the two lists never collide in a merge.

@@ -139,7 +139,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     let specs = tensors[..n_model]
         .iter()
         .map(|(name, _, shape, _)| TensorSpec { name: name.clone(), shape: shape.clone() });
-    let layout = Layout::new(specs.collect()).map_err(|e| e.to_string())?;
+    let layout = Layout::model(specs.collect()).map_err(|e| e.to_string())?;
     let params = read_part(&layout, &tensors[..n_model], "")?;
     let mut state = OptimizerState::default();
     let mut rest = &tensors[n_model..];

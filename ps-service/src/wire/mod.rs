@@ -23,6 +23,11 @@ pub type Metadata = BTreeMap<String, String>;
 pub const MAX_NAME_LEN: usize = 512;
 /// Most tensors a layout may hold.
 pub const MAX_TENSORS: usize = 100_000;
+/// Reserved in a model's tensor names: a checkpoint stores the optimizer state next to the
+/// model as `optimizer.mean_square.<name>` and `optimizer.momentum.<name>`.
+pub const STATE_PREFIX: &str = "optimizer.";
+/// Longest model tensor name: prefixed for its optimizer state, it still fits [`MAX_NAME_LEN`].
+pub const MAX_MODEL_NAME_LEN: usize = MAX_NAME_LEN - "optimizer.mean_square.".len();
 
 /// One named tensor of the model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +82,28 @@ impl Layout {
             total = total.checked_add(n).ok_or_else(|| WireError::Malformed("model too large".into()))?;
         }
         Ok(Self { tensors, offsets, total, index })
+    }
+
+    /// A model's layout: [`Layout::new`]'s checks, and names its checkpoint can store its
+    /// optimizer state under (found by fuzzing the checkpoint reader: a model with a tensor
+    /// `optimizer.momentum.w` next to `w`, or a 512-byte name, was accepted and every
+    /// checkpoint of it then panicked).
+    pub fn model(tensors: Vec<TensorSpec>) -> Result<Self, WireError> {
+        for t in &tensors {
+            if t.name.starts_with(STATE_PREFIX) {
+                return Err(WireError::Malformed(format!(
+                    "tensor name {:?}: names starting with {STATE_PREFIX:?} are reserved for the optimizer state",
+                    t.name
+                )));
+            }
+            if t.name.len() > MAX_MODEL_NAME_LEN {
+                return Err(WireError::Malformed(format!(
+                    "tensor name of {} bytes: at most {MAX_MODEL_NAME_LEN}",
+                    t.name.len()
+                )));
+            }
+        }
+        Self::new(tensors)
     }
 
     pub fn tensors(&self) -> &[TensorSpec] {
@@ -202,7 +229,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, WireError> {
 pub fn decode_model(body: &[u8]) -> Result<(Layout, Vec<f32>, Metadata), WireError> {
     let parsed = parse(body)?;
     let specs = parsed.tensors.iter().map(|(n, _, s, _)| TensorSpec { name: n.clone(), shape: s.clone() });
-    let layout = Layout::new(specs.collect())?;
+    let layout = Layout::model(specs.collect())?;
     let mut values = vec![0f32; layout.len()];
     fill(&layout, &parsed, false, &mut values)?;
     Ok((layout, values, parsed.metadata))

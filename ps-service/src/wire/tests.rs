@@ -184,3 +184,16 @@ fn a_body_with_the_most_tensors_in_another_order_lands_every_tensor_at_its_offse
         assert!(out[range].iter().all(|&v| v == i as f32), "tensor {i} landed elsewhere");
     }
 }
+
+#[test]
+fn a_model_refuses_names_its_checkpoint_could_not_store_state_under() {
+    let spec = |name: &str| TensorSpec { name: name.into(), shape: vec![2] };
+    let reserved = Layout::model(vec![spec("w"), spec("optimizer.momentum.w")]).unwrap_err();
+    assert!(reserved.to_string().contains("reserved for the optimizer state"), "{reserved}");
+    let long = "n".repeat(MAX_MODEL_NAME_LEN + 1);
+    assert!(Layout::model(vec![spec(&long)]).is_err());
+    assert!(Layout::model(vec![spec(&"n".repeat(MAX_MODEL_NAME_LEN))]).is_ok());
+    // Through a registration body, as the PS decodes it.
+    let layout = Layout::new(vec![spec("w"), spec("optimizer.mean_square.w")]).unwrap();
+    assert!(decode_model(&encode_f32(&layout, &[1.0; 4], &Default::default())).is_err());
+}
