@@ -16,8 +16,8 @@ use crate::optimizer::{Hyper, OptimizerState};
 use crate::wire::{self, Layout, TensorSpec, WireError};
 
 pub const FORMAT: &str = "foresight-checkpoint/1";
-const MS_PREFIX: &str = "optimizer.mean_square.";
-const MOM_PREFIX: &str = "optimizer.momentum.";
+const MS_PREFIX: &str = crate::wire::STATE_PREFIXES[0];
+const MOM_PREFIX: &str = crate::wire::STATE_PREFIXES[1];
 
 /// A consistent copy of the model and optimizer state.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -23,9 +23,9 @@ pub type Metadata = BTreeMap<String, String>;
 pub const MAX_NAME_LEN: usize = 512;
 /// Most tensors a layout may hold.
 pub const MAX_TENSORS: usize = 100_000;
-/// Reserved in a model's tensor names: a checkpoint stores the optimizer state next to the
-/// model as `optimizer.mean_square.<name>` and `optimizer.momentum.<name>`.
-pub const STATE_PREFIX: &str = "optimizer.";
+/// Reserved at the start of a model's tensor names: a checkpoint stores the optimizer state
+/// next to the model as `optimizer.mean_square.<name>` and `optimizer.momentum.<name>`.
+pub const STATE_PREFIXES: [&str; 2] = ["optimizer.mean_square.", "optimizer.momentum."];
 /// Longest model tensor name: prefixed for its optimizer state, it still fits [`MAX_NAME_LEN`].
 pub const MAX_MODEL_NAME_LEN: usize = MAX_NAME_LEN - "optimizer.mean_square.".len();
 
@@ -90,9 +90,9 @@ impl Layout {
     /// checkpoint of it then panicked).
     pub fn model(tensors: Vec<TensorSpec>) -> Result<Self, WireError> {
         for t in &tensors {
-            if t.name.starts_with(STATE_PREFIX) {
+            if let Some(prefix) = STATE_PREFIXES.iter().find(|p| t.name.starts_with(**p)) {
                 return Err(WireError::Malformed(format!(
-                    "tensor name {:?}: names starting with {STATE_PREFIX:?} are reserved for the optimizer state",
+                    "tensor name {:?}: names starting with {prefix:?} are reserved for the optimizer state",
                     t.name
                 )));
             }
