@@ -76,10 +76,6 @@ fn seeds() -> Vec<Vec<u8>> {
 
 fuzz_target!(init: write_seeds_if_asked(seeds), |data: &[u8]| {
     let Ok((layout, saved, _saved_hyper)) = checkpoint::decode(data) else { return };
-    // KNOWN BUG (ps-service/tests/fuzz_regressions.rs, ignored until fixed): a model whose
-    // tensor names collide with the optimizer state's prefixed names, or are too long for the
-    // prefix, makes `encode_to` panic. Skipped here so that the target explores past it;
-    // remove this once the PS refuses such models.
     // The PS refuses model layouts whose optimizer state could not be named in a checkpoint
     // (found by this target: `encode_to` panicked on them).
     assert!(prefixed_names_fit(&layout), "a layout whose state names do not fit was accepted");
