@@ -23,14 +23,7 @@ RECIPE=1
 
 source "$(dirname "${BASH_SOURCE[0]}")/go-cache.sh"
 
-force=0
-for arg in "$@"; do
-  case $arg in
-    --force) force=1 ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
-    *) die "unknown argument: $arg" ;;
-  esac
-done
+parse_build_args "$@"
 
 tools_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 k8s_mod=$tools_dir/k8s

@@ -15,13 +15,7 @@ set -euo pipefail
 RECIPE=1 # bump when the build's flags change
 
 source "$(dirname "${BASH_SOURCE[0]}")/go-cache.sh"
-force=0
-for arg in "$@"; do
-  case $arg in
-    --force) force=1 ;;
-    *) die "unknown argument: $arg" ;;
-  esac
-done
+parse_build_args "$@"
 
 tools_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mod=$tools_dir/prometheus

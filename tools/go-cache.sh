@@ -39,4 +39,19 @@ use_cache_or_lock() {
 }
 
 # Marks the cache complete: called after the binaries are in place.
+# The build scripts' common arguments: `--force` sets force=1 (rebuild whatever the stamp says),
+# `-h`/`--help` prints the calling script's opening comment. Scripts with flags of their own
+# (build-node.sh's --no-apt) parse them themselves.
+parse_build_args() {
+  force=0
+  local arg
+  for arg in "$@"; do
+    case $arg in
+      --force) force=1 ;;
+      -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+      *) die "unknown argument: $arg" ;;
+    esac
+  done
+}
+
 write_stamp() { printf '%s\n' "$key" >"$out_dir/stamp"; }
