@@ -502,8 +502,10 @@ accepted, and every checkpoint of it then panicked; model layouts now refuse suc
 inputs are tests (`ps-service/tests/fuzz_regressions.rs`). `make fuzz` at b012203, 5 min a target
 (the helper's run on a quiet machine): gradient_body 4.5 M executions, model_body 6.3 M,
 push_request 26 k (each run builds a fresh PS), checkpoint 3.6 M, trainingjob 0.45 M (its binary
-built at 15:25), no crash. Still open: a model of more than 33,333 tensors passes registration and
-its checkpoint (model and state in one layout, at most 100,000 tensors) panics. A first build of
+built at 15:25), no crash. That run also found a model of more than 33,333 tensors accepted, whose
+checkpoint (model and state in one layout, at most 100,000 tensors) panicked; models are now
+refused above 33,333 tensors (`wire::MAX_MODEL_TENSORS`), and a checkpoint whose epoch is not in
+[0, 1e9] or whose per-worker lists are longer than the worker limit is refused. A first build of
 the four targets took 16 min at one cargo job with other builds running (35 min with the
 operator's `trainingjob`), so the fuzz run is not part of `make test`.
 

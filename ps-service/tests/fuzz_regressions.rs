@@ -81,3 +81,22 @@ fn a_registered_model_with_a_name_too_long_for_the_state_prefix() {
     let Ok((layout, values, _)) = wire::decode_model(&body) else { return };
     checkpoint_of(&Store::seeded(layout, values, 0, hyper(), 1));
 }
+
+/// A model of more tensors than its checkpoint can hold with their optimizer state (three per
+/// tensor, at most `wire::MAX_TENSORS` in a file) was accepted, and its checkpoint then
+/// panicked. At the limit it is accepted and checkpoints; one more is refused.
+#[test]
+fn a_registered_model_with_more_tensors_than_its_checkpoint_can_hold() {
+    let model = |n: usize| {
+        let layout =
+            Layout::new((0..n).map(|i| TensorSpec { name: format!("t{i}"), shape: vec![1] }).collect())
+                .unwrap();
+        wire::encode_f32(&layout, &vec![1.0; n], &Default::default())
+    };
+    let (layout, values, _) = wire::decode_model(&model(wire::MAX_MODEL_TENSORS)).unwrap();
+    checkpoint_of(&Store::seeded(layout, values, 0, hyper(), 1));
+    let Err(e) = wire::decode_model(&model(wire::MAX_MODEL_TENSORS + 1)) else {
+        panic!("a model of {} tensors was accepted", wire::MAX_MODEL_TENSORS + 1)
+    };
+    assert!(e.to_string().contains("at most 33333"), "{e}");
+}

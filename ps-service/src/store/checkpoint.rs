@@ -112,6 +112,11 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
         return Err(format!("version {version} is above the largest a model can have ({MAX_VERSION})"));
     }
     let epoch: f64 = field("epoch")?.parse().map_err(|e| format!("bad epoch: {e}"))?;
+    // The learning-rate schedule is a function of the epoch: NaN or infinity would reach every
+    // update after a restore.
+    if !(epoch.is_finite() && (0.0..=1e9).contains(&epoch)) {
+        return Err(format!("bad epoch {epoch}: a number in [0, 1e9], as a push's"));
+    }
     let hyper: Hyper =
         serde_json::from_str(field("hyperparameters")?).map_err(|e| format!("bad hyperparameters: {e}"))?;
     // These were added after the first checkpoints were written: absent means "not finalized,
@@ -125,6 +130,9 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
         Some(s) => serde_json::from_str(s).map_err(|e| format!("bad worker_generations: {e}"))?,
         None => Vec::new(),
     };
+    if worker_seqs.len() > MAX_WORKERS || worker_generations.len() > MAX_WORKERS {
+        return Err(format!("worker_seqs or worker_generations longer than {MAX_WORKERS} workers"));
+    }
     let workers: usize = match meta.get("workers") {
         Some(w) => {
             w.parse().ok().filter(|w| *w <= MAX_WORKERS).ok_or_else(|| format!("bad workers {w:?}"))?
@@ -339,6 +347,22 @@ mod tests {
             let (l2, d2, h2) = decode(&encode(&layout, &hyper, &data)).unwrap();
             assert_eq!((l2, d2, h2), (layout.clone(), data.clone(), hyper.clone()));
         }
+    }
+
+    /// Metadata that would poison the restored PS is refused, not restored.
+    #[test]
+    fn refuses_a_non_finite_epoch_and_per_worker_lists_beyond_the_worker_limit() {
+        let (layout, hyper, data) = sample(true);
+        for epoch in [f64::NAN, f64::INFINITY, -1.0, 2e9] {
+            let bad = CheckpointData { epoch, ..data.clone() };
+            let err = decode(&encode(&layout, &hyper, &bad)).unwrap_err();
+            assert!(err.contains("bad epoch"), "{err}");
+        }
+        let bad = CheckpointData { worker_generations: vec![0; MAX_WORKERS + 1], ..data.clone() };
+        let err = decode(&encode(&layout, &hyper, &bad)).unwrap_err();
+        assert!(err.contains("longer than"), "{err}");
+        let bad = CheckpointData { worker_seqs: vec![None; MAX_WORKERS + 1], ..data };
+        assert!(decode(&encode(&layout, &hyper, &bad)).is_err());
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub const MAX_TENSORS: usize = 100_000;
 pub const STATE_PREFIXES: [&str; 2] = ["optimizer.mean_square.", "optimizer.momentum."];
 /// Longest model tensor name: prefixed for its optimizer state, it still fits [`MAX_NAME_LEN`].
 pub const MAX_MODEL_NAME_LEN: usize = MAX_NAME_LEN - "optimizer.mean_square.".len();
+/// Most tensors a model may hold: its checkpoint stores each one with its two optimizer-state
+/// tensors, and still fits [`MAX_TENSORS`].
+pub const MAX_MODEL_TENSORS: usize = MAX_TENSORS / (1 + STATE_PREFIXES.len());
 
 /// One named tensor of the model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,8 +90,15 @@ impl Layout {
     /// A model's layout: [`Layout::new`]'s checks, and names its checkpoint can store its
     /// optimizer state under (found by fuzzing the checkpoint reader: a model with a tensor
     /// `optimizer.momentum.w` next to `w`, or a 512-byte name, was accepted and every
-    /// checkpoint of it then panicked).
+    /// checkpoint of it then panicked), and few enough tensors for that checkpoint (more than
+    /// [`MAX_MODEL_TENSORS`] were accepted and the checkpoint then panicked).
     pub fn model(tensors: Vec<TensorSpec>) -> Result<Self, WireError> {
+        if tensors.len() > MAX_MODEL_TENSORS {
+            return Err(WireError::Malformed(format!(
+                "{} tensors: a model may hold at most {MAX_MODEL_TENSORS} (its checkpoint stores three per tensor)",
+                tensors.len()
+            )));
+        }
         for t in &tensors {
             if let Some(prefix) = STATE_PREFIXES.iter().find(|p| t.name.starts_with(**p)) {
                 return Err(WireError::Malformed(format!(
