@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::body::{Gradient, read_gradient, read_limited};
 use super::guarded_body::{BodyGuard, guard_request_body};
 use super::{ApiError, AppState, auth};
-use crate::store::{MAX_VERSION, Push, Store};
+use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
 use crate::wire;
 
 pub const VERSION_HEADER: &str = "x-foresight-version";
@@ -272,8 +272,8 @@ async fn push_inner(
     let seq: u64 = q.require("seq")?;
     let generation: Option<u64> = q.get("generation")?;
     let epoch: Option<f64> = q.get("epoch")?;
-    if epoch.is_some_and(|e| !(e.is_finite() && (0.0..=1e9).contains(&e))) {
-        return Err(ApiError::bad_request("epoch must be a number in [0, 1e9]"));
+    if epoch.is_some_and(|e| !(e.is_finite() && (0.0..=MAX_EPOCH).contains(&e))) {
+        return Err(ApiError::bad_request(format!("epoch must be a number in [0, {MAX_EPOCH:e}]")));
     }
     worker_in_range(state, worker)?;
     let store = registered(state)?;

@@ -11,7 +11,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{MAX_VERSION, MAX_WORKERS};
+use super::{MAX_EPOCH, MAX_VERSION, MAX_WORKERS};
 use crate::optimizer::{Hyper, OptimizerState};
 use crate::wire::{self, Layout, TensorSpec, WireError};
 
@@ -112,10 +112,9 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
         return Err(format!("version {version} is above the largest a model can have ({MAX_VERSION})"));
     }
     let epoch: f64 = field("epoch")?.parse().map_err(|e| format!("bad epoch: {e}"))?;
-    // The learning-rate schedule is a function of the epoch: NaN or infinity would reach every
-    // update after a restore.
-    if !(epoch.is_finite() && (0.0..=1e9).contains(&epoch)) {
-        return Err(format!("bad epoch {epoch}: a number in [0, 1e9], as a push's"));
+    // NaN or infinity would reach every update's learning rate after a restore.
+    if !(epoch.is_finite() && (0.0..=MAX_EPOCH).contains(&epoch)) {
+        return Err(format!("bad epoch {epoch}: a number in [0, {MAX_EPOCH:e}], as a push's"));
     }
     let hyper: Hyper =
         serde_json::from_str(field("hyperparameters")?).map_err(|e| format!("bad hyperparameters: {e}"))?;

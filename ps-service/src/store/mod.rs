@@ -43,6 +43,9 @@ pub const MAX_WORKERS: usize = 1024;
 /// The largest version a model can have: versions stay exact as JSON numbers (doubles) for any
 /// client, and counting up from it can never wrap. A registration or offer above it is refused.
 pub const MAX_VERSION: u64 = (1 << 53) - 1;
+/// Largest epoch a push (and so a checkpoint) may carry: the learning-rate schedule is a
+/// function of it.
+pub const MAX_EPOCH: f64 = 1e9;
 
 /// A model version as a ready-to-send safetensors body.
 pub struct Snapshot {
