@@ -51,10 +51,11 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     let workers = wait_for("the worker Job", LONG, || cp.get_json(&ns, "job/mnist-workers"));
     assert_eq!(cp.names(&ns, "deployments", selector), ["mnist-ps"]);
     assert_eq!(cp.names(&ns, "services", selector), ["mnist-ps"]);
-    assert_eq!(cp.names(&ns, "secrets", selector), ["mnist-token"]);
+    let secret = token_secret(cp, &ns, "mnist");
+    assert_eq!(cp.names(&ns, "secrets", selector), [&secret["secret/".len()..]]);
     assert_eq!(cp.names(&ns, "jobs", selector), ["mnist-workers"]);
     assert!(cp.names(&ns, "pvc", selector).is_empty(), "no checkpoint storage asked for");
-    for what in ["deployment/mnist-ps", "service/mnist-ps", "secret/mnist-token", "job/mnist-workers"] {
+    for what in ["deployment/mnist-ps", "service/mnist-ps", &secret, "job/mnist-workers"] {
         assert!(owned_by_job(&cp.get_json(&ns, what).unwrap()), "{what} is not owned by the job");
     }
     let js = &workers["spec"];
@@ -70,7 +71,10 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     let env = |c: &Value, k: &str| c["env"].as_array().unwrap().iter().find(|e| e["name"] == k).cloned();
     assert_eq!(env(c, "FORESIGHT_PS_URL").unwrap()["value"], format!("http://mnist-ps.{ns}.svc:8080"));
-    assert_eq!(env(c, "FORESIGHT_TOKEN").unwrap()["valueFrom"]["secretKeyRef"]["name"], "mnist-token");
+    assert_eq!(
+        env(c, "FORESIGHT_TOKEN").unwrap()["valueFrom"]["secretKeyRef"]["name"],
+        &secret["secret/".len()..]
+    );
     assert!(
         env(c, "FORESIGHT_WORKER_INDEX").unwrap()["valueFrom"]["fieldRef"]["fieldPath"]
             .as_str()
@@ -611,6 +615,147 @@ fn a_refused_reconcile_is_visible_and_retried_until_it_succeeds() {
     assert_eq!(condition(&st, "Created")["status"], "True", "{st:#}");
 }
 
+/// A TrainingJob's author is an untrusted tenant, and the children's names come from the job's:
+/// objects that were there before the job, under those names, are never written, adopted or
+/// deleted. (Before: a job named `github` overwrote and adopted a Secret `github-token`, and
+/// the ending of a job named `victim` deleted a Service `victim-ps` it never made.) The job
+/// waits with a `NameConflict` and goes on once the object is gone.
+#[test]
+fn a_job_never_writes_adopts_or_deletes_an_object_it_did_not_make() {
+    let cp = control_plane();
+    let ns = cp.namespace("deputy");
+    cp.kubectl_ok(
+        &["create", "secret", "generic", "-n", &ns, "github-token", "--from-literal=token=precious"],
+        None,
+    );
+    cp.kubectl_ok(&["create", "service", "clusterip", "-n", &ns, "victim-ps", "--tcp=5432:5432"], None);
+    // The operator's labels can be written by anyone who may create the object: not enough.
+    cp.kubectl_ok(&["create", "service", "clusterip", "-n", &ns, "forged-ps", "--tcp=5432:5432"], None);
+    cp.kubectl_ok(
+        &[
+            "label",
+            "service",
+            "-n",
+            &ns,
+            "forged-ps",
+            "app.kubernetes.io/managed-by=foresight-operator",
+            "foresight.dev/job=forged",
+        ],
+        None,
+    );
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "claimer-output"},
+                       "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&claim.to_string()));
+    let before = |what: &str| cp.get_json(&ns, what).unwrap();
+    let (secret, victim, forged, output) = (
+        before("secret/github-token"),
+        before("service/victim-ps"),
+        before("service/forged-ps"),
+        before("pvc/claimer-output"),
+    );
+
+    let op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    apply_job(cp, &ns, "github", json!({"workers": {"replicas": 1}}));
+    apply_job(cp, &ns, "victim", json!({"workers": {"replicas": 1}}));
+    apply_job(cp, &ns, "forged", json!({"workers": {"replicas": 1}}));
+    apply_job(cp, &ns, "claimer", json!({"workers": {"replicas": 1}, "output": {"storage": "1Gi"}}));
+    for (job, kind, name) in [
+        ("victim", "Service", "victim-ps"),
+        ("forged", "Service", "forged-ps"),
+        ("claimer", "PersistentVolumeClaim", "claimer-output"),
+    ] {
+        let st = wait_for(&format!("{job}'s NameConflict"), LONG, || {
+            let s = status(cp, &ns, job);
+            (condition(&s, "ReconcileFailed")["reason"] == "NameConflict").then_some(s)
+        });
+        let message = condition(&st, "ReconcileFailed")["message"].as_str().unwrap().to_string();
+        assert!(message.contains(&format!("{kind} {name} exists and is not this job's")), "{message}");
+        assert_ne!(st["phase"], "Running", "{st:#}");
+        let warned = events(cp, &ns, job).into_iter().any(|e| e.0 == "Warning" && e.2.contains(name));
+        assert!(warned, "a Warning event names {name}: {:?}", events(cp, &ns, job));
+        // Nothing the job would have owned was made after the conflict.
+        assert!(cp.get_json(&ns, &format!("job/{job}-workers")).is_none(), "{job} started workers");
+    }
+    // The job named after the Secret runs with a Secret of its own.
+    wait_for("github's worker Job", LONG, || cp.get_json(&ns, "job/github-workers"));
+    let ours = token_secret(cp, &ns, "github");
+    assert!(cp.get_json(&ns, &ours).is_some());
+    let m = op.metrics_text();
+    assert!(
+        sample(&m, "foresight_operator_reconcile_errors_total{reason=\"name_conflict\"}").unwrap() >= 3.0,
+        "{m}"
+    );
+
+    // A job that ends (here: marked Failed by an admin) removes its parameter server: only what
+    // is its own.
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "tj",
+            "victim",
+            "-n",
+            &ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Failed"}}"#,
+        ],
+        None,
+    );
+    cp.kubectl_ok(&["annotate", "-n", &ns, "tj", "victim", "example.com/touched=1"], None);
+    let reconciled =
+        sample(&op.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}").unwrap();
+    wait_for("another reconcile", LONG, || {
+        (sample(&op.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}")? > reconciled)
+            .then_some(())
+    });
+    // Deleting the jobs leaves every object that was there before them as it was.
+    for job in ["github", "victim", "forged", "claimer"] {
+        cp.kubectl_ok(&["delete", "tj", job, "-n", &ns, "--wait=true"], None);
+    }
+    wait_for("github's own Secret to be collected", LONG, || cp.get_json(&ns, &ours).is_none().then_some(()));
+    let unchanged = |what: &str, was: &Value| {
+        let now = cp.get_json(&ns, what).unwrap_or_else(|| panic!("{what} was deleted"));
+        for field in ["uid", "labels", "ownerReferences"] {
+            assert_eq!(now["metadata"][field], was["metadata"][field], "{what}'s {field}");
+        }
+        assert_eq!(now["data"], was["data"], "{what}'s data");
+        assert_eq!(now["spec"], was["spec"], "{what}'s spec");
+    };
+    unchanged("secret/github-token", &secret);
+    unchanged("service/victim-ps", &victim);
+    unchanged("service/forged-ps", &forged);
+    unchanged("pvc/claimer-output", &output);
+}
+
+/// Once the object in the way is gone, the job goes on: its own children are made and it runs.
+#[test]
+fn a_job_waiting_on_a_name_conflict_starts_once_the_object_is_gone() {
+    let cp = control_plane();
+    let ns = cp.namespace("conflict-gone");
+    cp.kubectl_ok(&["create", "service", "clusterip", "-n", &ns, "late-ps", "--tcp=5432:5432"], None);
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    apply_job(cp, &ns, "late", json!({"workers": {"replicas": 1}}));
+    wait_for("the NameConflict", LONG, || {
+        (condition(&status(cp, &ns, "late"), "ReconcileFailed")["reason"] == "NameConflict").then_some(())
+    });
+    cp.kubectl_ok(&["delete", "service", "late-ps", "-n", &ns], None);
+    // The retry (after a growing delay) or any change of the job reconciles it again.
+    cp.kubectl_ok(&["annotate", "-n", &ns, "tj", "late", "example.com/touched=1"], None);
+    let st = wait_for("the conflict to clear", LONG, || {
+        let s = status(cp, &ns, "late");
+        (condition(&s, "ReconcileFailed")["status"] == "False").then_some(s)
+    });
+    assert_eq!(condition(&st, "Created")["status"], "True", "{st:#}");
+    let uid = cp.get_json(&ns, "tj/late").unwrap()["metadata"]["uid"].clone();
+    let service = cp.get_json(&ns, "service/late-ps").unwrap();
+    assert_eq!(service["metadata"]["ownerReferences"][0]["uid"], uid, "{service:#}");
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "late"), "Running");
+    let pod = worker_pods(cp, &ns, "late", 1).remove(0);
+    cp.set_pod_phase(&ns, &pod, "Running");
+    wait_phase(cp, &ns, "late", "Running");
+}
+
 /// New default images (an operator upgraded by its chart) reach new jobs only: a running job
 /// keeps the images recorded in its status when it started, and one started before that record
 /// existed keeps the images its children run.
@@ -907,7 +1052,8 @@ fn an_operator_restarted_mid_job_converges_without_duplicates() {
     let op = Operator::start(cp, &ns, &["--leader-elect=false"]);
     apply_job(cp, &ns, "steady", json!({}));
     let pods = worker_pods(cp, &ns, "steady", 2);
-    let secret = wait_for("the Secret", LONG, || cp.get_json(&ns, "secret/steady-token"));
+    let secret_name = token_secret(cp, &ns, "steady");
+    let secret = wait_for("the Secret", LONG, || cp.get_json(&ns, &secret_name));
     let job_uid = cp.get_json(&ns, "job/steady-workers").unwrap()["metadata"]["uid"].clone();
     Command::new("kill").args(["-9", &op.pid().to_string()]).status().unwrap();
     drop(op);
@@ -929,7 +1075,7 @@ fn an_operator_restarted_mid_job_converges_without_duplicates() {
         assert_eq!(cp.names(&ns, kind, selector).len(), 1, "one {kind}");
     }
     assert_eq!(cp.get_json(&ns, "job/steady-workers").unwrap()["metadata"]["uid"], job_uid, "the same Job");
-    assert_eq!(cp.get_json(&ns, "secret/steady-token").unwrap()["data"], secret["data"], "the same token");
+    assert_eq!(cp.get_json(&ns, &secret_name).unwrap()["data"], secret["data"], "the same token");
     assert_eq!(worker_pods(cp, &ns, "steady", 2), pods, "the same pods");
     cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "steady"), "Running");
     for p in &pods {
@@ -1085,8 +1231,8 @@ fn the_token_key_secret_is_created_once_and_kept_across_restarts() {
     assert_eq!(key["metadata"]["labels"]["app.kubernetes.io/managed-by"], "foresight-operator");
     assert_eq!(key["data"]["key"].as_str().unwrap().len(), 88, "64 hex digits, base64: {key}");
     apply_job(cp, &ns, "keyed", json!({"workers": {"replicas": 1}}));
-    let token =
-        wait_for("the job's token Secret", LONG, || cp.get_json(&ns, "secret/keyed-token"))["data"].clone();
+    let token_secret = token_secret(cp, &ns, "keyed");
+    let token = wait_for("the job's token Secret", LONG, || cp.get_json(&ns, &token_secret))["data"].clone();
     drop(op);
 
     let op = Operator::start(cp, &ns, &flags);
@@ -1094,7 +1240,7 @@ fn the_token_key_secret_is_created_once_and_kept_across_restarts() {
         op.metrics_text().contains("foresight_operator_reconciles_total{result=\"success\"}").then_some(())
     });
     assert_eq!(cp.get_json(&ns, "secret/op-key").unwrap()["data"], key["data"], "the same key");
-    assert_eq!(cp.get_json(&ns, "secret/keyed-token").unwrap()["data"], token, "the same job token");
+    assert_eq!(cp.get_json(&ns, &token_secret).unwrap()["data"], token, "the same job token");
     drop(op);
 
     cp.kubectl_ok(&["create", "secret", "generic", "-n", &ns, "short-key", "--from-literal=key=abc"], None);

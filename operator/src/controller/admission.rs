@@ -4,14 +4,14 @@
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::children::{self, ChildDefaults, Owner};
 use super::kueue::{self, Admission, FlavorPlacement, Plan, ResourceFlavor, Workload, WorkloadSpec};
 use super::leader::is_status;
-use super::{Context, MANAGER, Result, publish};
+use super::{Context, MANAGER, Result, publish, writes};
 use crate::api::TrainingJob;
 
 /// The name of a job's Workload.
@@ -44,6 +44,9 @@ pub(super) async fn admit(
         .job(ns, &children::workers_name(&owner.name))
         .is_none_or(|j| children::is_idle_suspended(&j));
     let existing = ctx.caches.workload(ns, &name);
+    if let Some(w) = &existing {
+        writes::ours(w, owner.mark())?;
+    }
     let sets = kueue::pod_sets(
         owner.ps_deployment(defaults, job.spec.workers.replicas, 0).spec.template,
         owner.ps_shards().len(),
@@ -58,11 +61,11 @@ pub(super) async fn admit(
         Plan::Keep => {}
         Plan::Create => create(ctx, owner, &api, queue, sets, hash).await?,
         Plan::Requeue(why) => {
-            delete(&api, &name).await?;
+            delete(ctx, owner, existing.as_ref()).await?;
             let message = format!("{why}: its Workload was replaced, and the job queued again in {queue}");
             publish(ctx, job, EventType::Normal, why.reason(), "Requeue", &message).await;
         }
-        Plan::Release => delete(&api, &name).await?,
+        Plan::Release => delete(ctx, owner, existing.as_ref()).await?,
     }
     if let (Admission::Admitted(a), Some(w)) = (&mut admission, &existing) {
         a.ps = placement(ctx, w, kueue::PODSET_PS).await?;
@@ -108,8 +111,10 @@ async fn create(
         .create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &workload)
         .await
     {
-        // Made by a reconcile whose write the cache had not seen yet.
-        Err(e) if is_status(&e, 409) => Ok(()),
+        // Made by a reconcile whose write the cache had not seen yet, or by someone else.
+        Err(e) if is_status(&e, 409) => {
+            writes::ours(&api.get(&workload.name_any()).await?, owner.mark()).map(|_| ())
+        }
         r => r.map(|_| ()).map_err(Into::into),
     }
 }
@@ -122,10 +127,11 @@ fn priority_class<'a>(owner: &'a Owner<'_>) -> Option<&'a str> {
     of(spec.workers.pod.as_ref()).or_else(|| of(spec.parameter_server.pod.as_ref()))
 }
 
-async fn delete(api: &Api<Workload>, name: &str) -> Result<()> {
-    match api.delete(name, &DeleteParams::background()).await {
-        Err(e) if !is_status(&e, 404) => Err(e.into()),
-        _ => Ok(()),
+/// Deletes the job's Workload as the cache saw it (`plan` asks for it only when there is one).
+async fn delete(ctx: &Context, owner: &Owner<'_>, workload: Option<&Workload>) -> Result<()> {
+    match workload {
+        Some(w) => writes::delete(ctx, w, owner.mark()).await,
+        None => Ok(()),
     }
 }
 
@@ -136,6 +142,9 @@ pub(super) async fn finish(ctx: &Context, owner: &Owner<'_>, succeeded: bool, me
     }
     let name = workload_name(&owner.name);
     let Some(workload) = ctx.caches.workload(&owner.namespace, &name) else { return Ok(()) };
+    if writes::ours(&workload, owner.mark()).is_err() {
+        return Ok(());
+    }
     if workload.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Finished" && c.status == "True")
     {
         return Ok(());

@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
 use super::kueue::{Admission, Admitted, FlavorPlacement};
+use super::ownership::Mark;
 use crate::api::{DefaultImages, PodSettings, TrainingJob, ps_env, worker_env};
 
 mod update;
@@ -109,9 +110,11 @@ impl From<&ChildDefaults> for DefaultImages {
     }
 }
 
-/// Names of a job's children.
-pub fn secret_name(job: &str) -> String {
-    format!("{job}-token")
+/// Names of a job's children. The token Secret's carries the start of the job's UID: the
+/// operator may create Secrets but not read them, so it cannot tell a Secret of its own from one
+/// that was there before the job; a name nobody could know before the job existed settles it.
+pub fn secret_name(job: &str, uid: &str) -> String {
+    format!("{job}-token-{}", uid.chars().take(8).collect::<String>())
 }
 pub fn ps_name(job: &str) -> String {
     format!("{job}-ps")
@@ -243,6 +246,21 @@ impl<'a> Owner<'a> {
         self.owner_ref.clone()
     }
 
+    /// The job's UID.
+    pub fn uid(&self) -> &str {
+        &self.owner_ref.uid
+    }
+
+    /// What makes a child the job's: its controller reference to the job's UID.
+    pub fn mark(&self) -> Mark<'_> {
+        Mark::Controller { uid: self.uid() }
+    }
+
+    /// The name of the job's token Secret.
+    pub fn secret_name(&self) -> String {
+        secret_name(&self.name, self.uid())
+    }
+
     /// The same owner under Kueue's `admission`.
     pub fn with_admission(self, admission: Admission) -> Self {
         Self { admission, ..self }
@@ -310,7 +328,7 @@ impl<'a> Owner<'a> {
         let data = [(TOKEN_KEY, token), (CONTROL_TOKEN_KEY, control)]
             .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())));
         Secret {
-            metadata: self.meta(secret_name(&self.name), COMPONENT_PS),
+            metadata: self.meta(self.secret_name(), COMPONENT_PS),
             type_: Some("Opaque".into()),
             data: Some(BTreeMap::from(data)),
             ..Default::default()
@@ -350,8 +368,8 @@ impl<'a> Owner<'a> {
             }
         }
         let mut env = vars(ps_settings);
-        env.push(token_var(&self.name, "FORESIGHT_TOKEN", TOKEN_KEY));
-        env.push(token_var(&self.name, "FORESIGHT_CONTROL_TOKEN", CONTROL_TOKEN_KEY));
+        env.push(token_var(&self.secret_name(), "FORESIGHT_TOKEN", TOKEN_KEY));
+        env.push(token_var(&self.secret_name(), "FORESIGHT_CONTROL_TOKEN", CONTROL_TOKEN_KEY));
         // Only shard 0 writes the model: the others' final slices stay beside their checkpoints.
         let output_dir = if shard == 0 { self.model_place().ps_dir() } else { CHECKPOINT_DIR.to_string() };
         env.extend(vars([
@@ -497,7 +515,7 @@ impl<'a> Owner<'a> {
             }),
             ..Default::default()
         });
-        env.push(token_var(&self.name, "FORESIGHT_TOKEN", TOKEN_KEY));
+        env.push(token_var(&self.secret_name(), "FORESIGHT_TOKEN", TOKEN_KEY));
         env.extend(vars([
             ("FORESIGHT_METRICS_ADDR", format!("0.0.0.0:{WORKER_METRICS_PORT}")),
             ("FORESIGHT_LOG_FORMAT", "json".to_string()),
@@ -652,13 +670,13 @@ fn vars<K: Into<String>>(env: impl IntoIterator<Item = (K, String)>) -> Vec<EnvV
     env.into_iter().map(|(k, v)| EnvVar { name: k.into(), value: Some(v), ..Default::default() }).collect()
 }
 
-/// `name` from the job's Secret's `key`.
-fn token_var(job: &str, name: &str, key: &str) -> EnvVar {
+/// `name` from the job's Secret `secret`'s `key`.
+fn token_var(secret: &str, name: &str, key: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
-                name: secret_name(job),
+                name: secret.into(),
                 key: key.into(),
                 optional: Some(false),
             }),

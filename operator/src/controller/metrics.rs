@@ -31,7 +31,7 @@ pub const PHASES: [Phase; 7] = [
 pub const API_VERBS: [&str; 6] = ["watch", "get", "post", "patch", "put", "delete"];
 
 /// The `reason` values of `foresight_operator_reconcile_errors_total`.
-pub const ERROR_REASONS: [&str; 3] = ["kube_api", "conflict", "incomplete_object"];
+pub const ERROR_REASONS: [&str; 4] = ["kube_api", "conflict", "incomplete_object", "name_conflict"];
 
 pub fn phase_name(p: Phase) -> &'static str {
     match p {
@@ -77,7 +77,7 @@ impl Metrics {
         let reconcile_errors = IntCounterVec::new(
             Opts::new(
                 "foresight_operator_reconcile_errors_total",
-                "Reconciliations that failed, by reason (kube_api, conflict, incomplete_object).",
+                "Reconciliations that failed, by reason (kube_api, conflict, incomplete_object, name_conflict).",
             ),
             &["reason"],
         )

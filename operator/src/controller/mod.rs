@@ -11,9 +11,11 @@ pub mod children;
 pub mod kueue;
 pub mod leader;
 pub mod metrics;
+mod ownership;
 pub mod status;
 pub mod token;
 mod watch;
+mod writes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +23,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -29,8 +31,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
 use caches::Caches;
@@ -38,6 +38,7 @@ use children::{COMPONENT_PS, ChildDefaults, Owner, WorkerJobUpdate};
 use kueue::Admission;
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
+use ownership::{Holder, Mark, holder};
 use status::{Finalize, Observed, Placement, PsProcess, ShardsReady, State, WorkerJob};
 use token::TokenKey;
 pub use watch::Watch;
@@ -53,6 +54,13 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("the TrainingJob has no name, namespace or UID")]
     Incomplete,
+    /// An object has the name of one of the job's children and is not the job's: the operator
+    /// leaves it alone and the job waits (a job deleted and made again under the same name
+    /// waits here until the garbage collector has removed the old job's children).
+    #[error(
+        "{kind} {name} exists and is not this job's ({holder}); the operator leaves it alone: delete or rename it, or give the TrainingJob another name"
+    )]
+    NotOurs { kind: String, name: String, holder: String },
 }
 
 impl Error {
@@ -62,6 +70,7 @@ impl Error {
             Error::Kube(kube::Error::Api(s)) if !s.reason.is_empty() => s.reason.clone(),
             Error::Kube(_) => "KubernetesAPIError".into(),
             Error::Incomplete => "IncompleteObject".into(),
+            Error::NotOurs { .. } => "NameConflict".into(),
         }
     }
 
@@ -76,6 +85,7 @@ impl Error {
             e if e.is_conflict() => "conflict",
             Error::Kube(_) => "kube_api",
             Error::Incomplete => "incomplete_object",
+            Error::NotOurs { .. } => "name_conflict",
         }
     }
 }
@@ -357,17 +367,22 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     // The operator's own calls to the PS (status, rescale, finalize) use the control token.
     let (workers_token, token) =
         (ctx.settings.token_key.job_token(uid), ctx.settings.token_key.control_token(uid));
-    apply(ctx, &owner, owner.secret(&workers_token, &token)).await?;
+    writes::create_once(ctx, &owner.secret(&workers_token, &token)).await?;
+    let own = owner.mark();
     for pvc in owner.pvcs() {
-        apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
+        let seen = ctx.caches.claim(&owner.namespace, &pvc.name_any());
+        writes::apply(ctx, pvc, seen, own).await?;
     }
     if let Some(pvc) = owner.output_pvc() {
-        apply::<PersistentVolumeClaim>(ctx, &owner, pvc).await?;
+        let seen = ctx.caches.claim(&owner.namespace, &pvc.name_any());
+        writes::apply(ctx, pvc, seen, Mark::Labels { job: &owner.name }).await?;
     }
     for shard in owner.ps_shards() {
-        apply(ctx, &owner, owner.ps_service(shard)).await?;
+        let service = owner.ps_service(shard);
+        let seen = ctx.caches.service(&owner.namespace, &service.name_any());
+        writes::apply(ctx, service, seen, own).await?;
     }
-    let defaults = job_defaults(ctx, &owner, &old).await?;
+    let defaults = job_defaults(ctx, &owner, &old);
     let admission = admission::admit(ctx, job, &owner, &defaults).await?;
     let owner = owner.with_admission(admission);
     let mut ready_shards = 0;
@@ -448,24 +463,6 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
     }
 }
 
-/// Server-side apply of one child (the operator owns every field it sets; `force` takes them
-/// back from anyone who changed them by hand).
-async fn apply<K>(ctx: &Context, owner: &Owner<'_>, obj: K) -> Result<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let name = obj.meta().name.clone().ok_or(Error::Incomplete)?;
-    let mut value = serde_json::to_value(&obj).expect("Kubernetes objects serialize");
-    value["apiVersion"] = K::api_version(&()).into();
-    value["kind"] = K::kind(&()).into();
-    Ok(api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(value)).await?)
-}
-
 /// Applies the Deployment of PS shard `shard`, except when that would restart a PS whose memory holds the only
 /// copy of the model: a changed pod template (a new learning rate, image or resources) rolls the
 /// Deployment, and without `checkpoint.storage` the new pod would start from scratch. Then the
@@ -479,6 +476,9 @@ async fn apply_ps_deployment(
     shard: usize,
 ) -> Result<Deployment> {
     let running = ctx.caches.deployment(&owner.namespace, &children::ps_shard_name(&owner.name, shard));
+    if let Some(d) = &running {
+        writes::ours(d, owner.mark())?;
+    }
     // The worker count the PS started with stays in its template (scaling tells the PS over
     // HTTP, see `tell_ps_workers`), so that a change of workers.replicas never rolls it.
     let workers = running.as_ref().and_then(children::ps_workers_of).unwrap_or(job.spec.workers.replicas);
@@ -487,19 +487,19 @@ async fn apply_ps_deployment(
         let hash = |d: &Deployment| d.annotations().get(children::PS_TEMPLATE_HASH).cloned();
         // A Deployment scaled to 0 (a job Kueue has not admitted yet) has no model to lose.
         let scaled_to_zero = |d: &Deployment| d.spec.replicas == Some(0);
-        if let Some(running) = running
-            && hash(&running) != hash(&desired)
-            && !scaled_to_zero(&running)
+        if let Some(running) = &running
+            && hash(running) != hash(&desired)
+            && !scaled_to_zero(running)
         {
             let message = "the parameter server's settings changed, but it keeps them: without \
                            parameterServer.checkpoint.storage its memory holds the only copy of the model, \
                            and a restart would lose it";
             publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateParameterServer", message)
                 .await;
-            return Ok(running);
+            return Ok(running.clone());
         }
     }
-    apply(ctx, owner, desired).await
+    writes::apply(ctx, desired, running, owner.mark()).await
 }
 
 /// Applies the worker Job as `children::worker_job_update` decides: a changed pod template
@@ -512,13 +512,17 @@ async fn apply_worker_job(
     defaults: &ChildDefaults,
 ) -> Result<Job> {
     let running = ctx.caches.job(&owner.namespace, &children::workers_name(&owner.name));
+    if let Some(j) = &running {
+        writes::ours(j, owner.mark())?;
+    }
     match children::worker_job_update(owner.worker_job(defaults), running.as_ref()) {
-        WorkerJobUpdate::Apply(desired) => apply(ctx, owner, desired).await,
+        WorkerJobUpdate::Apply(desired) => writes::apply(ctx, desired, running, owner.mark()).await,
         WorkerJobUpdate::Recreate(desired) => {
             // No pod is left, so nothing goes with the Job; each worker of the new one resumes
             // at the step the parameter server recorded for it.
-            let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-            jobs.delete(&children::workers_name(&owner.name), &DeleteParams::background()).await?;
+            if let Some(j) = &running {
+                writes::delete(ctx, j, owner.mark()).await?;
+            }
             let message = if owner.suspended() {
                 "the workers' pod template changed while the job was suspended: the worker Job was \
                  recreated with it; on resume each worker continues where it stopped"
@@ -528,7 +532,7 @@ async fn apply_worker_job(
                  continues where it stopped"
             };
             publish(ctx, job, EventType::Normal, "WorkersRecreated", "UpdateWorkers", message).await;
-            apply(ctx, owner, desired).await
+            writes::apply(ctx, desired, None, owner.mark()).await
         }
         WorkerJobUpdate::Deferred(desired) => {
             if !owner.stopped() {
@@ -536,7 +540,7 @@ async fn apply_worker_job(
                                to apply the change (the workers are recreated with it, and resume where they stopped)";
                 publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateWorkers", message).await;
             }
-            apply(ctx, owner, desired).await
+            writes::apply(ctx, desired, running, owner.mark()).await
         }
     }
 }
@@ -544,29 +548,29 @@ async fn apply_worker_job(
 /// The images for the roles whose spec names none: those recorded in the job's status when the
 /// operator first handled it, so that new operator defaults (a chart upgrade) never roll a
 /// running job's pods. A job an operator before that record started keeps the images its
-/// children run; a new job takes the operator's defaults.
-async fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobStatus) -> Result<ChildDefaults> {
+/// children run (read from the caches, and only from children that are the job's); a new job
+/// takes the operator's defaults.
+fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobStatus) -> ChildDefaults {
     if let Some(d) = &old.default_images {
-        return Ok(d.into());
+        return d.into();
     }
     let mut defaults = ctx.settings.defaults.clone();
     let image = |spec: Option<PodSpec>| spec?.containers.into_iter().next()?.image;
     let spec = &owner.job.spec;
+    let mine = |meta: &kube::api::ObjectMeta| matches!(holder(meta, owner.mark()), Holder::ThisJob { .. });
     if spec.parameter_server.image.is_none() {
-        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-        let running = deployments.get_opt(&children::ps_name(&owner.name)).await?;
-        if let Some(i) = image(running.and_then(|d| d.spec.template.spec)) {
+        let running = ctx.caches.deployment(&owner.namespace, &children::ps_name(&owner.name));
+        if let Some(i) = image(running.filter(|d| mine(&d.metadata)).and_then(|d| d.spec.template.spec)) {
             defaults.ps_image = i;
         }
     }
     if spec.workers.image.is_none() {
-        let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-        let running = jobs.get_opt(&children::workers_name(&owner.name)).await?;
-        if let Some(i) = image(running.and_then(|j| j.spec?.template.spec)) {
+        let running = ctx.caches.job(&owner.namespace, &children::workers_name(&owner.name));
+        if let Some(i) = image(running.filter(|j| mine(&j.metadata)).and_then(|j| j.spec?.template.spec)) {
             defaults.worker_image = i;
         }
     }
-    Ok(defaults)
+    defaults
 }
 
 fn worker_state(job: &Job) -> WorkerJob {
@@ -825,19 +829,14 @@ async fn publish(
 /// Removes the parameter server (each shard's Deployment and Service) once the job has ended:
 /// deleting a Deployment stops the pod with SIGTERM, on which the PS writes its last checkpoint.
 async fn remove_ps(ctx: &Context, owner: &Owner<'_>) -> Result<()> {
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     for shard in owner.ps_shards() {
         let name = children::ps_shard_name(&owner.name, shard);
-        for r in [
-            deployments.delete(&name, &DeleteParams::background()).await.map(|_| ()),
-            services.delete(&name, &DeleteParams::background()).await.map(|_| ()),
-        ] {
-            match r {
-                Ok(()) => tracing::info!(%name, "removed the parameter server"),
-                Err(e) if is_status(&e, 404) => {}
-                Err(e) => return Err(e.into()),
-            }
+        if let Some(d) = ctx.caches.deployment(&owner.namespace, &name) {
+            writes::delete(ctx, &d, owner.mark()).await?;
+            tracing::info!(%name, "removed the parameter server");
+        }
+        if let Some(s) = ctx.caches.service(&owner.namespace, &name) {
+            writes::delete(ctx, &s, owner.mark()).await?;
         }
     }
     Ok(())

@@ -118,6 +118,13 @@ pub fn job(name: &str, spec: Value) -> String {
 }
 
 /// `kubectl patch tj <name> --type=merge -p <patch>`.
+/// `secret/<name>-token-<UID prefix>`: the job's token Secret, once the job exists.
+pub fn token_secret(cp: &ControlPlane, ns: &str, name: &str) -> String {
+    let job = wait_for("the TrainingJob", LONG, || cp.get_json(ns, &format!("tj/{name}")));
+    let uid = job["metadata"]["uid"].as_str().expect("a TrainingJob has a UID");
+    format!("secret/{name}-token-{}", &uid[..8])
+}
+
 pub fn patch_job(cp: &ControlPlane, ns: &str, name: &str, patch: &str) {
     cp.kubectl_ok(&["patch", "-n", ns, "tj", name, "--type=merge", "-p", patch], None);
 }
@@ -208,7 +215,8 @@ impl Ps {
         workers: u32,
         extra: &[&str],
     ) -> Self {
-        let secret = wait_for("the token Secret", LONG, || cp.get_json(ns, &format!("secret/{name}-token")));
+        let secret = token_secret(cp, ns, name);
+        let secret = wait_for("the token Secret", LONG, || cp.get_json(ns, &secret));
         let token = base64_decode(secret["data"]["token"].as_str().expect("the Secret holds a token"));
         let control = base64_decode(
             secret["data"]["control-token"].as_str().expect("the Secret holds a control token"),

@@ -73,7 +73,7 @@ fn the_worker_job_is_indexed_with_gpus_index_token_and_data() {
     assert_eq!(env(c, "FORESIGHT_PS_URL").value.as_deref(), Some("http://mnist-ps.team-a.svc:8080"));
     assert_eq!(env(c, "FORESIGHT_MODEL").value.as_deref(), Some("lenet5"));
     let token = env(c, "FORESIGHT_TOKEN").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
-    assert_eq!((token.name.as_str(), token.key.as_str()), ("mnist-token", "token"));
+    assert_eq!((token.name.as_str(), token.key.as_str()), ("mnist-token-uid-1", "token"));
     assert!(
         !c.env.as_ref().unwrap().iter().any(|e| e.name == "FORESIGHT_CONTROL_TOKEN"),
         "a worker never holds the control token"
@@ -128,7 +128,7 @@ fn the_parameter_server_gets_its_settings_and_a_pvc_only_when_asked() {
     assert_eq!(c.image.as_deref(), Some("my/ps:2"));
     for (var, key) in [("FORESIGHT_TOKEN", "token"), ("FORESIGHT_CONTROL_TOKEN", "control-token")] {
         let from = env(c, var).value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
-        assert_eq!((from.name.as_str(), from.key.as_str()), ("mnist-token", key));
+        assert_eq!((from.name.as_str(), from.key.as_str()), ("mnist-token-uid-1", key));
     }
     let secret = o.secret("t", "c").data.unwrap();
     assert_eq!((secret["token"].0.as_slice(), secret["control-token"].0.as_slice()), (&b"t"[..], &b"c"[..]));

@@ -1,0 +1,103 @@
+//! The operator's writes to a job's children: each one only on an object that is the job's
+//! (`ownership`). A child the caches have not seen is created (POST: it fails on any object
+//! that already has the name, whoever made it), never adopted by a server-side apply; one that
+//! is the job's is applied and deleted with its UID as a precondition, so that an object made
+//! again under the same name by someone else in between is refused by the API server.
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::ownership::{Holder, Mark, holder};
+use super::{Context, Error, MANAGER, Result, is_status};
+
+/// A namespaced object the operator writes.
+pub(super) trait Child:
+    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + Serialize
+    + DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Child for K where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
+/// The UID of `obj` when it is the job's (as `mark` tells), else the conflict to report.
+pub(super) fn ours<K: Child>(obj: &K, mark: Mark<'_>) -> Result<String> {
+    match holder(obj.meta(), mark) {
+        Holder::ThisJob { uid } => Ok(uid),
+        Holder::Other(holder) => {
+            Err(Error::NotOurs { kind: K::kind(&()).into_owned(), name: obj.name_any(), holder })
+        }
+    }
+}
+
+/// Makes the API server's copy of child `obj` what the operator built, given the object the
+/// caches hold under its name (`seen`; `None`: none of the operator's labelled objects).
+/// Returns the object as the API server has it.
+pub(super) async fn apply<K: Child>(ctx: &Context, obj: K, seen: Option<K>, mark: Mark<'_>) -> Result<K> {
+    let api: Api<K> =
+        Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
+    let name = obj.meta().name.clone().ok_or(Error::Incomplete)?;
+    let seen = match seen {
+        Some(seen) => seen,
+        None => match api
+            .create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &obj)
+            .await
+        {
+            Ok(made) => return Ok(made),
+            // Made by an earlier reconcile the caches have not caught up with, or by someone else.
+            Err(e) if is_status(&e, 409) => api.get(&name).await?,
+            Err(e) => return Err(e.into()),
+        },
+    };
+    let uid = ours(&seen, mark)?;
+    let mut value = serde_json::to_value(&obj).expect("Kubernetes objects serialize");
+    value["apiVersion"] = K::api_version(&()).into();
+    value["kind"] = K::kind(&()).into();
+    // A UID the object no longer has (deleted and made again) makes the API server refuse.
+    value["metadata"]["uid"] = uid.into();
+    // `force`: the operator owns every field it sets, and takes back what was changed by hand.
+    Ok(api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(value)).await?)
+}
+
+/// Creates `obj` once and never writes it again: an object of that name, whoever made it, is
+/// left as it is. For the token Secret, which the operator may create but not read or patch;
+/// its name carries the job's UID, so only an earlier reconcile can have made it.
+pub(super) async fn create_once<K: Child>(ctx: &Context, obj: &K) -> Result<()> {
+    let api: Api<K> =
+        Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
+    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, obj).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 409) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the job's child `obj` (as the caches saw it) if it is still that object. One that is
+/// someone else's is left alone (the apply that would need it reports the conflict), one
+/// already gone is no error.
+pub(super) async fn delete<K: Child>(ctx: &Context, obj: &K, mark: Mark<'_>) -> Result<()> {
+    let Ok(uid) = ours(obj, mark) else { return Ok(()) };
+    let api: Api<K> =
+        Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&obj.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 404) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
