@@ -8,7 +8,7 @@
 #   2. concurrently, each in its own namespace, one cluster for all:
 #      main         the README's path in `default`: MNIST-5k put on the example's claim as its
 #                   comments say, `kubectl apply -f examples/mnist-dcasgd-cluster.yaml`; `kubectl
-#                   get tj` goes Created → Running → Succeeded with the step and staleness columns
+#                   get tj` goes Created → Running → Succeeded with the step and (-o wide) staleness columns
 #                   filled and changing, a worker's log has progress lines, `kubectl describe tj`
 #                   shows conditions and events, the PS is gone and model-final.safetensors is on
 #                   the claim status.finalModel names (spec.output: no owner); its held-out
@@ -308,12 +308,13 @@ case_main() {
     uniq | paste -sd' ')
   log "phases seen: $phases"
   [[ $phases =~ ^(Created\ )?Running\ Succeeded$ ]] || fail "phase sequence '$phases', expected [Created] Running Succeeded"
-  # The step (column 7 of the default columns NAME PHASE WORKERS READY ALGORITHM STEP STALENESS
-  # AGE, after the t= prefix) and staleness columns were filled, and the step changed.
+  # The step (column 6 of the default columns NAME PHASE WORKERS READY STEP REASON AGE, after the
+  # t= prefix) was filled and changed; the staleness p99 is column 9 of `-o wide` (AGE, then
+  # ALGORITHM, STALENESS P99, EPOCH, LOSS).
   local steps stals
-  steps=$(awk 'NR > 1 && $3 != "Created" && $7 ~ /^[0-9]+$/ { print $7 }' "$seq" | uniq | paste -sd' ')
-  stals=$(awk 'NR > 1 && $3 != "Created" && $8 ~ /^[0-9.]+$/ { print $8 }' "$seq" | paste -sd' ')
-  log "step column: $steps; staleness p99 column: $stals"
+  steps=$(awk 'NR > 1 && $3 != "Created" && $6 ~ /^[0-9]+$/ { print $6 }' "$seq" | uniq | paste -sd' ')
+  stals=$(kc -n $ns get tj $name -o wide --no-headers | awk '$9 ~ /^[0-9.]+$/ { print $9 }')
+  log "step column: $steps; staleness p99 column at the end: $stals"
   (($(wc -w <<<"$steps") >= 2)) || fail "the step column never changed while the job ran: '$steps'"
   [[ -n $stals ]] || fail "the staleness column was never filled"
   awk -v s="$steps" 'BEGIN { n = split(s, a, " "); for (i = 2; i <= n; i++) if (a[i] + 0 < a[i-1] + 0) exit 1 }' ||

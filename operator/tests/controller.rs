@@ -171,8 +171,11 @@ fn a_job_runs_reports_progress_succeeds_and_its_parameter_server_is_removed() {
     let (header, row) = table.trim().split_once('\n').expect("a header and a row");
     let cols: Vec<&str> = header.split_whitespace().collect();
     let reason = cols.iter().position(|&c| c == "REASON").expect("a REASON column");
-    assert!(cols.contains(&"EPOCH") && cols.contains(&"LOSS"), "{header}");
-    // Columns left of REASON may be empty (no loss reported here): count from the right.
+    assert!(
+        cols.contains(&"STEP") && !cols.contains(&"LOSS"),
+        "the training figures are in -o wide: {header}"
+    );
+    // Columns left of REASON may be empty: count from the right.
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cells[cells.len() - (cols.len() - reason)], "Completed", "{table}");
     assert!(st["completionTime"].is_string());
@@ -1005,8 +1008,18 @@ fn a_running_job_scales_up_and_down_without_restarting_its_parameter_server() {
     };
     let before = ps_template(cp);
 
+    let st = status(cp, &ns, "grow");
+    assert_eq!(
+        st["workers"]["selector"], "foresight.dev/job=grow,app.kubernetes.io/component=worker",
+        "{st:#}"
+    );
     for (replicas, pods_after) in [(3, 3), (1, 1)] {
-        apply_job(cp, &ns, "grow", json!({"workers": {"replicas": replicas, "minReplicas": 1}}));
+        if replicas == 3 {
+            // Up through the scale subresource (`kubectl scale`, an autoscaler), down by an edit.
+            cp.kubectl_ok(&["scale", "tj", "grow", "-n", &ns, "--replicas=3"], None);
+        } else {
+            apply_job(cp, &ns, "grow", json!({"workers": {"replicas": replicas, "minReplicas": 1}}));
+        }
         let spec = wait_for(&format!("the worker Job at {replicas}"), LONG, || {
             let j = cp.get_json(&ns, "job/grow-workers")?;
             (j["spec"]["completions"] == replicas && j["spec"]["parallelism"] == replicas).then_some(j)

@@ -45,6 +45,36 @@ fn set(obj: &mut Value, path: &str, value: Value) {
     }
 }
 
+/// The children's names are made from the job's: a name they cannot carry is refused by the API
+/// server (and by `validate_name`, which the operator applies when a CRD lacks the rule).
+#[test]
+fn a_name_the_childrens_names_cannot_be_made_from_is_refused() {
+    let cp = control_plane();
+    let ns = cp.namespace("names");
+    let longest = format!("a{}", "b".repeat(49));
+    for (name, ok) in [
+        ("exp.v2", false),
+        ("9lives", false),
+        ("ends-", false),
+        (&*format!("{longest}c"), false),
+        (&*longest, true),
+        ("exp-v2", true),
+    ] {
+        let out =
+            cp.kubectl(&["create", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&yaml(&minimal(name))));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if ok {
+            assert!(out.status.success(), "{name}: {stderr}");
+        } else {
+            assert!(
+                !out.status.success() && stderr.contains("metadata.name must be at most 50 characters"),
+                "{name}: {stderr}"
+            );
+        }
+        assert_eq!(foresight_operator::api::validate_name(name).is_ok(), ok, "validate_name({name:?})");
+    }
+}
+
 #[test]
 fn the_example_applies_and_get_shows_the_printer_columns() {
     let cp = control_plane();
@@ -78,37 +108,45 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
         .kubectl_ok(&["apply", "--dry-run=server", "-n", &cluster_ns, "-f", python.to_str().unwrap()], None);
     assert!(out.contains("trainingjob.foresight.dev/mnist-python created (server dry run)"), "{out}");
 
-    let table = cp.kubectl_ok(&["get", "tj", "-n", &ns], None);
-    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    // `kubectl get tj` fits a terminal; `-o wide` adds the training figures.
+    let header = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["get", "tj", "-n", &ns];
+        all.extend_from_slice(args);
+        let table = cp.kubectl_ok(&all, None);
+        table.lines().next().unwrap().split_whitespace().map(String::from).collect()
+    };
+    assert_eq!(header(&[]), ["NAME", "PHASE", "WORKERS", "READY", "STEP", "REASON", "AGE"]);
     assert_eq!(
-        header,
+        header(&["-o", "wide"]),
         [
             "NAME",
             "PHASE",
             "WORKERS",
             "READY",
-            "ALGORITHM",
             "STEP",
+            "REASON",
+            "AGE",
+            "ALGORITHM",
             "STALENESS",
             "P99",
             "EPOCH",
-            "LOSS",
-            "REASON",
-            "AGE"
-        ],
-        "{table}"
+            "LOSS"
+        ]
     );
+    let table = cp.kubectl_ok(&["get", "tj", "-n", &ns, "-o", "wide"], None);
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row[..2], ["mnist-dcasgd", "4"], "no phase yet: {table}");
-    assert_eq!(row[2], "dc-asgd-a", "{table}");
+    assert_eq!(row[3], "dc-asgd-a", "{table}");
 
     // The status subresource takes what the operator will write, and the columns show it.
+    let selector = "foresight.dev/job=mnist-dcasgd,app.kubernetes.io/component=worker";
     let status = json!({"status": {
         "phase": "Running",
+        "reason": "WorkersRunning",
         "observedGeneration": 1,
         "conditions": [{"type": "Running", "status": "True", "reason": "WorkersRunning",
                         "message": "4 of 4 workers running", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-        "workers": {"desired": 4, "ready": 3, "active": 4, "succeeded": 0, "failed": 0},
+        "workers": {"desired": 4, "ready": 3, "active": 4, "succeeded": 0, "failed": 0, "selector": selector},
         "parameterServer": {"ready": true},
         "progress": {"step": 1234, "epoch": 2, "loss": 0.31, "accuracy": 0.91,
                      "stalenessP50": 3.0, "stalenessP99": 7.5},
@@ -128,9 +166,25 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
         ],
         None,
     );
-    let table = cp.kubectl_ok(&["get", "tj", "-n", &ns, "--no-headers"], None);
+    let table = cp.kubectl_ok(&["get", "tj", "-n", &ns, "--no-headers", "-o", "wide"], None);
     let row: Vec<&str> = table.split_whitespace().collect();
-    assert_eq!(row[..7], ["mnist-dcasgd", "Running", "4", "3", "dc-asgd-a", "1234", "7.5"], "{table}");
+    assert_eq!(row[..6], ["mnist-dcasgd", "Running", "4", "3", "1234", "WorkersRunning"], "{table}");
+    assert_eq!(row[7..10], ["dc-asgd-a", "7.5", "2"], "{table}");
+
+    // The scale subresource: workers.replicas, the active worker pods and their selector, for
+    // `kubectl scale` and the HorizontalPodAutoscaler; the schema's bounds hold through it.
+    let path = format!("/apis/foresight.dev/v1alpha1/namespaces/{ns}/trainingjobs/mnist-dcasgd/scale");
+    let scale: Value = serde_json::from_str(&cp.kubectl_ok(&["get", "--raw", &path], None)).unwrap();
+    assert_eq!(scale["spec"]["replicas"], 4, "{scale:#}");
+    assert_eq!(scale["status"]["replicas"], 4, "{scale:#}");
+    assert_eq!(scale["status"]["selector"], selector, "{scale:#}");
+    cp.kubectl_ok(&["scale", "tj", "mnist-dcasgd", "-n", &ns, "--replicas=6"], None);
+    let job = cp.get_json(&ns, "tj/mnist-dcasgd").unwrap();
+    assert_eq!(job["spec"]["workers"]["replicas"], 6);
+    let out = cp.kubectl(&["scale", "tj", "mnist-dcasgd", "-n", &ns, "--replicas=0"], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("spec.workers.replicas"), "{stderr}");
+    assert_eq!(cp.get_json(&ns, "tj/mnist-dcasgd").unwrap()["spec"]["workers"]["replicas"], 6);
 
     // What the server stored reads back as the Rust type.
     let stored: TrainingJob =

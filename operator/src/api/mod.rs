@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 pub use env::{ps_env, worker_env};
 pub use pod::{PodSettings, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES};
 pub(crate) use validate::is_dns_name;
-pub use validate::{ValidationError, validate, validate_update};
+pub use validate::{ValidationError, validate, validate_name, validate_update};
 
 /// The CustomResourceDefinition of `TrainingJob`, as `foresight crd` prints it and
 /// `crds/trainingjob.yaml` holds it.
@@ -65,6 +65,14 @@ pub fn crd_yaml() -> String {
     serde_yaml::to_string(&crd()).expect("the CRD serializes")
 }
 
+/// The job's name becomes part of its children's: a Service `<name>-ps-<shard>` must be a DNS
+/// label (a letter first), and an Indexed Job's pods get the host name `<name>-workers-<index>`,
+/// at most 63 characters with an index up to 1023.
+pub const MAX_NAME_LEN: usize = 50;
+const NAME_RULE: &str =
+    "self.metadata.name.size() <= 50 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')";
+pub(crate) const NAME_MESSAGE: &str = "metadata.name must be at most 50 characters of lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (the names of the job's Services and pods are made from it)";
+
 /// A distributed training job: a parameter server and `workers.replicas` workers training
 /// `model` on `dataset` with the update rule of `optimizer`.
 ///
@@ -80,16 +88,22 @@ pub fn crd_yaml() -> String {
     category = "foresight",
     status = "TrainingJobStatus",
     doc = "A distributed training job: a parameter server and its workers, trained with synchronous SGD, ASGD or delay-compensated ASGD (DC-ASGD).",
-    printcolumn = r#"{"name":"Phase","type":"string","description":"Created, Running, Restarting, Succeeded, Failed or Suspended.","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","description":"Created, Queued, Running, Restarting, Succeeded, Failed or Suspended.","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Workers","type":"integer","description":"Requested workers (spec.workers.replicas).","jsonPath":".spec.workers.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","description":"Worker pods running and ready.","jsonPath":".status.workers.ready"}"#,
-    printcolumn = r#"{"name":"Algorithm","type":"string","description":"The update rule of the parameter server.","jsonPath":".spec.optimizer.algorithm"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","description":"Updates applied by the parameter server.","jsonPath":".status.progress.step"}"#,
-    printcolumn = r#"{"name":"Staleness p99","type":"number","description":"99th percentile of gradient staleness, in model versions.","jsonPath":".status.progress.stalenessP99"}"#,
-    printcolumn = r#"{"name":"Epoch","type":"integer","description":"The epoch the slowest worker is in.","jsonPath":".status.progress.epoch"}"#,
-    printcolumn = r#"{"name":"Loss","type":"number","description":"Latest training loss the workers reported.","jsonPath":".status.progress.loss"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","description":"Why the job is in its phase (the reason of the phase's condition).","jsonPath":".status.reason"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Algorithm","type":"string","description":"The update rule of the parameter server.","jsonPath":".spec.optimizer.algorithm","priority":1}"#,
+    printcolumn = r#"{"name":"Staleness p99","type":"number","description":"99th percentile of gradient staleness, in model versions.","jsonPath":".status.progress.stalenessP99","priority":1}"#,
+    printcolumn = r#"{"name":"Epoch","type":"integer","description":"The epoch the slowest worker is in.","jsonPath":".status.progress.epoch","priority":1}"#,
+    printcolumn = r#"{"name":"Loss","type":"number","description":"Latest training loss the workers reported.","jsonPath":".status.progress.loss","priority":1}"#,
+    scale(
+        spec_replicas_path = ".spec.workers.replicas",
+        status_replicas_path = ".status.workers.active",
+        label_selector_path = ".status.workers.selector"
+    ),
+    validation = Rule::new(NAME_RULE).message(NAME_MESSAGE)
 )]
 #[x_kube(validation = Rule::new("has(self.workers.command) ? (!has(self.model) || (!has(self.model.name) && !has(self.model.torchscript))) : (has(self.model) && has(self.model.name) != has(self.model.torchscript))").message(MODEL_RULE).field_path(".model"))]
 #[x_kube(validation = Rule::new("has(self.workers.command) || self.dataset.format != 'files'").message("dataset.format files needs workers.command: the built-in worker reads mnist, cifar10 or csv").field_path(".dataset.format"))]
@@ -614,6 +628,10 @@ pub struct WorkersStatus {
     /// Worker pods that failed.
     #[serde(default)]
     pub failed: u32,
+    /// The label selector of the worker pods, for the scale subresource (`kubectl scale tj`,
+    /// the HorizontalPodAutoscaler, KEDA).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub selector: String,
 }
 
 /// The parameter server's state.

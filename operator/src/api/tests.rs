@@ -261,7 +261,7 @@ fn every_field_is_described() {
         .collect();
     assert_eq!(
         columns,
-        ["Phase", "Workers", "Ready", "Algorithm", "Step", "Staleness p99", "Epoch", "Loss", "Reason", "Age"]
+        ["Phase", "Workers", "Ready", "Step", "Reason", "Age", "Algorithm", "Staleness p99", "Epoch", "Loss"]
     );
     assert_eq!(crd["spec"]["versions"][0]["subresources"]["status"], serde_json::json!({}));
     assert_eq!(crd["spec"]["names"]["categories"], serde_json::json!(["foresight"]));

@@ -308,6 +308,15 @@ fn is_name(s: &str) -> bool {
     is_dns_name(s, 253, true)
 }
 
+/// A TrainingJob's `metadata.name` (the CRD's root rule says the same): a DNS label of at most
+/// [`super::MAX_NAME_LEN`] characters that starts with a letter, since the job's Services and
+/// pods are named after it. The error is the rule's message.
+pub fn validate_name(name: &str) -> Result<(), &'static str> {
+    let ok =
+        is_dns_name(name, super::MAX_NAME_LEN, false) && name.starts_with(|c: char| c.is_ascii_lowercase());
+    if ok { Ok(()) } else { Err(super::NAME_MESSAGE) }
+}
+
 /// Lowercase letters, digits and '-' (and '.' with `dots`), alphanumeric at both ends, at most
 /// `max` bytes: a DNS label (63, no dots, e.g. a namespace) or subdomain (253, dots).
 pub(crate) fn is_dns_name(s: &str, max: usize, dots: bool) -> bool {

@@ -204,6 +204,11 @@ pub fn labels(job: &str, component: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// The label selector of job `job`'s worker pods.
+pub fn worker_selector(job: &str) -> String {
+    format!("{LABEL_JOB}={job},{LABEL_COMPONENT}={COMPONENT_WORKER}")
+}
+
 /// Everything a child needs from its TrainingJob: name, namespace, owner reference.
 pub struct Owner<'a> {
     pub job: &'a TrainingJob,

@@ -351,13 +351,12 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         return expire(ctx, job, &owner, &old).await;
     }
     let now = Time(Timestamp::now());
-    if let Err(e) = crate::api::validate(&job.spec) {
-        // The CRD's rules refuse such a spec; this catches a CRD older than the operator.
-        let state = State {
-            phase: Phase::Failed,
-            reason: "InvalidSpec".into(),
-            message: e.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
-        };
+    let mut invalid: Vec<String> =
+        crate::api::validate(&job.spec).err().unwrap_or_default().iter().map(ToString::to_string).collect();
+    invalid.extend(crate::api::validate_name(&owner.name).err().map(String::from));
+    if !invalid.is_empty() {
+        // The CRD's rules refuse such a job; this catches a CRD older than the operator.
+        let state = State { phase: Phase::Failed, reason: "InvalidSpec".into(), message: invalid.join("; ") };
         let observed = observed_nothing(job);
         write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
         return Ok(Action::await_change());
@@ -407,6 +406,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let observed = Observed {
         generation: job.metadata.generation,
         replicas: job.spec.workers.replicas,
+        worker_selector: children::worker_selector(&owner.name),
         min_replicas: job.spec.workers.min_replicas,
         backoff_limit: job.spec.run_policy.backoff_limit,
         suspend: job.spec.run_policy.suspend == Some(true),
@@ -446,6 +446,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
     Observed {
         generation: job.metadata.generation,
         replicas: job.spec.workers.replicas,
+        worker_selector: children::worker_selector(&job.name_any()),
         min_replicas: job.spec.workers.min_replicas,
         backoff_limit: job.spec.run_policy.backoff_limit,
         suspend: false,

@@ -50,6 +50,8 @@ pub struct ShardsReady {
 pub struct Observed {
     pub generation: Option<i64>,
     pub replicas: u32,
+    /// The label selector of the worker pods (the scale subresource's).
+    pub worker_selector: String,
     /// `workers.minReplicas`: ready workers enough to call the job Running (asynchronous rules).
     pub min_replicas: Option<u32>,
     pub backoff_limit: Option<u32>,
@@ -386,6 +388,7 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
             active: w.active,
             succeeded: w.succeeded,
             failed: w.failed,
+            selector: o.worker_selector.clone(),
         }),
         parameter_server: Some(parameter_server),
         progress,

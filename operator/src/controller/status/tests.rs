@@ -4,6 +4,7 @@ fn observed() -> Observed {
     Observed {
         generation: Some(3),
         replicas: 4,
+        worker_selector: "foresight.dev/job=mnist,app.kubernetes.io/component=worker".into(),
         min_replicas: None,
         backoff_limit: Some(2),
         suspend: false,
