@@ -110,6 +110,11 @@ struct OperatorArgs {
     /// Seconds to retry writing the final model after the workers finished.
     #[arg(long, env = "FORESIGHT_FINALIZE_GRACE_SECONDS", default_value_t = 300)]
     finalize_grace_seconds: u64,
+    /// Seconds a job's pods may fail to start or keep failing (an image that cannot be pulled, a
+    /// missing ConfigMap, a quota that refuses them, an OOM-killed parameter server) before the
+    /// job fails with that reason; until then it says so in its phase and a Warning event.
+    #[arg(long, env = "FORESIGHT_STUCK_PODS_TIMEOUT_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    stuck_pods_timeout_seconds: u64,
     /// Let Kueue admit the jobs labelled kueue.x-k8s.io/queue-name (one Workload per job; Kueue's
     /// kueue.x-k8s.io/v1beta2 API must be served). Without it such jobs wait, saying why.
     #[arg(long, env = "FORESIGHT_KUEUE")]
@@ -311,6 +316,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         ps_url: a.ps_url.clone(),
         progress_every: Duration::from_secs(a.progress_seconds),
         finalize_grace: Duration::from_secs(a.finalize_grace_seconds),
+        stuck_pods_timeout: Duration::from_secs(a.stuck_pods_timeout_seconds),
         kueue: a.kueue,
         lease,
     };

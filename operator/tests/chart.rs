@@ -353,6 +353,7 @@ fn expected_rules() -> Value {
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     ])
 }
 
@@ -899,6 +900,8 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
         // A job's token Secret is created once: no Secret is ever patched.
         (vec!["patch", "secrets", "-n", &other], false),
         (vec!["create", "events.events.k8s.io", "-n", &other], true),
+        (vec!["list", "events", "-n", &other], true),
+        (vec!["delete", "events", "-n", &other], false),
         (vec!["create", "leases.coordination.k8s.io", "-n", &ns], true),
         (vec!["get", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], true),
         (vec!["update", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], true),

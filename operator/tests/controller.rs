@@ -759,6 +759,98 @@ fn a_job_waiting_on_a_name_conflict_starts_once_the_object_is_gone() {
     wait_phase(cp, &ns, "late", "Running");
 }
 
+/// Pods that cannot start reach the job: a parameter server whose image cannot be pulled (the
+/// test plays the kubelet's report), and workers the Job controller cannot create (a
+/// ServiceAccount that does not exist, refused by the API server's admission): each as the
+/// phase's reason, a `PodsFailing` condition and a Warning, blamed on its role; past the
+/// operator's bound the job fails with that reason. (Before: `Starting` forever, no Warning.)
+#[test]
+fn pods_that_cannot_start_are_reported_and_fail_the_job_after_the_bound() {
+    let cp = control_plane();
+    let ns = cp.namespace("stuck");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false", "--stuck-pods-timeout-seconds", "6"]);
+    apply_job(cp, &ns, "pull", json!({"workers": {"replicas": 1}}));
+    apply_job(cp, &ns, "nosa", json!({"workers": {"replicas": 1, "pod": {"serviceAccountName": "missing"}}}));
+
+    let pod = ps_pod(cp, &ns, "pull");
+    let container = cp.get_json(&ns, &format!("pod/{pod}")).unwrap()["spec"]["containers"][0]["name"].clone();
+    let waiting = json!({"status": {"phase": "Pending", "containerStatuses": [{
+        "name": container, "ready": false, "restartCount": 0, "image": "example.com/ps:gone", "imageID": "",
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"example.com/ps:gone\""}}}]}});
+    cp.kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "pod",
+            &pod,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &waiting.to_string(),
+        ],
+        None,
+    );
+    let st = wait_for("the PS's ImagePullBackOff in the status", LONG, || {
+        let s = status(cp, &ns, "pull");
+        (s["reason"] == "ImagePullBackOff").then_some(s)
+    });
+    assert_eq!(st["phase"], "Created", "{st:#}");
+    let c = condition(&st, "PodsFailing");
+    assert_eq!(c["status"], "True", "{st:#}");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("parameter server: pod ") && message.contains("example.com/ps:gone"),
+        "{message}"
+    );
+    let warned = wait_for("a Warning event", LONG, || {
+        events(cp, &ns, "pull").into_iter().find(|e| e.0 == "Warning" && e.1 == "ImagePullBackOff")
+    });
+    assert!(warned.2.contains("example.com/ps:gone"), "{warned:?}");
+    let st = wait_phase(cp, &ns, "pull", "Failed");
+    assert_eq!(st["reason"], "ImagePullBackOff", "{st:#}");
+    let failed = condition(&st, "Failed");
+    assert!(failed["message"].as_str().unwrap().contains("--stuck-pods-timeout-seconds"), "{failed}");
+
+    // The workers the Job controller cannot create: reported from its FailedCreate events.
+    let st = wait_for("the workers' FailedCreate in the status", LONG, || {
+        let s = status(cp, &ns, "nosa");
+        (s["reason"] == "FailedCreate").then_some(s)
+    });
+    let message = condition(&st, "PodsFailing")["message"].as_str().unwrap().to_string();
+    assert!(
+        message.starts_with("workers: the worker Job cannot create pods") && message.contains("missing"),
+        "{message}"
+    );
+    let st = wait_phase(cp, &ns, "nosa", "Failed");
+    assert_eq!(st["reason"], "FailedCreate", "{st:#}");
+}
+
+/// A quota that refuses the parameter server's pod: the Deployment's `ReplicaFailure`, named as
+/// the parameter server's.
+#[test]
+fn a_parameter_server_a_quota_refuses_is_reported_as_such() {
+    let cp = control_plane();
+    let ns = cp.namespace("pods-quota");
+    cp.kubectl_ok(&["create", "quota", "no-pods", "-n", &ns, "--hard=pods=0"], None);
+    wait_for("the quota's status", LONG, || {
+        cp.get_json(&ns, "quota/no-pods")?["status"]["hard"].is_object().then_some(())
+    });
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    apply_job(cp, &ns, "capped", json!({"workers": {"replicas": 1}}));
+    let st = wait_for("FailedCreate in the status", LONG, || {
+        let s = status(cp, &ns, "capped");
+        (s["reason"] == "FailedCreate").then_some(s)
+    });
+    let message = condition(&st, "PodsFailing")["message"].as_str().unwrap().to_string();
+    assert!(
+        message.starts_with("parameter server: cannot create its pod") && message.contains("exceeded quota"),
+        "{message}"
+    );
+    assert_eq!(st["phase"], "Created", "the bound (600 s by default) has not passed: {st:#}");
+    cp.kubectl_ok(&["delete", "quota", "no-pods", "-n", &ns], None);
+}
+
 /// New default images (an operator upgraded by its chart) reach new jobs only: a running job
 /// keeps the images recorded in its status when it started, and one started before that record
 /// existed keeps the images its children run.

@@ -14,6 +14,7 @@ pub mod metrics;
 mod ownership;
 pub mod status;
 pub mod token;
+pub mod trouble;
 mod watch;
 mod writes;
 
@@ -23,10 +24,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, PersistentVolumeClaim, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -41,6 +42,7 @@ use metrics::{Metrics, PHASES, phase_name};
 use ownership::{Holder, Mark, holder};
 use status::{Finalize, Observed, Placement, PsProcess, ShardsReady, State, WorkerJob};
 use token::TokenKey;
+use trouble::{Role, Trouble};
 pub use watch::Watch;
 
 /// The field manager of everything the operator applies.
@@ -106,6 +108,8 @@ pub struct Settings {
     pub progress_every: Duration,
     /// How long to retry `/v1/finalize` after the workers finished before giving up.
     pub finalize_grace: Duration,
+    /// How long a job's pods may fail to start or keep failing (`trouble`) before the job fails.
+    pub stuck_pods_timeout: Duration,
     /// Whether Kueue admits the jobs labelled for one of its queues (`kueue`).
     pub kueue: bool,
     /// `None`: no leader election (one replica).
@@ -385,9 +389,11 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let admission = admission::admit(ctx, job, &owner, &defaults).await?;
     let owner = owner.with_admission(admission);
     let mut ready_shards = 0;
+    let mut ps_deployments = Vec::new();
     for shard in owner.ps_shards() {
         let d = apply_ps_deployment(ctx, job, &owner, &defaults, shard).await?;
-        ready_shards += u32::from(d.status.and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1));
+        ready_shards += u32::from(d.status.as_ref().and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1));
+        ps_deployments.push(d);
     }
     let shards = job.spec.parameter_server.shards() as u32;
     let ps_ready = ready_shards == shards;
@@ -395,6 +401,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
 
     let worker_job = worker_state(&workers);
     let placement = placement(ctx, &owner).await?;
+    let trouble = observe_trouble(ctx, &owner, &ps_deployments, &workers).await?;
+    let trouble_expired = trouble.is_some() && trouble_older_than(&old, ctx.settings.stuck_pods_timeout);
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
     let (progress, ps_process) =
         if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
@@ -415,6 +423,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         ps_ready,
         ps_shards: (shards > 1).then_some(ShardsReady { count: shards, ready: ready_shards }),
         placement,
+        trouble,
+        trouble_expired,
         finalize,
         model_place: owner.model_place(),
         default_images: Some((&defaults).into()),
@@ -436,6 +446,10 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     }
     Ok(match (state.phase, &observed.finalize) {
         (_, Finalize::Failed(_)) => Action::requeue(Duration::from_secs(5)),
+        // Failing pods fail the job once the bound has passed: look again by then.
+        _ if observed.trouble.is_some() => {
+            Action::requeue(ctx.settings.stuck_pods_timeout.min(Duration::from_secs(60)))
+        }
         (Phase::Running, _) => Action::requeue(ctx.settings.progress_every),
         // Watches bring every change of the children; this only bounds a missed one.
         _ => Action::requeue(Duration::from_secs(60)),
@@ -455,6 +469,8 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         ps_ready: false,
         ps_shards: None,
         placement: Placement::Scheduled,
+        trouble: None,
+        trouble_expired: false,
         finalize: Finalize::NotYet,
         model_place: children::ModelPlace::EmptyDir,
         default_images: None,
@@ -600,6 +616,73 @@ fn worker_state(job: &Job) -> WorkerJob {
                 (c.reason.clone().unwrap_or_else(|| "Failed".into()), c.message.clone().unwrap_or_default())
             }),
     }
+}
+
+/// The job's pods that cannot start or keep failing (`trouble`): the parameter server's first,
+/// since workers fail for want of it.
+async fn observe_trouble(
+    ctx: &Context,
+    owner: &Owner<'_>,
+    ps: &[Deployment],
+    workers: &Job,
+) -> Result<Option<Trouble>> {
+    if let Some(t) = ps.iter().find_map(trouble::deployment_trouble) {
+        return Ok(Some(t));
+    }
+    let pods = ctx.caches.pods(&owner.namespace, &owner.name);
+    let role = |p: &Pod| match p.labels().get(children::LABEL_COMPONENT).map(String::as_str) {
+        Some(COMPONENT_PS) => Role::ParameterServer,
+        _ => Role::Workers,
+    };
+    let of = |r: Role| pods.iter().filter(|p| role(p) == r).find_map(|p| trouble::pod_trouble(r, p));
+    if let Some(t) = of(Role::ParameterServer) {
+        return Ok(Some(t));
+    }
+    if let Some(t) = worker_creation_trouble(ctx, owner, workers).await? {
+        return Ok(Some(t));
+    }
+    Ok(of(Role::Workers))
+}
+
+/// How long ago a `FailedCreate` event still tells about the worker Job's pods now.
+const RECENT_EVENT: Duration = Duration::from_secs(300);
+
+/// The Job controller's recent `FailedCreate` events for the worker Job, asked for only while
+/// the Job has fewer pods than it runs at once.
+async fn worker_creation_trouble(ctx: &Context, owner: &Owner<'_>, workers: &Job) -> Result<Option<Trouble>> {
+    let (Some(spec), Some(uid)) = (&workers.spec, &workers.metadata.uid) else { return Ok(None) };
+    let s = workers.status.clone().unwrap_or_default();
+    let has = s.active.unwrap_or(0) + s.succeeded.unwrap_or(0);
+    if spec.suspend == Some(true) || has >= spec.parallelism.unwrap_or(1) {
+        return Ok(None);
+    }
+    let api: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let params = ListParams::default().fields(&format!("involvedObject.uid={uid},reason=FailedCreate"));
+    let now = Timestamp::now();
+    let seen = |e: &CoreEvent| e.last_timestamp.as_ref().or(e.first_timestamp.as_ref()).map(|t| t.0);
+    let mut recent: Vec<_> = api
+        .list(&params)
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| {
+            seen(&e)
+                .filter(|t| now.duration_since(*t).as_secs_f64() < RECENT_EVENT.as_secs_f64())
+                .map(|t| (t, e))
+        })
+        .collect();
+    recent.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
+    let messages: Vec<String> = recent.into_iter().filter_map(|(_, e)| e.message).collect();
+    Ok(trouble::worker_creation_trouble(&messages))
+}
+
+/// Whether the pods have been failing (condition `PodsFailing` True) for longer than `bound`.
+fn trouble_older_than(old: &TrainingJobStatus, bound: Duration) -> bool {
+    old.conditions.iter().any(|c| {
+        c.type_ == status::PODS_FAILING
+            && c.status == "True"
+            && Timestamp::now().duration_since(c.last_transition_time.0).as_secs_f64() >= bound.as_secs_f64()
+    })
 }
 
 /// Whether the scheduler placed the job's pods (`status::unschedulable_pod` says what an

@@ -9,6 +9,7 @@ use crate::api::{
 };
 use crate::controller::children::ModelPlace;
 use crate::controller::kueue::Admission;
+use crate::controller::trouble::{Trouble, is_trouble_reason};
 
 /// The worker Job as the Job controller reports it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -65,6 +66,10 @@ pub struct Observed {
     pub ps_shards: Option<ShardsReady>,
     /// Whether the scheduler placed the job's pods.
     pub placement: Placement,
+    /// Pods that cannot start or keep failing, the parameter server's first.
+    pub trouble: Option<Trouble>,
+    /// That has lasted longer than the operator's bound (`--stuck-pods-timeout-seconds`).
+    pub trouble_expired: bool,
     pub finalize: Finalize,
     /// Where the final model goes.
     pub model_place: ModelPlace,
@@ -158,7 +163,9 @@ impl State {
 
     /// Whether a user should look at it (Event type Warning).
     pub fn is_warning(&self) -> bool {
-        matches!(self.phase, Phase::Failed | Phase::Restarting) || self.reason == "Unschedulable"
+        matches!(self.phase, Phase::Failed | Phase::Restarting)
+            || self.reason == "Unschedulable"
+            || is_trouble_reason(&self.reason)
     }
 }
 
@@ -234,6 +241,23 @@ pub fn decide(o: &Observed) -> State {
     // Workers that must be ready for the job to train: all that have not finished, or
     // minReplicas of them (an asynchronous job trains on the ones it has).
     let needed = o.min_replicas.map_or(remaining, |m| m.min(remaining));
+    let training = w.ready >= needed && o.ps_ready;
+    // Pods that cannot start or keep failing, unless the job trains without them; named before
+    // the workers' failures, which a parameter server that cannot run causes.
+    if let Some(t) = o.trouble.as_ref().filter(|_| !training) {
+        if o.trouble_expired {
+            let message = format!(
+                "{}; failing for longer than the operator allows (--stuck-pods-timeout-seconds)",
+                t.message
+            );
+            return State::new(Phase::Failed, &t.reason, message);
+        }
+        return State::new(
+            if o.has_run { Phase::Restarting } else { Phase::Created },
+            &t.reason,
+            t.message.clone(),
+        );
+    }
     if w.failed > 0 && w.ready < needed {
         let limit = o.backoff_limit.map_or("6 (the default)".to_string(), |b| b.to_string());
         return State::new(
@@ -350,6 +374,27 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
     } else if let Some(c) = old.conditions.iter().find(|c| c.type_ == PS_RESTARTED) {
         conditions.push(c.clone());
     }
+    // Whether pods fail to start or keep failing; its lastTransitionTime tells for how long.
+    let failing = o.trouble.as_ref().filter(|t| t.reason == state.reason);
+    let previous = old.conditions.iter().find(|c| c.type_ == PODS_FAILING);
+    if failing.is_some() || previous.is_some() {
+        let (status, reason, message) = match failing {
+            Some(t) => ("True", t.reason.clone(), t.message.clone()),
+            None => ("False", "PodsRunning".to_string(), "no pod of the job is failing to start".to_string()),
+        };
+        let last_transition_time = match previous {
+            Some(p) if p.status == status => p.last_transition_time.clone(),
+            _ => now.clone(),
+        };
+        conditions.push(Condition {
+            type_: PODS_FAILING.into(),
+            status: status.into(),
+            reason,
+            message,
+            last_transition_time,
+            observed_generation: o.generation,
+        });
+    }
     // This reconcile got this far: a failure the condition reported is over.
     if let Some(c) = old.conditions.iter().find(|c| c.type_ == RECONCILE_FAILED) {
         conditions.push(match c.status.as_str() {
@@ -398,6 +443,9 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         default_images: o.default_images.clone().or_else(|| old.default_images.clone()),
     }
 }
+
+/// The condition that says pods cannot start or keep failing (`trouble`), and since when.
+pub const PODS_FAILING: &str = "PodsFailing";
 
 /// The condition that says the parameter server restarted (the latest restart).
 pub const PS_RESTARTED: &str = "ParameterServerRestarted";

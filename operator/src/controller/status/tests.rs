@@ -13,6 +13,8 @@ fn observed() -> Observed {
         ps_ready: false,
         ps_shards: None,
         placement: Placement::Scheduled,
+        trouble: None,
+        trouble_expired: false,
         finalize: Finalize::NotYet,
         model_place: ModelPlace::EmptyDir,
         default_images: None,
@@ -467,4 +469,50 @@ fn a_sharded_parameter_server_reports_its_ready_shards() {
     assert_eq!((ps.shards, ps.ready_shards), (None, None));
     let json = serde_json::to_value(&ps).unwrap();
     assert!(json.get("shards").is_none() && json.get("readyShards").is_none(), "{json}");
+}
+
+#[test]
+fn pods_that_cannot_run_are_named_blamed_on_their_role_and_fail_the_job_after_the_bound() {
+    use crate::controller::trouble::{Role, Trouble};
+    let oom = Trouble {
+        role: Role::ParameterServer,
+        reason: "OOMKilled".into(),
+        message: "parameter server: ...".into(),
+    };
+    let failed_workers = |w: &mut WorkerJob| {
+        w.active = 4;
+        w.failed = 3;
+    };
+    // A PS killed for memory while workers fail for want of it: the PS is named, not WorkerFailed.
+    let o = Observed { trouble: Some(oom.clone()), has_run: true, ..with_workers(failed_workers) };
+    let s = decide(&o);
+    assert_eq!((s.phase, s.reason.as_str()), (Phase::Restarting, "OOMKilled"));
+    assert!(s.is_warning());
+    let now = t("2026-01-01T00:00:00Z");
+    let st = next_status(&TrainingJobStatus::default(), &o, &s, &now);
+    let c = st.conditions.iter().find(|c| c.type_ == PODS_FAILING).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str(), &c.last_transition_time), ("True", "OOMKilled", &now));
+    // Still failing later: the condition keeps the time it started; past the bound, Failed.
+    let later = next_status(&st, &o, &s, &t("2026-01-01T00:05:00Z"));
+    let c = later.conditions.iter().find(|c| c.type_ == PODS_FAILING).unwrap();
+    assert_eq!(c.last_transition_time, now);
+    let s = decide(&Observed { trouble_expired: true, ..o.clone() });
+    assert_eq!((s.phase, s.reason.as_str()), (Phase::Failed, "OOMKilled"));
+    // Once the pods run, the condition turns False.
+    let well = Observed { ps_ready: true, ..with_workers(|w| (w.active, w.ready) = (4, 4)) };
+    let s = decide(&well);
+    assert_eq!(s.reason, "WorkersRunning");
+    let healed = next_status(&later, &well, &s, &t("2026-01-01T00:06:00Z"));
+    let c = healed.conditions.iter().find(|c| c.type_ == PODS_FAILING).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "PodsRunning"));
+    // A job that trains without one worker (a stuck pull on a new node) keeps training.
+    let stuck =
+        Trouble { role: Role::Workers, reason: "ImagePullBackOff".into(), message: "workers: ...".into() };
+    let o = Observed {
+        min_replicas: Some(2),
+        trouble: Some(stuck),
+        trouble_expired: true,
+        ..with_workers(|w| (w.active, w.ready) = (4, 3))
+    };
+    assert_eq!(decide(&Observed { ps_ready: true, ..o }).phase, Phase::Running);
 }

@@ -1,0 +1,214 @@
+//! Pods that cannot start or keep failing, told from what the API server holds: a container
+//! waiting for a reason no wait cures (an image that cannot be pulled, a missing ConfigMap or
+//! Secret key, a crash loop, an OOM kill), a PS Deployment whose ReplicaSet cannot create its pod
+//! (a quota, PodSecurity, a missing ServiceAccount or PriorityClass), the worker Job's
+//! `FailedCreate` events. Before, such a job stayed `Starting` forever without a Warning, or
+//! blamed the workers for the PS's OOM kills. Pure: no I/O.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+
+/// Whose pods are in trouble.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    ParameterServer,
+    Workers,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::ParameterServer => "parameter server",
+            Role::Workers => "workers",
+        }
+    }
+}
+
+/// Why a role's pods do not run: the reason is Kubernetes' own (ImagePullBackOff, OOMKilled,
+/// FailedCreate, ...), the message says where.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trouble {
+    pub role: Role,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Trouble {
+    fn new(role: Role, reason: &str, message: String) -> Self {
+        Self { role, reason: reason.into(), message: format!("{}: {message}", role.name()) }
+    }
+}
+
+/// Reasons a container waits with that waiting does not cure.
+const STUCK: [&str; 7] = [
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+];
+
+/// Every reason a [`Trouble`] can carry (the phase's reason while it lasts: a Warning).
+pub fn is_trouble_reason(reason: &str) -> bool {
+    STUCK.contains(&reason) || reason == "OOMKilled" || reason == "FailedCreate"
+}
+
+/// The trouble of one pod of `role`, if any: a container stuck waiting, or one that was OOM
+/// killed and has not come back. A pod that has ended is none: the worker Job counts its failed
+/// pods against `backoffLimit` and replaces them.
+pub fn pod_trouble(role: Role, pod: &Pod) -> Option<Trouble> {
+    let status = pod.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Failed" | "Succeeded")) {
+        return None;
+    }
+    let containers = status.init_container_statuses.iter().chain(&status.container_statuses).flatten();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    containers.filter_map(|c| container_trouble(c).map(|(r, m)| (r, m, &c.name))).next().map(
+        |(reason, message, container)| {
+            Trouble::new(role, reason, format!("pod {name}, container {container}: {message}"))
+        },
+    )
+}
+
+fn container_trouble(c: &ContainerStatus) -> Option<(&'static str, String)> {
+    let oom = |s: &Option<k8s_openapi::api::core::v1::ContainerState>| {
+        s.as_ref()?.terminated.as_ref().filter(|t| t.reason.as_deref() == Some("OOMKilled")).map(|_| ())
+    };
+    let waiting = c.state.as_ref().and_then(|s| s.waiting.as_ref());
+    let waiting_reason = waiting.and_then(|w| w.reason.as_deref());
+    let back_off = waiting_reason == Some("CrashLoopBackOff");
+    if oom(&c.state).is_some() || (back_off && oom(&c.last_state).is_some()) {
+        let restarts = c.restart_count;
+        return Some((
+            "OOMKilled",
+            format!("killed for exceeding its memory limit (OOMKilled), {restarts} restart(s)"),
+        ));
+    }
+    let reason = STUCK.into_iter().find(|r| Some(*r) == waiting_reason)?;
+    let message = waiting.and_then(|w| w.message.clone()).unwrap_or_default();
+    Some((reason, if message.is_empty() { reason.to_string() } else { format!("{reason}: {message}") }))
+}
+
+/// A Deployment whose ReplicaSet cannot create its pod (condition `ReplicaFailure`).
+pub fn deployment_trouble(d: &Deployment) -> Option<Trouble> {
+    let c = d
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_.as_deref() == Some("ReplicaFailure") && c.status.as_deref() == Some("True"))?;
+    let message = c.message.clone().unwrap_or_default();
+    Some(Trouble::new(Role::ParameterServer, "FailedCreate", format!("cannot create its pod: {message}")))
+}
+
+/// The worker Job's most recent `FailedCreate` event message, given those events' messages
+/// newest first: the Job controller reports pods it cannot create only that way.
+pub fn worker_creation_trouble(newest_first: &[String]) -> Option<Trouble> {
+    let message = newest_first.first()?;
+    Some(Trouble::new(Role::Workers, "FailedCreate", format!("the worker Job cannot create pods: {message}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::apps::v1::DeploymentCondition;
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodStatus,
+    };
+
+    use super::*;
+
+    fn pod(state: ContainerState, last: Option<ContainerState>) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("job-ps-1".into());
+        p.status = Some(PodStatus {
+            container_statuses: Some(vec![ContainerStatus {
+                name: "ps".into(),
+                state: Some(state),
+                last_state: last,
+                restart_count: 3,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn waiting(reason: &str, message: &str) -> ContainerState {
+        let w = ContainerStateWaiting { reason: Some(reason.into()), message: Some(message.into()) };
+        ContainerState { waiting: Some(w), ..Default::default() }
+    }
+
+    fn terminated(reason: &str) -> ContainerState {
+        let t =
+            ContainerStateTerminated { reason: Some(reason.into()), exit_code: 137, ..Default::default() };
+        ContainerState { terminated: Some(t), ..Default::default() }
+    }
+
+    #[test]
+    fn a_container_waiting_for_what_time_does_not_cure_is_trouble() {
+        let t = pod_trouble(
+            Role::ParameterServer,
+            &pod(waiting("ImagePullBackOff", "Back-off pulling image \"x\""), None),
+        )
+        .unwrap();
+        assert_eq!(t.reason, "ImagePullBackOff");
+        assert_eq!(
+            t.message,
+            "parameter server: pod job-ps-1, container ps: ImagePullBackOff: Back-off pulling image \"x\""
+        );
+        // Waiting while the image is pulled or the container created is normal.
+        assert_eq!(pod_trouble(Role::Workers, &pod(waiting("ContainerCreating", ""), None)), None);
+        assert_eq!(pod_trouble(Role::Workers, &pod(ContainerState::default(), None)), None);
+    }
+
+    #[test]
+    fn an_oom_kill_is_named_as_such_not_as_the_crash_loop_it_causes() {
+        let t = pod_trouble(
+            Role::ParameterServer,
+            &pod(waiting("CrashLoopBackOff", "back-off 40s"), Some(terminated("OOMKilled"))),
+        )
+        .unwrap();
+        assert_eq!(t.reason, "OOMKilled");
+        assert!(t.message.contains("3 restart(s)"), "{}", t.message);
+        // Killed a moment ago, before the back-off.
+        assert_eq!(
+            pod_trouble(Role::Workers, &pod(terminated("OOMKilled"), None)).unwrap().reason,
+            "OOMKilled"
+        );
+        // A pod that has ended (a worker's, restartPolicy Never) is the Job's to count and replace.
+        let mut failed = pod(terminated("OOMKilled"), None);
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        assert_eq!(pod_trouble(Role::Workers, &failed), None);
+        // A crash loop for another cause, or a worker that failed with an error: not an OOM kill.
+        let other = pod_trouble(
+            Role::ParameterServer,
+            &pod(waiting("CrashLoopBackOff", ""), Some(terminated("Error"))),
+        );
+        assert_eq!(other.unwrap().reason, "CrashLoopBackOff");
+        assert_eq!(pod_trouble(Role::Workers, &pod(terminated("Error"), None)), None);
+    }
+
+    #[test]
+    fn a_deployment_that_cannot_create_its_pod_is_trouble() {
+        let mut d = Deployment::default();
+        assert_eq!(deployment_trouble(&d), None);
+        d.status = Some(DeploymentStatus {
+            conditions: Some(vec![DeploymentCondition {
+                type_: Some("ReplicaFailure".into()),
+                status: Some("True".into()),
+                reason: Some("FailedCreate".into()),
+                message: Some("pods \"p\" is forbidden: exceeded quota: none".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let t = deployment_trouble(&d).unwrap();
+        assert_eq!((t.role, t.reason.as_str()), (Role::ParameterServer, "FailedCreate"));
+        assert!(t.message.ends_with("exceeded quota: none"), "{}", t.message);
+        assert!(is_trouble_reason(&t.reason));
+    }
+}
