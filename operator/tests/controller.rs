@@ -1009,8 +1009,22 @@ fn a_job_labelled_for_kueue_waits_queued_when_the_operator_runs_without_kueue() 
     // Nothing runs outside the quota: workers suspended, no PS pod.
     assert_eq!(cp.get_json(&ns, "job/queued-workers").unwrap()["spec"]["suspend"], true);
     assert_eq!(cp.get_json(&ns, "deployment/queued-ps").unwrap()["spec"]["replicas"], 0);
-    // The label removed: the job starts.
+    // The label removed from the waiting job: it keeps waiting (before, it started at once,
+    // outside any quota).
     cp.kubectl_ok(&["label", "-n", &ns, "tj", "queued", "kueue.x-k8s.io/queue-name-"], None);
+    let st = wait_for("the job to say why it still waits", LONG, || {
+        let s = status(cp, &ns, "queued");
+        condition(&s, "Queued")["message"].as_str()?.contains("label was removed").then_some(s)
+    });
+    assert_eq!(st["phase"], "Queued", "{st:#}");
+    assert_eq!(cp.get_json(&ns, "job/queued-workers").unwrap()["spec"]["suspend"], true);
+    assert_eq!(cp.get_json(&ns, "deployment/queued-ps").unwrap()["spec"]["replicas"], 0);
+    // Made again without the label, it runs.
+    cp.kubectl_ok(&["delete", "-n", &ns, "tj", "queued", "--wait=true"], None);
+    wait_for("the old children to go", LONG, || {
+        cp.get_json(&ns, "job/queued-workers").is_none().then_some(())
+    });
+    apply_job(cp, &ns, "queued", json!({}));
     worker_pods(cp, &ns, "queued", 2);
     assert_eq!(cp.get_json(&ns, "deployment/queued-ps").unwrap()["spec"]["replicas"], 1);
 }

@@ -28,7 +28,7 @@ pub(super) async fn admit(
     defaults: &ChildDefaults,
 ) -> Result<Admission> {
     let Some(queue) = job.labels().get(kueue::QUEUE_LABEL) else {
-        return Ok(Admission::NotQueued);
+        return Ok(unlabelled(ctx, job, owner));
     };
     if !ctx.settings.kueue {
         let waiting = Admission::Pending(format!(
@@ -72,6 +72,24 @@ pub(super) async fn admit(
         a.workers = placement(ctx, w, kueue::PODSET_WORKERS).await?;
     }
     Ok(admission)
+}
+
+/// A job without the queue label runs at once, unless it was queued and Kueue has not admitted
+/// it: removing the label from a waiting job would start it outside the quota, so it keeps
+/// waiting (a job Kueue admitted keeps running; the label cannot move it out of the quota it
+/// holds). The author can put the label back, or delete the job and make it again.
+fn unlabelled(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Admission {
+    let was_queued =
+        job.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Queued" && c.status == "True");
+    let workload = ctx.caches.workload(&owner.namespace, &workload_name(&owner.name));
+    let admitted = workload.as_ref().is_some_and(Workload::is_admitted);
+    if (was_queued || workload.is_some()) && !admitted {
+        return Admission::Pending(format!(
+            "the {} label was removed while the job waited for Kueue: it keeps waiting rather than run outside the quota; put the label back, or delete the TrainingJob and create it again",
+            kueue::QUEUE_LABEL
+        ));
+    }
+    Admission::NotQueued
 }
 
 /// Where the flavors Kueue assigned to pod set `name` place its pods.

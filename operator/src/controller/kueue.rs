@@ -110,6 +110,11 @@ pub struct WorkloadCondition {
 }
 
 impl Workload {
+    /// Whether Kueue admitted it (quota reserved and every check passed).
+    pub fn is_admitted(&self) -> bool {
+        self.condition("Admitted").is_some()
+    }
+
     fn condition(&self, type_: &str) -> Option<&WorkloadCondition> {
         self.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_ && c.status == "True")
     }
