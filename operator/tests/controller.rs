@@ -446,6 +446,16 @@ fn pods_that_cannot_be_scheduled_show_in_the_status_not_as_running() {
         [0]["env"]
         .clone();
     assert_eq!(env_before, env_after, "the PS Deployment is unchanged");
+    // The status says so: the generation is seen, not applied.
+    let st = wait_for("SpecApplied False", LONG, || {
+        let s = status(cp, &ns, "big");
+        (condition(&s, "SpecApplied")["status"] == "False").then_some(s)
+    });
+    let c = condition(&st, "SpecApplied");
+    assert_eq!(c["reason"], "ChangeDeferred", "{st:#}");
+    assert!(c["message"].as_str().unwrap().contains("parameter server"), "{c}");
+    let generation = cp.get_json(&ns, "tj/big").unwrap()["metadata"]["generation"].clone();
+    assert_eq!(c["observedGeneration"], generation, "{st:#}");
 }
 
 /// A second simulated node, labelled `pool=<pool>` and tainted `dedicated=training:NoSchedule`

@@ -390,14 +390,16 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let owner = owner.with_admission(admission);
     let mut ready_shards = 0;
     let mut ps_deployments = Vec::new();
+    // Spec changes the children do not have yet, and why.
+    let mut deferred = Vec::new();
     for shard in owner.ps_shards() {
-        let d = apply_ps_deployment(ctx, job, &owner, &defaults, shard).await?;
+        let d = apply_ps_deployment(ctx, job, &owner, &defaults, shard, &mut deferred).await?;
         ready_shards += u32::from(d.status.as_ref().and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1));
         ps_deployments.push(d);
     }
     let shards = job.spec.parameter_server.shards() as u32;
     let ps_ready = ready_shards == shards;
-    let workers = apply_worker_job(ctx, job, &owner, &defaults).await?;
+    let workers = apply_worker_job(ctx, job, &owner, &defaults, &mut deferred).await?;
 
     let worker_job = worker_state(&workers);
     let placement = placement(ctx, &owner).await?;
@@ -425,6 +427,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         placement,
         trouble,
         trouble_expired,
+        deferred,
         finalize,
         model_place: owner.model_place(),
         default_images: Some((&defaults).into()),
@@ -471,6 +474,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         placement: Placement::Scheduled,
         trouble: None,
         trouble_expired: false,
+        deferred: Vec::new(),
         finalize: Finalize::NotYet,
         model_place: children::ModelPlace::EmptyDir,
         default_images: None,
@@ -483,14 +487,15 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
 /// Applies the Deployment of PS shard `shard`, except when that would restart a PS whose memory holds the only
 /// copy of the model: a changed pod template (a new learning rate, image or resources) rolls the
 /// Deployment, and without `checkpoint.storage` the new pod would start from scratch. Then the
-/// running PS keeps its settings and a Warning event says why. Returns the Deployment as the
-/// API server has it (status included).
+/// running PS keeps its settings, a Warning event says why, and so does `deferred` (for the
+/// `SpecApplied` condition). Returns the Deployment as the API server has it (status included).
 async fn apply_ps_deployment(
     ctx: &Context,
     job: &TrainingJob,
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
     shard: usize,
+    deferred: &mut Vec<String>,
 ) -> Result<Deployment> {
     let running = ctx.caches.deployment(&owner.namespace, &children::ps_shard_name(&owner.name, shard));
     if let Some(d) = &running {
@@ -513,6 +518,7 @@ async fn apply_ps_deployment(
                            and a restart would lose it";
             publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateParameterServer", message)
                 .await;
+            deferred.push(message.into());
             return Ok(running.clone());
         }
     }
@@ -520,13 +526,14 @@ async fn apply_ps_deployment(
 }
 
 /// Applies the worker Job as `children::worker_job_update` decides: a changed pod template
-/// reaches the workers only through a suspension, and says so while it waits. Returns the Job
-/// as the API server has it.
+/// reaches the workers only through a suspension, and says so while it waits (an event, and
+/// `deferred`). Returns the Job as the API server has it.
 async fn apply_worker_job(
     ctx: &Context,
     job: &TrainingJob,
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
+    deferred: &mut Vec<String>,
 ) -> Result<Job> {
     let running = ctx.caches.job(&owner.namespace, &children::workers_name(&owner.name));
     if let Some(j) = &running {
@@ -556,6 +563,7 @@ async fn apply_worker_job(
                 let message = "the running worker Job keeps its pod template: set runPolicy.suspend: true \
                                to apply the change (the workers are recreated with it, and resume where they stopped)";
                 publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateWorkers", message).await;
+                deferred.push(message.into());
             }
             writes::apply(ctx, desired, running, owner.mark()).await
         }

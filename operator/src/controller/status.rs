@@ -70,6 +70,8 @@ pub struct Observed {
     pub trouble: Option<Trouble>,
     /// That has lasted longer than the operator's bound (`--stuck-pods-timeout-seconds`).
     pub trouble_expired: bool,
+    /// Spec changes the children do not have (yet), each saying why.
+    pub deferred: Vec<String>,
     pub finalize: Finalize,
     /// Where the final model goes.
     pub model_place: ModelPlace,
@@ -374,6 +376,30 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
     } else if let Some(c) = old.conditions.iter().find(|c| c.type_ == PS_RESTARTED) {
         conditions.push(c.clone());
     }
+    // Whether the children have this generation's spec: observedGeneration says only that the
+    // operator has seen it.
+    if created {
+        let (status, reason, message) = match o.deferred.as_slice() {
+            [] => (
+                "True",
+                "Applied",
+                format!("the children have generation {} of the spec", o.generation.unwrap_or(0)),
+            ),
+            waiting => ("False", "ChangeDeferred", waiting.join("; ")),
+        };
+        let previous = old.conditions.iter().find(|c| c.type_ == SPEC_APPLIED);
+        conditions.push(Condition {
+            type_: SPEC_APPLIED.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: match previous {
+                Some(p) if p.status == status => p.last_transition_time.clone(),
+                _ => now.clone(),
+            },
+            observed_generation: o.generation,
+        });
+    }
     // Whether pods fail to start or keep failing; its lastTransitionTime tells for how long.
     let failing = o.trouble.as_ref().filter(|t| t.reason == state.reason);
     let previous = old.conditions.iter().find(|c| c.type_ == PODS_FAILING);
@@ -443,6 +469,9 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         default_images: o.default_images.clone().or_else(|| old.default_images.clone()),
     }
 }
+
+/// The condition that says whether the children have the spec's current generation.
+pub const SPEC_APPLIED: &str = "SpecApplied";
 
 /// The condition that says pods cannot start or keep failing (`trouble`), and since when.
 pub const PODS_FAILING: &str = "PodsFailing";

@@ -15,6 +15,7 @@ fn observed() -> Observed {
         placement: Placement::Scheduled,
         trouble: None,
         trouble_expired: false,
+        deferred: Vec::new(),
         finalize: Finalize::NotYet,
         model_place: ModelPlace::EmptyDir,
         default_images: None,
@@ -211,7 +212,11 @@ fn condition_times_move_only_when_their_status_changes() {
     );
     assert_eq!(s1.phase, Some(Phase::Created));
     let types: Vec<&str> = s1.conditions.iter().map(|c| c.type_.as_str()).collect();
-    assert_eq!(types, ["Created", "Running"], "only conditions that have been true, and Running");
+    assert_eq!(
+        types,
+        ["Created", "Running", "SpecApplied"],
+        "only conditions that have been true, Running, and SpecApplied once there are children"
+    );
     assert_eq!(s1.start_time, Some(t("2026-01-01T00:00:00Z")));
     assert_eq!(s1.observed_generation, Some(3));
 
@@ -515,4 +520,24 @@ fn pods_that_cannot_run_are_named_blamed_on_their_role_and_fail_the_job_after_th
         ..with_workers(|w| (w.active, w.ready) = (4, 3))
     };
     assert_eq!(decide(&Observed { ps_ready: true, ..o }).phase, Phase::Running);
+}
+
+#[test]
+fn spec_applied_says_whether_the_children_have_the_current_generation() {
+    let now = t("2026-01-01T00:00:00Z");
+    let o = observed();
+    let st = next_status(&TrainingJobStatus::default(), &o, &decide(&o), &now);
+    let c = st.conditions.iter().find(|c| c.type_ == SPEC_APPLIED).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str(), c.observed_generation), ("True", "Applied", Some(3)));
+    let waiting =
+        Observed { deferred: vec!["the running worker Job keeps its pod template".into()], ..observed() };
+    let later = next_status(&st, &waiting, &decide(&waiting), &t("2026-01-01T00:01:00Z"));
+    let c = later.conditions.iter().find(|c| c.type_ == SPEC_APPLIED).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "ChangeDeferred"));
+    assert_eq!(c.message, "the running worker Job keeps its pod template");
+    assert_eq!(later.observed_generation, Some(3), "seen, though not applied");
+    // No children yet (an invalid spec): no claim either way.
+    let none = Observed { workers: None, ..observed() };
+    let st = next_status(&TrainingJobStatus::default(), &none, &decide(&none), &now);
+    assert!(st.conditions.iter().all(|c| c.type_ != SPEC_APPLIED));
 }
