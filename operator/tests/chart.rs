@@ -160,6 +160,10 @@ const ALL_FEATURES: &[&str] = &[
     "progressSeconds=5",
     "--set",
     "finalizeGraceSeconds=60",
+    "--set",
+    "stuckPodsTimeoutSeconds=120",
+    "--set",
+    "jobPolicy.enabled=true",
 ];
 
 /// `helm template` of the chart; `extra` are more arguments (values).
@@ -432,7 +436,15 @@ fn rbac_grants_exactly_the_operator_contract() {
 #[test]
 fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
     let objs = objects(&template(ALL_FEATURES));
-    for k in ["ServiceMonitor", "PodMonitor", "ConfigMap", "NetworkPolicy", "PodDisruptionBudget"] {
+    for k in [
+        "ServiceMonitor",
+        "PodMonitor",
+        "ConfigMap",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
         assert!(kinds(&objs).contains(k), "no {k} in {:?}", kinds(&objs));
     }
     let deploy = find(&objs, "Deployment", "foresight");
@@ -442,6 +454,7 @@ fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
     assert_eq!(env["FORESIGHT_LOG_LEVEL"], "debug");
     assert_eq!(env["FORESIGHT_PROGRESS_SECONDS"], "5");
     assert_eq!(env["FORESIGHT_FINALIZE_GRACE_SECONDS"], "60");
+    assert_eq!(env["FORESIGHT_STUCK_PODS_TIMEOUT_SECONDS"], "120");
     let pod = &deploy["spec"]["template"]["spec"];
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert!(pod["containers"][0]["args"].as_array().unwrap().contains(&json!("--lease-duration-seconds=30")));
@@ -846,8 +859,10 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
     // The harness applied the CRD already (crds.enabled: see the CRD's own test).
     let mut args =
         vec!["install", release, chart.to_str().unwrap(), "--namespace", &ns, "--set", "crds.enabled=false"];
-    // Everything but watchNamespace (that is the next test), with the monitoring CRDs present.
-    args.extend(ALL_FEATURES.chunks(2).filter(|kv| !kv[1].starts_with("watchNamespace")).flatten().copied());
+    // Everything but watchNamespace (that is the next test) and jobPolicy (its own test: bound to
+    // every namespace here, it would judge the other tests' jobs), with the monitoring CRDs present.
+    let own_test = |kv: &&[&str]| kv[1].starts_with("watchNamespace") || kv[1].starts_with("jobPolicy");
+    args.extend(ALL_FEATURES.chunks(2).filter(|kv| !own_test(kv)).flatten().copied());
     let out = helm_ok(&args, kubeconfig);
     assert!(out.contains("STATUS: deployed"), "{out}");
     assert!(
@@ -1284,4 +1299,80 @@ fn with_watch_namespaces_the_operator_is_confined_to_them() {
         "{m}"
     );
     helm_ok(&["uninstall", "scoped", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
+}
+
+/// `jobPolicy`: a ValidatingAdmissionPolicy that refuses, in the watched namespaces, a
+/// TrainingJob whose pods would run as a ServiceAccount, mount a volume type or pull an image
+/// the platform team did not allow, and lets everything else through. Against the real API
+/// server's admission.
+#[test]
+fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
+    let cp = control_plane();
+    let ns = cp.namespace("chart-policy");
+    let jobs = cp.namespace("chart-policy-jobs");
+    let elsewhere = cp.namespace("chart-policy-elsewhere");
+    let chart = chart();
+    let watch = format!("watchNamespace={jobs}");
+    let out = helm_ok(
+        &[
+            "install",
+            "policy",
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--set",
+            "crds.enabled=false",
+            "--set",
+            &watch,
+            "--set",
+            "jobPolicy.enabled=true",
+            "--set",
+            "jobPolicy.serviceAccounts={trainer}",
+            "--set",
+            "jobPolicy.imageRegistries={registry.example.com/}",
+        ],
+        Some(cp.kubeconfig.as_path()),
+    );
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let create = |ns: &str, name: &str, spec: Value| {
+        let out = cp.kubectl(&["create", "--dry-run=server", "-n", ns, "-f", "-"], Some(&job(name, spec)));
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let host = json!([{"name": "host", "hostPath": {"path": "/"}}]);
+    // The policy takes a moment to reach the API server's admission.
+    wait_for("the policy to refuse a hostPath volume", LONG, || {
+        let (ok, err) = create(&jobs, "probe", json!({"workers": {"replicas": 1, "pod": {"volumes": host}}}));
+        (!ok && err.contains("workers.pod.volumes may only be of the types")).then_some(())
+    });
+    for (spec, refusal) in [
+        (
+            json!({"workers": {"replicas": 1, "pod": {"serviceAccountName": "default"}}}),
+            "workers.pod.serviceAccountName must be one of trainer",
+        ),
+        (
+            json!({"parameterServer": {"pod": {"volumes": [{"name": "s", "secret": {"secretName": "other-teams"}}]}}}),
+            "parameterServer.pod.volumes may only be",
+        ),
+        (
+            json!({"parameterServer": {"image": "docker.io/someone/ps:latest"}}),
+            "parameterServer.image must come from registry.example.com/",
+        ),
+        (
+            json!({"dataset": {"format": "csv", "path": "/data/x", "volume": {"name": "d", "hostPath": {"path": "/etc"}}}}),
+            "dataset.volume may only be",
+        ),
+    ] {
+        let (ok, err) = create(&jobs, "refused", spec.clone());
+        assert!(!ok && err.contains(refusal), "{spec}: {err}");
+    }
+    // What the policy allows, and any job outside the watched namespaces.
+    let allowed = json!({"workers": {"replicas": 1, "image": "registry.example.com/team/worker:1",
+        "pod": {"serviceAccountName": "trainer", "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}}});
+    let (ok, err) = create(&jobs, "allowed", allowed);
+    assert!(ok, "{err}");
+    let (ok, err) =
+        create(&elsewhere, "unbound", json!({"workers": {"replicas": 1, "pod": {"volumes": host}}}));
+    assert!(ok, "{err}");
+    helm_ok(&["uninstall", "policy", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
 }

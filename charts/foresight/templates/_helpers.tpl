@@ -115,3 +115,11 @@ watchNamespace together, sorted, without repeats. Empty: every namespace.
 {{- $names := concat (.Values.watchNamespaces | default list) (compact (list .Values.watchNamespace)) }}
 {{- $names | uniq | sortAlpha | join "," }}
 {{- end }}
+
+{{/*
+A CEL condition that volume expression (index . 0) has none of the sources in (index . 1).
+*/}}
+{{- define "foresight.volumeAllowed" -}}
+{{- $v := index . 0 }}{{ $banned := index . 1 -}}
+{{- range $i, $s := $banned }}{{ if $i }} && {{ end }}!has({{ $v }}.{{ $s }}){{ end }}
+{{- end }}
