@@ -12,6 +12,7 @@ pub mod kueue;
 pub mod leader;
 pub mod metrics;
 mod ownership;
+mod pods;
 pub mod status;
 pub mod token;
 pub mod trouble;
@@ -24,10 +25,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, PersistentVolumeClaim, Pod, PodSpec};
+use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -35,14 +36,13 @@ use kube::{Client, Resource, ResourceExt};
 
 use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
 use caches::Caches;
-use children::{COMPONENT_PS, ChildDefaults, Owner, WorkerJobUpdate};
+use children::{ChildDefaults, Owner, WorkerJobUpdate};
 use kueue::Admission;
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
 use ownership::{Holder, Mark, holder};
 use status::{Finalize, Observed, Placement, PsProcess, ShardsReady, State, WorkerJob};
 use token::TokenKey;
-use trouble::{Role, Trouble};
 pub use watch::Watch;
 
 /// The field manager of everything the operator applies.
@@ -366,45 +366,20 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
 
-    let uid = job.metadata.uid.as_deref().ok_or(Error::Incomplete)?;
-    // The operator's own calls to the PS (status, rescale, finalize) use the control token.
-    let (workers_token, token) =
-        (ctx.settings.token_key.job_token(uid), ctx.settings.token_key.control_token(uid));
-    writes::create_once(ctx, &owner.secret(&workers_token, &token)).await?;
-    let own = owner.mark();
-    for pvc in owner.pvcs() {
-        let seen = ctx.caches.claim(&owner.namespace, &pvc.name_any());
-        writes::apply(ctx, pvc, seen, own).await?;
-    }
-    if let Some(pvc) = owner.output_pvc() {
-        let seen = ctx.caches.claim(&owner.namespace, &pvc.name_any());
-        writes::apply(ctx, pvc, seen, Mark::Labels { job: &owner.name }).await?;
-    }
-    for shard in owner.ps_shards() {
-        let service = owner.ps_service(shard);
-        let seen = ctx.caches.service(&owner.namespace, &service.name_any());
-        writes::apply(ctx, service, seen, own).await?;
-    }
+    let token = apply_stable_children(ctx, &owner).await?;
     let defaults = job_defaults(ctx, &owner, &old);
     let admission = admission::admit(ctx, job, &owner, &defaults).await?;
     let owner = owner.with_admission(admission);
-    let mut ready_shards = 0;
-    let mut ps_deployments = Vec::new();
-    // Spec changes the children do not have yet, and why.
-    let mut deferred = Vec::new();
-    for shard in owner.ps_shards() {
-        let d = apply_ps_deployment(ctx, job, &owner, &defaults, shard, &mut deferred).await?;
-        ready_shards += u32::from(d.status.as_ref().and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1));
-        ps_deployments.push(d);
-    }
+    let PodChildren { ps: ps_deployments, ready_shards, workers, deferred } =
+        apply_pod_children(ctx, job, &owner, &defaults).await?;
     let shards = job.spec.parameter_server.shards() as u32;
     let ps_ready = ready_shards == shards;
-    let workers = apply_worker_job(ctx, job, &owner, &defaults, &mut deferred).await?;
 
     let worker_job = worker_state(&workers);
-    let placement = placement(ctx, &owner).await?;
-    let trouble = observe_trouble(ctx, &owner, &ps_deployments, &workers).await?;
-    let trouble_expired = trouble.is_some() && trouble_older_than(&old, ctx.settings.stuck_pods_timeout);
+    let placement = pods::placement(ctx, &owner).await?;
+    let trouble = pods::trouble(ctx, &owner, &ps_deployments, &workers).await?;
+    let trouble_expired =
+        trouble.is_some() && pods::trouble_older_than(&old, ctx.settings.stuck_pods_timeout);
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
     let (progress, ps_process) =
         if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
@@ -438,7 +413,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let state = status::decide(&observed);
     let new = write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
     if state.is_finished() {
-        ctx.forget_progress(uid);
+        ctx.forget_progress(owner.uid());
         admission::finish(ctx, &owner, state.phase == Phase::Succeeded, &state.message).await?;
         remove_ps(ctx, &owner).await?;
         if let (Some(start), Some(end)) = (&new.start_time, &new.completion_time) {
@@ -457,6 +432,59 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         // Watches bring every change of the children; this only bounds a missed one.
         _ => Action::requeue(Duration::from_secs(60)),
     })
+}
+
+/// The children that do not wait for admission: the token Secret, the claims and the PS's
+/// Services. Returns the control token, the operator's credential for its own calls to the PS
+/// (status, rescale, finalize).
+async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>) -> Result<String> {
+    let (workers_token, token) =
+        (ctx.settings.token_key.job_token(owner.uid()), ctx.settings.token_key.control_token(owner.uid()));
+    writes::create_once(ctx, &owner.secret(&workers_token, &token)).await?;
+    let own = owner.mark();
+    for pvc in owner.pvcs() {
+        let seen = ctx.caches.claim(&owner.namespace, &pvc.name_any());
+        writes::apply(ctx, pvc, seen, own).await?;
+    }
+    if let Some(pvc) = owner.output_pvc() {
+        let seen = ctx.caches.claim(&owner.namespace, &pvc.name_any());
+        writes::apply(ctx, pvc, seen, Mark::Labels { job: &owner.name }).await?;
+    }
+    for shard in owner.ps_shards() {
+        let service = owner.ps_service(shard);
+        let seen = ctx.caches.service(&owner.namespace, &service.name_any());
+        writes::apply(ctx, service, seen, own).await?;
+    }
+    Ok(token)
+}
+
+/// The children that run pods, as the API server has them after this reconcile's writes.
+struct PodChildren {
+    /// Each shard's Deployment.
+    ps: Vec<Deployment>,
+    /// Shards with a ready pod.
+    ready_shards: u32,
+    workers: Job,
+    /// Spec changes the children do not have yet, and why.
+    deferred: Vec<String>,
+}
+
+/// The PS Deployments and the worker Job, shaped by Kueue's admission (`owner`).
+async fn apply_pod_children(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    defaults: &ChildDefaults,
+) -> Result<PodChildren> {
+    let mut deferred = Vec::new();
+    let mut ps = Vec::new();
+    for shard in owner.ps_shards() {
+        ps.push(apply_ps_deployment(ctx, job, owner, defaults, shard, &mut deferred).await?);
+    }
+    let ready = |d: &Deployment| d.status.as_ref().and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
+    let ready_shards = ps.iter().filter(|d| ready(d)).count() as u32;
+    let workers = apply_worker_job(ctx, job, owner, defaults, &mut deferred).await?;
+    Ok(PodChildren { ps, ready_shards, workers, deferred })
 }
 
 fn observed_nothing(job: &TrainingJob) -> Observed {
@@ -624,120 +652,6 @@ fn worker_state(job: &Job) -> WorkerJob {
                 (c.reason.clone().unwrap_or_else(|| "Failed".into()), c.message.clone().unwrap_or_default())
             }),
     }
-}
-
-/// The job's pods that cannot start or keep failing (`trouble`): the parameter server's first,
-/// since workers fail for want of it.
-async fn observe_trouble(
-    ctx: &Context,
-    owner: &Owner<'_>,
-    ps: &[Deployment],
-    workers: &Job,
-) -> Result<Option<Trouble>> {
-    if let Some(t) = ps.iter().find_map(trouble::deployment_trouble) {
-        return Ok(Some(t));
-    }
-    let pods = ctx.caches.pods(&owner.namespace, &owner.name);
-    let role = |p: &Pod| match p.labels().get(children::LABEL_COMPONENT).map(String::as_str) {
-        Some(COMPONENT_PS) => Role::ParameterServer,
-        _ => Role::Workers,
-    };
-    let of = |r: Role| pods.iter().filter(|p| role(p) == r).find_map(|p| trouble::pod_trouble(r, p));
-    if let Some(t) = of(Role::ParameterServer) {
-        return Ok(Some(t));
-    }
-    if let Some(t) = worker_creation_trouble(ctx, owner, workers).await? {
-        return Ok(Some(t));
-    }
-    Ok(of(Role::Workers))
-}
-
-/// How long ago a `FailedCreate` event still tells about the worker Job's pods now.
-const RECENT_EVENT: Duration = Duration::from_secs(300);
-
-/// The Job controller's recent `FailedCreate` events for the worker Job, asked for only while
-/// the Job has fewer pods than it runs at once.
-async fn worker_creation_trouble(ctx: &Context, owner: &Owner<'_>, workers: &Job) -> Result<Option<Trouble>> {
-    let (Some(spec), Some(uid)) = (&workers.spec, &workers.metadata.uid) else { return Ok(None) };
-    let s = workers.status.clone().unwrap_or_default();
-    let has = s.active.unwrap_or(0) + s.succeeded.unwrap_or(0);
-    if spec.suspend == Some(true) || has >= spec.parallelism.unwrap_or(1) {
-        return Ok(None);
-    }
-    let api: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let params = ListParams::default().fields(&format!("involvedObject.uid={uid},reason=FailedCreate"));
-    let now = Timestamp::now();
-    let seen = |e: &CoreEvent| e.last_timestamp.as_ref().or(e.first_timestamp.as_ref()).map(|t| t.0);
-    let mut recent: Vec<_> = api
-        .list(&params)
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|e| {
-            seen(&e)
-                .filter(|t| now.duration_since(*t).as_secs_f64() < RECENT_EVENT.as_secs_f64())
-                .map(|t| (t, e))
-        })
-        .collect();
-    recent.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
-    let messages: Vec<String> = recent.into_iter().filter_map(|(_, e)| e.message).collect();
-    Ok(trouble::worker_creation_trouble(&messages))
-}
-
-/// Whether the pods have been failing (condition `PodsFailing` True) for longer than `bound`.
-fn trouble_older_than(old: &TrainingJobStatus, bound: Duration) -> bool {
-    old.conditions.iter().any(|c| {
-        c.type_ == status::PODS_FAILING
-            && c.status == "True"
-            && Timestamp::now().duration_since(c.last_transition_time.0).as_secs_f64() >= bound.as_secs_f64()
-    })
-}
-
-/// Whether the scheduler placed the job's pods (`status::unschedulable_pod` says what an
-/// unschedulable one means).
-async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let mut waiting = None;
-    for pod in ctx.caches.pods(&owner.namespace, &owner.name) {
-        let Some(message) = unschedulable_condition(&pod) else { continue };
-        let who = if pod.labels().get(children::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
-            "parameter server"
-        } else {
-            "worker"
-        };
-        let mut unbound = Vec::new();
-        for name in claim_names(&pod) {
-            let bound = claims.get_opt(name).await?.and_then(|c| c.status?.phase).as_deref() == Some("Bound");
-            if !bound {
-                unbound.push(name);
-            }
-        }
-        match status::unschedulable_pod(&format!("{who} pod {}", pod.name_any()), &message, &unbound) {
-            Placement::WaitingForClaims(why) => {
-                waiting.get_or_insert(why);
-            }
-            other => return Ok(other),
-        }
-    }
-    Ok(waiting.map_or(Placement::Scheduled, Placement::WaitingForClaims))
-}
-
-/// The scheduler's message for a pending pod it could not place.
-fn unschedulable_condition(pod: &Pod) -> Option<String> {
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() != Some("Pending") {
-        return None;
-    }
-    let c = status.conditions.as_ref()?.iter().find(|c| {
-        c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
-    })?;
-    Some(c.message.clone().unwrap_or_default())
-}
-
-/// The claims a pod mounts.
-fn claim_names(pod: &Pod) -> impl Iterator<Item = &str> {
-    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
-    volumes.filter_map(|v| v.persistent_volume_claim.as_ref()).map(|c| c.claim_name.as_str())
 }
 
 /// Reads the ready PS's `/v1/status` when it is due, and tells it the worker count if it has
