@@ -349,18 +349,7 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
             _ if previous.is_some() => ("False", state.reason.as_str(), state.message.clone()),
             _ => continue,
         };
-        let last_transition_time = match previous {
-            Some(p) if p.status == status => p.last_transition_time.clone(),
-            _ => now.clone(),
-        };
-        conditions.push(Condition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message,
-            last_transition_time,
-            observed_generation: o.generation,
-        });
+        conditions.push(condition(old, type_, status, reason, message, now, o.generation));
     }
     let (parameter_server, restarted) = next_ps_status(old.parameter_server.as_ref(), o);
     if let Some(process) = restarted {
@@ -376,51 +365,8 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
     } else if let Some(c) = old.conditions.iter().find(|c| c.type_ == PS_RESTARTED) {
         conditions.push(c.clone());
     }
-    // Whether the children have this generation's spec: observedGeneration says only that the
-    // operator has seen it.
-    if created {
-        let (status, reason, message) = match o.deferred.as_slice() {
-            [] => (
-                "True",
-                "Applied",
-                format!("the children have generation {} of the spec", o.generation.unwrap_or(0)),
-            ),
-            waiting => ("False", "ChangeDeferred", waiting.join("; ")),
-        };
-        let previous = old.conditions.iter().find(|c| c.type_ == SPEC_APPLIED);
-        conditions.push(Condition {
-            type_: SPEC_APPLIED.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message,
-            last_transition_time: match previous {
-                Some(p) if p.status == status => p.last_transition_time.clone(),
-                _ => now.clone(),
-            },
-            observed_generation: o.generation,
-        });
-    }
-    // Whether pods fail to start or keep failing; its lastTransitionTime tells for how long.
-    let failing = o.trouble.as_ref().filter(|t| t.reason == state.reason);
-    let previous = old.conditions.iter().find(|c| c.type_ == PODS_FAILING);
-    if failing.is_some() || previous.is_some() {
-        let (status, reason, message) = match failing {
-            Some(t) => ("True", t.reason.clone(), t.message.clone()),
-            None => ("False", "PodsRunning".to_string(), "no pod of the job is failing to start".to_string()),
-        };
-        let last_transition_time = match previous {
-            Some(p) if p.status == status => p.last_transition_time.clone(),
-            _ => now.clone(),
-        };
-        conditions.push(Condition {
-            type_: PODS_FAILING.into(),
-            status: status.into(),
-            reason,
-            message,
-            last_transition_time,
-            observed_generation: o.generation,
-        });
-    }
+    conditions.extend(spec_applied(old, o, created, now));
+    conditions.extend(pods_failing(old, o, state, now));
     // This reconcile got this far: a failure the condition reported is over.
     if let Some(c) = old.conditions.iter().find(|c| c.type_ == RECONCILE_FAILED) {
         conditions.push(match c.status.as_str() {
@@ -468,6 +414,62 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         completion_time: old.completion_time.clone().or_else(|| state.is_finished().then(|| now.clone())),
         default_images: o.default_images.clone().or_else(|| old.default_images.clone()),
     }
+}
+
+/// Condition `type_` as it is now, with the lastTransitionTime it had in `old` while its status
+/// stays the same.
+fn condition(
+    old: &TrainingJobStatus,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    now: &Time,
+    generation: Option<i64>,
+) -> Condition {
+    let last_transition_time = match old.conditions.iter().find(|c| c.type_ == type_) {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => now.clone(),
+    };
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time,
+        observed_generation: generation,
+    }
+}
+
+/// Whether the children have this generation's spec (`observedGeneration` says only that the
+/// operator has seen it); none before there are children.
+fn spec_applied(old: &TrainingJobStatus, o: &Observed, created: bool, now: &Time) -> Option<Condition> {
+    if !created {
+        return None;
+    }
+    let (status, reason, message) = match o.deferred.as_slice() {
+        [] => (
+            "True",
+            "Applied",
+            format!("the children have generation {} of the spec", o.generation.unwrap_or(0)),
+        ),
+        waiting => ("False", "ChangeDeferred", waiting.join("; ")),
+    };
+    Some(condition(old, SPEC_APPLIED, status, reason, message, now, o.generation))
+}
+
+/// Whether pods fail to start or keep failing (the trouble that decided `state`); its
+/// lastTransitionTime tells since when. Shown once it has been true.
+fn pods_failing(old: &TrainingJobStatus, o: &Observed, state: &State, now: &Time) -> Option<Condition> {
+    let failing = o.trouble.as_ref().filter(|t| t.reason == state.reason);
+    let (status, reason, message) = match failing {
+        Some(t) => ("True", t.reason.as_str(), t.message.clone()),
+        None if old.conditions.iter().any(|c| c.type_ == PODS_FAILING) => {
+            ("False", "PodsRunning", "no pod of the job is failing to start".to_string())
+        }
+        None => return None,
+    };
+    Some(condition(old, PODS_FAILING, status, reason, message, now, o.generation))
 }
 
 /// The condition that says whether the children have the spec's current generation.
