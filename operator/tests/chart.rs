@@ -300,6 +300,16 @@ fn default_render_is_the_operator_and_nothing_optional() {
     assert_eq!(deploy["spec"]["replicas"], 1);
     assert_eq!(container["image"], "ghcr.io/foresight-dev/foresight-operator:0.1.0");
     assert_eq!(container["args"], json!(["--lease-name=foresight-operator", "--lease-duration-seconds=15"]));
+    // Another release, even in the same namespace, elects its leader through a Lease of its own.
+    let other = objects(&helm_ok(
+        &["template", "team-b", chart().to_str().unwrap(), "--namespace", "foresight-system"],
+        None,
+    ));
+    let args =
+        &find(&other, "Deployment", "team-b-foresight")["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(args[0], "--lease-name=team-b-foresight-operator", "{args}");
+    let rules = &find(&other, "Role", "team-b-foresight-leader-election")["rules"];
+    assert_eq!(rules[1]["resourceNames"], json!(["team-b-foresight-operator"]), "{rules}");
     assert!(pod.get("priorityClassName").is_none() && pod.get("topologySpreadConstraints").is_none());
     assert_eq!(container["ports"], json!([{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]));
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
@@ -918,8 +928,10 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
         (vec!["list", "events", "-n", &other], true),
         (vec!["delete", "events", "-n", &other], false),
         (vec!["create", "leases.coordination.k8s.io", "-n", &ns], true),
-        (vec!["get", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], true),
-        (vec!["update", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], true),
+        // The release's own Lease (release fs: fs-foresight-operator), and no other.
+        (vec!["get", "leases.coordination.k8s.io/fs-foresight-operator", "-n", &ns], true),
+        (vec!["update", "leases.coordination.k8s.io/fs-foresight-operator", "-n", &ns], true),
+        (vec!["update", "leases.coordination.k8s.io/foresight-operator", "-n", &ns], false),
         // The token key Secret: read by name, created if missing, in its own namespace.
         (vec!["get", "secrets/fs-foresight-token-key", "-n", &ns], true),
         (vec!["create", "secrets", "-n", &ns], true),
@@ -985,6 +997,8 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
             "--token-key-secret",
             "fs-foresight-token-key",
             "--leader-elect=true",
+            "--lease-name",
+            "fs-foresight-operator",
             "--finalize-grace-seconds",
             "0",
         ],
@@ -992,7 +1006,7 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
     let key = secret_key(cp, &ns, "fs-foresight-token-key");
     assert_eq!(base64_decode(&key).len(), 64, "32 random bytes in hex");
     let lease = wait_for("the operator to take the chart's Lease", LONG, || {
-        cp.get_json(&ns, "lease/foresight-operator")
+        cp.get_json(&ns, "lease/fs-foresight-operator")
     });
     assert!(lease["spec"]["holderIdentity"].is_string(), "{lease:#}");
     let spec = json!({"workers": {"replicas": 1}, "runPolicy": {"ttlSecondsAfterFinished": 1},

@@ -86,10 +86,12 @@ Images. An empty tag means the chart's appVersion.
 
 {{/*
 The name of the coordination.k8s.io Lease the operator's replicas elect a leader with (the
-operator's --lease-name; the lease Role grants get/update on this name only).
+operator's --lease-name; the lease Role grants get/update on this name only). One per release,
+so that two releases in one namespace (each watching its own namespaces) do not block each
+other; the default release, `foresight`, keeps the name it always had.
 */}}
 {{- define "foresight.leaseName" -}}
-foresight-operator
+{{- printf "%s-operator" (include "foresight.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/*
