@@ -363,6 +363,33 @@ fn the_active_deadline_fails_the_job() {
     wait_for("the PS Deployment to go", LONG, || {
         cp.get_json(&ns, "deployment/slow-ps").is_none().then_some(())
     });
+
+    // The deadline bounds the TrainingJob, not only its worker Job: here the workers finish in
+    // time (their Job completes), but the final model cannot be written (no PS answers) and the
+    // job would wait --finalize-grace-seconds (300 s) for it.
+    apply_job(
+        cp,
+        &ns,
+        "late",
+        json!({"workers": {"replicas": 1}, "runPolicy": {"activeDeadlineSeconds": 8}}),
+    );
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "late"), "Running");
+    let pod = worker_pods(cp, &ns, "late", 1).remove(0);
+    cp.set_pod_phase(&ns, &pod, "Succeeded");
+    let st = wait_for("Finalizing", LONG, || {
+        let s = status(cp, &ns, "late");
+        (s["reason"] == "Finalizing").then_some(s)
+    });
+    assert_eq!(st["phase"], "Running", "{st:#}");
+    let st = wait_phase(cp, &ns, "late", "Failed");
+    let failed = condition(&st, "Failed");
+    assert_eq!(failed["reason"], "DeadlineExceeded", "{st:#}");
+    assert!(failed["message"].as_str().unwrap().contains("finalizing included"), "{failed}");
+    let job = cp.get_json(&ns, "job/late-workers");
+    assert!(
+        job.is_none_or(|j| j["status"]["conditions"].to_string().contains("Complete")),
+        "the worker Job itself completed"
+    );
 }
 
 #[test]

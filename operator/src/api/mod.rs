@@ -527,7 +527,9 @@ pub struct RunPolicy {
     /// Pod re-creations (and container restarts) allowed before the job fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff_limit: Option<u32>,
-    /// Fail the job after this many seconds, ≥ 1.
+    /// Fail the job (reason DeadlineExceeded) once it has been active this many seconds, ≥ 1:
+    /// counted from its start or its latest resumption (after a suspension or Kueue's
+    /// admission), waiting for the parameter server and writing the final model included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub active_deadline_seconds: Option<u64>,

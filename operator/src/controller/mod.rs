@@ -380,6 +380,12 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let trouble = pods::trouble(ctx, &owner, &ps_deployments, &workers).await?;
     let trouble_expired =
         trouble.is_some() && pods::trouble_older_than(&old, ctx.settings.stuck_pods_timeout);
+    // Seconds left before runPolicy.activeDeadlineSeconds (negative: past it).
+    let deadline = job.spec.run_policy.active_deadline_seconds;
+    let deadline_left = deadline.and_then(|d| {
+        let since = status::active_since(&old)?;
+        Some(d as f64 - now.0.duration_since(since.0).as_secs_f64())
+    });
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
     let (progress, ps_process) =
         if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
@@ -403,6 +409,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         trouble,
         trouble_expired,
         deferred,
+        deadline_exceeded: deadline.filter(|_| deadline_left.is_some_and(|l| l <= 0.0)),
         finalize,
         model_place: owner.model_place(),
         default_images: Some((&defaults).into()),
@@ -422,16 +429,18 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         }
         return expire(ctx, job, &owner, &new).await;
     }
-    Ok(match (state.phase, &observed.finalize) {
-        (_, Finalize::Failed(_)) => Action::requeue(Duration::from_secs(5)),
+    let next = match (state.phase, &observed.finalize) {
+        (_, Finalize::Failed(_)) => Duration::from_secs(5),
         // Failing pods fail the job once the bound has passed: look again by then.
-        _ if observed.trouble.is_some() => {
-            Action::requeue(ctx.settings.stuck_pods_timeout.min(Duration::from_secs(60)))
-        }
-        (Phase::Running, _) => Action::requeue(ctx.settings.progress_every),
+        _ if observed.trouble.is_some() => ctx.settings.stuck_pods_timeout.min(Duration::from_secs(60)),
+        (Phase::Running, _) => ctx.settings.progress_every,
         // Watches bring every change of the children; this only bounds a missed one.
-        _ => Action::requeue(Duration::from_secs(60)),
-    })
+        _ => Duration::from_secs(60),
+    };
+    // And at the deadline.
+    let next =
+        deadline_left.filter(|l| *l > 0.0).map_or(next, |l| next.min(Duration::from_secs_f64(l + 0.5)));
+    Ok(Action::requeue(next))
 }
 
 /// The children that do not wait for admission: the token Secret, the claims and the PS's
@@ -503,6 +512,7 @@ fn observed_nothing(job: &TrainingJob) -> Observed {
         trouble: None,
         trouble_expired: false,
         deferred: Vec::new(),
+        deadline_exceeded: None,
         finalize: Finalize::NotYet,
         model_place: children::ModelPlace::EmptyDir,
         default_images: None,

@@ -72,6 +72,8 @@ pub struct Observed {
     pub trouble_expired: bool,
     /// Spec changes the children do not have (yet), each saying why.
     pub deferred: Vec<String>,
+    /// `runPolicy.activeDeadlineSeconds` when the job has been active longer (`active_since`).
+    pub deadline_exceeded: Option<u64>,
     pub finalize: Finalize,
     /// Where the final model goes.
     pub model_place: ModelPlace,
@@ -178,6 +180,13 @@ pub fn decide(o: &Observed) -> State {
     };
     if let Some((reason, message)) = &w.failed_condition {
         return State::new(Phase::Failed, reason, format!("the worker Job failed: {message}"));
+    }
+    let ended = w.complete && matches!(o.finalize, Finalize::Done { .. } | Finalize::GaveUp(_));
+    if let Some(seconds) = o.deadline_exceeded.filter(|_| !ended) {
+        let message = format!(
+            "the job was active longer than runPolicy.activeDeadlineSeconds ({seconds} s), counted from its start or its latest resumption, waiting for the parameter server and finalizing included"
+        );
+        return State::new(Phase::Failed, "DeadlineExceeded", message);
     }
     if w.complete {
         return match &o.finalize {
@@ -414,6 +423,22 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         completion_time: old.completion_time.clone().or_else(|| state.is_finished().then(|| now.clone())),
         default_images: o.default_images.clone().or_else(|| old.default_images.clone()),
     }
+}
+
+/// When the job last became active: its start, or the end of its latest suspension or wait for
+/// Kueue, whichever is later (so a resumed job's deadline counts from the resumption, as a batch
+/// Job's does); `None` before it started and while it is suspended or queued.
+pub fn active_since(old: &TrainingJobStatus) -> Option<Time> {
+    let mut since = old.start_time.clone()?;
+    for c in old.conditions.iter().filter(|c| c.type_ == "Suspended" || c.type_ == "Queued") {
+        if c.status == "True" {
+            return None;
+        }
+        if c.last_transition_time.0 > since.0 {
+            since = c.last_transition_time.clone();
+        }
+    }
+    Some(since)
 }
 
 /// Condition `type_` as it is now, with the lastTransitionTime it had in `old` while its status

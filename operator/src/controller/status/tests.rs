@@ -16,6 +16,7 @@ fn observed() -> Observed {
         trouble: None,
         trouble_expired: false,
         deferred: Vec::new(),
+        deadline_exceeded: None,
         finalize: Finalize::NotYet,
         model_place: ModelPlace::EmptyDir,
         default_images: None,
@@ -540,4 +541,40 @@ fn spec_applied_says_whether_the_children_have_the_current_generation() {
     let none = Observed { workers: None, ..observed() };
     let st = next_status(&TrainingJobStatus::default(), &none, &decide(&none), &now);
     assert!(st.conditions.iter().all(|c| c.type_ != SPEC_APPLIED));
+}
+
+#[test]
+fn the_deadline_counts_from_the_start_or_the_latest_resumption_and_bounds_finalizing_too() {
+    let cond = |type_: &str, status: &str, at: &str| Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: "r".into(),
+        message: String::new(),
+        last_transition_time: t(at),
+        observed_generation: None,
+    };
+    let mut old = TrainingJobStatus { start_time: Some(t("2026-01-01T00:00:00Z")), ..Default::default() };
+    assert_eq!(active_since(&TrainingJobStatus::default()), None, "not started");
+    assert_eq!(active_since(&old), Some(t("2026-01-01T00:00:00Z")));
+    old.conditions = vec![
+        cond("Queued", "False", "2026-01-01T00:10:00Z"),
+        cond("Suspended", "False", "2026-01-01T00:05:00Z"),
+    ];
+    assert_eq!(active_since(&old), Some(t("2026-01-01T00:10:00Z")), "admitted by Kueue at 00:10");
+    old.conditions[1] = cond("Suspended", "True", "2026-01-01T00:20:00Z");
+    assert_eq!(active_since(&old), None, "no deadline while suspended");
+
+    // Past it: Failed, even while the final model is still being written...
+    let finishing = |w: &mut WorkerJob| w.complete = true;
+    let o = Observed {
+        deadline_exceeded: Some(60),
+        finalize: Finalize::Failed("refused".into()),
+        ..with_workers(finishing)
+    };
+    let s = decide(&o);
+    assert_eq!((s.phase, s.reason.as_str()), (Phase::Failed, "DeadlineExceeded"));
+    assert!(s.message.contains("activeDeadlineSeconds (60 s)"), "{}", s.message);
+    // ... but not once it is written.
+    let done = Observed { finalize: Finalize::Done { version: 9, path: None }, ..o };
+    assert_eq!(decide(&done).phase, Phase::Succeeded);
 }
