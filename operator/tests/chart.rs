@@ -1344,6 +1344,8 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
             "jobPolicy.serviceAccounts={trainer}",
             "--set",
             "jobPolicy.imageRegistries={registry.example.com/}",
+            "--set",
+            "kueue.enabled=true",
         ],
         Some(cp.kubeconfig.as_path()),
     );
@@ -1388,5 +1390,24 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
     let (ok, err) =
         create(&elsewhere, "unbound", json!({"workers": {"replicas": 1, "pod": {"volumes": host}}}));
     assert!(ok, "{err}");
+
+    // With kueue.enabled, Kueue's queue label cannot be removed from a job (it would run outside
+    // the quota); moving it to another queue can.
+    let mut queued: Value =
+        serde_json::from_str(&job("queued", json!({"workers": {"replicas": 1}}))).unwrap();
+    queued["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+    for n in [&jobs, &elsewhere] {
+        cp.kubectl_ok(&["create", "-n", n, "-f", "-"], Some(&queued.to_string()));
+    }
+    let unlabel =
+        |n: &str| cp.kubectl(&["label", "-n", n, "tj", "queued", "kueue.x-k8s.io/queue-name-"], None);
+    let out = unlabel(&jobs);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("label cannot be removed"), "{err}");
+    cp.kubectl_ok(
+        &["label", "-n", &jobs, "tj", "queued", "--overwrite", "kueue.x-k8s.io/queue-name=other"],
+        None,
+    );
+    assert!(unlabel(&elsewhere).status.success(), "outside the watched namespaces the policy is not bound");
     helm_ok(&["uninstall", "policy", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
 }
