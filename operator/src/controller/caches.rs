@@ -74,28 +74,37 @@ impl Caches {
     }
 
     pub(super) fn deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
-        let key = ObjectRef::new(name).within(namespace);
-        self.scopes.iter().find_map(|c| c.deployments.get(&key)).map(|d| (*d).clone())
+        self.get(|c| Some(&c.deployments), namespace, name)
     }
 
     pub(super) fn job(&self, namespace: &str, name: &str) -> Option<Job> {
-        let key = ObjectRef::new(name).within(namespace);
-        self.scopes.iter().find_map(|c| c.jobs.get(&key)).map(|j| (*j).clone())
+        self.get(|c| Some(&c.jobs), namespace, name)
     }
 
     pub(super) fn service(&self, namespace: &str, name: &str) -> Option<Service> {
-        let key = ObjectRef::new(name).within(namespace);
-        self.scopes.iter().find_map(|c| c.services.get(&key)).map(|s| (*s).clone())
+        self.get(|c| Some(&c.services), namespace, name)
     }
 
     pub(super) fn claim(&self, namespace: &str, name: &str) -> Option<PersistentVolumeClaim> {
-        let key = ObjectRef::new(name).within(namespace);
-        self.scopes.iter().find_map(|c| c.claims.get(&key)).map(|c| (*c).clone())
+        self.get(|c| Some(&c.claims), namespace, name)
     }
 
     pub(super) fn workload(&self, namespace: &str, name: &str) -> Option<Workload> {
+        self.get(|c| c.workloads.as_ref(), namespace, name)
+    }
+
+    /// Object `namespace/name` from whichever scope's `store` holds it.
+    fn get<K>(
+        &self,
+        store: impl Fn(&ScopeCaches) -> Option<&Store<K>>,
+        namespace: &str,
+        name: &str,
+    ) -> Option<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
         let key = ObjectRef::new(name).within(namespace);
-        self.scopes.iter().find_map(|c| c.workloads.as_ref()?.get(&key)).map(|w| (*w).clone())
+        self.scopes.iter().find_map(|c| store(c)?.get(&key)).map(|o| (*o).clone())
     }
 
     /// The pods the operator's children made for the TrainingJob `job`.

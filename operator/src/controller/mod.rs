@@ -40,7 +40,7 @@ use children::{ChildDefaults, Owner, WorkerJobUpdate};
 use kueue::Admission;
 use leader::{LeaderElector, LeaseConfig, is_status};
 use metrics::{Metrics, PHASES, phase_name};
-use ownership::{Holder, Mark, holder};
+use ownership::Mark;
 use status::{Finalize, Observed, Placement, PsProcess, ShardsReady, State, WorkerJob};
 use token::TokenKey;
 pub use watch::Watch;
@@ -620,16 +620,20 @@ fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobStatus) -> Ch
     let mut defaults = ctx.settings.defaults.clone();
     let image = |spec: Option<PodSpec>| spec?.containers.into_iter().next()?.image;
     let spec = &owner.job.spec;
-    let mine = |meta: &kube::api::ObjectMeta| matches!(holder(meta, owner.mark()), Holder::ThisJob { .. });
+
     if spec.parameter_server.image.is_none() {
         let running = ctx.caches.deployment(&owner.namespace, &children::ps_name(&owner.name));
-        if let Some(i) = image(running.filter(|d| mine(&d.metadata)).and_then(|d| d.spec.template.spec)) {
+        if let Some(i) = image(
+            running.filter(|d| writes::ours(d, owner.mark()).is_ok()).and_then(|d| d.spec.template.spec),
+        ) {
             defaults.ps_image = i;
         }
     }
     if spec.workers.image.is_none() {
         let running = ctx.caches.job(&owner.namespace, &children::workers_name(&owner.name));
-        if let Some(i) = image(running.filter(|j| mine(&j.metadata)).and_then(|j| j.spec?.template.spec)) {
+        if let Some(i) = image(
+            running.filter(|j| writes::ours(j, owner.mark()).is_ok()).and_then(|j| j.spec?.template.spec),
+        ) {
             defaults.worker_image = i;
         }
     }
