@@ -124,6 +124,38 @@ async fn a_stalled_upload_is_refused_and_changes_nothing() {
     assert_eq!(reply.version, 1);
 }
 
+/// The idle limit is between frames, not for the whole body: a slow link that keeps sending is
+/// never cut off, however long the upload takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_slower_than_the_idle_limit_in_total_but_never_silent_is_applied() {
+    let mut cfg = config(Algorithm::Asgd, 1);
+    cfg.body_idle_timeout = Duration::from_secs(1);
+    let ps = start(cfg).await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout_of(400_000);
+    c.register(&l, &vec![0.5; l.len()]).await.unwrap();
+    let body = foresight_ps::wire::encode_f32(&l, &vec![0.1; l.len()], &Default::default());
+
+    let mut s = partial_push(&ps, body.len(), 0);
+    let (answer, took) = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        // 8 pieces 400 ms apart: 2.8 s in all, no pause of 1 s.
+        for piece in body.chunks(body.len().div_ceil(8)) {
+            std::thread::sleep(Duration::from_millis(400));
+            s.write_all(piece).unwrap();
+        }
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf).expect("an answer");
+        (String::from_utf8_lossy(&buf[..n]).into_owned(), started.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(took > Duration::from_secs(2), "the upload took only {took:?}");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(ps.state.store().unwrap().checkpoint().version, 1, "the slow push was applied");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_head_that_never_ends_is_cut_off() {
     let limits = ConnectionLimits { header_read_timeout: Duration::from_secs(1), ..Default::default() };

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::session::{Pushed, Retry};
-use super::{ClientError, GradDtype, Joined, Model, PsClient, PushId};
+use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PushId};
 use crate::server::Report;
 use crate::wire::Layout;
 
@@ -18,7 +18,7 @@ pub(super) struct Link {
     retry: Retry,
     worker: usize,
     /// This shard's slice of the model.
-    layout: Layout,
+    slice: ExpectedModel,
     generation: u64,
     /// The last slice pulled and kept: what this worker offers a shard that lost its model.
     copy: Option<Model>,
@@ -28,7 +28,15 @@ pub(super) struct Link {
 
 impl Link {
     pub(super) fn new(client: PsClient, retry: Retry, worker: usize, layout: Layout) -> Self {
-        Self { client, retry, worker, layout, generation: 0, copy: None, round: None }
+        Self {
+            client,
+            retry,
+            worker,
+            slice: ExpectedModel::new(layout),
+            generation: 0,
+            copy: None,
+            round: None,
+        }
     }
 
     pub(super) fn generation(&self) -> u64 {
@@ -37,7 +45,7 @@ impl Link {
 
     /// Registers this worker's initial slice; false when another worker's came first.
     pub(super) async fn register(&mut self, init: &[f32]) -> Result<bool, ClientError> {
-        let layout = self.layout.clone();
+        let layout = self.slice.layout.clone();
         self.retry("registering the model", |c| {
             let l = layout.clone();
             async move { c.register(&l, init).await }
@@ -64,7 +72,7 @@ impl Link {
         let worker = self.worker;
         match self.copy.clone() {
             Some(copy) => {
-                let layout = self.layout.clone();
+                let layout = self.slice.layout.clone();
                 let taken = self
                     .retry("offering this worker's copy of the model", |c| {
                         let (l, v) = (layout.clone(), copy.values.clone());
@@ -97,11 +105,16 @@ impl Link {
     ) -> Result<Option<Model>, ClientError> {
         let (worker, min_version) = (self.worker, self.round.filter(|_| after_round).map(|v| v + 1));
         loop {
+            // The fields borrowed apart: the slice is read while the retry state changes.
+            let slice = &self.slice;
             let pulled = self
-                .retry("pulling the model", |c| async move { c.pull(worker, min_version, wait).await })
+                .retry
+                .run(&self.client, "pulling the model", ClientError::is_transient, |c| async move {
+                    c.pull_expecting(worker, min_version, wait, Some(slice)).await
+                })
                 .await;
             match pulled {
-                Ok(Some(m)) if m.layout != self.layout => return Err(ClientError::OtherModel),
+                Ok(Some(m)) if m.layout != self.slice.layout => return Err(ClientError::OtherModel),
                 Ok(Some(m)) if self.went_back(&m) => {
                     // Offered once: whether taken or not, this copy is not offered again.
                     self.reseed(step).await?;
@@ -147,7 +160,7 @@ impl Link {
             incarnation,
             seq: step,
         };
-        let layout = self.layout.clone();
+        let layout = self.slice.layout.clone();
         let sent = self
             .retry("pushing a gradient", |c| {
                 let l = layout.clone();

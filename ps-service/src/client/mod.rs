@@ -6,6 +6,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use crate::server::Report;
+use crate::wire::in_place::InPlace;
 use crate::wire::{self, Layout, WireError};
 
 mod exchange;
@@ -106,6 +107,46 @@ pub struct Model {
     pub incarnation: Option<u64>,
     pub layout: Layout,
     pub values: Vec<f32>,
+}
+
+/// A model a worker expects to pull: its layout, and that layout's F32 header computed once.
+#[derive(Clone, Debug)]
+pub struct ExpectedModel {
+    pub layout: Layout,
+    header: Vec<u8>,
+}
+
+impl ExpectedModel {
+    pub fn new(layout: Layout) -> Self {
+        let header = wire::header(&layout, wire::WireDtype::F32, &Default::default());
+        Self { layout, header }
+    }
+}
+
+/// Reads a model body, into place when it is `expected`'s F32 encoding; anything else is
+/// collected and decoded as any model body.
+async fn read_model(
+    mut resp: reqwest::Response,
+    expected: &ExpectedModel,
+) -> Result<(Layout, Vec<f32>), ClientError> {
+    let mut values = vec![0f32; expected.layout.len()];
+    let mut spill = Vec::new();
+    let mut reader = InPlace::new(&expected.header, &mut values, &mut spill);
+    let mut non_finite = None;
+    while let Some(chunk) = resp.chunk().await? {
+        let (from, fresh) = reader.feed(&chunk);
+        if non_finite.is_none() {
+            non_finite = wire::first_non_finite(fresh).map(|i| from + i);
+        }
+    }
+    if !reader.finish() {
+        let (layout, values, _) = wire::decode_model(&spill)?;
+        return Ok((layout, values));
+    }
+    match non_finite {
+        Some(i) => Err(wire::unusable_at(&expected.layout, &values, i).into()),
+        None => Ok((expected.layout.clone(), values)),
+    }
 }
 
 /// What the PS hands a worker process that joins (`POST /v1/join`).
@@ -261,6 +302,19 @@ impl PsClient {
         min_version: Option<u64>,
         wait: Duration,
     ) -> Result<Option<Model>, ClientError> {
+        self.pull_expecting(worker, min_version, wait, None).await
+    }
+
+    /// [`PsClient::pull`] of a model whose layout the caller knows: when the PS sends that
+    /// layout's F32 encoding (it always does), the values are copied into place as the body
+    /// arrives instead of after it (see [`wire::in_place`]).
+    pub async fn pull_expecting(
+        &self,
+        worker: usize,
+        min_version: Option<u64>,
+        wait: Duration,
+        expected: Option<&ExpectedModel>,
+    ) -> Result<Option<Model>, ClientError> {
         let mut path = format!("/v1/model?worker={worker}");
         if let Some(v) = min_version {
             path += &format!("&min_version={v}&wait_ms={}", wait.as_millis());
@@ -275,8 +329,13 @@ impl PsClient {
             .get(INCARNATION_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| u64::from_str_radix(v, 16).ok());
-        let bytes = resp.bytes().await?;
-        let (layout, values, _) = wire::decode_model(&bytes)?;
+        let (layout, values) = match expected {
+            Some(e) => read_model(resp, e).await?,
+            None => {
+                let (layout, values, _) = wire::decode_model(&resp.bytes().await?)?;
+                (layout, values)
+            }
+        };
         Ok(Some(Model { version, incarnation, layout, values }))
     }
 

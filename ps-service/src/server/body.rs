@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use super::error::ApiError;
 use super::guarded_body::stalled;
 use crate::wire;
+use crate::wire::in_place::InPlace;
 
 /// A bounded stack of reusable vectors.
 pub struct Pool<T> {
@@ -108,8 +109,9 @@ pub enum Gradient {
 
 /// Reads a push body. When it starts with `header` — the layout's F32 header, which is what
 /// Foresight's client sends — the tensor bytes are copied into `grad` and checked as they
-/// arrive, so decoding overlaps the transfer instead of following it. Otherwise the body is
-/// collected into `buf`. Either way nothing is applied until the caller has the whole body.
+/// arrive ([`wire::in_place`]), so decoding overlaps the transfer instead of following it.
+/// Otherwise the body is collected into `buf`. Either way nothing is applied until the caller
+/// has the whole body.
 pub async fn read_gradient(
     headers: &HeaderMap,
     body: Body,
@@ -119,9 +121,8 @@ pub async fn read_gradient(
     buf: &mut Vec<u8>,
 ) -> Result<(Gradient, usize), ApiError> {
     declared_length(headers, limit)?;
-    let expected = header.len() + grad.len() * 4;
-    let (mut direct, mut off, mut checked, mut bad) = (None::<bool>, 0usize, 0usize, None);
-    let mut total = 0usize;
+    let mut reader = InPlace::new(header, grad, buf);
+    let (mut total, mut bad) = (0usize, None);
     let mut body = body;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(body_error)?;
@@ -130,56 +131,13 @@ pub async fn read_gradient(
         if total > limit {
             return Err(ApiError::too_large(limit));
         }
-        let mut data: &[u8] = &chunk;
-        if direct.is_none() {
-            let need = header.len() - buf.len();
-            let take = need.min(data.len());
-            buf.extend_from_slice(&data[..take]);
-            data = &data[take..];
-            if buf.len() == header.len() {
-                direct = Some(buf[..] == *header);
-                if direct == Some(true) {
-                    buf.clear();
-                }
-            } else if !header.starts_with(buf) {
-                direct = Some(false);
-            }
-        }
-        match direct {
-            Some(true) => {
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(grad);
-                if off + data.len() > bytes.len() {
-                    // Longer than the tensors: let the general decoder say what is wrong.
-                    direct = Some(false);
-                    buf.extend_from_slice(header);
-                    buf.extend_from_slice(&bytes[..off]);
-                    buf.extend_from_slice(data);
-                    continue;
-                }
-                bytes[off..off + data.len()].copy_from_slice(data);
-                off += data.len();
-                let upto = off / 4;
-                if bad.is_none() {
-                    bad = grad[checked..upto]
-                        .iter()
-                        .position(|x| !wire::usable_gradient(*x))
-                        .map(|i| checked + i);
-                }
-                checked = upto;
-            }
-            _ => buf.extend_from_slice(data),
+        let (from, fresh) = reader.feed(&chunk);
+        if bad.is_none() {
+            bad = wire::first_unusable(fresh).map(|i| from + i);
         }
     }
-    if direct == Some(true) && header.len() + off == expected {
-        return Ok((Gradient::Direct { first_unusable: bad }, total));
-    }
-    if direct == Some(true) {
-        // Truncated: hand what arrived to the general decoder, which reports it.
-        let bytes: &[u8] = bytemuck::cast_slice(grad);
-        buf.extend_from_slice(header);
-        buf.extend_from_slice(&bytes[..off]);
-    }
-    Ok((Gradient::Collected, total))
+    let how = if reader.finish() { Gradient::Direct { first_unusable: bad } } else { Gradient::Collected };
+    Ok((how, total))
 }
 
 #[cfg(test)]

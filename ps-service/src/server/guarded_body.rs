@@ -46,12 +46,17 @@ pub async fn guard_request_body(State(guard): State<BodyGuard>, req: Request, ne
 struct Guarded {
     inner: Body,
     idle: Duration,
+    /// When a frame last arrived. The timer is moved up to `last_frame + idle` only when it
+    /// fires: resetting it on every frame (thousands per 100 MB body) cost the receive loop a
+    /// trip through the timer wheel each.
+    last_frame: Instant,
     deadline: Pin<Box<Sleep>>,
 }
 
 impl Guarded {
     fn new(inner: Body, idle: Duration) -> Self {
-        Self { inner, idle, deadline: Box::pin(tokio::time::sleep(idle)) }
+        let now = Instant::now();
+        Self { inner, idle, last_frame: now, deadline: Box::pin(tokio::time::sleep_until(now + idle)) }
     }
 }
 
@@ -65,11 +70,18 @@ impl hyper::body::Body for Guarded {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            this.deadline.as_mut().reset(Instant::now() + this.idle);
+            this.last_frame = Instant::now();
             return Poll::Ready(frame);
         }
-        ready!(this.deadline.as_mut().poll(cx));
-        Poll::Ready(Some(Err(axum::Error::new(BodyStalled(this.idle)))))
+        loop {
+            ready!(this.deadline.as_mut().poll(cx));
+            let due = this.last_frame + this.idle;
+            if Instant::now() >= due {
+                return Poll::Ready(Some(Err(axum::Error::new(BodyStalled(this.idle)))));
+            }
+            // Frames came since the timer was set: wait out the rest of the idle time.
+            this.deadline.as_mut().reset(due);
+        }
     }
 
     fn is_end_stream(&self) -> bool {

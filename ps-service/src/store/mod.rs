@@ -37,6 +37,12 @@ pub use staleness::{StalenessCounts, StalenessSummary};
 /// Elements per shard: 256 KiB of f32, so a shard's slices stay in L2 while a kernel runs.
 pub const DEFAULT_SHARD_LEN: usize = 1 << 16;
 
+/// Models at least this long (4 MiB of f32) are applied and copied by several threads at once;
+/// below it a thread's start costs more than it saves.
+pub const PARALLEL_MIN_LEN: usize = 1 << 20;
+/// The most threads one operation walks the shards with.
+const MAX_WALKERS: usize = 8;
+
 /// The most workers a job may have (the TrainingJob CRD's bound).
 pub const MAX_WORKERS: usize = 1024;
 
@@ -266,6 +272,34 @@ struct Shard {
 
 type PendingSnapshot = Arc<OnceLock<Arc<Snapshot>>>;
 
+/// Runs `f` on `shard` as operation `op`, once every earlier operation has been through it.
+fn enter(shard: &Shard, op: u64, mut f: impl FnMut(&Shard, &mut ShardData)) {
+    let mut d = shard.data.lock();
+    while d.next_op != op {
+        shard.turn.wait(&mut d);
+    }
+    f(shard, &mut d);
+    d.next_op += 1;
+    drop(d);
+    shard.turn.notify_all();
+}
+
+/// How many threads a model of `len` elements is walked with: as many as the cores this
+/// process may use (cgroup quotas counted), at most [`MAX_WALKERS`], one below
+/// [`PARALLEL_MIN_LEN`].
+fn walkers(len: usize) -> usize {
+    if len < PARALLEL_MIN_LEN {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WALKERS)
+}
+
+/// `shards` shard indices cut into at most `threads` contiguous groups, never fewer than one.
+fn walk_groups(shards: usize, threads: usize) -> Vec<Range<usize>> {
+    let g = threads.min(shards).max(1);
+    (0..g).map(|i| i * shards / g..(i + 1) * shards / g).collect()
+}
+
 struct Sequencer {
     next_op: u64,
     /// Updates issued so far: the version every later operation sees.
@@ -326,6 +360,8 @@ pub struct Store {
     workers: AtomicUsize,
     header: Vec<u8>,
     shards: Vec<Shard>,
+    /// Contiguous groups of shard indices that [`Store::walk_grouped`] walks side by side.
+    groups: Vec<Range<usize>>,
     seq: Mutex<Sequencer>,
     round: Mutex<SyncRound>,
     listener: Option<VersionListener>,
@@ -449,7 +485,8 @@ impl Store {
                 let w = data.params[range.clone()].to_vec();
                 Shard { range, data: Mutex::new(ShardData { next_op: 0, w, state }), turn: Condvar::new() }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let groups = walk_groups(shards.len(), walkers(n));
         let header = wire::header(&layout, WireDtype::F32, &BTreeMap::new());
         let round = SyncRound {
             version: data.version,
@@ -479,6 +516,7 @@ impl Store {
             workers: AtomicUsize::new(workers),
             header,
             shards,
+            groups,
             seq: Mutex::new(seq),
             round: Mutex::new(round),
             listener: None,
@@ -595,9 +633,20 @@ impl Store {
                 // Every element is overwritten: the header, then each shard's range.
                 let mut buf = self.snapshot_buffers.take(header_words + self.layout.len());
                 bytemuck::cast_slice_mut::<f32, u8>(&mut buf[..header_words]).copy_from_slice(&self.header);
-                self.walk(op, |shard, d| {
-                    let r = header_words + shard.range.start..header_words + shard.range.end;
-                    buf[r].copy_from_slice(&d.w);
+                // Each group's thread copies into its own part of the buffer.
+                let mut rest = &mut buf[header_words..];
+                let parts = self
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        let r = self.group_range(g);
+                        let (part, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+                        rest = tail;
+                        (r.start, part)
+                    })
+                    .collect();
+                self.walk_grouped(op, parts, |(start, part), shard, d| {
+                    part[shard.range.start - *start..shard.range.end - *start].copy_from_slice(&d.w);
                 });
                 let recycle = Arc::downgrade(&self.snapshot_buffers);
                 let snap = Arc::new(Snapshot { version, buf, header_words, recycle });
@@ -617,14 +666,51 @@ impl Store {
     /// Runs `f` on every shard in order as operation `op`.
     fn walk(&self, op: u64, mut f: impl FnMut(&Shard, &mut ShardData)) {
         for shard in &self.shards {
-            let mut d = shard.data.lock();
-            while d.next_op != op {
-                shard.turn.wait(&mut d);
+            enter(shard, op, &mut f);
+        }
+    }
+
+    /// Like [`Store::walk`], with the shards cut into `self.groups` walked side by side, each
+    /// group on its own thread with its own state (`states[i]` for group i, returned in that
+    /// order): a large model's apply or copy uses every core the process has instead of one.
+    /// Every shard still sees the operations in ticket order, so the bits are those of one walk.
+    /// The threads are scoped and started per call, never a pool's: a pool's threads blocked on
+    /// one operation's turn could starve the earlier operation they wait for.
+    fn walk_grouped<S: Send>(
+        &self,
+        op: u64,
+        states: Vec<S>,
+        f: impl Fn(&mut S, &Shard, &mut ShardData) + Sync,
+    ) -> Vec<S> {
+        assert_eq!(states.len(), self.groups.len(), "one state per group");
+        let walk_group = |group: Range<usize>, mut state: S| {
+            for shard in &self.shards[group] {
+                enter(shard, op, |shard, d| f(&mut state, shard, d));
             }
-            f(shard, &mut d);
-            d.next_op += 1;
-            drop(d);
-            shard.turn.notify_all();
+            state
+        };
+        let mut states = states.into_iter();
+        let first = states.next().expect("at least one group");
+        std::thread::scope(|scope| {
+            let others: Vec<_> = self.groups[1..]
+                .iter()
+                .zip(states)
+                .map(|(group, state)| {
+                    let group = group.clone();
+                    scope.spawn(move || walk_group(group, state))
+                })
+                .collect();
+            let mut done = vec![walk_group(self.groups[0].clone(), first)];
+            done.extend(others.into_iter().map(|h| h.join().expect("a shard walk panicked")));
+            done
+        })
+    }
+
+    /// The flat parameter range the shards of `group` cover.
+    fn group_range(&self, group: &Range<usize>) -> Range<usize> {
+        match (self.shards.get(group.start), group.end.checked_sub(1).and_then(|i| self.shards.get(i))) {
+            (Some(first), Some(last)) if !group.is_empty() => first.range.start..last.range.end,
+            _ => 0..0,
         }
     }
 
@@ -1002,8 +1088,8 @@ impl Store {
     }
 
     fn apply_op(&self, op: u64, step: Step, grad: &[f32], backup: Option<&[f32]>) -> UpdateStats {
-        let mut stats = UpdateStats::default();
-        self.walk(op, |shard, d| {
+        let states = vec![UpdateStats::default(); self.groups.len()];
+        let per_group = self.walk_grouped(op, states, |stats, shard, d| {
             let r = shard.range.clone();
             let st = &mut d.state;
             let bak = backup.map(|b| &b[r.clone()]);
@@ -1018,7 +1104,10 @@ impl Store {
             );
             stats.merge(s);
         });
-        stats
+        per_group.into_iter().fold(UpdateStats::default(), |mut all, s| {
+            all.merge(s);
+            all
+        })
     }
 
     fn notify(&self, version: u64) {

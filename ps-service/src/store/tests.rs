@@ -154,12 +154,26 @@ fn listener_sees_every_completed_version() {
 /// Many workers push and pull at once over small shards. Every gradient is all ones at rate 1,
 /// so the model at version v is −v in every element: a snapshot that mixed two versions, or an
 /// update that was not atomic per shard, would show up as unequal elements.
+/// The store as a large model's is walked: its shards cut into `threads` groups, each walked by
+/// its own thread (a real 1M-element model gets as many as the machine has cores).
+fn walked_by(mut s: Store, threads: usize) -> Store {
+    s.groups = walk_groups(s.shards.len(), threads);
+    assert_eq!(s.groups.len(), threads.min(s.shards.len()));
+    s
+}
+
 #[test]
 fn concurrent_pushes_are_atomic_and_versions_monotonic() {
+    for threads in [1, 3] {
+        concurrent_pushes_by(threads);
+    }
+}
+
+fn concurrent_pushes_by(threads: usize) {
     let n = 1000;
     let workers = 8;
     let per_worker = 50;
-    let s = Arc::new(store(Algorithm::Asgd, 1.0, vec![0.0; n], workers, 64));
+    let s = Arc::new(walked_by(store(Algorithm::Asgd, 1.0, vec![0.0; n], workers, 64), threads));
     let handles: Vec<_> = (0..workers)
         .map(|m| {
             let s = s.clone();
@@ -242,6 +256,33 @@ proptest! {
         let got = s.snapshot_now();
         prop_assert_eq!(got.params(), &expect[..]);
         prop_assert_eq!(s.version(), 1);
+    }
+
+    /// A store walked by several threads at once gives the bits of one walked by one: the same
+    /// model, MeanSquare and momentum after a schedule with staleness (each element's update
+    /// depends only on that element).
+    #[test]
+    fn several_walking_threads_give_the_bits_of_one(
+        (w0, grads) in (1usize..300, 1usize..10).prop_flat_map(|(n, k)| (vec_of(n), proptest::collection::vec(vec_of(n), k))),
+        threads in 2usize..5,
+        shard in 1usize..40,
+    ) {
+        let mut hyper = Hyper::new(Algorithm::DcAsgdA, 0.1);
+        hyper.momentum = 0.9;
+        let one = Store::with_shard_len(layout(w0.len()), w0.clone(), hyper.clone(), 2, shard);
+        let many = walked_by(Store::with_shard_len(layout(w0.len()), w0.clone(), hyper, 2, shard), threads);
+        for s in [&one, &many] {
+            s.pull(1).unwrap();
+            for (k, g) in grads.iter().enumerate() {
+                // Worker 0 pulls before each push; worker 1 pushes against its first pull.
+                let worker = k % 2;
+                let v = if worker == 0 { s.pull(0).unwrap().version() } else { 0 };
+                s.push(push(worker, v, k as u64 + 1), g).unwrap();
+            }
+        }
+        let (a, b) = (one.snapshot_now(), many.snapshot_now());
+        prop_assert_eq!(a.params(), b.params());
+        prop_assert_eq!(one.checkpoint(), many.checkpoint());
     }
 
     /// With every worker pulling right before its push (τ = 0), DC-ASGD equals ASGD.

@@ -125,6 +125,20 @@ fn finite_gradients_too_large_to_square_are_refused_with_their_place() {
         }
     }
     assert!(!usable_gradient(f32::NAN) && usable_gradient(-1e12) && !usable_gradient(1.1e12));
+    assert!(!usable_gradient(f32::INFINITY) && !usable_gradient(f32::NEG_INFINITY));
+}
+
+#[test]
+fn the_first_unusable_element_is_found_in_any_block() {
+    let mut g = vec![0.25f32; 3 * 4096 + 7];
+    let last = g.len() - 1;
+    assert_eq!(first_unusable(&g), None);
+    for (at, bad) in [(0, f32::NAN), (4095, f32::INFINITY), (4096, -2e12), (3 * 4096 + 6, f32::NAN)] {
+        g[at] = bad;
+        g[last] = f32::NEG_INFINITY; // a later bad element does not hide the first
+        assert_eq!(first_unusable(&g), Some(at), "{bad} at {at}");
+        g[at] = 0.25;
+    }
 }
 
 #[test]

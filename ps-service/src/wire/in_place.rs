@@ -1,0 +1,156 @@
+//! A body decoded as it arrives. When it begins with the layout's own F32 header — what
+//! Foresight's client and PS always send — the tensor bytes are copied straight into the f32
+//! buffer frame by frame, so decoding overlaps the transfer and no body-sized byte buffer is
+//! filled and then copied again. Anything else (another dtype, another tensor order, a
+//! truncated or overlong body) is collected whole for the general decoder, which says what is
+//! wrong with it.
+
+/// Where the body is going.
+enum Mode {
+    /// The first bytes are compared with the expected header.
+    Header,
+    /// The header matched: the rest lands in the f32 buffer.
+    Direct,
+    /// Not the expected encoding: everything is collected.
+    Collect,
+}
+
+/// Reads one body into `out` (the layout's length), or into `spill` when it is not the
+/// layout's F32 encoding. Pure: it does no I/O, its caller feeds it the frames.
+pub struct InPlace<'a> {
+    header: &'a [u8],
+    out: &'a mut [f32],
+    spill: &'a mut Vec<u8>,
+    mode: Mode,
+    /// Bytes of `out` written.
+    filled: usize,
+}
+
+impl<'a> InPlace<'a> {
+    pub fn new(header: &'a [u8], out: &'a mut [f32], spill: &'a mut Vec<u8>) -> Self {
+        spill.clear();
+        Self { header, out, spill, mode: Mode::Header, filled: 0 }
+    }
+
+    /// Takes the next piece of the body. Returns the elements of `out` it completed and the
+    /// index of the first, so the caller can check them while they are still in cache.
+    pub fn feed(&mut self, mut data: &[u8]) -> (usize, &[f32]) {
+        if let Mode::Header = self.mode {
+            let take = (self.header.len() - self.spill.len()).min(data.len());
+            self.spill.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.spill.len() == self.header.len() {
+                self.mode = if self.spill[..] == *self.header { Mode::Direct } else { Mode::Collect };
+                if let Mode::Direct = self.mode {
+                    self.spill.clear();
+                }
+            } else if !self.header.starts_with(self.spill) {
+                self.mode = Mode::Collect;
+            }
+        }
+        match self.mode {
+            Mode::Header => (0, &[]),
+            Mode::Collect => {
+                self.spill.extend_from_slice(data);
+                (0, &[])
+            }
+            Mode::Direct => {
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(self.out);
+                if self.filled + data.len() > bytes.len() {
+                    // Longer than the tensors: the general decoder says what is wrong.
+                    self.collect_what_came();
+                    self.spill.extend_from_slice(data);
+                    return (0, &[]);
+                }
+                bytes[self.filled..self.filled + data.len()].copy_from_slice(data);
+                let from = self.filled / 4;
+                self.filled += data.len();
+                (from, &self.out[from..self.filled / 4])
+            }
+        }
+    }
+
+    /// True when the body was the header and exactly every value of `out`, now in place;
+    /// false when the whole body is in `spill` for the general decoder.
+    pub fn finish(mut self) -> bool {
+        if let Mode::Direct = self.mode {
+            if self.filled == self.out.len() * 4 {
+                return true;
+            }
+            self.collect_what_came();
+        }
+        false
+    }
+
+    /// Direct mode given up: the header and the bytes copied so far go to `spill`.
+    fn collect_what_came(&mut self) {
+        self.spill.extend_from_slice(self.header);
+        self.spill.extend_from_slice(&bytemuck::cast_slice::<f32, u8>(self.out)[..self.filled]);
+        self.mode = Mode::Collect;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::InPlace;
+    use crate::wire::{Layout, TensorSpec, WireDtype, encode_bf16, encode_f32, header};
+
+    fn layout() -> Layout {
+        let t = |name: &str, shape: Vec<usize>| TensorSpec { name: name.into(), shape };
+        Layout::new(vec![t("a", vec![3, 5]), t("b", vec![7])]).unwrap()
+    }
+
+    /// Feeds `body` in pieces of `step` bytes; what landed in place, or what was collected.
+    fn read(body: &[u8], step: usize) -> Result<Vec<f32>, Vec<u8>> {
+        let l = layout();
+        let head = header(&l, WireDtype::F32, &BTreeMap::new());
+        let (mut out, mut spill) = (vec![0f32; l.len()], vec![1u8; 3]);
+        let mut seen = 0;
+        let mut reader = InPlace::new(&head, &mut out, &mut spill);
+        for piece in body.chunks(step) {
+            let (from, fresh) = reader.feed(piece);
+            assert!(fresh.is_empty() || from == seen, "pieces are handed back in order");
+            seen += fresh.len();
+        }
+        if reader.finish() {
+            assert_eq!(seen, out.len(), "every element handed back once");
+            Ok(out)
+        } else {
+            Err(spill)
+        }
+    }
+
+    #[test]
+    fn the_layouts_f32_encoding_lands_in_place_in_pieces_of_any_size() {
+        let l = layout();
+        let values: Vec<f32> = (0..l.len()).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let body = encode_f32(&l, &values, &BTreeMap::new());
+        for step in [1, 3, 4, 7, 64, body.len()] {
+            assert_eq!(read(&body, step), Ok(values.clone()), "pieces of {step}");
+        }
+    }
+
+    #[test]
+    fn anything_else_is_collected_whole_for_the_decoder() {
+        let l = layout();
+        let values = vec![0.25f32; l.len()];
+        let f32_body = encode_f32(&l, &values, &BTreeMap::new());
+        let mut longer = f32_body.clone();
+        longer.extend_from_slice(&[0; 4]);
+        let with_metadata = encode_f32(&l, &values, &BTreeMap::from([("k".into(), "v".into())]));
+        let cases = [
+            ("bf16", encode_bf16(&l, &values)),
+            ("metadata in the header", with_metadata),
+            ("truncated", f32_body[..f32_body.len() - 1].to_vec()),
+            ("truncated in the header", f32_body[..5].to_vec()),
+            ("one element too long", longer),
+        ];
+        for (what, body) in cases {
+            for step in [1, 5, 4096] {
+                assert_eq!(read(&body, step), Err(body.clone()), "{what}, pieces of {step}");
+            }
+        }
+    }
+}
