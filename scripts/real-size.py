@@ -44,6 +44,12 @@ def rss(pid: int) -> tuple[int, int]:
     return kib("VmRSS"), kib("VmHWM")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds `pid` has used so far."""
+    after = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(after[11]) + int(after[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Sampler(threading.Thread):
     """The PS's resident memory every 20 ms, and its own status (registered, pushes per worker)."""
 
@@ -204,6 +210,7 @@ def main() -> None:
         sm.start()
     time.sleep(0.2)
     times = {"start": time.monotonic()}
+    cpu_at_start = [cpu_seconds(p.pid) for p in procs]
     env = {**os.environ, "FORESIGHT_TOKEN": token}
     loadgen = subprocess.run(
         [str(args.bin / "foresight-loadgen"), "--ps", ",".join(urls), "--workers", str(args.workers),
@@ -213,6 +220,10 @@ def main() -> None:
     if loadgen.returncode != 0:
         sys.exit(f"foresight-loadgen failed:\n{loadgen.stdout}\n{loadgen.stderr[-3000:]}")
     times["trained"] = time.monotonic()
+    # What the PS processes spent on the whole run (registration, every pull and push): the
+    # model updates they applied per CPU-second is a rate per core, which the 2 cores shared
+    # with the simulated workers here do not cap the way wall-clock throughput is capped.
+    ps_cpu = sum(cpu_seconds(p.pid) - c for p, c in zip(procs, cpu_at_start))
     print(loadgen.stdout, end="")
     time.sleep(0.5)
     times["end"] = time.monotonic()
@@ -258,6 +269,8 @@ def main() -> None:
             "push_apply_p99": float(push.group(2)) / 1e3,
         },
         "pushes_per_second": rate,
+        "ps_cpu_seconds": ps_cpu,
+        "updates_per_ps_core_second": args.workers * args.steps / ps_cpu,
         "pushes_refused_busy": busy,
         "model_bytes": 4 * args.params,
     }
