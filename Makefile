@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup setup-build setup-test build test test-python test-stress lint fmt bench demo loadgen real-size real-size-job convergence compare simulate chaos crd observability clean
+.PHONY: help setup setup-build setup-test build test test-python test-stress lint fmt bench demo loadgen real-size real-size-job convergence compare simulate low-comm chaos crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -77,6 +77,9 @@ compare: build ## Foresight against PyTorch DDP and a single process, same model
 
 simulate: build ## The rules at any staleness without the machine: foresight-worker simulate sweeps, rewrites part of docs/convergence.md (about 7 min)
 	python3 scripts/simulate.py --out $(OUT)/simulate --doc docs/convergence.md
+
+low-comm: setup build ## Local steps (DiLoCo-style, sync and async) against every-step dc-asgd-a: Python LeNet-5, pushes, bytes and final accuracy, 2 seeds; rewrites a section of docs/convergence.md (about 7 min)
+	python3 scripts/low-communication.py --out $(OUT)/low-comm --doc docs/convergence.md $(ARGS)
 
 chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 45 min here; ARGS=...)
 	python3 scripts/chaos.py --out $(OUT)/chaos --doc docs/reliability.md $(ARGS)

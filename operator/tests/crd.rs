@@ -465,6 +465,24 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.optimizer.pushEvery in body should be greater than or equal to 1",
         ),
         (
+            &[("spec.optimizer", json!({"algorithm": "sync", "nesterov": true}))],
+            "optimizer.nesterov",
+            "spec.optimizer.nesterov: Invalid value: |nesterov needs a momentum > 0",
+        ),
+        (
+            &[(
+                "spec.optimizer",
+                json!({"algorithm": "sync", "localSteps": 10, "pullEvery": 2, "pushEvery": 2}),
+            )],
+            "optimizer.localSteps",
+            "spec.optimizer.localSteps: Invalid value: |localSteps replaces pullEvery and pushEvery",
+        ),
+        (
+            &[("spec.optimizer.localSteps", json!(0))],
+            "optimizer.localSteps",
+            "spec.optimizer.localSteps in body should be greater than or equal to 1",
+        ),
+        (
             &[("spec.optimizer.momentum", json!(1.0))],
             "optimizer.momentum",
             "spec.optimizer.momentum: Invalid value: |must be in [0, 1)",

@@ -325,3 +325,28 @@ fn updates_applied(addr: &str) -> f64 {
         .and_then(|rest| rest.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0.0)
 }
+
+/// `optimizer.localSteps` needs an inner optimizer, which only the Python package has: the
+/// built-in worker refuses it at start, as a permanent error (status 3: no restart can help),
+/// instead of pushing every step's gradient under a job that expects pseudo-gradients.
+#[test]
+fn the_built_in_worker_refuses_local_steps_at_start() {
+    let o = Command::new(bin_dir().join("foresight-worker"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("FORESIGHT_PS_URL", "http://127.0.0.1:1")
+        .env("FORESIGHT_WORKER_INDEX", "0")
+        .env("FORESIGHT_MODEL", "mlp")
+        .env("FORESIGHT_DATASET_FORMAT", "csv")
+        .env("FORESIGHT_DATASET_PATH", "data/mnist5k")
+        .env("FORESIGHT_LOCAL_STEPS", "10")
+        .env("FORESIGHT_PS_DEADLINE_SECONDS", "1")
+        .env("FORESIGHT_METRICS_ADDR", "")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("optimizer.localSteps is 10: the built-in worker has no inner optimizer"),
+        "{stderr}"
+    );
+}

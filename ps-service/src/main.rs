@@ -74,6 +74,9 @@ struct Args {
     /// Heavy-ball momentum (0 disables).
     #[arg(long, env = "FORESIGHT_MOMENTUM", default_value_t = 0.0)]
     momentum: f32,
+    /// Nesterov momentum instead of heavy ball (needs --momentum > 0): DiLoCo's outer step.
+    #[arg(long, env = "FORESIGHT_NESTEROV")]
+    nesterov: bool,
     /// Refuse gradients staler than this many versions (bounded staleness).
     #[arg(long, env = "FORESIGHT_MAX_STALENESS")]
     max_staleness: Option<u64>,
@@ -194,6 +197,7 @@ impl Args {
         h.epsilon = self.epsilon;
         h.weight_decay = self.weight_decay;
         h.momentum = self.momentum;
+        h.nesterov = self.nesterov;
         h.max_staleness = self.max_staleness;
         h.combine = self.combine;
         h.backup_workers = self.backup_workers;

@@ -98,6 +98,9 @@ class Job:
     bf16: bool
     deadline_seconds: float
     report_every: int
+    #: ``optimizer.localSteps``: steps trained with the worker's own inner optimizer between
+    #: exchanges (1: every step's gradient is pushed).
+    local_steps: int = 1
     #: Intra-op threads for torch (``foresight run`` shares the cores among its workers).
     torch_threads: int = 0
     token: str | None = field(default=None, repr=False)
@@ -131,6 +134,7 @@ class Job:
             seed=_env_int("FORESIGHT_SEED", 1, 0),
             pull_every=_env_int("FORESIGHT_PULL_EVERY", 1, 1),
             push_every=_env_int("FORESIGHT_PUSH_EVERY", 1, 1),
+            local_steps=_env_int("FORESIGHT_LOCAL_STEPS", 1, 1),
             bf16=dtype == "bf16",
             deadline_seconds=float(_env_int("FORESIGHT_PS_DEADLINE_SECONDS", 300, 0)),
             report_every=_env_int("FORESIGHT_REPORT_EVERY", 20, 1),

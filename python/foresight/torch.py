@@ -8,6 +8,11 @@ is no local optimizer. Parameters are matched by ``named_parameters()`` names; p
 It is a ``torch.optim.Optimizer``, so what takes one (learning-rate schedulers, step hooks, Hugging
 Face's ``Trainer(optimizers=...)``, see ``foresight.transformers``) takes it; its ``lr`` is 0 and
 unused: the parameter server applies the job's ``training.learningRate`` and schedule.
+
+With the job's ``optimizer.localSteps: H`` (low-communication training, DiLoCo) the worker does
+have a local optimizer, the user's own (``inner=``, e.g. AdamW): ``step()`` runs it, and every H
+steps the pseudo-gradient θ_pulled − θ_local goes to the parameter server, which applies the
+job's rule to it as the outer step, and the worker continues from the server's model.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ class Optimizer(torch.optim.Optimizer):
     ``grad_dtype`` (``"f32"`` or ``"bf16"``, default the job's ``$FORESIGHT_GRAD_DTYPE``) is the
     type gradients travel in; the parameter server keeps float32. ``steps_per_epoch`` drives the
     job's learning-rate schedule (``foresight.batches`` sets it).
+
+    ``inner`` is the worker's own optimizer over the same parameters, required when the job has
+    ``optimizer.localSteps`` above 1 and refused otherwise: it trains the local steps, and its
+    state (AdamW's moments) carries over from one exchange to the next, as in DiLoCo.
     """
 
     def __init__(
@@ -40,8 +49,19 @@ class Optimizer(torch.optim.Optimizer):
         *,
         grad_dtype: str | None = None,
         steps_per_epoch: int | None = None,
+        inner: torch.optim.Optimizer | None = None,
     ) -> None:
         job = foresight.init()
+        if job.local_steps > 1 and inner is None:
+            raise ValueError(
+                f"the job trains optimizer.localSteps={job.local_steps} local steps between exchanges: pass the "
+                "optimizer that trains them, e.g. Optimizer(model, inner=torch.optim.AdamW(model.parameters()))"
+            )
+        if job.local_steps == 1 and inner is not None:
+            raise ValueError(
+                "inner= is for jobs with optimizer.localSteps above 1; this job pushes every step's gradient "
+                "and the parameter server applies the update"
+            )
         if job.torch_threads:
             torch.set_num_threads(job.torch_threads)
         if job.optimizer is not None:
@@ -81,7 +101,9 @@ class Optimizer(torch.optim.Optimizer):
             (grad_dtype or ("bf16" if job.bf16 else "f32")) == "bf16",
             job.deadline_seconds,
             job.seed,
+            job.local_steps,
         )
+        self._inner = inner
         job.native = self._native
         job.optimizer = self
         self.finished = False
@@ -103,20 +125,29 @@ class Optimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         """Ends the step: sends its gradient (every pushEvery steps, their mean) and takes the
-        parameter server's model (every pullEvery steps). After the job was finalized, does
-        nothing and sets ``finished``."""
+        parameter server's model (every pullEvery steps); with local steps, runs the inner
+        optimizer and every localSteps steps sends the pseudo-gradient and takes the server's
+        model. After the job was finalized, does nothing and sets ``finished``."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         if self.finished:
             return loss
-        self._gather()
         job = self._job
         epoch = job.epoch_at(self._native.step + 1)
-        self.finished = self._native.end_step(self._grad.data_ptr(), self._numel, epoch)
-        if not self.finished:
-            self._pull()
+        if self._inner is not None:
+            self._inner.step()
+        if self._inner is not None and (self._native.step + 1) % job.local_steps:
+            self._native.end_local_step(epoch)  # a local step: nothing is sent
+        else:
+            if self._inner is not None:
+                self._pseudo_gradient()
+            else:
+                self._gather()
+            self.finished = self._native.end_step(self._grad.data_ptr(), self._numel, epoch)
+            if not self.finished:
+                self._pull()
         if job.report_every and self._native.step % job.report_every == 0 and loss is not None:
             foresight.report(loss=float(loss))
         return loss
@@ -128,6 +159,16 @@ class Optimizer(torch.optim.Optimizer):
         else:
             # One device-side concatenation, then one transfer into the pinned host buffer.
             self._grad.copy_(torch.cat([g.reshape(-1).float() for g in grads]))
+
+    def _pseudo_gradient(self) -> None:
+        """θ_pulled − θ_local into the gradient buffer: the model pulled last is still in the
+        flat buffer (a pull overwrites it only at the next exchange)."""
+        params = [p.detach().reshape(-1) for p in self._params]
+        if self.device.type == "cpu" and all(p.dtype == torch.float32 for p in params):
+            torch.cat(params, out=self._grad)
+        else:
+            self._grad.copy_(torch.cat([p.float() for p in params]))
+        torch.sub(self._flat, self._grad, out=self._grad)
 
     def _pull(self) -> None:
         if self._native.pull_if_due(self._flat.data_ptr(), self._numel) is not None:

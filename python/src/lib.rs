@@ -71,7 +71,7 @@ struct Worker {
 impl Worker {
     /// Registers the model from the `init_addr` values (when this worker is the first) and joins.
     #[new]
-    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, bf16, deadline_seconds, seed))]
+    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, bf16, deadline_seconds, seed, local_steps=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -86,10 +86,20 @@ impl Worker {
         bf16: bool,
         deadline_seconds: f64,
         seed: u64,
+        local_steps: u64,
     ) -> PyResult<Self> {
         let dtype = if bf16 { GradDtype::Bf16 } else { GradDtype::F32 };
-        let cadence =
-            Cadence::new(pull_every, push_every, dtype).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let cadence = if local_steps > 1 {
+            if (pull_every, push_every) != (1, 1) {
+                return Err(PyValueError::new_err(
+                    "local_steps replaces pull_every and push_every: leave them at 1",
+                ));
+            }
+            Cadence::local_steps(local_steps, dtype)
+        } else {
+            Cadence::new(pull_every, push_every, dtype)
+        }
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
         if !(deadline_seconds.is_finite() && deadline_seconds >= 0.0) {
             return Err(PyValueError::new_err("deadline_seconds must be a non-negative number"));
         }
@@ -179,6 +189,21 @@ impl Worker {
             exchange.end_step(epoch)
         });
         Ok(end.map_err(|e| to_py(py, e))? == StepEnd::Finalized)
+    }
+
+    /// Ends one of the local steps between exchanges: counts it, sends nothing. Refused at the
+    /// step that ends the local steps (its pseudo-gradient goes through `end_step`).
+    #[pyo3(signature = (epoch=None))]
+    fn end_local_step(&mut self, py: Python<'_>, epoch: Option<f64>) -> PyResult<()> {
+        if self.exchange.push_due_next() {
+            return Err(PyValueError::new_err(format!(
+                "step {} ends the local steps: its pseudo-gradient goes through end_step",
+                self.exchange.step() + 1
+            )));
+        }
+        let exchange = &mut self.exchange;
+        py.detach(|| exchange.end_step(epoch)).map_err(|e| to_py(py, e))?;
+        Ok(())
     }
 
     /// Reports progress (loss, accuracy, samples/s) to the PS, where `foresight run`, `kubectl

@@ -73,6 +73,43 @@ def test_a_step_changes_the_model_by_the_rule_exactly(ps_factory, job_env, dtype
         assert not torch.equal(p.detach(), before[name]), name
 
 
+def test_local_steps_send_one_pseudo_gradient_and_the_ps_takes_its_outer_step(ps_factory, job_env):
+    """optimizer.localSteps: 3 with the user's SGD as the inner optimizer and DiLoCo's outer
+    step on the PS (Nesterov, lr 0.7, momentum 0.9): nothing is sent for two steps, then
+    θ0 − θ_local once, and the worker continues from the PS's outer step."""
+    h, outer_lr, mu = 3, 0.7, 0.9
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=outer_lr, momentum=mu, nesterov="true")
+    job_env(ps, local_steps=h)
+    model = tiny_model()
+    with pytest.raises(ValueError, match="localSteps=3 local steps between exchanges: pass the optimizer"):
+        foresight.torch.Optimizer(model)
+    reference = tiny_model()  # the same initial weights, trained by plain torch below
+    opt = foresight.torch.Optimizer(model, inner=torch.optim.SGD(model.parameters(), lr=0.1))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    theta0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for k in range(h):
+        one_step(model, opt)
+        x = torch.arange(8, dtype=torch.float32).view(2, 4) / 8
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), torch.tensor([0, 1])).backward()
+        ref_opt.step()
+        assert ps.status()["version"] == (1 if k == h - 1 else 0), f"after step {k + 1}"
+    for name, p in model.named_parameters():
+        delta = theta0[name] - dict(reference.named_parameters())[name].detach()
+        m = delta  # the first outer step: momentum starts at 0
+        expected = theta0[name] - outer_lr * (delta + mu * m)
+        assert torch.allclose(p.detach(), expected, atol=1e-6), name
+    assert ps.status()["version"] == 1
+
+
+def test_an_inner_optimizer_without_local_steps_is_refused(ps_factory, job_env):
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
+    job_env(ps)
+    model = tiny_model()
+    with pytest.raises(ValueError, match="inner= is for jobs with optimizer.localSteps above 1"):
+        foresight.torch.Optimizer(model, inner=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
 def test_a_push_whose_answer_was_lost_is_retried_and_applied_once(ps_factory, job_env, monkeypatch):
     ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
     versions_at_drop: list[int] = []

@@ -70,6 +70,10 @@ struct Args {
     /// Push the accumulated gradient every N steps.
     #[arg(long, env = "FORESIGHT_PUSH_EVERY", default_value_t = 1)]
     push_every: u64,
+    /// The job's optimizer.localSteps. This worker pushes every step's gradient and has no inner
+    /// optimizer: anything above 1 is refused (the Python package runs local steps).
+    #[arg(long, env = "FORESIGHT_LOCAL_STEPS", default_value_t = 1)]
+    local_steps: u64,
     /// Gradient wire type.
     #[arg(long, env = "FORESIGHT_GRAD_DTYPE", value_enum, default_value_t = WireType::F32)]
     grad_dtype: WireType,
@@ -193,6 +197,12 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
     };
     let model =
         model::ModelSpec::parse(&args.model, args.model_path.as_deref()).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        args.local_steps <= 1,
+        "optimizer.localSteps is {}: the built-in worker has no inner optimizer and pushes every step's \
+         gradient; run local steps with a Python-package worker (docs/python.md)",
+        args.local_steps
+    );
     Ok(train::TrainConfig {
         ps_url: args.ps_url.clone(),
         token,

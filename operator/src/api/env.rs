@@ -38,6 +38,9 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     if let Some(m) = o.momentum {
         push(&mut env, "FORESIGHT_MOMENTUM", m);
     }
+    if o.nesterov == Some(true) {
+        push(&mut env, "FORESIGHT_NESTEROV", true);
+    }
     if let Some(w) = o.weight_decay {
         push(&mut env, "FORESIGHT_WEIGHT_DECAY", w);
     }
@@ -81,5 +84,8 @@ pub fn worker_env(spec: &TrainingJobSpec, job: &str, namespace: &str, ps_url: &s
     push(&mut env, "FORESIGHT_SEED", t.seed);
     push(&mut env, "FORESIGHT_PULL_EVERY", spec.optimizer.pull_every);
     push(&mut env, "FORESIGHT_PUSH_EVERY", spec.optimizer.push_every);
+    if let Some(h) = spec.optimizer.local_steps.filter(|&h| h > 1) {
+        push(&mut env, "FORESIGHT_LOCAL_STEPS", h);
+    }
     env
 }

@@ -115,7 +115,7 @@ pub(crate) const NAME_MESSAGE: &str = "metadata.name must be at most 50 characte
 #[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.replicas"])).message("parameterServer.replicas cannot change after the job is created (the model is split by it; each shard's checkpoints hold its slice); create a new TrainingJob").field_path(".parameterServer"))]
 #[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.checkpoint.storage"])).message("parameterServer.checkpoint.storage cannot change after the job is created (adding it restarts a parameter server whose memory holds the model, removing it drops the checkpoints); create a new TrainingJob").field_path(".parameterServer"))]
 #[x_kube(validation = Rule::new("!has(self.dataset.volume) || !has(self.workers.pod) || !has(self.workers.pod.volumeMounts) || self.workers.pod.volumeMounts.all(m, m.mountPath != self.dataset.path)").message("the dataset's volume is mounted at dataset.path").field_path(".workers.pod.volumeMounts"))]
-#[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_TEMPLATE_FIELDS)).message("workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
+#[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_TEMPLATE_FIELDS)).message("workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery, optimizer.pushEvery and optimizer.localSteps change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
 #[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_POD_FIELDS)).message("workers.pod labels, annotations, nodeSelector, tolerations, priorityClassName, serviceAccountName, automountServiceAccountToken, imagePullSecrets and env change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers.pod"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
@@ -354,6 +354,8 @@ impl Algorithm {
 #[x_kube(validation = Rule::new("!has(self.syncRoundTimeoutSeconds) || self.algorithm == 'sync'").message("syncRoundTimeoutSeconds only applies to sync").field_path(".syncRoundTimeoutSeconds"))]
 #[x_kube(validation = Rule::new("self.pushEvery < 1 || self.pullEvery % self.pushEvery == 0").message("pullEvery must be a multiple of pushEvery: the steps accumulated into one push must all be computed on the model pulled before them").field_path(".pullEvery"))]
 #[x_kube(validation = Rule::new("self.algorithm != 'sync' || self.pullEvery == self.pushEvery").message("under sync pullEvery must equal pushEvery: each round's model is pulled before the next gradient is computed").field_path(".pullEvery"))]
+#[x_kube(validation = Rule::new("!has(self.nesterov) || !self.nesterov || (has(self.momentum) && self.momentum > 0.0)").message("nesterov needs a momentum > 0").field_path(".nesterov"))]
+#[x_kube(validation = Rule::new("!has(self.localSteps) || self.localSteps == 1 || (self.pullEvery == 1 && self.pushEvery == 1)").message("localSteps replaces pullEvery and pushEvery (a worker pulls and pushes once per localSteps steps): leave them at 1").field_path(".localSteps"))]
 #[serde(rename_all = "camelCase")]
 pub struct OptimizerSpec {
     /// sync (synchronous SGD), asgd, dc-asgd-c (DC-ASGD, constant λ) or dc-asgd-a (DC-ASGD,
@@ -385,6 +387,18 @@ pub struct OptimizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("must be in [0, 1)"))]
     pub momentum: Option<f64>,
+    /// Nesterov momentum instead of heavy ball (needs momentum > 0). With localSteps, DiLoCo's
+    /// outer optimizer is momentum 0.9 with nesterov and a learningRate of 0.7.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nesterov: Option<bool>,
+    /// Low-communication training (DiLoCo): each worker trains this many steps with its own
+    /// inner optimizer between exchanges, then pushes its pseudo-gradient θ_pulled − θ_local
+    /// once; the parameter server applies the rule to it as the outer step (so
+    /// training.learningRate is the outer learning rate). 1 or absent: every step's gradient is
+    /// pushed. Python-package workers only (the built-in worker refuses more than 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub local_steps: Option<u32>,
     /// L2 weight decay, ≥ 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
@@ -410,6 +424,8 @@ impl Default for OptimizerSpec {
             pull_every: 1,
             push_every: 1,
             momentum: None,
+            nesterov: None,
+            local_steps: None,
             backup_workers: None,
             sync_round_timeout_seconds: None,
             weight_decay: None,

@@ -108,6 +108,11 @@ fn every_rule_names_its_field() {
             s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, pull_every: 2, ..Default::default() }
         }),
         ("optimizer.momentum", |s| s.optimizer.momentum = Some(1.0)),
+        ("optimizer.nesterov", |s| s.optimizer.nesterov = Some(true)),
+        ("optimizer.localSteps", |s| s.optimizer.local_steps = Some(0)),
+        ("optimizer.localSteps", |s| {
+            (s.optimizer.local_steps, s.optimizer.pull_every, s.optimizer.push_every) = (Some(10), 2, 2)
+        }),
         ("optimizer.weightDecay", |s| s.optimizer.weight_decay = Some(-0.1)),
         ("optimizer.backupWorkers", |s| s.optimizer.backup_workers = Some(1)),
         ("optimizer.backupWorkers", |s| {
@@ -184,6 +189,12 @@ fn environment_carries_the_job() {
     assert_eq!(w["FORESIGHT_DATASET_FORMAT"], "csv");
     assert_eq!(w["FORESIGHT_EPOCHS"], "12");
     assert!(!w.contains_key("FORESIGHT_WORKERS"), "a worker learns the count from the PS");
+    assert!(!w.contains_key("FORESIGHT_LOCAL_STEPS") && !ps.contains_key("FORESIGHT_NESTEROV"));
+    (spec.optimizer.local_steps, spec.optimizer.momentum, spec.optimizer.nesterov) =
+        (Some(50), Some(0.9), Some(true));
+    let w: std::collections::HashMap<_, _> = worker_env(&spec, "j", "ns", "http://ps").into_iter().collect();
+    let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
+    assert_eq!((w["FORESIGHT_LOCAL_STEPS"].as_str(), ps["FORESIGHT_NESTEROV"].as_str()), ("50", "true"));
     assert!(!w.contains_key("FORESIGHT_WORKER_INDEX"), "the index comes from the pod or the runner");
 }
 

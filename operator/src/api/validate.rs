@@ -128,6 +128,19 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     if let Some(mom) = o.momentum {
         check((0.0..1.0).contains(&mom), "optimizer.momentum", format!("must be in [0, 1), got {mom}"));
     }
+    if o.nesterov == Some(true) {
+        check(o.momentum.is_some_and(|m| m > 0.0), "optimizer.nesterov", "needs a momentum > 0".into());
+    }
+    if let Some(h) = o.local_steps {
+        check(h >= 1, "optimizer.localSteps", "must be at least 1".into());
+        check(
+            h <= 1 || (o.pull_every == 1 && o.push_every == 1),
+            "optimizer.localSteps",
+            "replaces pullEvery and pushEvery (a worker pulls and pushes once per localSteps steps): \
+             leave them at 1"
+                .into(),
+        );
+    }
     if let Some(wd) = o.weight_decay {
         check(wd.is_finite() && wd >= 0.0, "optimizer.weightDecay", format!("must be ≥ 0, got {wd}"));
     }
@@ -388,14 +401,14 @@ pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(
             (w.image.clone(), w.gpus, w.gpu_resource.clone(), w.resources.clone()),
             (w.command.clone(), w.args.clone()),
             (w.node_selector.clone(), w.tolerations.clone()),
-            (s.training.epochs, s.optimizer.pull_every, s.optimizer.push_every),
+            (s.training.epochs, s.optimizer.pull_every, s.optimizer.push_every, s.optimizer.local_steps),
         )
     };
     frozen(
         suspended || template(old) == template(new),
         "workers",
         "workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, \
-         optimizer.pullEvery and optimizer.pushEvery change only with runPolicy.suspend: true",
+         optimizer.pullEvery, optimizer.pushEvery and optimizer.localSteps change only with runPolicy.suspend: true",
     );
     // Not volumes, volumeMounts, affinity or envFrom: see `transitions::WORKER_POD_FIELDS`.
     let pod = |s: &TrainingJobSpec| {

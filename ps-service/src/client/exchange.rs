@@ -7,6 +7,11 @@
 //! - the step adds its gradient into [`Exchange::grad_mut`];
 //! - [`Exchange::end_step`] counts the step and, every `push_every` steps, pushes the mean of the
 //!   gradients accumulated since the last push, computed on the version last pulled.
+//!
+//! With local steps ([`Cadence::local_steps`], DiLoCo-style training) the worker trains `h` steps
+//! with its own inner optimizer between exchanges; at the `h`-th it puts its pseudo-gradient
+//! θ_pulled − θ_local in [`Exchange::grad_mut`], which is pushed as it is (not averaged), and
+//! the PS applies its outer step to it.
 
 use std::time::Duration;
 
@@ -22,17 +27,42 @@ pub struct Cadence {
     pull_every: u64,
     push_every: u64,
     dtype: GradDtype,
+    /// What is pushed: the mean of the steps' gradients, or a pseudo-gradient as it is.
+    kind: Pushes,
+}
+
+/// What a push carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pushes {
+    /// The mean of the gradients accumulated since the last push.
+    MeanGradient,
+    /// The pseudo-gradient θ_pulled − θ_local after the worker's local steps, as it is.
+    PseudoGradient,
 }
 
 impl Cadence {
     pub fn new(pull_every: u64, push_every: u64, dtype: GradDtype) -> Result<Self, ClientError> {
         cadence_problem(pull_every, push_every, false).map_or(Ok(()), |p| Err(ClientError::Config(p)))?;
-        Ok(Self { pull_every, push_every, dtype })
+        Ok(Self { pull_every, push_every, dtype, kind: Pushes::MeanGradient })
+    }
+
+    /// `h` local steps per exchange: pull before the first, push the pseudo-gradient the
+    /// worker puts in [`Exchange::grad_mut`] at the `h`-th, unscaled.
+    pub fn local_steps(h: u64, dtype: GradDtype) -> Result<Self, ClientError> {
+        if h == 0 {
+            return Err(ClientError::Config("localSteps must be at least 1".into()));
+        }
+        Ok(Self { pull_every: h, push_every: h, dtype, kind: Pushes::PseudoGradient })
     }
 
     /// Every step, F32 gradients.
     pub fn every_step() -> Self {
-        Self { pull_every: 1, push_every: 1, dtype: GradDtype::F32 }
+        Self { pull_every: 1, push_every: 1, dtype: GradDtype::F32, kind: Pushes::MeanGradient }
+    }
+
+    /// The local steps between exchanges; `None` when every step's gradient is pushed.
+    pub fn local(&self) -> Option<u64> {
+        (self.kind == Pushes::PseudoGradient).then_some(self.push_every)
     }
 }
 
@@ -136,6 +166,11 @@ impl Exchange {
         self.stats
     }
 
+    /// Whether the step in progress ends with a push.
+    pub fn push_due_next(&self) -> bool {
+        (self.step + 1).is_multiple_of(self.cadence.push_every)
+    }
+
     /// The next step's gradient is added into this (flat, in layout order).
     pub fn grad_mut(&mut self) -> &mut [f32] {
         &mut self.grad
@@ -184,7 +219,7 @@ impl Exchange {
         if !self.step.is_multiple_of(self.cadence.push_every) {
             return Ok(StepEnd::Continue);
         }
-        if self.cadence.push_every > 1 {
+        if self.cadence.push_every > 1 && self.cadence.kind == Pushes::MeanGradient {
             let k = self.cadence.push_every as f32;
             self.grad.iter_mut().for_each(|g| *g /= k);
         }

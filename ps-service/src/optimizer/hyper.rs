@@ -137,6 +137,10 @@ pub struct Hyper {
     pub weight_decay: f32,
     /// Heavy-ball momentum; 0 disables it (and its state).
     pub momentum: f32,
+    /// Nesterov's momentum instead of heavy ball: the step is d + μ·m (m ← μ·m + d) instead
+    /// of m. DiLoCo's outer optimizer (Douillard et al. 2023) is this with μ = 0.9.
+    #[serde(default)]
+    pub nesterov: bool,
     /// Refuse gradients staler than this many versions.
     pub max_staleness: Option<u64>,
     pub combine: Combine,
@@ -163,6 +167,7 @@ impl Hyper {
             epsilon: 1e-7,
             weight_decay: 0.0,
             momentum: 0.0,
+            nesterov: false,
             max_staleness: None,
             combine: Combine::Mean,
             backup_workers: 0,
@@ -205,6 +210,7 @@ impl Hyper {
         check((0.0..1.0).contains(&self.momentum), || {
             format!("momentum must be in [0, 1), got {}", self.momentum)
         })?;
+        check(!self.nesterov || self.momentum > 0.0, || "nesterov needs a momentum > 0".to_string())?;
         check(self.backup_workers == 0 || self.algorithm == Algorithm::Sync, || {
             format!("backupWorkers only applies to sync, not {}", self.algorithm)
         })?;

@@ -29,6 +29,8 @@ pub(crate) struct Scalars {
     pub lr: f32,
     pub weight_decay: f32,
     pub momentum: f32,
+    /// With momentum: step by d + μ·m (Nesterov) instead of m (heavy ball).
+    pub nesterov: bool,
     pub lambda0: f32,
     pub decay: f32,
     pub epsilon: f32,
@@ -155,7 +157,8 @@ fn kernel_avx2<const KIND: u8, const MOM: bool>(
                 let m = _mm256_loadu_ps(mom.as_ptr().add(c));
                 let m = flush(_mm256_add_ps(_mm256_mul_ps(mu, m), d), floor);
                 _mm256_storeu_ps(mom.as_mut_ptr().add(c), m);
-                d = m;
+                // A loop-invariant branch: predicted, and heavy ball's bits stay as they were.
+                d = if s.nesterov { _mm256_add_ps(d, _mm256_mul_ps(mu, m)) } else { m };
             }
             _mm256_storeu_ps(w.as_mut_ptr().add(c), _mm256_sub_ps(wv, _mm256_mul_ps(lr, d)));
         }
@@ -246,7 +249,7 @@ fn element<const KIND: u8, const MOM: bool>(
     }
     if MOM {
         *mom = flush(s.momentum * *mom + d, FLUSH_FLOOR);
-        d = *mom;
+        d = if s.nesterov { d + s.momentum * *mom } else { *mom };
     }
     *w -= s.lr * d;
 }

@@ -116,6 +116,7 @@ pub fn apply(
         lr: step.lr,
         weight_decay: hyper.weight_decay,
         momentum: hyper.momentum,
+        nesterov: hyper.nesterov,
         lambda0: (f64::from(hyper.lambda0) * b.sqrt()) as f32,
         decay: hyper.mean_square_decay,
         epsilon: (f64::from(hyper.epsilon) * b) as f32,

@@ -187,9 +187,36 @@ proptest! {
     }
 }
 
+/// Nesterov (Sutskever et al. 2013, PyTorch's `nesterov=True`): m ← μ·m + g, w ← w − η·(g + μ·m);
+/// heavy ball: w ← w − η·m. Two steps by hand.
+#[test]
+fn nesterov_and_heavy_ball_momentum_hand_computed() {
+    let mut h = hyper(Algorithm::Asgd, 0.5);
+    h.momentum = 0.5;
+    for nesterov in [false, true] {
+        h.nesterov = nesterov;
+        let mut st = OptimizerState::new(&h, 1);
+        let (w, _) = step(&h, &[1.0], &[2.0], None, &mut st); // m = 2
+        let want = if nesterov { 1.0 - 0.5 * (2.0 + 0.5 * 2.0) } else { 1.0 - 0.5 * 2.0 };
+        assert_eq!((w[0], st.momentum[0]), (want, 2.0), "nesterov {nesterov}, step 1");
+        let (w, _) = step(&h, &w, &[-1.0], None, &mut st); // m = 0.5·2 − 1 = 0
+        let want2 = if nesterov { want - 0.5 * (-1.0 + 0.0) } else { want };
+        assert_eq!((w[0], st.momentum[0]), (want2, 0.0), "nesterov {nesterov}, step 2");
+    }
+    h.momentum = 0.0;
+    assert!(h.validate().is_err(), "nesterov without momentum is refused");
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_and_baseline_builds_agree_bit_for_bit() {
+    for nesterov in [false, true] {
+        avx2_and_baseline_agree(nesterov);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_and_baseline_agree(nesterov: bool) {
     use kernels::{Pass, Scalars};
     let n = 1003;
     let w0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -200,6 +227,7 @@ fn avx2_and_baseline_builds_agree_bit_for_bit() {
         lr: 0.1,
         weight_decay: 1e-4,
         momentum: 0.9,
+        nesterov,
         lambda0: 2.0,
         decay: 0.95,
         epsilon: 1e-7,

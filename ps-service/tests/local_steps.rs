@@ -1,0 +1,83 @@
+//! Local steps with an outer optimizer on the PS (DiLoCo-style), over the real client and a
+//! real HTTP/2 server: a worker trains `h` steps on its own copy, then pushes its
+//! pseudo-gradient θ_pulled − θ_local once; the PS applies its rule to it, here with Nesterov
+//! momentum (DiLoCo's outer step).
+
+mod support;
+
+use std::time::Duration;
+
+use foresight_ps::client::{Cadence, GradDtype, StepEnd};
+use foresight_ps::optimizer::Algorithm;
+use support::*;
+
+const H: u64 = 4;
+const INNER_LR: f32 = 0.05;
+const OUTER_LR: f32 = 0.7;
+const MU: f32 = 0.9;
+
+/// `h` inner SGD steps from `from` with the scripted gradients of steps `first..first + h`.
+fn inner_steps(from: &[f32], first: u64) -> Vec<f32> {
+    let l = layout();
+    let mut w = from.to_vec();
+    for k in first..first + H {
+        for (x, g) in w.iter_mut().zip(grad(&l, k as usize)) {
+            *x -= INNER_LR * g;
+        }
+    }
+    w
+}
+
+#[test]
+fn a_worker_pushes_one_pseudo_gradient_per_h_local_steps_and_the_ps_applies_nesterov_to_it() {
+    let rt = runtime();
+    let mut cfg = config(Algorithm::Asgd, 1);
+    cfg.hyper.lr = foresight_ps::optimizer::LrSchedule::constant(OUTER_LR);
+    (cfg.hyper.momentum, cfg.hyper.nesterov) = (MU, true);
+    let ps = rt.block_on(start(cfg));
+    let cadence = Cadence::local_steps(H, GradDtype::F32).unwrap();
+    assert_eq!(cadence.local(), Some(H));
+    let mut w = worker(&rt, std::slice::from_ref(&ps.url), cadence, 0, Duration::from_secs(30));
+
+    // The worker's loop: pull when due, an inner step on the local copy, and at the h-th step
+    // the pseudo-gradient into grad_mut.
+    let (mut pulled, mut local) = (Vec::new(), Vec::new());
+    let mut pulls = 0;
+    for _ in 0..2 * H {
+        if let Some(m) = w.pull_if_due().unwrap() {
+            (pulled, local) = (m.values.clone(), m.values);
+            pulls += 1;
+        }
+        local = {
+            let l = layout();
+            let g = grad(&l, w.step() as usize);
+            local.iter().zip(g).map(|(x, g)| x - INNER_LR * g).collect()
+        };
+        if w.push_due_next() {
+            for ((d, p), x) in w.grad_mut().iter_mut().zip(&pulled).zip(&local) {
+                *d = p - x;
+            }
+        }
+        assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
+    }
+    assert_eq!(pulls, 2, "one pull per h steps");
+    let status = ps.state.store().unwrap().status();
+    assert_eq!(status.version, 2, "one update per h steps");
+
+    // The PS's model: two Nesterov outer steps on the unscaled pseudo-gradients.
+    let w0 = init(&layout());
+    let mut m = vec![0f32; w0.len()];
+    let mut model = w0.clone();
+    for first in [0, H] {
+        let after = inner_steps(&model, first);
+        for ((x, mi), a) in model.iter_mut().zip(&mut m).zip(after) {
+            let delta = *x - a;
+            *mi = MU * *mi + delta;
+            *x -= OUTER_LR * (delta + MU * *mi);
+        }
+    }
+    let got = ps.state.store().unwrap().snapshot_now();
+    let worst = got.params().iter().zip(&model).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-5, "the PS's model is off the hand-computed outer steps by {worst}");
+    assert!(got.params() != &w0[..], "the model moved");
+}
