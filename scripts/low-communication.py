@@ -8,8 +8,8 @@ Runs, each for every seed, in this order:
 
 - every step: examples/python/mnist.yaml as written (dc-asgd-a, lr 0.05 with step decay; every
   worker pushes its gradient and pulls the model at every step);
-- sync, H local steps: examples/python/mnist-diloco.yaml (each worker trains H steps with its own
-  AdamW, lr 1e-3; the PS averages a round's pseudo-gradients and takes DiLoCo's outer step,
+- sync, H local steps: examples/python/mnist-diloco.yaml (each worker trains H steps with the
+  job's inner AdamW, lr 1e-3; the PS averages a round's pseudo-gradients and takes DiLoCo's outer step,
   Nesterov momentum 0.9 at lr 0.7), H in --sync-h;
 - asgd / dc-asgd-a, H local steps: the same workers, each pseudo-gradient applied as it arrives
   (plain, or delay-compensated against the worker's backup) at outer lr --async-lr without

@@ -62,10 +62,9 @@ def main():
     torch.manual_seed(job.seed)  # the same initial weights on every worker
     (train_x, train_y), (test_x, test_y) = load(os.environ["FORESIGHT_DATASET_PATH"])
     model = LeNet5()
-    # With the job's optimizer.localSteps (mnist-diloco.yaml) this worker trains the local steps
-    # with its own AdamW, and the parameter server's rule is the outer step.
-    inner = torch.optim.AdamW(model.parameters(), lr=1e-3) if job.local_steps > 1 else None
-    opt = foresight.torch.Optimizer(model, inner=inner)  # foresight: replaces torch.optim.SGD(...)
+    # With the job's optimizer.localSteps (mnist-diloco.yaml) step() trains the local steps with
+    # the job's innerOptimizer, and the parameter server's rule is the outer step.
+    opt = foresight.torch.Optimizer(model)  # foresight: replaces torch.optim.SGD(...)
     current = 0
     for epoch, idx in foresight.batches(len(train_y)):  # foresight: this worker's shard, resumed
         if epoch != current:  # an epoch ended: the held-out figures of this worker's copy

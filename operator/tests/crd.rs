@@ -478,6 +478,19 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.optimizer.localSteps: Invalid value: |localSteps replaces pullEvery and pushEvery",
         ),
         (
+            &[("spec.optimizer", json!({"algorithm": "sync", "innerOptimizer": {"algorithm": "sgd"}}))],
+            "optimizer.innerOptimizer",
+            "spec.optimizer.innerOptimizer: Invalid value: |innerOptimizer trains local steps: it needs localSteps above 1",
+        ),
+        (
+            &[(
+                "spec.optimizer",
+                json!({"algorithm": "sync", "localSteps": 5, "innerOptimizer": {"learningRate": 0}}),
+            )],
+            "optimizer.innerOptimizer.learningRate",
+            "spec.optimizer.innerOptimizer.learningRate: Invalid value: |must be > 0",
+        ),
+        (
             &[("spec.optimizer.localSteps", json!(0))],
             "optimizer.localSteps",
             "spec.optimizer.localSteps in body should be greater than or equal to 1",

@@ -326,27 +326,30 @@ fn updates_applied(addr: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `optimizer.localSteps` needs an inner optimizer, which only the Python package has: the
-/// built-in worker refuses it at start, as a permanent error (status 3: no restart can help),
-/// instead of pushing every step's gradient under a job that expects pseudo-gradients.
+/// The built-in worker with local steps (DiLoCo-style): 4 workers each train 10 steps with the
+/// job's inner AdamW between exchanges and push one pseudo-gradient; the PS averages each round
+/// and takes a Nesterov outer step. One update per 10 steps of every worker, and a model that
+/// learned.
 #[test]
-fn the_built_in_worker_refuses_local_steps_at_start() {
-    let o = Command::new(bin_dir().join("foresight-worker"))
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .env("FORESIGHT_PS_URL", "http://127.0.0.1:1")
-        .env("FORESIGHT_WORKER_INDEX", "0")
-        .env("FORESIGHT_MODEL", "mlp")
-        .env("FORESIGHT_DATASET_FORMAT", "csv")
-        .env("FORESIGHT_DATASET_PATH", "data/mnist5k")
-        .env("FORESIGHT_LOCAL_STEPS", "10")
-        .env("FORESIGHT_PS_DEADLINE_SECONDS", "1")
-        .env("FORESIGHT_METRICS_ADDR", "")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{stderr}");
-    assert!(
-        stderr.contains("optimizer.localSteps is 10: the built-in worker has no inner optimizer"),
-        "{stderr}"
+fn built_in_workers_train_with_local_steps_and_an_outer_nesterov_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let yaml = job(
+        tmp.path(),
+        "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k, holdout: 0.2}\n  \
+         training: {epochs: 3, batchSize: 32, learningRate: 0.7}\n  \
+         optimizer: {algorithm: sync, momentum: 0.9, nesterov: true, localSteps: 10, \
+         innerOptimizer: {algorithm: adamw, learningRate: 0.001}}\n  workers: {replicas: 4}\n",
     );
+    let o = foresight(&["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "foresight run failed:\n{stdout}\n{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    // 4000 training examples over 4 workers in batches of 32: 32 steps an epoch, 96 in all, so
+    // 9 exchanges per worker (the last 6 steps are not sent).
+    assert_eq!(summary["updates"], 9, "{summary}");
+    assert_eq!(summary["staleness"]["count"], 36, "one pseudo-gradient per worker and round: {summary}");
+    let acc = summary["accuracy"].as_f64().unwrap();
+    assert!(acc > 0.85, "the final model reached only {acc}");
 }

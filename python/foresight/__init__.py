@@ -22,6 +22,7 @@ the same code as the Rust worker's.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -53,6 +54,26 @@ __all__ = [
 #: The exit status a worker ends with after a failure no retry can fix; the operator's
 #: podFailurePolicy and `foresight run` fail the job at once instead of restarting it.
 EXIT_PERMANENT = 3
+
+
+def _inner_optimizer() -> str:
+    name = os.environ.get("FORESIGHT_INNER_OPTIMIZER") or "adamw"
+    if name not in ("sgd", "adamw"):
+        raise ConfigError(f"$FORESIGHT_INNER_OPTIMIZER={name!r}: expected sgd or adamw")
+    return name
+
+
+def _env_float(name: str, default: float, minimum: float, *, exclusive: bool = False) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"${name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
+        raise ConfigError(f"${name}={value} must be {'above' if exclusive else 'at least'} {minimum}")
+    return value
 
 
 def _env_int(name: str, default: int | None, minimum: int) -> int:
@@ -101,6 +122,10 @@ class Job:
     #: ``optimizer.localSteps``: steps trained with the worker's own inner optimizer between
     #: exchanges (1: every step's gradient is pushed).
     local_steps: int = 1
+    #: ``optimizer.innerOptimizer``: the local steps' optimizer when the script passes none.
+    inner_optimizer: str = "adamw"
+    inner_learning_rate: float = 0.001
+    inner_weight_decay: float = 0.0
     #: Intra-op threads for torch (``foresight run`` shares the cores among its workers).
     torch_threads: int = 0
     token: str | None = field(default=None, repr=False)
@@ -135,6 +160,9 @@ class Job:
             pull_every=_env_int("FORESIGHT_PULL_EVERY", 1, 1),
             push_every=_env_int("FORESIGHT_PUSH_EVERY", 1, 1),
             local_steps=_env_int("FORESIGHT_LOCAL_STEPS", 1, 1),
+            inner_optimizer=_inner_optimizer(),
+            inner_learning_rate=_env_float("FORESIGHT_INNER_LEARNING_RATE", 0.001, 0.0, exclusive=True),
+            inner_weight_decay=_env_float("FORESIGHT_INNER_WEIGHT_DECAY", 0.0, 0.0),
             bf16=dtype == "bf16",
             deadline_seconds=float(_env_int("FORESIGHT_PS_DEADLINE_SECONDS", 300, 0)),
             report_every=_env_int("FORESIGHT_REPORT_EVERY", 20, 1),

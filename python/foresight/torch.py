@@ -10,7 +10,7 @@ Face's ``Trainer(optimizers=...)``, see ``foresight.transformers``) takes it; it
 unused: the parameter server applies the job's ``training.learningRate`` and schedule.
 
 With the job's ``optimizer.localSteps: H`` (low-communication training, DiLoCo) the worker does
-have a local optimizer, the user's own (``inner=``, e.g. AdamW): ``step()`` runs it, and every H
+have a local optimizer (the job's ``innerOptimizer``, or the user's own ``inner=``): ``step()`` runs it, and every H
 steps the pseudo-gradient θ_pulled − θ_local goes to the parameter server, which applies the
 job's rule to it as the outer step, and the worker continues from the server's model.
 """
@@ -38,9 +38,10 @@ class Optimizer(torch.optim.Optimizer):
     type gradients travel in; the parameter server keeps float32. ``steps_per_epoch`` drives the
     job's learning-rate schedule (``foresight.batches`` sets it).
 
-    ``inner`` is the worker's own optimizer over the same parameters, required when the job has
-    ``optimizer.localSteps`` above 1 and refused otherwise: it trains the local steps, and its
-    state (AdamW's moments) carries over from one exchange to the next, as in DiLoCo.
+    With the job's ``optimizer.localSteps`` above 1, the local steps are trained by ``inner``, an
+    optimizer over the same parameters, or when it is ``None`` by the job's
+    ``optimizer.innerOptimizer`` (AdamW at 0.001 by default); its state (AdamW's moments) carries
+    over from one exchange to the next, as in DiLoCo. ``inner`` is refused without local steps.
     """
 
     def __init__(
@@ -52,11 +53,6 @@ class Optimizer(torch.optim.Optimizer):
         inner: torch.optim.Optimizer | None = None,
     ) -> None:
         job = foresight.init()
-        if job.local_steps > 1 and inner is None:
-            raise ValueError(
-                f"the job trains optimizer.localSteps={job.local_steps} local steps between exchanges: pass the "
-                "optimizer that trains them, e.g. Optimizer(model, inner=torch.optim.AdamW(model.parameters()))"
-            )
         if job.local_steps == 1 and inner is not None:
             raise ValueError(
                 "inner= is for jobs with optimizer.localSteps above 1; this job pushes every step's gradient "
@@ -103,7 +99,7 @@ class Optimizer(torch.optim.Optimizer):
             job.seed,
             job.local_steps,
         )
-        self._inner = inner
+        self._inner = inner if inner is not None or job.local_steps == 1 else self._job_inner(job)
         job.native = self._native
         job.optimizer = self
         self.finished = False
@@ -159,6 +155,11 @@ class Optimizer(torch.optim.Optimizer):
         else:
             # One device-side concatenation, then one transfer into the pinned host buffer.
             self._grad.copy_(torch.cat([g.reshape(-1).float() for g in grads]))
+
+    def _job_inner(self, job: foresight.Job) -> torch.optim.Optimizer:
+        """The job's ``optimizer.innerOptimizer`` (AdamW at 0.001 unless it says otherwise)."""
+        rule = torch.optim.AdamW if job.inner_optimizer == "adamw" else torch.optim.SGD
+        return rule(self._params, lr=job.inner_learning_rate, weight_decay=job.inner_weight_decay)
 
     def _pseudo_gradient(self) -> None:
         """θ_pulled − θ_local into the gradient buffer: the model pulled last is still in the

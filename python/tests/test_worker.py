@@ -81,8 +81,6 @@ def test_local_steps_send_one_pseudo_gradient_and_the_ps_takes_its_outer_step(ps
     ps = ps_factory(workers=1, algorithm="asgd", learning_rate=outer_lr, momentum=mu, nesterov="true")
     job_env(ps, local_steps=h)
     model = tiny_model()
-    with pytest.raises(ValueError, match="localSteps=3 local steps between exchanges: pass the optimizer"):
-        foresight.torch.Optimizer(model)
     reference = tiny_model()  # the same initial weights, trained by plain torch below
     opt = foresight.torch.Optimizer(model, inner=torch.optim.SGD(model.parameters(), lr=0.1))
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
@@ -100,6 +98,17 @@ def test_local_steps_send_one_pseudo_gradient_and_the_ps_takes_its_outer_step(ps
         expected = theta0[name] - outer_lr * (delta + mu * m)
         assert torch.allclose(p.detach(), expected, atol=1e-6), name
     assert ps.status()["version"] == 1
+
+
+def test_local_steps_train_with_the_jobs_inner_optimizer_unless_the_script_passes_one(ps_factory, job_env):
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=0.5)
+    job_env(ps, local_steps=2, inner_optimizer="sgd", inner_learning_rate=0.25, inner_weight_decay=0.01)
+    opt = foresight.torch.Optimizer(tiny_model())
+    assert isinstance(opt._inner, torch.optim.SGD)
+    assert opt._inner.defaults["lr"] == 0.25 and opt._inner.defaults["weight_decay"] == 0.01
+    job_env(ps, local_steps=2, inner_optimizer="adam")
+    with pytest.raises(foresight.ConfigError, match="INNER_OPTIMIZER='adam': expected sgd or adamw"):
+        foresight.init()
 
 
 def test_an_inner_optimizer_without_local_steps_is_refused(ps_factory, job_env):

@@ -5,6 +5,7 @@
 mod data;
 mod evaluate;
 mod exit;
+mod inner;
 mod metrics;
 mod model;
 mod simulate;
@@ -70,10 +71,19 @@ struct Args {
     /// Push the accumulated gradient every N steps.
     #[arg(long, env = "FORESIGHT_PUSH_EVERY", default_value_t = 1)]
     push_every: u64,
-    /// The job's optimizer.localSteps. This worker pushes every step's gradient and has no inner
-    /// optimizer: anything above 1 is refused (the Python package runs local steps).
-    #[arg(long, env = "FORESIGHT_LOCAL_STEPS", default_value_t = 1)]
+    /// Local steps (DiLoCo-style): train N steps with the inner optimizer between exchanges,
+    /// then push the pseudo-gradient θ_pulled − θ_local; 1 pushes every step's gradient.
+    #[arg(long, env = "FORESIGHT_LOCAL_STEPS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     local_steps: u64,
+    /// The inner optimizer of local steps.
+    #[arg(long, env = "FORESIGHT_INNER_OPTIMIZER", value_enum, default_value_t = inner::InnerAlgorithm::AdamW)]
+    inner_optimizer: inner::InnerAlgorithm,
+    /// The inner optimizer's learning rate.
+    #[arg(long, env = "FORESIGHT_INNER_LEARNING_RATE", default_value_t = 0.001)]
+    inner_learning_rate: f64,
+    /// The inner optimizer's weight decay (AdamW: decoupled; SGD: L2).
+    #[arg(long, env = "FORESIGHT_INNER_WEIGHT_DECAY", default_value_t = 0.0)]
+    inner_weight_decay: f64,
     /// Gradient wire type.
     #[arg(long, env = "FORESIGHT_GRAD_DTYPE", value_enum, default_value_t = WireType::F32)]
     grad_dtype: WireType,
@@ -197,12 +207,23 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
     };
     let model =
         model::ModelSpec::parse(&args.model, args.model_path.as_deref()).map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(
-        args.local_steps <= 1,
-        "optimizer.localSteps is {}: the built-in worker has no inner optimizer and pushes every step's \
-         gradient; run local steps with a Python-package worker (docs/python.md)",
-        args.local_steps
-    );
+    let dtype = match args.grad_dtype {
+        WireType::F32 => GradDtype::F32,
+        WireType::Bf16 => GradDtype::Bf16,
+    };
+    let (cadence, inner) = if args.local_steps > 1 {
+        anyhow::ensure!(
+            (args.pull_every, args.push_every) == (1, 1),
+            "localSteps replaces pullEvery and pushEvery: leave them at 1"
+        );
+        let (lr, wd) = (args.inner_learning_rate, args.inner_weight_decay);
+        anyhow::ensure!(lr.is_finite() && lr > 0.0, "the inner learning rate must be > 0, got {lr}");
+        anyhow::ensure!(wd.is_finite() && wd >= 0.0, "the inner weight decay must be ≥ 0, got {wd}");
+        let config = inner::InnerConfig { algorithm: args.inner_optimizer, lr, weight_decay: wd };
+        (Cadence::local_steps(args.local_steps, dtype)?, Some(config))
+    } else {
+        (Cadence::new(args.pull_every, args.push_every, dtype)?, None)
+    };
     Ok(train::TrainConfig {
         ps_url: args.ps_url.clone(),
         token,
@@ -214,14 +235,8 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
         epochs: args.epochs,
         batch_size: args.batch_size,
         seed: args.seed,
-        cadence: Cadence::new(
-            args.pull_every,
-            args.push_every,
-            match args.grad_dtype {
-                WireType::F32 => GradDtype::F32,
-                WireType::Bf16 => GradDtype::Bf16,
-            },
-        )?,
+        cadence,
+        inner,
         ps_deadline: Duration::from_secs(args.ps_deadline_seconds),
         report_every: args.report_every.max(1),
         slowdown: args.slowdown,

@@ -17,6 +17,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::data::{Dataset, Examples, Format};
 use crate::exit::permanent;
+use crate::inner::{Inner, InnerConfig};
 use crate::metrics::WorkerMetrics;
 use crate::model::{Model, ModelSpec};
 
@@ -33,6 +34,8 @@ pub struct TrainConfig {
     pub batch_size: usize,
     pub seed: u64,
     pub cadence: Cadence,
+    /// With local steps (`cadence.local()`): the optimizer that trains them.
+    pub inner: Option<InnerConfig>,
     /// Give up when the PS has been unreachable this long.
     pub ps_deadline: Duration,
     pub report_every: u64,
@@ -211,6 +214,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         );
     }
     let mut ps = Exchange::new(session, &joined, cfg.cadence);
+    let mut local = cfg.inner.map(|c| LocalSteps { inner: Inner::new(c), pulled: Vec::new() });
     let mut window = Window { since: Instant::now(), samples: 0 };
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(cfg.worker as u64 * 7919));
     'epochs: for epoch in 0..cfg.epochs as u64 {
@@ -228,9 +232,22 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
             let t0 = Instant::now();
             if let Some(m) = ps.pull_if_due().map_err(pull_error)? {
                 load_params(&params, &m.values);
+                if let Some(l) = &mut local {
+                    l.pulled = m.values;
+                }
             }
             let (xs, ys) = (xs.to_device(device), ys.to_device(device));
-            let loss = backward(&mut model, &params, &xs, &ys, ps.grad_mut())?;
+            let loss = match &mut local {
+                None => backward(&mut model, &params, &xs, &ys, Some(ps.grad_mut()))?,
+                Some(l) => {
+                    let loss = backward(&mut model, &params, &xs, &ys, None)?;
+                    l.inner.step(&params);
+                    if ps.push_due_next() {
+                        l.pseudo_gradient(&params, ps.grad_mut())?;
+                    }
+                    loss
+                }
+            };
             let at = pos.epoch_at(ps.step() + 1);
             let end = ps
                 .end_step(Some(at))
@@ -285,13 +302,31 @@ fn pull_error(e: ClientError) -> anyhow::Error {
     if matches!(e, ClientError::OtherModel) { permanent(e) } else { e.into() }
 }
 
-/// Forward and backward on one batch; adds the gradients to `grad` and returns the loss.
+/// A worker's local steps between exchanges: the inner optimizer and the model pulled last.
+struct LocalSteps {
+    inner: Inner,
+    pulled: Vec<f32>,
+}
+
+impl LocalSteps {
+    /// θ_pulled − θ_local into `out`: what the exchange pushes after the local steps.
+    fn pseudo_gradient(&self, params: &[(String, Tensor)], out: &mut [f32]) -> anyhow::Result<()> {
+        let now = flat_params(params)?;
+        for ((o, p), x) in out.iter_mut().zip(&self.pulled).zip(now) {
+            *o = p - x;
+        }
+        Ok(())
+    }
+}
+
+/// Forward and backward on one batch; adds the gradients to `grad` when given (with local steps
+/// they stay on the parameters for the inner optimizer) and returns the loss.
 fn backward(
     model: &mut Model,
     params: &[(String, Tensor)],
     xs: &Tensor,
     ys: &Tensor,
-    grad: &mut [f32],
+    grad: Option<&mut [f32]>,
 ) -> anyhow::Result<f64> {
     for (_, p) in params {
         let mut g = p.grad();
@@ -301,7 +336,9 @@ fn backward(
     }
     let loss = model.forward(xs, true)?.cross_entropy_for_logits(ys);
     loss.backward();
-    add_grads(params, grad)?;
+    if let Some(grad) = grad {
+        add_grads(params, grad)?;
+    }
     Ok(loss.double_value(&[]))
 }
 

@@ -87,5 +87,12 @@ pub fn worker_env(spec: &TrainingJobSpec, job: &str, namespace: &str, ps_url: &s
     if let Some(h) = spec.optimizer.local_steps.filter(|&h| h > 1) {
         push(&mut env, "FORESIGHT_LOCAL_STEPS", h);
     }
+    if let Some(inner) = &spec.optimizer.inner_optimizer {
+        push(&mut env, "FORESIGHT_INNER_OPTIMIZER", inner.algorithm.as_str());
+        push(&mut env, "FORESIGHT_INNER_LEARNING_RATE", inner.learning_rate);
+        if let Some(wd) = inner.weight_decay {
+            push(&mut env, "FORESIGHT_INNER_WEIGHT_DECAY", wd);
+        }
+    }
     env
 }

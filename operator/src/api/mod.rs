@@ -115,7 +115,7 @@ pub(crate) const NAME_MESSAGE: &str = "metadata.name must be at most 50 characte
 #[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.replicas"])).message("parameterServer.replicas cannot change after the job is created (the model is split by it; each shard's checkpoints hold its slice); create a new TrainingJob").field_path(".parameterServer"))]
 #[x_kube(validation = Rule::new(transitions::unchanged(&["parameterServer.checkpoint.storage"])).message("parameterServer.checkpoint.storage cannot change after the job is created (adding it restarts a parameter server whose memory holds the model, removing it drops the checkpoints); create a new TrainingJob").field_path(".parameterServer"))]
 #[x_kube(validation = Rule::new("!has(self.dataset.volume) || !has(self.workers.pod) || !has(self.workers.pod.volumeMounts) || self.workers.pod.volumeMounts.all(m, m.mountPath != self.dataset.path)").message("the dataset's volume is mounted at dataset.path").field_path(".workers.pod.volumeMounts"))]
-#[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_TEMPLATE_FIELDS)).message("workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery, optimizer.pushEvery and optimizer.localSteps change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
+#[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_TEMPLATE_FIELDS)).message("workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, optimizer.pullEvery, pushEvery, localSteps and innerOptimizer change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers"))]
 #[x_kube(validation = Rule::new(transitions::unless_suspended(&transitions::WORKER_POD_FIELDS)).message("workers.pod labels, annotations, nodeSelector, tolerations, priorityClassName, serviceAccountName, automountServiceAccountToken, imagePullSecrets and env change only with runPolicy.suspend: true (a running worker Job's pod template is immutable; the operator recreates the suspended workers with the new one)").field_path(".workers.pod"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobSpec {
@@ -346,6 +346,43 @@ impl Algorithm {
     }
 }
 
+/// The optimizer that trains a worker's local steps (`optimizer.localSteps`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum InnerAlgorithm {
+    #[serde(rename = "sgd")]
+    Sgd,
+    #[default]
+    #[serde(rename = "adamw")]
+    AdamW,
+}
+
+impl InnerAlgorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sgd => "sgd",
+            Self::AdamW => "adamw",
+        }
+    }
+}
+
+/// The built-in worker's inner optimizer for local steps, and the Python package's when the
+/// script passes none of its own (`Optimizer(model, inner=...)` overrides it).
+#[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InnerOptimizerSpec {
+    /// sgd or adamw (the default, as DiLoCo).
+    #[serde(default)]
+    pub algorithm: InnerAlgorithm,
+    /// > 0 (default 0.001).
+    #[serde(default = "defaults::inner_learning_rate")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("must be > 0"))]
+    pub learning_rate: f64,
+    /// Decoupled weight decay (adamw) or L2 (sgd), ≥ 0 (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
+    pub weight_decay: Option<f64>,
+}
+
 /// The update rule the parameter server applies, and how often workers talk to it.
 #[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.lambda0) || self.algorithm in ['dc-asgd-c', 'dc-asgd-a']").message("lambda0 only applies to dc-asgd-c and dc-asgd-a").field_path(".lambda0"))]
@@ -355,6 +392,7 @@ impl Algorithm {
 #[x_kube(validation = Rule::new("self.pushEvery < 1 || self.pullEvery % self.pushEvery == 0").message("pullEvery must be a multiple of pushEvery: the steps accumulated into one push must all be computed on the model pulled before them").field_path(".pullEvery"))]
 #[x_kube(validation = Rule::new("self.algorithm != 'sync' || self.pullEvery == self.pushEvery").message("under sync pullEvery must equal pushEvery: each round's model is pulled before the next gradient is computed").field_path(".pullEvery"))]
 #[x_kube(validation = Rule::new("!has(self.nesterov) || !self.nesterov || (has(self.momentum) && self.momentum > 0.0)").message("nesterov needs a momentum > 0").field_path(".nesterov"))]
+#[x_kube(validation = Rule::new("!has(self.innerOptimizer) || (has(self.localSteps) && self.localSteps > 1)").message("innerOptimizer trains local steps: it needs localSteps above 1").field_path(".innerOptimizer"))]
 #[x_kube(validation = Rule::new("!has(self.localSteps) || self.localSteps == 1 || (self.pullEvery == 1 && self.pushEvery == 1)").message("localSteps replaces pullEvery and pushEvery (a worker pulls and pushes once per localSteps steps): leave them at 1").field_path(".localSteps"))]
 #[serde(rename_all = "camelCase")]
 pub struct OptimizerSpec {
@@ -395,10 +433,14 @@ pub struct OptimizerSpec {
     /// inner optimizer between exchanges, then pushes its pseudo-gradient θ_pulled − θ_local
     /// once; the parameter server applies the rule to it as the outer step (so
     /// training.learningRate is the outer learning rate). 1 or absent: every step's gradient is
-    /// pushed. Python-package workers only (the built-in worker refuses more than 1).
+    /// pushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub local_steps: Option<u32>,
+    /// The optimizer of the local steps (default: adamw, learning rate 0.001); localSteps above
+    /// 1 only. A Python worker that passes its own (`inner=`) uses that instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inner_optimizer: Option<InnerOptimizerSpec>,
     /// L2 weight decay, ≥ 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
@@ -426,6 +468,7 @@ impl Default for OptimizerSpec {
             momentum: None,
             nesterov: None,
             local_steps: None,
+            inner_optimizer: None,
             backup_workers: None,
             sync_round_timeout_seconds: None,
             weight_decay: None,
@@ -739,6 +782,9 @@ mod defaults {
     }
     pub fn one() -> u32 {
         1
+    }
+    pub fn inner_learning_rate() -> f64 {
+        0.001
     }
 }
 

@@ -110,6 +110,10 @@ fn every_rule_names_its_field() {
         ("optimizer.momentum", |s| s.optimizer.momentum = Some(1.0)),
         ("optimizer.nesterov", |s| s.optimizer.nesterov = Some(true)),
         ("optimizer.localSteps", |s| s.optimizer.local_steps = Some(0)),
+        ("optimizer.innerOptimizer", |s| s.optimizer.inner_optimizer = Some(inner(0.001))),
+        ("optimizer.innerOptimizer.learningRate", |s| {
+            (s.optimizer.local_steps, s.optimizer.inner_optimizer) = (Some(10), Some(inner(0.0)))
+        }),
         ("optimizer.localSteps", |s| {
             (s.optimizer.local_steps, s.optimizer.pull_every, s.optimizer.push_every) = (Some(10), 2, 2)
         }),
@@ -166,6 +170,10 @@ fn every_rule_names_its_field() {
         assert!(errs.iter().any(|e| e.field == *field), "{field}: {errs:?}");
         assert!(errs.iter().all(|e| !e.message.is_empty()));
     }
+}
+
+fn inner(learning_rate: f64) -> InnerOptimizerSpec {
+    InnerOptimizerSpec { algorithm: InnerAlgorithm::AdamW, learning_rate, weight_decay: None }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 /// Fields of the workers' pod template, below the spec: they change only while the job is
 /// suspended (`api::validate_update` checks the same lists). Two lists, two rules: the API
 /// server caps each rule's estimated cost, and one rule comparing all of them exceeds it.
-pub const WORKER_TEMPLATE_FIELDS: [&str; 12] = [
+pub const WORKER_TEMPLATE_FIELDS: [&str; 13] = [
     "workers.image",
     "workers.command",
     "workers.args",
@@ -18,6 +18,7 @@ pub const WORKER_TEMPLATE_FIELDS: [&str; 12] = [
     "optimizer.pullEvery",
     "optimizer.pushEvery",
     "optimizer.localSteps",
+    "optimizer.innerOptimizer",
 ];
 
 /// The parts of `workers.pod` the rules compare. Its volumes, mounts, affinity and `envFrom`

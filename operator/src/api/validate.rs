@@ -141,6 +141,26 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
                 .into(),
         );
     }
+    if let Some(inner) = &o.inner_optimizer {
+        check(
+            o.local_steps.is_some_and(|h| h > 1),
+            "optimizer.innerOptimizer",
+            "trains local steps: it needs localSteps above 1".into(),
+        );
+        let lr = inner.learning_rate;
+        check(
+            lr.is_finite() && lr > 0.0,
+            "optimizer.innerOptimizer.learningRate",
+            format!("must be > 0, got {lr}"),
+        );
+        if let Some(wd) = inner.weight_decay {
+            check(
+                wd.is_finite() && wd >= 0.0,
+                "optimizer.innerOptimizer.weightDecay",
+                format!("must be ≥ 0, got {wd}"),
+            );
+        }
+    }
     if let Some(wd) = o.weight_decay {
         check(wd.is_finite() && wd >= 0.0, "optimizer.weightDecay", format!("must be ≥ 0, got {wd}"));
     }
@@ -402,13 +422,14 @@ pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(
             (w.command.clone(), w.args.clone()),
             (w.node_selector.clone(), w.tolerations.clone()),
             (s.training.epochs, s.optimizer.pull_every, s.optimizer.push_every, s.optimizer.local_steps),
+            s.optimizer.inner_optimizer.clone(),
         )
     };
     frozen(
         suspended || template(old) == template(new),
         "workers",
         "workers.image, command, args, gpus, gpuResource, resources, nodeSelector, tolerations, training.epochs, \
-         optimizer.pullEvery, optimizer.pushEvery and optimizer.localSteps change only with runPolicy.suspend: true",
+         optimizer.pullEvery, pushEvery, localSteps and innerOptimizer change only with runPolicy.suspend: true",
     );
     // Not volumes, volumeMounts, affinity or envFrom: see `transitions::WORKER_POD_FIELDS`.
     let pod = |s: &TrainingJobSpec| {
