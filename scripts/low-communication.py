@@ -21,7 +21,7 @@ and the bytes they carried (pushes × the model's F32 bytes, read from the final
 the wall time. Pulls are one per push in every mode here (pullEvery 1, or one per H steps), so
 the bytes pulled are the same multiple.
 
-Usage: scripts/low-communication.py [--seeds 1,2] [--sync-h 1,10,50] [--async-h 10,50]
+Usage: scripts/low-communication.py [--seeds 1,2] [--sync-h 10,50] [--async-h 10,50]
                                     [--async-lr 0.5] [--bin target/release] [--out out/low-comm]
                                     [--doc docs/convergence.md]
 """
@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -57,7 +58,8 @@ def spec(base: str, seed: int, algorithm: str | None = None, lr: float | None = 
     if algorithm:
         text = text.replace("algorithm: sync", f"algorithm: {algorithm}")
     if lr is not None:
-        text = re.sub(r"learningRate: [0-9.]+", f"learningRate: {lr}", text)
+        # training.learningRate (indented 4), not innerOptimizer's (indented 6).
+        text = re.sub(r"^    learningRate: [0-9.]+$", f"    learningRate: {lr}", text, flags=re.M)
     if h is not None:
         text = text.replace("localSteps: 10", f"localSteps: {h}")
     if not momentum:
@@ -67,7 +69,8 @@ def spec(base: str, seed: int, algorithm: str | None = None, lr: float | None = 
 
 def run(args, name: str, text: str) -> dict:
     out = args.out / name
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # a rerun starts afresh, not from the last run's checkpoints
+    out.mkdir(parents=True)
     job = out / "job.yaml"
     job.write_text(text)
     started = time.monotonic()
@@ -96,7 +99,7 @@ def run(args, name: str, text: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="1,2")
-    ap.add_argument("--sync-h", default="1,10,50")
+    ap.add_argument("--sync-h", default="10,50")
     ap.add_argument("--async-h", default="10,50")
     ap.add_argument("--async-lr", type=float, default=0.5)
     ap.add_argument("--bin", type=Path, default=ROOT / "target" / "release")
