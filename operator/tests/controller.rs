@@ -875,9 +875,15 @@ fn a_parameter_server_a_quota_refuses_is_reported_as_such() {
     });
     let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
     apply_job(cp, &ns, "capped", json!({"workers": {"replicas": 1}}));
-    let st = wait_for("FailedCreate in the status", LONG, || {
+    // The quota refuses the workers' pods too, and the Job controller's event can come before
+    // the Deployment's ReplicaFailure: the status names the workers first, then the parameter
+    // server (its trouble comes first once both are known, since workers fail for want of it).
+    let st = wait_for("the parameter server's FailedCreate in the status", LONG, || {
         let s = status(cp, &ns, "capped");
-        (s["reason"] == "FailedCreate").then_some(s)
+        let names_ps = condition(&s, "PodsFailing")["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("parameter server"));
+        (s["reason"] == "FailedCreate" && names_ps).then_some(s)
     });
     let message = condition(&st, "PodsFailing")["message"].as_str().unwrap().to_string();
     assert!(
