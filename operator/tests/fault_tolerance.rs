@@ -315,7 +315,14 @@ fn a_killed_shard_comes_back_from_its_checkpoint_while_the_other_keeps_serving()
     let shard1 = targets[1]["targets"][0].as_str().unwrap().to_string();
     let version = |addr: &str| status(addr, token).and_then(|s| s["version"].as_u64());
     let ckpts = run.out.join("checkpoints/shard-1");
-    wait("a checkpoint of shard 1", || std::fs::read_dir(&ckpts).ok()?.flatten().next().map(|_| ()));
+    // A finished checkpoint, not the temporary file of one being written: a shard killed before
+    // its first checkpoint is complete has nothing to restore (its workers re-seed it instead).
+    let finished = || {
+        let names =
+            std::fs::read_dir(&ckpts).ok()?.flatten().filter_map(|e| e.file_name().into_string().ok());
+        names.filter(|n| n.starts_with("ckpt-") && n.ends_with(".safetensors")).map(|_| ()).next()
+    };
+    wait("a finished checkpoint of shard 1", finished);
     wait("shard 1 at version ≥ 20", || version(&shard1).filter(|v| *v >= 20));
     let pid = pids_with(token, "FORESIGHT_PS_LISTEN", &shard1);
     assert_eq!(pid.len(), 1, "one process is shard 1: {pid:?}");
