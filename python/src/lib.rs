@@ -89,17 +89,8 @@ impl Worker {
         local_steps: u64,
     ) -> PyResult<Self> {
         let dtype = if bf16 { GradDtype::Bf16 } else { GradDtype::F32 };
-        let cadence = if local_steps > 1 {
-            if (pull_every, push_every) != (1, 1) {
-                return Err(PyValueError::new_err(
-                    "local_steps replaces pull_every and push_every: leave them at 1",
-                ));
-            }
-            Cadence::local_steps(local_steps, dtype)
-        } else {
-            Cadence::new(pull_every, push_every, dtype)
-        }
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let cadence = Cadence::for_job(pull_every, push_every, local_steps, dtype)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         if !(deadline_seconds.is_finite() && deadline_seconds >= 0.0) {
             return Err(PyValueError::new_err("deadline_seconds must be a non-negative number"));
         }

@@ -211,18 +211,16 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
         WireType::F32 => GradDtype::F32,
         WireType::Bf16 => GradDtype::Bf16,
     };
-    let (cadence, inner) = if args.local_steps > 1 {
-        anyhow::ensure!(
-            (args.pull_every, args.push_every) == (1, 1),
-            "localSteps replaces pullEvery and pushEvery: leave them at 1"
-        );
-        let (lr, wd) = (args.inner_learning_rate, args.inner_weight_decay);
-        anyhow::ensure!(lr.is_finite() && lr > 0.0, "the inner learning rate must be > 0, got {lr}");
-        anyhow::ensure!(wd.is_finite() && wd >= 0.0, "the inner weight decay must be ≥ 0, got {wd}");
-        let config = inner::InnerConfig { algorithm: args.inner_optimizer, lr, weight_decay: wd };
-        (Cadence::local_steps(args.local_steps, dtype)?, Some(config))
-    } else {
-        (Cadence::new(args.pull_every, args.push_every, dtype)?, None)
+    let cadence = Cadence::for_job(args.pull_every, args.push_every, args.local_steps, dtype)?;
+    // Local steps train with the worker's own optimizer between exchanges.
+    let inner = match cadence.local() {
+        Some(_) => {
+            let (lr, wd) = (args.inner_learning_rate, args.inner_weight_decay);
+            anyhow::ensure!(lr.is_finite() && lr > 0.0, "the inner learning rate must be > 0, got {lr}");
+            anyhow::ensure!(wd.is_finite() && wd >= 0.0, "the inner weight decay must be ≥ 0, got {wd}");
+            Some(inner::InnerConfig { algorithm: args.inner_optimizer, lr, weight_decay: wd })
+        }
+        None => None,
     };
     Ok(train::TrainConfig {
         ps_url: args.ps_url.clone(),

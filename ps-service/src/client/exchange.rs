@@ -55,6 +55,25 @@ impl Cadence {
         Ok(Self { pull_every: h, push_every: h, dtype, kind: Pushes::PseudoGradient })
     }
 
+    /// A job's cadence from its settings: `local_steps > 1` trains that many local steps per
+    /// exchange and replaces `pull_every`/`push_every`, which must then be left at 1.
+    pub fn for_job(
+        pull_every: u64,
+        push_every: u64,
+        local_steps: u64,
+        dtype: GradDtype,
+    ) -> Result<Self, ClientError> {
+        if local_steps <= 1 {
+            return Self::new(pull_every, push_every, dtype);
+        }
+        if (pull_every, push_every) != (1, 1) {
+            return Err(ClientError::Config(
+                "localSteps replaces pullEvery and pushEvery: leave them at 1".into(),
+            ));
+        }
+        Self::local_steps(local_steps, dtype)
+    }
+
     /// Every step, F32 gradients.
     pub fn every_step() -> Self {
         Self { pull_every: 1, push_every: 1, dtype: GradDtype::F32, kind: Pushes::MeanGradient }
@@ -273,5 +292,22 @@ impl Exchange {
 
     pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {
         self.session.report(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jobs_local_steps_replace_its_pull_and_push_cadence() {
+        let every = Cadence::for_job(2, 1, 1, GradDtype::F32).unwrap();
+        assert_eq!(every, Cadence::new(2, 1, GradDtype::F32).unwrap());
+        assert_eq!(every.local(), None);
+        let local = Cadence::for_job(1, 1, 8, GradDtype::Bf16).unwrap();
+        assert_eq!(local.local(), Some(8));
+        let err = Cadence::for_job(2, 1, 8, GradDtype::F32).unwrap_err().to_string();
+        assert!(err.contains("localSteps replaces pullEvery and pushEvery"), "{err}");
+        assert!(Cadence::for_job(3, 2, 1, GradDtype::F32).is_err(), "the every-step rules still hold");
     }
 }
