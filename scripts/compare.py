@@ -24,6 +24,11 @@ on a cluster. Foresight's parameter server is not capped (it shares the same cor
 Usage: scripts/compare.py [--seeds 2] [--epochs 12] [--targets 0.95,0.97] [--out out/compare]
                           [--doc docs/comparison.md] [--foresight target/release/foresight]
                           [--worker-cpus auto|0|F] [--slice-period-ms 10]
+                          [--scaling lenet5:2,resnet20:1]
+
+Besides time to target, it reports parallel efficiency (speed-up over the single process / M),
+where a Foresight worker's step goes (each worker's `phases` in summary.json) and the PS's CPU,
+and, with `--scaling`, the step efficiency of Foresight alone at M = 1 and M = workers.
 """
 
 import argparse
@@ -335,27 +340,28 @@ def run_torch(args, name, seed, split, world, lr, slow, init="foresight", warmup
 # --- the Foresight side --------------------------------------------------------------------
 
 
-def job_yaml(args, name, seed):
+def job_yaml(args, name, seed, model="lenet5", epochs=None, workers=None):
     return (
         "apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\n"
         f"metadata: {{name: {name}}}\n"
         "spec:\n"
-        "  model: {name: lenet5}\n"
+        f"  model: {{name: {model}}}\n"
         f"  dataset: {{format: csv, path: {args.data}, holdout: {args.holdout}}}\n"
-        f"  training: {{epochs: {args.epochs}, batchSize: {args.batch}, learningRate: {args.lr}, seed: {seed},\n"
+        f"  training: {{epochs: {epochs or args.epochs}, batchSize: {args.batch}, learningRate: {args.lr}, seed: {seed},\n"
         f"    lrDecay: {{factor: {args.lr_factor}, milestones: {json.dumps(args.milestones)}}}}}\n"
         "  optimizer: {algorithm: dc-asgd-a, lambda0: 2.0, meanSquareDecay: 0.95}\n"
-        f"  workers: {{replicas: {args.workers}}}\n"
+        f"  workers: {{replicas: {workers or args.workers}}}\n"
     )
 
 
-def run_foresight(args, name, seed, slow):
+def run_foresight(args, name, seed, slow, **job):
+    """`foresight run` of the comparison's job (`job`: another model, epochs or worker count)."""
     out = os.path.join(args.out, name)
     subprocess.run(["rm", "-rf", out], check=True)
     os.makedirs(out)
     path = os.path.join(out, "job.yaml")
     with open(path, "w") as f:
-        f.write(job_yaml(args, name, seed))
+        f.write(job_yaml(args, name, seed, **job))
     # The PS's own model, snapshotted once per epoch of data (every worker's batches together), is
     # what reaches a target: the same granularity as DDP's per-epoch evaluation.
     per_epoch = max(1, round(args.train_examples / args.batch))
@@ -370,7 +376,7 @@ def run_foresight(args, name, seed, slow):
     with open(os.path.join(out, "run", "summary.json")) as f:
         s = json.load(f)
     s["evaluations"] = [(p["seconds"], p["epoch"], p["accuracy"]) for p in s["curve"]]
-    s["started"] = first_step(os.path.join(out, "run", "logs"), args.workers) - t_launch
+    s["started"] = first_step(os.path.join(out, "run", "logs"), job.get("workers") or args.workers) - t_launch
     print(f"{name}: accuracy {s['accuracy']:.4f} in {s['seconds']:.1f}s, tau p50 {s['staleness']['p50']} "
           f"p99 {s['staleness']['p99']}", flush=True)
     return s
@@ -406,6 +412,111 @@ def time_to(evaluations, target, acc_index=2):
     return min(hits) if hits else None
 
 
+PHASES = ["batch", "pull", "load", "compute", "gather", "push", "report", "evaluate", "slowdown"]
+
+
+def steps_per_second(r):
+    """Training steps per second of the whole run, its loop only (evaluations included, start-up
+    and the final pull left out). Foresight: every worker's steps over its loop's time (the sum of
+    its phases), summed over workers. PyTorch: rank 0's steps over launch-to-end less start-up,
+    times the ranks (all step together)."""
+    if "per_worker" in r:
+        return sum(d["steps"] / sum(d["phases"].values()) for d in r["per_worker"] if d.get("phases"))
+    return r["steps"] * len(r["ranks"]) / (r["seconds"] - r["started"])
+
+
+def measured(r):
+    """What the efficiency and phase tables need of a run."""
+    return dict(seconds=r["seconds"], steps_per_second=steps_per_second(r), phases=phase_split(r),
+                ps_cpu=r.get("ps_cpu_seconds"), updates=r.get("updates"))
+
+
+def phase_split(r):
+    """Foresight: milliseconds per step in each phase of the worker's loop, over all workers."""
+    done = [d for d in r.get("per_worker", []) if d.get("phases")]
+    steps = sum(d["steps"] for d in done)
+    if not steps:
+        return None
+    return {p: 1e3 * sum(d["phases"][p] for d in done) / steps for p in PHASES}
+
+
+def efficiency_lines(args, rows):
+    """Speed-up over one worker's machine and parallel efficiency (speed-up / M), by time to
+    target and by steps per second, for each distributed run against the single process."""
+    by = {(r["run"], r["seed"]): r for r in rows}
+    L = ["", f"Parallel efficiency: how much of {args.workers} machines' compute each distributed run turns into "
+         f"progress, against the single process (one machine of the same size, lr {args.lr:g}, same seed). "
+         "*speed-up to p* = the single process's training time to p over the run's; *efficiency* = speed-up / "
+         f"{args.workers}. *steps/s* = training steps per second over the loop (Foresight: every worker's steps "
+         "over the time its loop took, summed; DDP and single: steps over launch-to-end less start-up, times the "
+         "ranks); *step efficiency* = the run's steps/s over "
+         f"{args.workers} × the single process's: the hardware side alone, whatever a step is worth. `—`: one side "
+         "did not reach p.", "",
+         "| run | seed | steps/s | step efficiency | " + " | ".join(
+             f"speed-up to {t:.0%} | efficiency" for t in args.targets) + " |",
+         "|---|---|---|---|" + "---|---|" * len(args.targets)]
+    for r in rows:
+        single = by.get(("single process", r["seed"]))
+        if single is None or r["run"].startswith("single"):
+            continue
+        cells = []
+        for t in args.targets:
+            up = ratio(single["tt_train"][t], r["tt_train"][t])
+            cells += [fmt(up, ".2f"), fmt(None if up is None else up / args.workers, ".2f")]
+        step_eff = r["steps_per_second"] / (args.workers * single["steps_per_second"])
+        L.append(f"| {r['run']} | {r['seed']} | {r['steps_per_second']:.1f} | {step_eff:.2f} | "
+                 + " | ".join(cells) + " |")
+    single = [r for r in rows if r["run"] == "single process"]
+    L += ["", "The single process: " + ", ".join(f"seed {r['seed']} {r['steps_per_second']:.1f} steps/s" for r in single)
+          + "."]
+    return L
+
+
+def phase_lines(args, rows):
+    """Where a Foresight worker's time goes, per step, and the PS's CPU."""
+    cores = os.cpu_count()
+    L = ["", "Where a Foresight worker's loop spends its time, in milliseconds per step averaged over all workers' "
+         "steps (`summary.json`'s `per_worker[].phases`, measured by each worker; the phases cover the loop, so "
+         "they add up to its time), and the parameter server's CPU (`ps_cpu_seconds`: its "
+         f"`process_cpu_seconds_total` at the end; *share* = of the machine's {cores} cores over the run's wall "
+         "time).", "",
+         "| run | seed | " + " | ".join(PHASES) + " | step | PS CPU s | PS ms per update | PS share |",
+         "|---|---|" + "---|" * len(PHASES) + "---|---|---|---|"]
+    for r in rows:
+        ph = r.get("phases")
+        if not ph:
+            continue
+        ps = r["ps_cpu"]
+        L.append(f"| {r['run']} | {r['seed']} | " + " | ".join(f"{ph[p]:.1f}" for p in PHASES)
+                 + f" | {sum(ph.values()):.1f} | {fmt(ps)} | {fmt(ps and 1e3 * ps / max(r['updates'], 1), '.2f')} | "
+                 + f"{fmt(ps and ps / (r['seconds'] * cores), '.2f')} |")
+    return L
+
+
+def scaling_lines(args, scaling):
+    """Foresight alone at M = 1 and M = workers, each worker in its slice: how the step rate
+    scales, on LeNet-5 and on a model whose step is mostly compute."""
+    if not scaling:
+        return []
+    by = {(r["model"], r["workers"]): r for r in scaling}
+    L = ["", f"Step efficiency of Foresight alone (`--scaling`): the same job at M = 1 and M = {args.workers}, "
+         "seed 1, each worker in its slice; *step efficiency* = steps/s at M over M × steps/s at M = 1 (the "
+         "same implementation on both sides); *local share* = the part of a worker's step a process training "
+         "alone would also spend (batch, compute, evaluate) over the whole step; phases in ms per step as above.",
+         "", "| model | epochs | M | steps/s | step efficiency | " + " | ".join(PHASES)
+         + " | step | local share | PS ms per update | PS share |",
+         "|---|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|---|"]
+    cores, epochs = os.cpu_count(), dict(args.scaling)
+    for r in scaling:
+        one, ph, ps = by[(r["model"], 1)], r["phases"], r["ps_cpu"]
+        eff = r["steps_per_second"] / (r["workers"] * one["steps_per_second"])
+        local = (ph["batch"] + ph["compute"] + ph["evaluate"]) / sum(ph.values())
+        L.append(f"| {r['model']} | {epochs[r['model']]} | {r['workers']} | {r['steps_per_second']:.1f} | {eff:.2f} | "
+                 + " | ".join(f"{ph[p]:.1f}" for p in PHASES) + f" | {sum(ph.values()):.1f} | {local:.2f} | "
+                 + f"{fmt(ps and 1e3 * ps / max(r['updates'], 1), '.2f')} | {fmt(ps and ps / (r['seconds'] * cores), '.2f')} |")
+    return L
+
+
 def fmt(x, spec=".1f"):
     return "—" if x is None else format(x, spec)
 
@@ -431,7 +542,7 @@ def ratio_cell(f, d, key):
     return f"{tf / td:.2f}"
 
 
-def write_doc(args, rows, checks, wall, load):
+def write_doc(args, rows, checks, scaling, wall, load):
     """The generated part of args.doc: table, ratios, what each figure is, command and machine."""
     pct = [f"{t:.0%}" for t in args.targets]
     L = [f"Command: `{' '.join(args.argv)}` — {wall / 60:.1f} min wall, "
@@ -467,6 +578,9 @@ def write_doc(args, rows, checks, wall, load):
                     rf, rd = by[(f, seed)], by[(d, seed)]
                     cells.append(ratio_cell(dict(rf, **{key: rf[key][t]}), dict(rd, **{key: rd[key][t]}), key))
             L.append(f"| {seed} | {t:.0%} | " + " | ".join(cells) + " |")
+    L += efficiency_lines(args, rows)
+    L += phase_lines(args, rows)
+    L += scaling_lines(args, scaling)
     L += ["", "Same held-out set, checked: Foresight's final model evaluated in PyTorch on the indices the "
           "PyTorch runs hold out scores " + ", ".join(f"{o:.3f} (summary.json: {s:.3f}, {'ok' if ok else 'MISMATCH'})"
                                                      for o, s, ok in checks) + ".", "",
@@ -549,6 +663,10 @@ def main():
     ap.add_argument("--slice-period-ms", type=float, default=10,
                     help="CFS period of the slices: a slice runs at most worker-cpus × this per period, "
                          "so a longer one throttles in longer stalls (the kernel's floor: a 1 ms quota)")
+    ap.add_argument("--scaling", default="lenet5:2,resnet20:1",
+                    type=lambda s: [(m, int(e)) for m, e in (x.split(":") for x in s.split(",") if x)],
+                    help="model:epochs pairs trained by Foresight alone at M = 1 and M = workers for the step "
+                         "efficiency table; empty: none")
     ap.add_argument("--split-target", default="target/split", help="cargo target dir for scripts/split")
     args = ap.parse_args()
     args.argv = ["scripts/compare.py"] + sys.argv[1:]
@@ -604,16 +722,20 @@ def compare(args):
             tt = {t: time_to(r["evaluations"], t) for t in args.targets}
             rows.append(dict(run=label, seed=seed, lr=lr, start=r["started"], tt=tt,
                              tt_train={t: None if v is None else v - r["started"] for t, v in tt.items()},
-                             acc=r["accuracy"], seconds=r["seconds"]))
+                             acc=r["accuracy"], **measured(r)))
             if label == "foresight dc-asgd-a":
                 ours, ok = check_split(r, split, xs, ys)
                 checks.append((ours, r["accuracy"], ok))
                 print(f"split check, seed {seed}: PyTorch scores Foresight's final model {ours:.4f}, "
                       f"summary {r['accuracy']:.4f}: {'ok' if ok else 'MISMATCH'}", flush=True)
 
+    scaling = [dict(model=model, workers=m, **measured(run_foresight(
+                   args, f"scaling-{model}-m{m}", 1, False, model=model, epochs=epochs, workers=m)))
+               for model, epochs in args.scaling for m in (1, args.workers)]
+
     wall = time.time() - t0
     args.throttled = args.slices.throttled() if args.slices else []
-    write_doc(args, rows, checks, wall, (f"{load0:.1f}", f"{os.getloadavg()[0]:.1f}"))
+    write_doc(args, rows, checks, scaling, wall, (f"{load0:.1f}", f"{os.getloadavg()[0]:.1f}"))
     print("\n" + f"{'run':32} {'seed':>4} {'lr':>9} {'start':>6} "
           + " ".join(f"{'→' + format(t, '.0%'):>7} {'train':>6}" for t in args.targets) + f" {'acc':>6} {'wall':>6}")
     for r in rows:

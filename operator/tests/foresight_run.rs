@@ -68,6 +68,21 @@ fn four_dc_asgd_a_workers_train_and_write_every_output() {
     assert_eq!(summary["staleness"]["count"], summary["updates"]);
     assert_eq!(summary["per_worker"].as_array().unwrap().len(), 4);
     assert!(summary["staleness_histogram"].as_array().unwrap().len() > 5);
+    // Where each worker's time went: every phase of its loop, adding up to about its training
+    // time (its `seconds` also hold loading the data and the final pull and evaluation).
+    for done in summary["per_worker"].as_array().unwrap() {
+        let phases = done["phases"].as_object().unwrap_or_else(|| panic!("no phases: {done}"));
+        let sum: f64 = phases.values().map(|v| v.as_f64().unwrap()).sum();
+        let seconds = done["seconds"].as_f64().unwrap();
+        assert!(sum > 0.0 && sum <= seconds, "phases {sum} s of a {seconds} s run: {done}");
+        for phase in ["pull", "compute", "gather", "push", "evaluate"] {
+            assert!(phases[phase].as_f64().unwrap() > 0.0, "{phase}: {done}");
+        }
+        assert_eq!(phases["slowdown"], 0.0, "no straggler was asked for");
+    }
+    let (ps_cpu, wall) = (summary["ps_cpu_seconds"].as_f64().unwrap(), summary["seconds"].as_f64().unwrap());
+    let cores = std::thread::available_parallelism().unwrap().get() as f64;
+    assert!(ps_cpu > 0.0 && ps_cpu < wall * cores, "PS CPU {ps_cpu} s in {wall} s: {summary}");
 
     // The curve: the PS's own model at every 50th update (the first version the snapshotter
     // saw at or after each multiple), evaluated by the same evaluator as the final model.

@@ -2,6 +2,7 @@
 //! Foresight parameter server over HTTP/2. Configured by the environment the operator (or
 //! `foresight run`) injects, or by flags.
 
+mod clock;
 mod data;
 mod evaluate;
 mod exit;

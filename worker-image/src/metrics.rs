@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, Registry, TextEncoder};
+use prometheus::{
+    CounterVec, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, Opts, Registry, TextEncoder,
+};
 
 #[derive(Clone)]
 pub struct WorkerMetrics {
@@ -11,6 +13,8 @@ pub struct WorkerMetrics {
     pub accuracy: Gauge,
     pub step_seconds: Histogram,
     pub samples: IntCounter,
+    /// Seconds spent in each phase of the training loop (`crate::clock`).
+    pub phase_seconds: CounterVec,
 }
 
 impl WorkerMetrics {
@@ -36,15 +40,25 @@ impl WorkerMetrics {
         .expect("valid");
         let samples =
             IntCounter::new("foresight_worker_samples_total", "Training examples processed.").expect("valid");
+        let phase_seconds = CounterVec::new(
+            Opts::new(
+                "foresight_worker_phase_seconds_total",
+                "Seconds the training loop spent in each phase: batch, pull, load, compute, gather, push, \
+                 report, evaluate, slowdown.",
+            ),
+            &["phase"],
+        )
+        .expect("valid");
         for c in [
             Box::new(loss.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(accuracy.clone()),
             Box::new(step_seconds.clone()),
             Box::new(samples.clone()),
+            Box::new(phase_seconds.clone()),
         ] {
             registry.register(c).expect("unique");
         }
-        Self { registry, loss, accuracy, step_seconds, samples }
+        Self { registry, loss, accuracy, step_seconds, samples, phase_seconds }
     }
 
     pub fn step(&self, seconds: f64, samples: u64, loss: f64) {

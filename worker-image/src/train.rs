@@ -1,5 +1,7 @@
 //! The training loop: pull every `pullEvery` steps, forward/backward on a local batch, push the
-//! accumulated gradient every `pushEvery` steps, report, evaluate at each epoch's end.
+//! accumulated gradient every `pushEvery` steps, report, evaluate at each epoch's end. With
+//! `localSteps` the worker's own optimizer trains between exchanges and the pseudo-gradient
+//! θ_pulled − θ_local is pushed. Each phase's time is kept (`crate::clock`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -15,6 +17,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use tch::{Device, Kind, Tensor};
 
+use crate::clock::{Phase, PhaseClock};
 use crate::data::{Dataset, Examples, Format};
 use crate::exit::permanent;
 use crate::inner::{Inner, InnerConfig};
@@ -89,33 +92,52 @@ pub fn evaluate(model: &mut Model, test: &Examples, device: Device) -> anyhow::R
     Ok((loss / n as f64, correct / n as f64))
 }
 
-/// Flattens the gradients of `params` into `out` (adding), in layout order.
+/// `values` as a flat CPU tensor over the same memory: no copy. The tensor must not outlive the
+/// borrow, so the callers drop it in the statement that made it.
+fn over(values: &[f32]) -> Tensor {
+    // SAFETY: only read (a copy's source) while the shared borrow keeps `values` alive.
+    unsafe { blob(values.as_ptr().cast_mut(), values.len()) }
+}
+
+/// [`over`], for writing into `values`.
+fn over_mut(values: &mut [f32]) -> Tensor {
+    // SAFETY: the exclusive borrow keeps `values` alive and unaliased while the tensor lives.
+    unsafe { blob(values.as_mut_ptr(), values.len()) }
+}
+
+/// # Safety
+/// `ptr` must point to `len` floats that stay alive, and that nothing else writes, for as long
+/// as the returned tensor lives (libtorch never frees memory it did not allocate).
+unsafe fn blob(ptr: *mut f32, len: usize) -> Tensor {
+    unsafe { Tensor::from_blob(ptr.cast::<u8>().cast_const(), &[len as i64], &[1], Kind::Float, Device::Cpu) }
+}
+
+/// Adds the gradients of `params` into `out` (flat, in layout order): one pass over each
+/// gradient, straight into the push buffer.
 fn add_grads(params: &[(String, Tensor)], out: &mut [f32]) -> anyhow::Result<()> {
     let mut off = 0;
     for (name, p) in params {
         let g = p.grad();
         let n = p.numel();
-        let target = &mut out[off..off + n];
         if g.defined() {
-            let host: Vec<f32> = Vec::try_from(g.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1))
-                .with_context(|| format!("reading the gradient of {name}"))?;
-            for (t, v) in target.iter_mut().zip(host) {
-                *t += v;
-            }
+            let g = g.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1);
+            // (`add_` returns the view it wrote into: nothing more to keep.)
+            let _ = over_mut(&mut out[off..off + n])
+                .f_add_(&g)
+                .with_context(|| format!("adding the gradient of {name}"))?;
         }
         off += n;
     }
     Ok(())
 }
 
-/// Copies the flat model `values` into `params`.
+/// Copies the flat model `values` into `params`: one copy each, straight from `values`.
 pub(crate) fn load_params(params: &[(String, Tensor)], values: &[f32]) {
     let _guard = tch::no_grad_guard();
     let mut off = 0;
     for (_, p) in params {
         let n = p.numel();
-        let src = Tensor::from_slice(&values[off..off + n]).view_as(p).to_device(p.device());
-        p.shallow_clone().copy_(&src);
+        p.shallow_clone().copy_(&over(&values[off..off + n]).view_as(p));
         off += n;
     }
 }
@@ -217,6 +239,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
     let mut local = cfg.inner.map(|c| LocalSteps { inner: Inner::new(c), pulled: Vec::new() });
     let mut window = Window { since: Instant::now(), samples: 0 };
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(cfg.worker as u64 * 7919));
+    let mut clock = PhaseClock::start(metrics);
     'epochs: for epoch in 0..cfg.epochs as u64 {
         // Every epoch's order is drawn, resumed ones included, so that the generator is where
         // the earlier process had it.
@@ -229,42 +252,47 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         let skip = if epoch == first_epoch { first_batch as usize } else { 0 };
         let batches = Batches { data: &shard, order, batch: cfg.batch_size, pos: skip * cfg.batch_size };
         for (xs, ys) in batches {
-            let t0 = Instant::now();
-            if let Some(m) = ps.pull_if_due().map_err(pull_error)? {
+            let (xs, ys) = (xs.to_device(device), ys.to_device(device));
+            clock.end(Phase::Batch);
+            let pulled = ps.pull_if_due().map_err(pull_error)?;
+            let mut step_time = clock.end(Phase::Pull);
+            if let Some(m) = pulled {
                 load_params(&params, &m.values);
                 if let Some(l) = &mut local {
                     l.pulled = m.values;
                 }
             }
-            let (xs, ys) = (xs.to_device(device), ys.to_device(device));
-            let loss = match &mut local {
-                None => backward(&mut model, &params, &xs, &ys, Some(ps.grad_mut()))?,
-                Some(l) => {
-                    let loss = backward(&mut model, &params, &xs, &ys, None)?;
-                    l.inner.step(&params);
-                    if ps.push_due_next() {
-                        l.pseudo_gradient(&params, ps.grad_mut())?;
-                    }
-                    loss
-                }
-            };
+            step_time += clock.end(Phase::Load);
+            let loss = backward(&mut model, &params, &xs, &ys)?;
+            if let Some(l) = &mut local {
+                l.inner.step(&params);
+            }
+            step_time += clock.end(Phase::Compute);
+            match &local {
+                None => add_grads(&params, ps.grad_mut())?,
+                Some(l) if ps.push_due_next() => l.pseudo_gradient(&params, ps.grad_mut())?,
+                Some(_) => {}
+            }
+            step_time += clock.end(Phase::Gather);
             let at = pos.epoch_at(ps.step() + 1);
             let end = ps
                 .end_step(Some(at))
                 .with_context(|| format!("pushing the gradient of step {}", ps.step()))?;
+            step_time += clock.end(Phase::Push);
             if end == StepEnd::Finalized {
                 break 'epochs;
             }
-            let dt = t0.elapsed();
             if cfg.slowdown > 1.0 {
-                std::thread::sleep(dt.mul_f64(cfg.slowdown - 1.0));
+                std::thread::sleep(step_time.mul_f64(cfg.slowdown - 1.0));
+                clock.end(Phase::Slowdown);
             }
-            metrics.step(dt.as_secs_f64() * cfg.slowdown.max(1.0), xs.size()[0] as u64, loss);
+            metrics.step(step_time.as_secs_f64() * cfg.slowdown.max(1.0), xs.size()[0] as u64, loss);
             window.samples += xs.size()[0] as usize;
             if ps.step().is_multiple_of(cfg.report_every) {
                 let at = pos.epoch_at(ps.step());
                 report_progress(&mut ps, &mut window, cfg.worker, at, loss)?;
             }
+            clock.end(Phase::Report);
         }
         let (loss, accuracy) = evaluate(&mut model, &ds.test, device)?;
         metrics.accuracy.set(accuracy);
@@ -278,6 +306,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
             samples_per_second: None,
         };
         ps.report(&report)?;
+        clock.end(Phase::Evaluate);
     }
     // The final word is the PS's model, evaluated here.
     let final_model = ps.finish()?;
@@ -293,6 +322,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         test_loss: Some(test_loss),
         test_accuracy: Some(test_accuracy),
         seconds: started.elapsed().as_secs_f64(),
+        phases: Some(clock.totals()),
     });
     Ok(())
 }
@@ -319,15 +349,8 @@ impl LocalSteps {
     }
 }
 
-/// Forward and backward on one batch; adds the gradients to `grad` when given (with local steps
-/// they stay on the parameters for the inner optimizer) and returns the loss.
-fn backward(
-    model: &mut Model,
-    params: &[(String, Tensor)],
-    xs: &Tensor,
-    ys: &Tensor,
-    grad: Option<&mut [f32]>,
-) -> anyhow::Result<f64> {
+/// Forward and backward on one batch (the gradients stay on the parameters); returns the loss.
+fn backward(model: &mut Model, params: &[(String, Tensor)], xs: &Tensor, ys: &Tensor) -> anyhow::Result<f64> {
     for (_, p) in params {
         let mut g = p.grad();
         if g.defined() {
@@ -336,9 +359,6 @@ fn backward(
     }
     let loss = model.forward(xs, true)?.cross_entropy_for_logits(ys);
     loss.backward();
-    if let Some(grad) = grad {
-        add_grads(params, grad)?;
-    }
     Ok(loss.double_value(&[]))
 }
 
@@ -360,7 +380,29 @@ fn report_progress(
 
 #[cfg(test)]
 mod tests {
-    use super::Position;
+    use super::*;
+
+    #[test]
+    fn gradients_are_added_into_the_buffer_and_a_model_loads_straight_from_its_values() {
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let w = vs.root().var("w", &[2, 3], tch::nn::Init::Const(0.0));
+        let b = vs.root().var("b", &[2], tch::nn::Init::Const(0.0));
+        let params = vec![("w".to_string(), w.shallow_clone()), ("b".to_string(), b.shallow_clone())];
+        let values: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+        load_params(&params, &values);
+        assert_eq!(flat_params(&params).unwrap(), values);
+        assert_eq!(Vec::<f32>::try_from(w.get(1)).unwrap(), [4.0, 5.0, 6.0]);
+
+        // loss = Σ w·x + 10 Σ b: dL/dw = x, dL/db = 10.
+        let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5]);
+        let loss = (w.matmul(&x)).sum(Kind::Float) + b.sum(Kind::Float) * 10.0;
+        loss.backward();
+        let mut buf = vec![1.0f32; 8];
+        add_grads(&params, &mut buf).unwrap();
+        add_grads(&params, &mut buf).unwrap();
+        assert_eq!(buf, [3.0, -3.0, 2.0, 3.0, -3.0, 2.0, 21.0, 21.0]);
+        assert_eq!(flat_params(&params).unwrap(), values, "the parameters are untouched");
+    }
 
     #[test]
     fn a_step_number_says_which_epoch_and_batch_come_next() {

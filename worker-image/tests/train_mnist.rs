@@ -273,6 +273,11 @@ fn one_worker_and_a_ps_learn_mnist_5k_to_90_percent() {
     assert!(metrics.contains(r#"job="local""#) && metrics.contains(r#"worker="0""#), "labels:\n{metrics}");
     assert!(metric(metrics, "foresight_worker_samples_total") > 0.0);
     assert!(metric(metrics, "foresight_worker_step_seconds_count") > 0.0);
+    let compute = metrics
+        .lines()
+        .find(|l| l.starts_with("foresight_worker_phase_seconds_total{") && l.contains(r#"phase="compute""#))
+        .and_then(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok());
+    assert!(compute.is_some_and(|s| s > 0.0), "time in forward and backward:\n{metrics}");
     assert!(metric(metrics, "foresight_worker_loss") > 0.0);
 }
 

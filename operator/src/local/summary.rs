@@ -130,6 +130,9 @@ pub struct Summary {
     /// Applied gradients by τ bucket (upper bound, cumulative count), from the PS's histogram.
     pub staleness_histogram: Vec<(String, u64)>,
     pub rejected_gradients: BTreeMap<String, u64>,
+    /// CPU seconds the PS processes used (every shard's `process_cpu_seconds_total` at the end,
+    /// summed); absent where the PS cannot measure it (not Linux).
+    pub ps_cpu_seconds: Option<f64>,
     pub model: Option<PathBuf>,
     pub per_worker: Vec<WorkerEvent>,
     /// Held-out accuracy after each epoch: (seconds since start, worker, accuracy).
@@ -148,16 +151,15 @@ impl Summary {
         seconds: f64,
         done: Vec<WorkerEvent>,
         status: &serde_json::Value,
-        metrics: &str,
+        metrics: &[String],
         model: Option<PathBuf>,
         final_model: Option<FinalEvaluation>,
         history: &History,
     ) -> Self {
         let mut histogram = Vec::new();
         let mut rejected = BTreeMap::new();
-        for line in metrics.lines().filter(|l| !l.starts_with('#')) {
-            let Some((key, value)) = line.rsplit_once(' ') else { continue };
-            let Ok(value) = value.parse::<f64>() else { continue };
+        // Staleness and refusals: the first shard's (each shard applies every push).
+        for (key, value) in samples(metrics.first().map_or("", String::as_str)) {
             if key.starts_with("foresight_ps_gradient_staleness_bucket") {
                 if let Some(le) = label(key, "le") {
                     histogram.push((le, value as u64));
@@ -168,6 +170,13 @@ impl Summary {
                 rejected.insert(reason, value as u64);
             }
         }
+        let cpu: Vec<f64> = metrics
+            .iter()
+            .filter_map(|text| {
+                samples(text).find(|(key, _)| *key == "process_cpu_seconds_total").map(|(_, v)| v)
+            })
+            .collect();
+        let ps_cpu_seconds = (!cpu.is_empty()).then(|| cpu.iter().sum());
         Self {
             job: job.to_string(),
             algorithm: spec.optimizer.algorithm.as_str().to_string(),
@@ -181,6 +190,7 @@ impl Summary {
             staleness: status["staleness"].clone(),
             staleness_histogram: histogram,
             rejected_gradients: rejected,
+            ps_cpu_seconds,
             model,
             per_worker: done,
             evaluations: history.accuracy.clone(),
@@ -192,6 +202,14 @@ impl Summary {
     pub fn write(&self, out: &Path) -> std::io::Result<()> {
         std::fs::write(out.join("summary.json"), serde_json::to_vec_pretty(self).expect("plain data"))
     }
+}
+
+/// The (series key, value) pairs of a Prometheus text exposition, comments left out.
+fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
+    text.lines().filter(|l| !l.starts_with('#')).filter_map(|line| {
+        let (key, value) = line.rsplit_once(' ')?;
+        Some((key, value.parse().ok()?))
+    })
 }
 
 /// The value of `name` in a Prometheus series key like `m{a="x",le="2"}`.

@@ -30,5 +30,34 @@ pub enum WorkerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         test_accuracy: Option<f64>,
         seconds: f64,
+        /// Where the worker's time went, from its first step to its last (absent from workers
+        /// that do not measure it: the Python package's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        phases: Option<PhaseSeconds>,
     },
+}
+
+/// Where a worker's training time went, in seconds summed over its steps. The phases follow one
+/// another and cover the whole loop, so their sum is the training's wall time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhaseSeconds {
+    /// Drawing the next batch from the data set and moving it to the device.
+    pub batch: f64,
+    /// Pulling the model when a pull was due: the request, the transfer and the decode.
+    pub pull: f64,
+    /// Copying the pulled model into the framework's parameters.
+    pub load: f64,
+    /// Forward and backward (and, with local steps, the inner optimizer's step).
+    pub compute: f64,
+    /// Copying the gradient (or pseudo-gradient) out of the framework into the push buffer.
+    pub gather: f64,
+    /// Ending the step: when due, the push (encode, request, transfer; under `sync`, the wait
+    /// for the round).
+    pub push: f64,
+    /// Progress reports to the PS every few steps.
+    pub report: f64,
+    /// The held-out evaluation after each epoch.
+    pub evaluate: f64,
+    /// A straggler's sleep (`--slowdown`, for experiments).
+    pub slowdown: f64,
 }
