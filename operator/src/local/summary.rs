@@ -173,7 +173,7 @@ impl Summary {
         let cpu: Vec<f64> = metrics
             .iter()
             .filter_map(|text| {
-                samples(text).find(|(key, _)| *key == "process_cpu_seconds_total").map(|(_, v)| v)
+                samples(text).find(|(key, _)| series(key) == "process_cpu_seconds_total").map(|(_, v)| v)
             })
             .collect();
         let ps_cpu_seconds = (!cpu.is_empty()).then(|| cpu.iter().sum());
@@ -212,6 +212,11 @@ fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
     })
 }
 
+/// The metric name of a series key like `m{a="x"}`.
+fn series(key: &str) -> &str {
+    key.split_once('{').map_or(key, |(name, _)| name)
+}
+
 /// The value of `name` in a Prometheus series key like `m{a="x",le="2"}`.
 fn label(key: &str, name: &str) -> Option<String> {
     let start = key.find(&format!("{name}=\""))? + name.len() + 2;
@@ -222,6 +227,36 @@ fn label(key: &str, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ps_cpu_is_summed_over_shards_and_absent_where_no_shard_measured_it() {
+        let shard = |cpu: &str| {
+            format!(
+                "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n\
+                 process_cpu_seconds_total{{job=\"j\",namespace=\"n\"}} {cpu}\n\
+                 process_cpu_seconds_total_other 99\n"
+            )
+        };
+        let spec: TrainingJobSpec = serde_yaml::from_str(
+            "model: {name: mlp}\ndataset: {format: csv, path: d}\ntraining: {epochs: 1}\nworkers: {replicas: 1}\n",
+        )
+        .unwrap();
+        let build = |metrics: &[String]| {
+            Summary::build(
+                "j",
+                &spec,
+                1.0,
+                vec![],
+                &serde_json::json!({}),
+                metrics,
+                None,
+                None,
+                &History::default(),
+            )
+        };
+        assert_eq!(build(&[shard("1.5"), shard("2.25")]).ps_cpu_seconds, Some(3.75));
+        assert_eq!(build(&[String::new()]).ps_cpu_seconds, None);
+    }
 
     #[test]
     fn the_curve_joins_snapshots_and_evaluations_by_version() {
