@@ -441,10 +441,8 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     // push, so versions and staleness agree but for pushes a restarted shard lost.)
     let model = ps.finalize().await?;
     let status = client.status().await.map_err(|e| setup(format!("reading the PS status: {e}")))?;
-    let mut metrics = Vec::new();
-    for target in ps.targets() {
-        metrics.push(reqwest_text(&format!("http://{target}/metrics")).await.unwrap_or_default());
-    }
+    let metrics = reqwest_text(&format!("http://{}/metrics", ps.targets()[0])).await.unwrap_or_default();
+    let ps_cpu_seconds = ps.cpu_seconds();
     ps.stop(Duration::from_secs(60)).await?;
     let (bin, env) = (&opts.worker_bin, &workers.env[0]);
     let final_model = match &model {
@@ -482,6 +480,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         final_model,
         &history,
     );
+    summary.ps_cpu_seconds = ps_cpu_seconds;
     if let Some((loss, accuracy)) = last_evaluation {
         (summary.loss, summary.accuracy) = (Some(loss), Some(accuracy));
     }

@@ -101,6 +101,15 @@ impl Servers {
         self.servers.iter().map(|s| s.url.trim_start_matches("http://").to_string()).collect()
     }
 
+    /// CPU seconds (user and system) the PS processes running now have used, from /proc: a
+    /// shard started again counts from its restart. `None` where /proc cannot say (not Linux).
+    pub(super) fn cpu_seconds(&self) -> Option<f64> {
+        self.servers
+            .iter()
+            .map(|s| cpu_seconds_of(&std::fs::read_to_string(format!("/proc/{}/stat", s.proc_.pid)).ok()?))
+            .sum()
+    }
+
     /// Shard 0's client.
     pub(super) fn first(&self) -> &PsClient {
         &self.client
@@ -177,4 +186,28 @@ fn check_earlier_checkpoints(dir: &Path, n: usize) -> Result<(), RunError> {
         )));
     }
     Ok(())
+}
+
+/// User plus system CPU seconds from a `/proc/<pid>/stat` line (fields 14 and 15, counted in
+/// USER_HZ, 100 per second in Linux's ABI). The command name, in parentheses, may hold spaces:
+/// the fields are counted from after its closing parenthesis.
+fn cpu_seconds_of(stat: &str) -> Option<f64> {
+    const USER_HZ: f64 = 100.0;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    // After the name come state (field 3), ppid (4)…: utime (14) is the 12th, stime the 13th.
+    Some((ticks(11)? + ticks(12)?) as f64 / USER_HZ)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_seconds_of;
+
+    #[test]
+    fn cpu_seconds_are_read_past_a_command_name_with_spaces() {
+        let stat = "4242 (foresight ps) S 1 4242 4242 0 -1 4194560 9000 0 12 0 1234 56 0 0 20 0 9 0 77 1 2";
+        assert_eq!(cpu_seconds_of(stat), Some(12.9));
+        assert_eq!(cpu_seconds_of("4242 (cut) S 1"), None);
+        assert_eq!(cpu_seconds_of("no parenthesis"), None);
+    }
 }

@@ -130,8 +130,8 @@ pub struct Summary {
     /// Applied gradients by τ bucket (upper bound, cumulative count), from the PS's histogram.
     pub staleness_histogram: Vec<(String, u64)>,
     pub rejected_gradients: BTreeMap<String, u64>,
-    /// CPU seconds the PS processes used (every shard's `process_cpu_seconds_total` at the end,
-    /// summed); absent where the PS cannot measure it (not Linux).
+    /// CPU seconds the PS processes used, every shard's summed, read from /proc just before they
+    /// were stopped (a shard started again counts from its restart); absent without /proc.
     pub ps_cpu_seconds: Option<f64>,
     pub model: Option<PathBuf>,
     pub per_worker: Vec<WorkerEvent>,
@@ -151,7 +151,7 @@ impl Summary {
         seconds: f64,
         done: Vec<WorkerEvent>,
         status: &serde_json::Value,
-        metrics: &[String],
+        metrics: &str,
         model: Option<PathBuf>,
         final_model: Option<FinalEvaluation>,
         history: &History,
@@ -159,7 +159,7 @@ impl Summary {
         let mut histogram = Vec::new();
         let mut rejected = BTreeMap::new();
         // Staleness and refusals: the first shard's (each shard applies every push).
-        for (key, value) in samples(metrics.first().map_or("", String::as_str)) {
+        for (key, value) in samples(metrics) {
             if key.starts_with("foresight_ps_gradient_staleness_bucket") {
                 if let Some(le) = label(key, "le") {
                     histogram.push((le, value as u64));
@@ -170,13 +170,6 @@ impl Summary {
                 rejected.insert(reason, value as u64);
             }
         }
-        let cpu: Vec<f64> = metrics
-            .iter()
-            .filter_map(|text| {
-                samples(text).find(|(key, _)| series(key) == "process_cpu_seconds_total").map(|(_, v)| v)
-            })
-            .collect();
-        let ps_cpu_seconds = (!cpu.is_empty()).then(|| cpu.iter().sum());
         Self {
             job: job.to_string(),
             algorithm: spec.optimizer.algorithm.as_str().to_string(),
@@ -190,7 +183,7 @@ impl Summary {
             staleness: status["staleness"].clone(),
             staleness_histogram: histogram,
             rejected_gradients: rejected,
-            ps_cpu_seconds,
+            ps_cpu_seconds: None,
             model,
             per_worker: done,
             evaluations: history.accuracy.clone(),
@@ -212,11 +205,6 @@ fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
     })
 }
 
-/// The metric name of a series key like `m{a="x"}`.
-fn series(key: &str) -> &str {
-    key.split_once('{').map_or(key, |(name, _)| name)
-}
-
 /// The value of `name` in a Prometheus series key like `m{a="x",le="2"}`.
 fn label(key: &str, name: &str) -> Option<String> {
     let start = key.find(&format!("{name}=\""))? + name.len() + 2;
@@ -227,36 +215,6 @@ fn label(key: &str, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_ps_cpu_is_summed_over_shards_and_absent_where_no_shard_measured_it() {
-        let shard = |cpu: &str| {
-            format!(
-                "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n\
-                 process_cpu_seconds_total{{job=\"j\",namespace=\"n\"}} {cpu}\n\
-                 process_cpu_seconds_total_other 99\n"
-            )
-        };
-        let spec: TrainingJobSpec = serde_yaml::from_str(
-            "model: {name: mlp}\ndataset: {format: csv, path: d}\ntraining: {epochs: 1}\nworkers: {replicas: 1}\n",
-        )
-        .unwrap();
-        let build = |metrics: &[String]| {
-            Summary::build(
-                "j",
-                &spec,
-                1.0,
-                vec![],
-                &serde_json::json!({}),
-                metrics,
-                None,
-                None,
-                &History::default(),
-            )
-        };
-        assert_eq!(build(&[shard("1.5"), shard("2.25")]).ps_cpu_seconds, Some(3.75));
-        assert_eq!(build(&[String::new()]).ps_cpu_seconds, None);
-    }
 
     #[test]
     fn the_curve_joins_snapshots_and_evaluations_by_version() {
