@@ -1,7 +1,8 @@
 //! The training loop: pull every `pullEvery` steps, forward/backward on a local batch, push the
-//! accumulated gradient every `pushEvery` steps, report, evaluate at each epoch's end. With
-//! `localSteps` the worker's own optimizer trains between exchanges and the pseudo-gradient
-//! θ_pulled − θ_local is pushed. Each phase's time is kept (`crate::clock`).
+//! accumulated gradient every `pushEvery` steps, report, evaluate at the end of every M-th epoch
+//! (one worker per epoch of data, in turn). With `localSteps` the worker's own optimizer trains
+//! between exchanges and the pseudo-gradient θ_pulled − θ_local is pushed. Each phase's time is
+//! kept (`crate::clock`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -294,18 +295,20 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
             }
             clock.end(Phase::Report);
         }
-        let (loss, accuracy) = evaluate(&mut model, &ds.test, device)?;
-        metrics.accuracy.set(accuracy);
-        emit(&Event::Eval { worker: cfg.worker, epoch: (epoch + 1) as usize, loss, accuracy });
-        let report = Report {
-            worker: cfg.worker,
-            step: ps.step(),
-            epoch: (epoch + 1) as f64,
-            loss,
-            accuracy: Some(accuracy),
-            samples_per_second: None,
-        };
-        ps.report(&report)?;
+        if evaluates_after(epoch, cfg.worker, workers) {
+            let (loss, accuracy) = evaluate(&mut model, &ds.test, device)?;
+            metrics.accuracy.set(accuracy);
+            emit(&Event::Eval { worker: cfg.worker, epoch: (epoch + 1) as usize, loss, accuracy });
+            let report = Report {
+                worker: cfg.worker,
+                step: ps.step(),
+                epoch: (epoch + 1) as f64,
+                loss,
+                accuracy: Some(accuracy),
+                samples_per_second: None,
+            };
+            ps.report(&report)?;
+        }
         clock.end(Phase::Evaluate);
     }
     // The final word is the PS's model, evaluated here.
@@ -325,6 +328,15 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         phases: Some(clock.totals()),
     });
     Ok(())
+}
+
+/// Whether this worker evaluates its copy on the held-out set at the end of its `epoch`: one
+/// worker per epoch of data, in turn (worker w after its epochs w, w + M, …). Each of the M
+/// workers' epochs is 1/M of an epoch of data, so if every worker evaluated after each of its
+/// own the job would evaluate M times as often as one process training alone, and at M = 8
+/// that took half of every worker's time (docs/comparison.md).
+fn evaluates_after(epoch: u64, worker: usize, workers: usize) -> bool {
+    epoch % workers as u64 == (worker % workers) as u64
 }
 
 /// A model of another layout at the PS is the job's configuration's fault: no retry helps.
@@ -402,6 +414,13 @@ mod tests {
         add_grads(&params, &mut buf).unwrap();
         assert_eq!(buf, [3.0, -3.0, 2.0, 3.0, -3.0, 2.0, 21.0, 21.0]);
         assert_eq!(flat_params(&params).unwrap(), values, "the parameters are untouched");
+    }
+
+    #[test]
+    fn one_worker_evaluates_each_epoch_of_data_in_turn() {
+        let who = |epoch| (0..8).filter(|&w| evaluates_after(epoch, w, 8)).collect::<Vec<_>>();
+        assert_eq!((who(0), who(7), who(8), who(11)), (vec![0], vec![7], vec![0], vec![3]));
+        assert!((0..5).all(|e| evaluates_after(e, 0, 1)), "alone, a worker evaluates every epoch");
     }
 
     #[test]
