@@ -72,7 +72,7 @@ real-size-job: setup build ## A 100M-parameter Python transformer trained end to
 convergence: build ## The paper's Table 1 shape: LeNet-5 on MNIST-5k, M = 1, 4, 8, 16, every rule, 5 seeds, per-epoch PS-model curves; rewrites docs/convergence.md (26 min here; ARGS=--reuse keeps finished runs)
 	python3 scripts/convergence.py --out $(OUT)/convergence --doc docs/convergence.md $(ARGS)
 
-compare: build ## Foresight against PyTorch DDP and a single process, same model, data and budget; rewrites docs/comparison.md (11 min here)
+compare: build ## Foresight against PyTorch DDP and a single process, same model, data and budget; rewrites docs/comparison.md (12 min here)
 	python3 scripts/compare.py --out $(OUT)/compare --doc docs/comparison.md
 
 simulate: build ## The rules at any staleness without the machine: foresight-worker simulate sweeps, rewrites part of docs/convergence.md (about 7 min)
