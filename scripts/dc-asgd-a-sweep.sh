@@ -20,7 +20,7 @@ YAML
     target/release/foresight run $out/job.yaml --out $out --no-progress >/dev/null 2>&1 || echo "$name FAILED"
     python3 -c "
 import json,sys; s=json.load(open('$out/summary.json'))
-ev=[e for e in s['evaluations'] if e[1]==0]
-print('$name', 'acc %.3f'%s['accuracy'], 'tau p50 %d p99 %d'%(s['staleness']['p50'],s['staleness']['p99']), 'w0 epochs', ['%.3f'%e[2] for e in ev])"
+ev=s['evaluations']  # one per epoch of data, by the workers in turn
+print('$name', 'acc %.3f'%s['accuracy'], 'tau p50 %d p99 %d'%(s['staleness']['p50'],s['staleness']['p99']), 'epochs', ['%.3f'%e[2] for e in ev])"
   done
 done
