@@ -11,7 +11,8 @@
 #                   get tj` goes Created → Running → Succeeded with the step and (-o wide) staleness columns
 #                   filled and changing, a worker's log has progress lines, `kubectl describe tj`
 #                   shows conditions and events, the PS is gone and model-final.safetensors is on
-#                   the claim status.finalModel names (spec.output: no owner); its held-out
+#                   the claim status.finalModel names (spec.output: no owner), and the last
+#                   worker's termination message records that version; its held-out
 #                   accuracy (foresight-worker evaluate) is within 2 pp of `foresight run`'s on
 #                   the same training (examples/mnist-dcasgd.yaml); `kubectl delete tj` leaves it;
 #                   Prometheus on the host (tools/cluster-prometheus.sh, Kubernetes service
@@ -363,6 +364,16 @@ case_main() {
   dir=$(claim_dir $ns $claim)
   [[ -n $dir && -s $dir/$file ]] || fail "no $file on claim $claim ($dir)"
   log "final model on claim $claim at $file after the PS is gone: $(check_safetensors "$dir/$file")"
+  # The job's last worker was told by the PS where it wrote the model and recorded it in its
+  # termination message: what the operator trusts when it cannot reach the PS at the end.
+  local records recorded
+  records=$(kc -n $ns get pods -l "foresight.dev/job=$name,app.kubernetes.io/component=worker" -o \
+    'jsonpath={range .items[*]}{.status.containerStatuses[0].state.terminated.message}{"\n"}{end}' | grep '"finalModel"' || true)
+  # (Workers leaving at the same moment may both find every worker finished: both record it.)
+  recorded=$(grep -oE '"version":[0-9]+' <<<"$records" | grep -oE '[0-9]+$' | sort -u || true)
+  [[ -n $records && $recorded == "$(field $ns tj/$name '{.status.finalModel.version}')" ]] ||
+    fail "worker termination messages recording the final model: '$records' (status.finalModel.version $(field $ns tj/$name '{.status.finalModel.version}'))"
+  log "the last worker's termination message: $records"
   # Its held-out accuracy, by Foresight's evaluator, against `foresight run` of the same training
   # (examples/mnist-dcasgd.yaml: the api tests hold the two examples' training to be the same).
   local cluster_acc local_acc

@@ -107,7 +107,8 @@ struct OperatorArgs {
     /// Seconds between reads of a running job's progress from its parameter server.
     #[arg(long, env = "FORESIGHT_PROGRESS_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     progress_seconds: u64,
-    /// Seconds to retry writing the final model after the workers finished.
+    /// Seconds to retry writing the final model after the workers finished (when the last
+    /// worker did not record that the PS wrote it); then the job fails (FinalModelNotWritten).
     #[arg(long, env = "FORESIGHT_FINALIZE_GRACE_SECONDS", default_value_t = 300)]
     finalize_grace_seconds: u64,
     /// Seconds a job's pods may fail to start or keep failing (an image that cannot be pulled, a

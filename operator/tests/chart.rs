@@ -1019,7 +1019,7 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
     for kind in ["secrets", "pvc", "services", "deployments", "jobs"] {
         assert_eq!(cp.names(&other, kind, "foresight.dev/job=rbac").len(), 1, "one {kind}");
     }
-    cp.set_pod_phase(&other, &pod, "Succeeded");
+    cp.succeed_last_worker(&other, &pod, 1);
     wait_for("Succeeded, then the TTL's deletion", LONG, || {
         cp.get_json(&other, "tj/rbac").is_none().then_some(())
     });
@@ -1229,7 +1229,7 @@ fn helm_upgrade_from_the_previous_chart_leaves_a_running_job_alone() {
     );
     assert_eq!(cp.get_json(&jobs, &format!("pod/{ps}")).unwrap()["metadata"]["uid"], ps_uid);
     // And it finishes.
-    cp.set_pod_phase(&jobs, &worker, "Succeeded");
+    cp.succeed_last_worker(&jobs, &worker, 1);
     let st = wait_phase(cp, &jobs, "steady", "Succeeded");
     assert_eq!(st["parameterServer"].get("restarts"), None, "{st:#}");
     helm_ok(&["uninstall", "up", "--namespace", &ns], kubeconfig);

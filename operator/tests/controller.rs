@@ -1076,7 +1076,7 @@ fn a_job_labelled_for_kueue_waits_queued_when_the_operator_runs_without_kueue() 
 fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
     let cp = control_plane();
     let ns = cp.namespace("cleanup");
-    // No PS answers here: the operator gives up finalizing at once and the job still succeeds.
+    // No PS answers here: the operator gives up finalizing at once.
     let _op = Operator::start(cp, &ns, &["--leader-elect=false", "--finalize-grace-seconds", "0"]);
     apply_job(
         cp,
@@ -1122,11 +1122,36 @@ fn deleting_the_job_removes_every_child_and_ttl_deletes_a_finished_job() {
     );
     let pod = worker_pods(cp, &ns, "brief", 1).remove(0);
     cp.set_pod_phase(&ns, &pod, "Succeeded");
-    let st = wait_phase(cp, &ns, "brief", "Succeeded");
-    assert_eq!(condition(&st, "Succeeded")["reason"], "CompletedWithoutFinalModel", "{st:#}");
+    // Workers done, no PS to write the model and no worker that recorded it: not a success.
+    let st = wait_phase(cp, &ns, "brief", "Failed");
+    assert_eq!(condition(&st, "Failed")["reason"], "FinalModelNotWritten", "{st:#}");
+    assert!(st["finalModel"].is_null(), "{st:#}");
     wait_for("ttlSecondsAfterFinished to delete the job", LONG, || {
         cp.get_json(&ns, "tj/brief").is_none().then_some(())
     });
+}
+
+#[test]
+fn a_final_model_recorded_by_the_last_worker_completes_a_job_whose_ps_cannot_be_reached() {
+    let cp = control_plane();
+    let ns = cp.namespace("recorded");
+    // No PS answers here (as under a default-deny NetworkPolicy): the worker's record decides.
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false", "--finalize-grace-seconds", "0"]);
+    apply_job(cp, &ns, "recorded", json!({"workers": {"replicas": 2}}));
+    let pods = worker_pods(cp, &ns, "recorded", 2);
+    let container =
+        &cp.get_json(&ns, "job/recorded-workers").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"].as_array().unwrap();
+    let named = |n: &str| env.iter().find(|e| e["name"] == n).map(|e| e["value"].clone());
+    assert_eq!(named("FORESIGHT_TERMINATION_MESSAGE"), Some(container["terminationMessagePath"].clone()));
+    cp.set_pod_phase(&ns, &pods[0], "Succeeded");
+    let record =
+        r#"{"finalModel":{"version":412,"path":"/models/default/recorded/model-final.safetensors"}}"#;
+    cp.succeed_pod_with_message(&ns, &pods[1], record);
+    let st = wait_phase(cp, &ns, "recorded", "Succeeded");
+    assert_eq!(condition(&st, "Succeeded")["reason"], "Completed", "{st:#}");
+    let message = condition(&st, "Succeeded")["message"].as_str().unwrap().to_string();
+    assert!(message.contains("412"), "{message}");
 }
 
 #[test]

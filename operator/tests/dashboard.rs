@@ -148,7 +148,7 @@ fn drive_a_job_to_success(prometheus: &Prometheus, ns: &str, operator: &str) {
     cp.set_pod_phase(ns, &pod, "Running");
     wait_phase(cp, ns, "observed", "Running");
     prometheus.wait_for_positive_sample("foresight_operator_jobs{phase=\"Running\"}");
-    cp.set_pod_phase(ns, &pod, "Succeeded");
+    cp.succeed_last_worker(ns, &pod, 1);
     wait_phase(cp, ns, "observed", "Succeeded");
     prometheus.wait_scrapes(&[operator.to_string()], SCRAPES);
 }

@@ -117,6 +117,10 @@ struct Args {
     /// model's final file, merged from every shard's slice.
     #[arg(long, env = "FORESIGHT_PS_PEERS", value_delimiter = ',')]
     peers: Vec<String>,
+    /// Which shard of a sharded PS this process is (0 when unsharded): the `shard` label of its
+    /// metrics.
+    #[arg(long, env = "FORESIGHT_PS_SHARD", default_value_t = 0)]
+    shard: usize,
 
     /// Write the model every this many updates into --snapshot-dir, for learning curves of
     /// the PS's own model (0: never).
@@ -291,6 +295,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("--peers: {e}"))?;
     }
     config.peers = args.peers.clone();
+    config.shard = args.shard;
     config.snapshots = args.snapshots()?;
     config.job = args.job_name.clone();
     config.namespace = args.namespace.clone();

@@ -63,7 +63,7 @@ async fn concurrent_clients_over_http2_see_monotonic_versions() {
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
 
     let m = scrape(&ps.url).await;
-    let job = ["job=\"it\"", "namespace=\"tests\""];
+    let job = ["job=\"it\"", "namespace=\"tests\"", "shard=\"0\""];
     assert_eq!(metric(&m, "foresight_ps_updates_total", &job), total as f64);
     assert_eq!(metric(&m, "foresight_ps_model_version", &job), total as f64);
     assert_eq!(metric(&m, "foresight_ps_gradient_staleness_count", &job), total as f64);
@@ -755,7 +755,7 @@ async fn only_the_control_token_finalizes_or_rescales_the_job() {
     assert_eq!((status["workers_expected"].as_u64(), status["finalized"].as_bool()), (Some(2), Some(false)));
     control.pull(1, None, Duration::ZERO).await.unwrap();
     control.set_workers(3).await.unwrap();
-    assert_eq!(control.finalize().await.unwrap()["version"], 0);
+    assert_eq!(control.finalize().await.unwrap().version, 0);
     assert_eq!(worker.status().await.unwrap()["workers_expected"], 3);
 }
 

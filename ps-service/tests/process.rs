@@ -269,7 +269,7 @@ async fn a_full_checkpoint_volume_fails_the_write_and_loses_nothing() {
 
     std::fs::remove_file(ckpt.join("filler")).unwrap();
     let done = c.finalize().await.unwrap();
-    assert_eq!(done["version"], 5);
+    assert_eq!(done.version, 5);
     assert_eq!(newest_checkpoint(&ckpt).version, 5);
     assert!(ckpt.join("model-final.safetensors").exists());
 }

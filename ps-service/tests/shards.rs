@@ -174,6 +174,54 @@ fn kill_shard_1_mid_run(checkpoints_on: bool) -> u64 {
     back
 }
 
+/// The job's last worker to finish makes the PS finalize itself, every shard with it, and is
+/// told where the whole model's final file is; no `POST /v1/finalize` is needed.
+#[test]
+fn the_last_worker_to_leave_finalizes_every_shard_and_learns_where_the_model_is() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c1 = config(Algorithm::DcAsgdA, 2);
+    c1.shard = 1;
+    let shard1 = rt.block_on(start(c1));
+    let mut c = config(Algorithm::DcAsgdA, 2);
+    c.output_dir = Some(dir.path().to_path_buf());
+    c.peers = vec![shard1.url.clone()];
+    let shard0 = rt.block_on(start(c));
+    let urls = [shard0.url.clone(), shard1.url.clone()];
+    let mut a = worker(&rt, &urls, every_other(), 0, Duration::from_secs(5));
+    let mut b = worker(&rt, &urls, every_other(), 1, Duration::from_secs(5));
+    for _ in 0..3 {
+        assert_eq!(step(&mut a, 0), StepEnd::Continue);
+        assert_eq!(step(&mut b, 1), StepEnd::Continue);
+    }
+    let file = dir.path().join("model-final.safetensors");
+    a.finish().unwrap();
+    assert_eq!(a.final_model(), None, "one worker still trains");
+    assert!(!file.exists());
+    assert_eq!(status(&rt, &urls[0])["finalized"], false);
+    // The worker still training is not held up by the other's leaving.
+    assert_eq!(step(&mut b, 1), StepEnd::Continue);
+    let last = b.finish().unwrap();
+    let recorded = b.final_model().expect("the last worker is told where the final model is").clone();
+    assert_eq!(recorded.version, 7);
+    assert_eq!(recorded.path.as_deref(), Some(file.to_str().unwrap()));
+    for url in &urls {
+        assert_eq!(status(&rt, url)["finalized"], true, "{url} was finalized");
+    }
+    let (_, data, _) = checkpoint::decode(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!((data.version, data.finalized), (7, true));
+    assert_eq!(data.params, last.values, "the file holds the model the last worker pulled");
+    // The operator's finalize, coming later, gets the same answer.
+    let again = rt.block_on(PsClient::new(&urls[0], Some(TOKEN.into())).unwrap().finalize()).unwrap();
+    assert_eq!(again, recorded);
+    // Each shard's series say which shard they are.
+    for (i, url) in urls.iter().enumerate() {
+        let m = rt.block_on(scrape(url));
+        let version = metric(&m, "foresight_ps_model_version", &[&format!("shard=\"{i}\"")]);
+        assert_eq!(version, 7.0, "shard {i}'s series carry shard=\"{i}\"");
+    }
+}
+
 /// Finalizing shard 0 finalizes the others and writes the whole model, merged from every
 /// shard's slice: the model's own tensors and the values a worker pulls, at the shards' version.
 #[test]
@@ -192,7 +240,7 @@ fn finalizing_shard_zero_writes_the_whole_model_and_finalizes_the_others() {
     }
     let pulled = w.pull_now().unwrap();
     let answer = rt.block_on(PsClient::new(&urls[0], Some(TOKEN.into())).unwrap().finalize()).unwrap();
-    assert_eq!(answer["version"], 5);
+    assert_eq!(answer.version, 5);
     assert_eq!(status(&rt, &urls[1])["finalized"], true, "shard 1 was finalized");
     let bytes = std::fs::read(dir.path().join("model-final.safetensors")).unwrap();
     let (l, data, _) = checkpoint::decode(&bytes).unwrap();

@@ -304,7 +304,11 @@ def report(
     j = job()
     native = j.joined()
     at = epoch if epoch is not None else (j.epoch_at(native.step) or 0.0)
-    native.report(float(at), float(loss), accuracy, samples_per_second)
+    if j.optimizer is not None:
+        with j.optimizer.clock.phase("report"):
+            native.report(float(at), float(loss), accuracy, samples_per_second)
+    else:
+        native.report(float(at), float(loss), accuracy, samples_per_second)
     _pushes, _discarded, staleness = native.push_stats
     if accuracy is None:
         emit(
@@ -332,6 +336,8 @@ def finish(*, evaluate: Callable[[], tuple[float, float]] | None = None) -> dict
     j = job()
     if j.optimizer is None:
         j.joined()  # raises: nothing joined
+    # The steps' phases: what runs after the last step (an evaluation, this) is not training.
+    phases = dict(j.optimizer.clock.seconds)
     j.optimizer.load_final()
     pushes, discarded, _ = j.joined().push_stats
     done: dict[str, Any] = {
@@ -341,6 +347,7 @@ def finish(*, evaluate: Callable[[], tuple[float, float]] | None = None) -> dict
         "pushes": pushes,
         "discarded": discarded,
         "seconds": time.monotonic() - j.started,
+        "phases": phases,
     }
     if evaluate is not None:
         loss, accuracy = evaluate()

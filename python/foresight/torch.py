@@ -18,7 +18,9 @@ job's rule to it as the outer step, and the worker continues from the server's m
 from __future__ import annotations
 
 import sys
-from typing import Callable, Iterable
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -27,6 +29,40 @@ import foresight
 from . import _native
 
 __all__ = ["Optimizer"]
+
+# The phases of the Rust worker's `done` line (wire::progress::PhaseSeconds), in its order.
+PHASES = ("batch", "pull", "load", "compute", "gather", "push", "report", "evaluate", "slowdown")
+
+
+class PhaseClock:
+    """Where a Python worker's training time goes, in the Rust worker's phases: the Optimizer
+    times its own parts (pull, load, gather, push, the inner optimizer as compute) and
+    ``foresight.report`` its reports; the time between two steps is the script's own (its data
+    loading, forward and backward), counted as ``compute`` because the package cannot tell them
+    apart. ``batch``, ``evaluate`` and ``slowdown`` stay 0."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._mark = time.perf_counter()
+        # Seconds the package's own calls took since the mark (a report between two steps).
+        self._timed_since_mark = 0.0
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - started
+            self.seconds[name] += took
+            self._timed_since_mark += took
+
+    def script_ran(self) -> None:
+        """At the start of a step: the time since the last mark, less the package's own, was
+        the script's."""
+        now = time.perf_counter()
+        self.seconds["compute"] += max(now - self._mark - self._timed_since_mark, 0.0)
+        self._mark, self._timed_since_mark = now, 0.0
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -103,6 +139,7 @@ class Optimizer(torch.optim.Optimizer):
         job.native = self._native
         job.optimizer = self
         self.finished = False
+        self.clock = PhaseClock()
         if self._native.resume_step > 0:
             # As the Rust worker logs it: a replaced worker's log says where it picked up.
             print(
@@ -112,6 +149,7 @@ class Optimizer(torch.optim.Optimizer):
                 flush=True,
             )
         self._pull()
+        self.clock = PhaseClock()  # the join and the first pull are set-up, not training
 
     @property
     def device(self) -> torch.device:
@@ -130,18 +168,24 @@ class Optimizer(torch.optim.Optimizer):
                 loss = closure()
         if self.finished:
             return loss
+        clock = self.clock
+        clock.script_ran()
         job = self._job
         epoch = job.epoch_at(self._native.step + 1)
         if self._inner is not None:
-            self._inner.step()
+            with clock.phase("compute"):
+                self._inner.step()
         if self._inner is not None and (self._native.step + 1) % job.local_steps:
-            self._native.end_local_step(epoch)  # a local step: nothing is sent
+            with clock.phase("push"):
+                self._native.end_local_step(epoch)  # a local step: nothing is sent
         else:
-            if self._inner is not None:
-                self._pseudo_gradient()
-            else:
-                self._gather()
-            self.finished = self._native.end_step(self._grad.data_ptr(), self._numel, epoch)
+            with clock.phase("gather"):
+                if self._inner is not None:
+                    self._pseudo_gradient()
+                else:
+                    self._gather()
+            with clock.phase("push"):
+                self.finished = self._native.end_step(self._grad.data_ptr(), self._numel, epoch)
             if not self.finished:
                 self._pull()
         if job.report_every and self._native.step % job.report_every == 0 and loss is not None:
@@ -172,8 +216,11 @@ class Optimizer(torch.optim.Optimizer):
         torch.sub(self._flat, self._grad, out=self._grad)
 
     def _pull(self) -> None:
-        if self._native.pull_if_due(self._flat.data_ptr(), self._numel) is not None:
-            self._load()
+        with self.clock.phase("pull"):
+            pulled = self._native.pull_if_due(self._flat.data_ptr(), self._numel)
+        if pulled is not None:
+            with self.clock.phase("load"):
+                self._load()
 
     def _load(self) -> None:
         flat = self._flat.to(self.device, non_blocking=True)

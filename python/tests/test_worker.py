@@ -305,8 +305,16 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
         ps, **MNIST, MODEL="lenet5", HOLDOUT=0.2, EPOCHS=2, BATCH_SIZE=32, SEED=1, TORCH_THREADS=1, METRICS_ADDR=""
     )
     commands = [[str(BIN / "foresight-worker")]] * 2 + [[sys.executable, str(ROOT / "examples/python/mnist.py")]] * 2
+    # As the operator does: each worker's termination message file; the job's last worker records
+    # in it where the PS, finalizing itself as that worker left, wrote the final model.
+    records = [tmp_path / f"termination-log-{i}" for i in range(4)]
     procs = [
-        subprocess.Popen(cmd, env={**env, "FORESIGHT_WORKER_INDEX": str(i)}, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd,
+            env={**env, "FORESIGHT_WORKER_INDEX": str(i), "FORESIGHT_TERMINATION_MESSAGE": str(records[i])},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for i, cmd in enumerate(commands)
     ]
     done = []
@@ -317,8 +325,18 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
         done += [e for e in events if e["event"] == "done"]
     assert sorted(d["worker"] for d in done) == [0, 1, 2, 3]
     assert all(d["discarded"] == 0 and d["pushes"] > 0 for d in done), done
+    # Both kinds say where their time went, in the same phases, within their run's time.
+    for d in done:
+        phases = d["phases"]
+        assert list(phases) == list(foresight.torch.PHASES), d
+        assert all(phases[p] > 0 for p in ("pull", "load", "compute", "gather", "push")), d
+        assert sum(phases.values()) <= d["seconds"], d
     req = urllib.request.Request(f"{ps.url}/v1/finalize", method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
-    model = json.loads(urllib.request.urlopen(req, timeout=30).read())["path"]
+    final = json.loads(urllib.request.urlopen(req, timeout=30).read())
+    recorded = [json.loads(r.read_text()) for r in records if r.exists()]
+    # (Two leaves at the same moment may both find every worker finished: both record the same.)
+    assert recorded and all(r == {"finalModel": final} for r in recorded), f"{recorded} against {final}"
+    model = final["path"]
     evaluated = subprocess.run(
         [str(BIN / "foresight-worker"), "evaluate", "--model-file", model],
         env=env,

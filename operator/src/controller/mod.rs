@@ -390,7 +390,10 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let (progress, ps_process) =
         if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
     let finalize = if worker_job.complete {
-        finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await
+        match pods::final_model_reported(ctx, &owner, &workers) {
+            Some(m) => Finalize::Done { version: m.version, path: m.path },
+            None => finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await,
+        }
     } else {
         Finalize::NotYet
     };
@@ -760,16 +763,13 @@ fn progress_of(v: &serde_json::Value) -> Progress {
     }
 }
 
-/// Asks the parameter server to write the final model; gives up `grace` after the workers
-/// finished (the job then succeeds without it rather than keeping the PS forever).
+/// Asks the parameter server to write the final model (when no worker has recorded that the
+/// PS wrote it already); gives up `grace` after the workers finished (the job then fails for
+/// want of its model rather than keeping the PS forever).
 async fn finalize(url: &str, token: &str, workers: &Job, grace: Duration) -> Finalize {
     let result = match foresight_ps::client::PsClient::new(url, Some(token.to_string())) {
         Ok(client) => match tokio::time::timeout(Duration::from_secs(30), client.finalize()).await {
-            Ok(Ok(v)) => {
-                let version = v.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
-                let path = v.get("path").and_then(|p| p.as_str()).map(String::from);
-                return Finalize::Done { version, path };
-            }
+            Ok(Ok(m)) => return Finalize::Done { version: m.version, path: m.path },
             Ok(Err(e)) => e.to_string(),
             Err(_) => "no answer within 30s".to_string(),
         },

@@ -2,8 +2,10 @@
 //! Events): whether the scheduler placed them, and whether they fail to start or keep failing
 //! (`trouble` decides which).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use foresight_ps::wire::final_model::FinalModel;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, PersistentVolumeClaim, Pod};
@@ -129,4 +131,68 @@ fn unschedulable_condition(pod: &Pod) -> Option<String> {
 fn claim_names(pod: &Pod) -> impl Iterator<Item = &str> {
     let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
     volumes.filter_map(|v| v.persistent_volume_claim.as_ref()).map(|c| c.claim_name.as_str())
+}
+
+/// The final model the job's last worker recorded in its termination message (the PS told it
+/// where it wrote the model when it left): proof of the model that needs no connection to the
+/// PS. Only pods of this worker Job (`job_uid`) count.
+pub(super) fn final_model_reported(ctx: &Context, owner: &Owner<'_>, workers: &Job) -> Option<FinalModel> {
+    let uid = workers.metadata.uid.as_deref()?;
+    final_model_in(&ctx.caches.pods(&owner.namespace, &owner.name), uid)
+}
+
+fn final_model_in(pods: &[Arc<Pod>], job_uid: &str) -> Option<FinalModel> {
+    let of_job =
+        |p: &&Arc<Pod>| p.owner_references().iter().any(|r| r.controller == Some(true) && r.uid == job_uid);
+    let recorded = |p: &Arc<Pod>| -> Option<FinalModel> {
+        let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
+        statuses.iter().find_map(|c| {
+            let message = c.state.as_ref()?.terminated.as_ref()?.message.as_deref()?;
+            FinalModel::from_termination_message(message)
+        })
+    };
+    pods.iter().filter(of_job).filter_map(recorded).max_by_key(|m| m.version)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    use super::*;
+
+    fn pod(owner_uid: &str, controller: bool, message: Option<&str>) -> Arc<Pod> {
+        let mut p = Pod::default();
+        p.metadata.owner_references = Some(vec![OwnerReference {
+            uid: owner_uid.into(),
+            controller: Some(controller),
+            ..Default::default()
+        }]);
+        let terminated =
+            ContainerStateTerminated { message: message.map(String::from), ..Default::default() };
+        p.status = Some(PodStatus {
+            container_statuses: Some(vec![ContainerStatus {
+                state: Some(ContainerState { terminated: Some(terminated), ..Default::default() }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        Arc::new(p)
+    }
+
+    #[test]
+    fn only_a_record_in_a_pod_of_this_worker_job_counts() {
+        let record = |v: u64| {
+            format!(r#"{{"finalModel":{{"version":{v},"path":"/models/j/model-final.safetensors"}}}}"#)
+        };
+        let (r7, r9) = (record(7), record(9));
+        let pods = [pod("job", true, None), pod("job", true, Some("exit 0")), pod("job", true, Some(&r7))];
+        let found = final_model_in(&pods, "job").expect("the last worker's record");
+        assert_eq!(found.version, 7);
+        assert_eq!(found.path.as_deref(), Some("/models/j/model-final.safetensors"));
+        // An earlier worker Job's pod, or a pod that only refers to the Job, proves nothing.
+        assert_eq!(final_model_in(&[pod("old-job", true, Some(&r9))], "job"), None);
+        assert_eq!(final_model_in(&[pod("job", false, Some(&r9))], "job"), None);
+        assert_eq!(final_model_in(&[pod("job", true, None), pod("job", true, Some("{}"))], "job"), None);
+    }
 }

@@ -35,7 +35,7 @@ pub enum Finalize {
     Done { version: u64, path: Option<String> },
     /// It failed (the PS unreachable, a write error); the reconciler retries.
     Failed(String),
-    /// The reconciler gave up retrying; the job succeeds without a final model.
+    /// The reconciler gave up retrying and no worker recorded the model: the job fails.
     GaveUp(String),
 }
 
@@ -199,10 +199,14 @@ pub fn decide(o: &Observed) -> State {
                     where_the_model_is(*version, path, &o.model_place)
                 ),
             ),
+            // A pipeline waiting for Complete must not take a job without its model.
             Finalize::GaveUp(e) => State::new(
-                Phase::Succeeded,
-                "CompletedWithoutFinalModel",
-                format!("{} workers finished, but the final model could not be written: {e}", o.replicas),
+                Phase::Failed,
+                "FinalModelNotWritten",
+                format!(
+                    "{} workers finished, but no worker recorded the final model and the parameter server could not be asked to write it: {e}",
+                    o.replicas
+                ),
             ),
             Finalize::Failed(e) => State::new(
                 Phase::Running,

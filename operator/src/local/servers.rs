@@ -57,6 +57,7 @@ impl Servers {
             env.extend([
                 ("FORESIGHT_PS_LISTEN".into(), format!("127.0.0.1:{port}")),
                 ("FORESIGHT_CHECKPOINT_DIR".into(), ckpt.display().to_string()),
+                ("FORESIGHT_PS_SHARD".into(), i.to_string()),
             ]);
             if i == 0 {
                 env.push(("FORESIGHT_OUTPUT_DIR".into(), out.display().to_string()));
@@ -161,7 +162,7 @@ impl Servers {
     /// Finalizes the job (shard 0 finalizes the others): the final model's file.
     pub(super) async fn finalize(&self) -> Result<Option<PathBuf>, RunError> {
         let answer = self.client.finalize().await.map_err(|e| setup(format!("finalizing the job: {e}")))?;
-        Ok(answer.get("path").and_then(|p| p.as_str()).map(PathBuf::from))
+        Ok(answer.path.map(PathBuf::from))
     }
 }
 

@@ -263,24 +263,46 @@ impl ControlPlane {
     /// Plays the kubelet: moves a pod to `phase` (Running: with its Ready condition true;
     /// Succeeded/Failed: the container terminated with exit code 0/1).
     pub fn set_pod_phase(&self, ns: &str, pod: &str, phase: &str) {
-        self.set_pod_status(ns, pod, phase, if phase == "Succeeded" { 0 } else { 1 }, None);
+        self.set_pod_status(ns, pod, phase, if phase == "Succeeded" { 0 } else { 1 }, None, None);
+    }
+
+    /// Plays the kubelet for a worker that ended well and left `message` in its termination
+    /// message file.
+    pub fn succeed_pod_with_message(&self, ns: &str, pod: &str, message: &str) {
+        self.set_pod_status(ns, pod, "Succeeded", 0, None, Some(message));
+    }
+
+    /// Plays the kubelet for the job's last worker, which the PS told where it wrote the final
+    /// model (`version`, kept in memory only) as the worker left.
+    pub fn succeed_last_worker(&self, ns: &str, pod: &str, version: u64) {
+        let record = serde_json::json!({"finalModel": {"version": version, "path": null}});
+        self.succeed_pod_with_message(ns, pod, &record.to_string());
     }
 
     /// Plays the kubelet (and, with `disruption`, the component that evicted or preempted the
     /// pod): the pod fails, its container with `exit_code`, and with a `DisruptionTarget`
     /// condition whose reason is `disruption`.
     pub fn fail_pod(&self, ns: &str, pod: &str, exit_code: i32, disruption: Option<&str>) {
-        self.set_pod_status(ns, pod, "Failed", exit_code, disruption);
+        self.set_pod_status(ns, pod, "Failed", exit_code, disruption, None);
     }
 
-    fn set_pod_status(&self, ns: &str, pod: &str, phase: &str, exit_code: i32, disruption: Option<&str>) {
+    fn set_pod_status(
+        &self,
+        ns: &str,
+        pod: &str,
+        phase: &str,
+        exit_code: i32,
+        disruption: Option<&str>,
+        message: Option<&str>,
+    ) {
         let now = "2026-01-01T00:00:00Z";
         let ready = if phase == "Running" { "True" } else { "False" };
         let state = match phase {
             "Running" => serde_json::json!({"running": {"startedAt": now}}),
             _ => {
                 let reason = if exit_code == 0 { "Completed" } else { "Error" };
-                serde_json::json!({"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": now, "finishedAt": now}})
+                serde_json::json!({"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": now,
+                                                  "finishedAt": now, "message": message}})
             }
         };
         let container = self

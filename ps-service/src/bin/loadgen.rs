@@ -255,7 +255,7 @@ async fn main() -> anyhow::Result<()> {
         problem.loss(&vec![0.0; args.params])
     );
     if args.finalize {
-        println!("finalized: {}", client.finalize().await?);
+        println!("finalized: {}", serde_json::to_string(&client.finalize().await?)?);
     }
     Ok(())
 }

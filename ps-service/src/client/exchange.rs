@@ -19,6 +19,7 @@ use super::session::{Pushed, Session};
 use super::{ClientError, GradDtype, Joined, Model};
 use crate::server::Report;
 use crate::wire::Layout;
+use crate::wire::final_model::{FinalModel, TERMINATION_MESSAGE_ENV};
 
 /// How often a worker talks to the PS. Build it with [`Cadence::new`], which refuses the
 /// combinations that would mislabel a gradient.
@@ -154,6 +155,9 @@ pub struct Exchange {
     /// The gradients accumulated since the last push, summed.
     grad: Vec<f32>,
     stats: PushStats,
+    /// Where the PS wrote the final model, once [`Self::finish`] learnt it (this was the job's
+    /// last worker).
+    final_model: Option<FinalModel>,
 }
 
 impl Exchange {
@@ -168,6 +172,7 @@ impl Exchange {
             in_round: None,
             grad,
             stats: PushStats::default(),
+            final_model: None,
         }
     }
 
@@ -183,6 +188,11 @@ impl Exchange {
 
     pub fn stats(&self) -> PushStats {
         self.stats
+    }
+
+    /// The final model, when [`Self::finish`] found this worker to be the job's last.
+    pub fn final_model(&self) -> Option<&FinalModel> {
+        self.final_model.as_ref()
     }
 
     /// Whether the step in progress ends with a push.
@@ -277,10 +287,17 @@ impl Exchange {
 
     /// Ends this worker's training: tells the PS it trained all its steps (so `sync` rounds stop
     /// waiting for it; a PS that cannot be told is only logged: the training is done either
-    /// way), then pulls the PS's model, the final word.
+    /// way), then pulls the PS's model, the final word. The job's last worker learns where the
+    /// PS wrote the final model and records it in the file `FORESIGHT_TERMINATION_MESSAGE`
+    /// names (in a pod: the container's termination message, which the operator reads).
     pub fn finish(&mut self) -> Result<Model, ClientError> {
-        if let Err(e) = self.session.leave() {
-            tracing::warn!(error = %e, "could not tell the parameter server this worker finished");
+        match self.session.leave() {
+            Ok(Some(last)) => {
+                record_final_model(&last);
+                self.final_model = Some(last);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not tell the parameter server this worker finished"),
         }
         self.pull_now()
     }
@@ -292,6 +309,14 @@ impl Exchange {
 
     pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {
         self.session.report(report)
+    }
+}
+
+fn record_final_model(m: &FinalModel) {
+    tracing::info!(version = m.version, path = ?m.path, "this was the job's last worker: the final model is written");
+    let Some(file) = std::env::var_os(TERMINATION_MESSAGE_ENV) else { return };
+    if let Err(e) = m.record(std::path::Path::new(&file)) {
+        tracing::warn!(error = %e, file = ?file, "could not record the final model in the termination message");
     }
 }
 

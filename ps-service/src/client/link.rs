@@ -9,6 +9,7 @@ use super::session::{Pushed, Retry};
 use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PushId};
 use crate::server::Report;
 use crate::wire::Layout;
+use crate::wire::final_model::FinalModel;
 
 /// Refusals after which a gradient is dropped and the model pulled again.
 const DROPPED: [&str; 4] = ["pull_required", "too_stale", "round_closed", "future_version"];
@@ -194,8 +195,8 @@ impl Link {
         Ok(pushed)
     }
 
-    /// Tells the shard this worker trained all its steps.
-    pub(super) async fn leave(&mut self) -> Result<(), ClientError> {
+    /// Tells the shard this worker trained all its steps; the final model when it was the last.
+    pub(super) async fn leave(&mut self) -> Result<Option<FinalModel>, ClientError> {
         let (worker, generation) = (self.worker, self.generation);
         self.retry("leaving", |c| async move { c.leave(worker, generation).await }).await
     }

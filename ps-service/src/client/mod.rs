@@ -6,6 +6,7 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use crate::server::Report;
+use crate::wire::final_model::FinalModel;
 use crate::wire::in_place::InPlace;
 use crate::wire::{self, Layout, WireError};
 
@@ -383,11 +384,18 @@ impl PsClient {
         Ok(())
     }
 
-    /// `POST /v1/leave`: this incarnation of `worker` has trained all its steps.
-    pub async fn leave(&self, worker: usize, generation: u64) -> Result<(), ClientError> {
+    /// `POST /v1/leave`: this incarnation of `worker` has trained all its steps. The answer to
+    /// the job's last worker says where the PS wrote the final model.
+    pub async fn leave(&self, worker: usize, generation: u64) -> Result<Option<FinalModel>, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct Left {
+            #[serde(default)]
+            final_model: Option<FinalModel>,
+        }
         let path = format!("/v1/leave?worker={worker}&generation={generation}");
-        Self::check(self.req(reqwest::Method::POST, &path).send().await?).await?;
-        Ok(())
+        let left: Left =
+            Self::check(self.req(reqwest::Method::POST, &path).send().await?).await?.json().await?;
+        Ok(left.final_model)
     }
 
     pub async fn status(&self) -> Result<serde_json::Value, ClientError> {
@@ -401,7 +409,8 @@ impl PsClient {
         Ok(())
     }
 
-    pub async fn finalize(&self) -> Result<serde_json::Value, ClientError> {
+    /// `POST /v1/finalize`: the model becomes read-only and the final model is written.
+    pub async fn finalize(&self) -> Result<FinalModel, ClientError> {
         Ok(Self::check(self.req(reqwest::Method::POST, "/v1/finalize").send().await?).await?.json().await?)
     }
 }

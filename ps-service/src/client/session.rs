@@ -27,6 +27,7 @@ use super::link::Link;
 use super::{ClientError, GradDtype, Joined, Model, PsClient, PushReply};
 use crate::server::Report;
 use crate::wire::Layout;
+use crate::wire::final_model::FinalModel;
 use crate::wire::shards::ShardMap;
 
 /// What became of a pushed gradient.
@@ -189,10 +190,13 @@ impl Session {
         Ok(Pushed::combine(all.into_iter().collect::<Result<_, _>>()?))
     }
 
-    /// Tells every shard this worker trained all its steps (its `sync` rounds stop waiting for it).
-    pub fn leave(&mut self) -> Result<(), ClientError> {
+    /// Tells every shard this worker trained all its steps (its `sync` rounds stop waiting for
+    /// it). When it was the job's last, the first shard answers with the whole model's final
+    /// file (the others' answers name only their slices).
+    pub fn leave(&mut self) -> Result<Option<FinalModel>, ClientError> {
         let all = self.rt.block_on(join_all(self.links.iter_mut().map(Link::leave)));
-        all.into_iter().collect()
+        let mut answers = all.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(answers.swap_remove(0))
     }
 
     /// Reports progress to the first shard, whose status the operator and `foresight run` read.

@@ -18,6 +18,7 @@ use super::guarded_body::{BodyGuard, guard_request_body};
 use super::{ApiError, AppState, auth};
 use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
 use crate::wire;
+use crate::wire::final_model::FinalModel;
 
 pub const VERSION_HEADER: &str = "x-foresight-version";
 /// This PS process (`/v1/status` `process.incarnation`), on every model a pull sends.
@@ -418,7 +419,8 @@ async fn leave(
     worker_in_range(&state, worker)?;
     let store = registered(&state)?;
     state.saw(worker);
-    let closed = tokio::task::spawn_blocking(move || store.leave(worker, generation))
+    let leaving = store.clone();
+    let closed = tokio::task::spawn_blocking(move || leaving.leave(worker, generation))
         .await
         .expect("leave task panicked")?;
     tracing::info!(worker, generation, "worker finished its steps");
@@ -429,7 +431,28 @@ async fn leave(
         );
         state.count_round_closed(o.version);
     }
-    Ok(Json(serde_json::json!({ "finished": true, "closed_round": closed.map(|o| o.version) })))
+    let final_model = if store.all_finished() { finalize_after_the_last(&state).await } else { None };
+    Ok(Json(serde_json::json!({
+        "finished": true,
+        "closed_round": closed.map(|o| o.version),
+        "final_model": final_model,
+    })))
+}
+
+/// Every worker of the job has trained all its steps: the PS writes the final model itself,
+/// so that the job has one even when the operator cannot reach the PS to ask for it. A failure
+/// is only logged: the operator's `POST /v1/finalize` tries again.
+async fn finalize_after_the_last(state: &Arc<AppState>) -> Option<FinalModel> {
+    match state.finalize().await {
+        Ok(m) => {
+            tracing::info!(version = m.version, "every worker finished: the job is finalized");
+            Some(m)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e.message, "every worker finished, but the final model could not be written");
+            None
+        }
+    }
 }
 
 async fn report(
@@ -505,9 +528,8 @@ async fn set_workers(
     Ok(Json(serde_json::json!({ "workers": count })))
 }
 
-async fn finalize(State(state): State<Arc<AppState>>) -> Result<Json<serde_json::Value>, ApiError> {
-    let (version, path) = state.finalize().await?;
-    Ok(Json(serde_json::json!({ "version": version, "path": path })))
+async fn finalize(State(state): State<Arc<AppState>>) -> Result<Json<FinalModel>, ApiError> {
+    Ok(Json(state.finalize().await?))
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {

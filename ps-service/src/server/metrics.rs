@@ -50,8 +50,14 @@ const COMPENSATION_EWMA: f64 = 0.05;
 
 impl Metrics {
     /// Every series carries the job's `job` and `namespace` labels.
-    pub fn new(job: &str, namespace: &str) -> Self {
-        let labels = [("job".to_string(), job.to_string()), ("namespace".to_string(), namespace.to_string())];
+    /// Every series carries the job, its namespace and the shard: a sharded PS's processes
+    /// export the same names, and a dashboard tells them apart (or sums over them) by `shard`.
+    pub fn new(job: &str, namespace: &str, shard: usize) -> Self {
+        let labels = [
+            ("job".to_string(), job.to_string()),
+            ("namespace".to_string(), namespace.to_string()),
+            ("shard".to_string(), shard.to_string()),
+        ];
         let registry = Registry::new_custom(None, Some(labels.into_iter().collect())).expect("valid labels");
         let hist = |name: &str, help: &str, buckets: &[f64]| {
             let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))

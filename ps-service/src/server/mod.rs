@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use crate::optimizer::Hyper;
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
 use crate::store::{CheckpointData, Store};
+use crate::wire::final_model::FinalModel;
 use crate::wire::shards;
 
 pub use admission::cgroup_memory_limit;
@@ -73,6 +74,8 @@ pub struct PsConfig {
     /// Shard 0 of a sharded PS: the other shards' URLs, in shard order. Its finalize finalizes
     /// them too and writes the whole model's final file from every shard's slice.
     pub peers: Vec<String>,
+    /// This process's shard of a sharded PS (0 when unsharded): the `shard` label of its series.
+    pub shard: usize,
 }
 
 impl PsConfig {
@@ -103,6 +106,7 @@ impl PsConfig {
             memory_limit: None,
             push_slots: None,
             peers: Vec::new(),
+            shard: 0,
         }
     }
 }
@@ -121,6 +125,9 @@ pub struct AppState {
     last_checkpoint: Mutex<Instant>,
     /// One checkpoint write at a time (periodic, shutdown and finalize may race).
     checkpoint_lock: tokio::sync::Mutex<()>,
+    /// The final model once written: the last worker's leave and the operator's finalize may
+    /// race, and both get this one answer.
+    final_model: tokio::sync::OnceCell<FinalModel>,
     /// One registration (or re-seeding offer) read and built at a time: in a registration storm
     /// (every worker uploading at start, or after the PS lost its model) the first installs the
     /// model and the others are answered without buffering their bodies or building a store of
@@ -218,7 +225,7 @@ impl AppState {
             None => None,
         };
         let workers = restored_membership(&config, restored.as_ref().map(|(_, _, data, _)| data));
-        let metrics = metrics::Metrics::new(&config.job, &config.namespace);
+        let metrics = metrics::Metrics::new(&config.job, &config.namespace, config.shard);
         metrics.max_staleness.set(config.hyper.max_staleness.map_or(0, |b| b as i64));
         metrics.workers_expected.set(workers as i64);
         let (version_tx, _) = watch::channel(0);
@@ -233,6 +240,7 @@ impl AppState {
             checkpoints,
             last_checkpoint: Mutex::new(Instant::now()),
             checkpoint_lock: tokio::sync::Mutex::new(()),
+            final_model: tokio::sync::OnceCell::new(),
             registering: tokio::sync::Mutex::new(()),
             bodies: body::Pool::new(8),
             grads: body::Pool::new(8),
@@ -574,8 +582,13 @@ impl AppState {
 
     /// Finalizes: the model becomes read-only, a last checkpoint and the final model are written.
     /// Shard 0 of a sharded PS finalizes the other shards first and writes the whole model,
-    /// merged from every shard's slice, at the lowest of their versions.
-    pub async fn finalize(self: &Arc<Self>) -> Result<(u64, Option<PathBuf>), ApiError> {
+    /// merged from every shard's slice, at the lowest of their versions. Done once: later calls
+    /// (and calls racing the first) get the first one's answer; a failed try is tried again.
+    pub async fn finalize(self: &Arc<Self>) -> Result<FinalModel, ApiError> {
+        self.final_model.get_or_try_init(|| self.write_final_model()).await.cloned()
+    }
+
+    async fn write_final_model(self: &Arc<Self>) -> Result<FinalModel, ApiError> {
         let store = self.store().cloned().ok_or_else(ApiError::not_registered)?;
         let _guard = self.checkpoint_lock.lock().await;
         let peers = self.finalize_peers().await?;
@@ -586,7 +599,7 @@ impl AppState {
                 state.write_checkpoint(&store, &data).map_err(internal)?;
             }
             let dir = state.config.output_dir.as_ref().or(state.config.checkpoint_dir.as_ref());
-            let Some(dir) = dir else { return Ok((data.version, None)) };
+            let Some(dir) = dir else { return Ok(FinalModel { version: data.version, path: None }) };
             std::fs::create_dir_all(dir).map_err(internal)?;
             let path = dir.join("model-final.safetensors");
             let (layout, model) = if peers.is_empty() {
@@ -601,7 +614,7 @@ impl AppState {
             checkpoint::write_atomic(&path, |f| checkpoint::encode_to(f, &layout, store.hyper(), &model))
                 .map_err(internal)?;
             tracing::info!(path = %path.display(), version = model.version, shards = 1 + state.config.peers.len(), "final model written");
-            Ok((model.version, Some(path)))
+            Ok(FinalModel { version: model.version, path: Some(path.display().to_string()) })
         })
         .await
         .expect("finalize task panicked")

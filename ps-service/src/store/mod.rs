@@ -578,6 +578,14 @@ impl Store {
         self.seq.lock().version
     }
 
+    /// Every one of the job's M workers has trained all its steps (`leave`) and none has joined
+    /// again since.
+    pub fn all_finished(&self) -> bool {
+        let m = self.workers();
+        let seq = self.seq.lock();
+        seq.workers.len() >= m && seq.workers[..m].iter().all(|w| w.finished)
+    }
+
     pub fn is_finalized(&self) -> bool {
         self.seq.lock().finalized
     }

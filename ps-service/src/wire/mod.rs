@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
+pub mod final_model;
 pub mod in_place;
 pub mod progress;
 pub mod shards;

@@ -31,7 +31,8 @@ pub enum WorkerEvent {
         test_accuracy: Option<f64>,
         seconds: f64,
         /// Where the worker's time went, from its first step to its last (absent from workers
-        /// that do not measure it: the Python package's).
+        /// that do not measure it; the Python package's counts its script's own time between
+        /// steps, data loading included, as `compute`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         phases: Option<PhaseSeconds>,
     },

@@ -400,6 +400,7 @@ fn a_sharded_parameter_server_is_one_deployment_service_and_claim_per_shard() {
         let claims: Vec<&str> = claims.iter().map(|c| c.claim_name.as_str()).collect();
         let c = &pod.containers[0];
         let has = |name: &str| c.env.iter().flatten().any(|e| e.name == name);
+        assert_eq!(env(c, "FORESIGHT_PS_SHARD").value, Some(i.to_string()), "the shard label of its series");
         match i {
             0 => {
                 assert_eq!(claims, ["mnist-ps-checkpoints", "mnist-output"]);

@@ -185,8 +185,8 @@ fn each_observation_leads_to_its_phase() {
         ),
         (
             Observed { finalize: Finalize::GaveUp("gone".into()), ..with_workers(|w| w.complete = true) },
-            Phase::Succeeded,
-            "CompletedWithoutFinalModel",
+            Phase::Failed,
+            "FinalModelNotWritten",
         ),
     ];
     for (o, phase, reason) in cases {
