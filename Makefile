@@ -34,8 +34,9 @@ lint: setup ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test: lint setup-test ## Lint, every test (unit, property, integration over loopback HTTP/2, the Python package's pytest), then make e2e
+test: lint setup-test ## Lint, every test (unit, property, integration over loopback HTTP/2, a bounded fuzz run, the Python package's pytest), then make e2e
 	$(CARGO) test --locked --workspace
+	@$(MAKE) --no-print-directory fuzz-short FUZZ_SECONDS=10
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory e2e
 
@@ -102,8 +103,10 @@ fuzz: ## Fuzz every target for 5 min each (fuzz/run.sh; ARGS=--seconds N, or tar
 	fuzz/run.sh $(ARGS)
 
 # trainingjob builds the operator crate (12-35 min the first time here): named in ARGS only.
-fuzz-short: ## Fuzz the ps-service targets for 25 s each, a bounded smoke run (ARGS=trainingjob or other names)
-	fuzz/run.sh --seconds 25 --no-operator $(ARGS)
+# make test runs it for 10 s a target, with every core building (a crash fails the test).
+FUZZ_SECONDS ?= 25
+fuzz-short: ## Fuzz the ps-service targets for 25 s each, a bounded smoke run (part of make test, 10 s each; ARGS=trainingjob or other names)
+	CARGO_BUILD_JOBS=$${CARGO_BUILD_JOBS:-$$(nproc)} fuzz/run.sh --seconds $(FUZZ_SECONDS) --no-operator $(ARGS)
 
 crd: ## Regenerate crds/trainingjob.yaml from the TrainingJob types (a test fails when it is stale)
 	$(CARGO) run -q -p foresight-operator --bin foresight -- crd > crds/trainingjob.yaml

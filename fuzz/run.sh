@@ -38,7 +38,7 @@ cache=${FORESIGHT_CACHE:-$HOME/.cache/foresight}/cargo-fuzz-$CARGO_FUZZ_VERSION
 export PATH=$cache/bin:$PATH
 if ! cargo-fuzz --version 2>/dev/null | grep -qx "cargo-fuzz $CARGO_FUZZ_VERSION"; then
     echo "installing cargo-fuzz $CARGO_FUZZ_VERSION into $cache" >&2
-    cargo install --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION" --root "$cache" -j 1
+    cargo install --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION" --root "$cache" -j "${CARGO_BUILD_JOBS:-1}"
 fi
 rustup run nightly rustc --version >/dev/null 2>&1 || {
     echo "needs a nightly toolchain: rustup toolchain install nightly --profile minimal" >&2
