@@ -583,6 +583,31 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.workers.pod.serviceAccountName: Invalid value: |must be a ServiceAccount name",
         ),
         (
+            &[("spec.workers.pod.runtimeClassName", json!("Kata_QEMU"))],
+            "workers.pod.runtimeClassName",
+            "spec.workers.pod.runtimeClassName: Invalid value: |must be a RuntimeClass name",
+        ),
+        (
+            &[("spec.parameterServer.pod.schedulerName", json!("-volcano"))],
+            "parameterServer.pod.schedulerName",
+            "spec.parameterServer.pod.schedulerName: Invalid value: |must be a scheduler name",
+        ),
+        (
+            &[("spec.workers.pod.securityContext", json!({"runAsUser": 0}))],
+            "workers.pod.securityContext",
+            "spec.workers.pod.securityContext.runAsUser in body should be greater than or equal to 1",
+        ),
+        (
+            &[("spec.workers.pod.securityContext", json!({"supplementalGroups": [5000, 0]}))],
+            "workers.pod.securityContext",
+            "spec.workers.pod.securityContext.supplementalGroups: Invalid value: |never root's",
+        ),
+        (
+            &[("spec.parameterServer.pod.tmpSizeLimit", json!("big"))],
+            "parameterServer.pod.tmpSizeLimit",
+            "spec.parameterServer.pod.tmpSizeLimit: Invalid value: |must be a quantity > 0",
+        ),
+        (
             &[("spec.workers.gpuResource", json!("gpu"))],
             "workers.gpuResource",
             "spec.workers.gpuResource: Invalid value: |must be an extended resource name with a domain",
@@ -646,7 +671,12 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
         "priorityClassName": "training-high", "serviceAccountName": "data-reader",
         "automountServiceAccountToken": true, "imagePullSecrets": [{"name": "registry"}],
         "env": [{"name": "BUCKET", "value": "s3://b"}], "envFrom": [{"secretRef": {"name": "creds"}}],
-        "volumes": [{"name": "cache", "emptyDir": {}}], "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]
+        "volumes": [{"name": "cache", "emptyDir": {}}], "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"team": "ml"}}}],
+        "runtimeClassName": "nvidia", "schedulerName": "volcano", "tmpSizeLimit": "2Gi",
+        "securityContext": {"runAsUser": 2000, "runAsGroup": 2000, "fsGroup": 3000, "supplementalGroups": [5000]}
     });
     set(&mut full, "spec.parameterServer.pod", pod.clone());
     set(&mut full, "spec.workers.pod", pod);

@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvFromSource, EnvVar, LocalObjectReference, Toleration, Volume, VolumeMount,
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, Toleration, TopologySpreadConstraint, Volume,
+    VolumeMount,
 };
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
@@ -89,11 +90,67 @@ pub struct PodSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub volume_mounts: Option<Vec<VolumeMount>>,
+    /// How the pods spread over zones or nodes (e.g. workers one per node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
+    /// RuntimeClass of the pods (it must exist), e.g. a sandboxed or a GPU runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("must be a RuntimeClass name (lowercase letters, digits, '-' and '.')"))]
+    pub runtime_class_name: Option<String>,
+    /// The scheduler that places the pods (default: the cluster's default scheduler), e.g. a
+    /// gang or topology-aware one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("must be a scheduler name (lowercase letters, digits, '-' and '.')"))]
+    pub scheduler_name: Option<String>,
+    /// Which user and groups the pods run as, for data on shared filesystems whose files belong
+    /// to a user or group (NFS). The rest of the security context stays the operator's: non-root,
+    /// no privilege escalation, no capabilities, a read-only root filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodIdentity>,
+    /// Size limit of the pods' `/tmp` (an emptyDir), a quantity > 0 such as `2Gi`; default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("must be a quantity > 0, e.g. 2Gi"))]
+    pub tmp_size_limit: Option<String>,
+}
+
+/// The user and groups of a role's pods. Never root: the operator's containers run as non-root,
+/// so 0 is refused here rather than by the kubelet at the pods' start.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodIdentity {
+    /// The user the containers run as (default 10001), ≥ 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub run_as_user: Option<i64>,
+    /// The primary group (default 10001), ≥ 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub run_as_group: Option<i64>,
+    /// The group that owns the pods' volumes (default 10001), ≥ 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub fs_group: Option<i64>,
+    /// More groups of the containers' processes (an NFS share's group), each ≥ 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.all(g, g >= 1 && g <= 2147483647)").message("each group must be in 1..2147483647 (never root's)"))]
+    pub supplemental_groups: Option<Vec<i64>>,
 }
 
 /// The fields of `PodSettings` whose schema is a Kubernetes type's.
-pub(super) const UPSTREAM_FIELDS: [&str; 7] =
-    ["tolerations", "affinity", "imagePullSecrets", "env", "envFrom", "volumes", "volumeMounts"];
+pub(super) const UPSTREAM_FIELDS: [&str; 8] = [
+    "tolerations",
+    "affinity",
+    "imagePullSecrets",
+    "env",
+    "envFrom",
+    "volumes",
+    "volumeMounts",
+    "topologySpreadConstraints",
+];
 
 /// Shapes the generated schema of a `pod` block (its `properties`) for the API server. The
 /// Kubernetes types inside lose their upstream descriptions (`kubectl explain pod.spec` has

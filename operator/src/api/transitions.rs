@@ -21,9 +21,11 @@ pub const WORKER_TEMPLATE_FIELDS: [&str; 13] = [
     "optimizer.innerOptimizer",
 ];
 
-/// The parts of `workers.pod` the rules compare. Its volumes, mounts, affinity and `envFrom`
-/// are too large a schema for any rule's cost cap: a change of those while workers run is held
-/// back by the operator instead (`children::worker_job_update`, a Warning event).
+/// The parts of `workers.pod` the rules compare. Its volumes, mounts, affinity, `envFrom` and
+/// topology spread are too large a schema for any rule's cost cap, and its runtime class,
+/// scheduler, security context and `/tmp` limit are left out to keep the cost under it: a
+/// change of those while workers run is held back by the operator instead
+/// (`children::worker_job_update`, a Warning event).
 pub const WORKER_POD_FIELDS: [&str; 9] = [
     "workers.pod.labels",
     "workers.pod.annotations",

@@ -326,12 +326,37 @@ fn validate_pod(p: &PodSettings, field: &str, errs: &mut Vec<ValidationError>) {
         "volumeMounts",
         "/tmp, /checkpoints and /output are mounted by the operator",
     );
-    for (sub, name) in
-        [("priorityClassName", &p.priority_class_name), ("serviceAccountName", &p.service_account_name)]
-    {
+    for (sub, name) in [
+        ("priorityClassName", &p.priority_class_name),
+        ("serviceAccountName", &p.service_account_name),
+        ("runtimeClassName", &p.runtime_class_name),
+        ("schedulerName", &p.scheduler_name),
+    ] {
         if let Some(n) = name {
             check(is_name(n), sub, "must be an object name (lowercase letters, digits, '-' and '.')");
         }
+    }
+    if let Some(limit) = &p.tmp_size_limit {
+        check(is_positive_quantity(limit), "tmpSizeLimit", "must be a quantity > 0, e.g. 2Gi");
+    }
+    check(
+        p.topology_spread_constraints.as_ref().is_none_or(|t| t.len() <= 16),
+        "topologySpreadConstraints",
+        "at most 16",
+    );
+    if let Some(id) = &p.security_context {
+        let ids = [id.run_as_user, id.run_as_group, id.fs_group].into_iter().flatten();
+        let groups = id.supplemental_groups.iter().flatten().copied();
+        check(
+            ids.chain(groups).all(|n| (1..=i64::from(i32::MAX)).contains(&n)),
+            "securityContext",
+            "user and group ids must be in 1..2147483647 (never root's)",
+        );
+        check(
+            id.supplemental_groups.as_ref().is_none_or(|g| g.len() <= 32),
+            "securityContext.supplementalGroups",
+            "at most 32",
+        );
     }
 }
 

@@ -662,6 +662,22 @@ fn with_pod_settings(template: &mut PodTemplateSpec, settings: Option<&PodSettin
     set(&mut spec.automount_service_account_token, &p.automount_service_account_token);
     spec.image_pull_secrets.clone_from(&p.image_pull_secrets);
     spec.volumes.get_or_insert_default().extend(p.volumes.iter().flatten().cloned());
+    set(&mut spec.topology_spread_constraints, &p.topology_spread_constraints);
+    set(&mut spec.runtime_class_name, &p.runtime_class_name);
+    set(&mut spec.scheduler_name, &p.scheduler_name);
+    if let Some(id) = &p.security_context {
+        let sc = spec.security_context.get_or_insert_with(pod_security);
+        set(&mut sc.run_as_user, &id.run_as_user);
+        set(&mut sc.run_as_group, &id.run_as_group);
+        set(&mut sc.fs_group, &id.fs_group);
+        set(&mut sc.supplemental_groups, &id.supplemental_groups);
+    }
+    if let Some(limit) = &p.tmp_size_limit {
+        let tmp = spec.volumes.iter_mut().flatten().filter(|v| v.name == "tmp");
+        for dir in tmp.filter_map(|v| v.empty_dir.as_mut()) {
+            dir.size_limit = Some(Quantity(limit.clone()));
+        }
+    }
     let container = &mut spec.containers[0];
     container.env.get_or_insert_default().extend(p.env.iter().flatten().cloned());
     container.env_from.clone_from(&p.env_from);

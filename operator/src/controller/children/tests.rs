@@ -245,6 +245,7 @@ spec:
       priorityClassName: training-high
       labels: {team: ml}
       annotations: {example.com/owner: ml}
+      tmpSizeLimit: 512Mi
   workers:
     replicas: 2
     gpus: 1
@@ -259,6 +260,11 @@ spec:
       envFrom: [{secretRef: {name: bucket-credentials}}]
       volumes: [{name: cache, emptyDir: {}}]
       volumeMounts: [{name: cache, mountPath: /cache}]
+      topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule}]
+      runtimeClassName: nvidia
+      schedulerName: volcano
+      securityContext: {runAsUser: 2000, supplementalGroups: [5000]}
+      tmpSizeLimit: 2Gi
 "#;
 
 #[test]
@@ -275,6 +281,18 @@ fn each_roles_pod_settings_are_added_to_what_the_operator_sets() {
     assert_eq!(p.priority_class_name.as_deref(), Some("training-high"));
     assert_eq!(p.automount_service_account_token, Some(false), "no token unless asked");
     assert!(p.service_account_name.is_none());
+    let tmp = |volumes: &Option<Vec<k8s_openapi::api::core::v1::Volume>>| {
+        let tmp = volumes.iter().flatten().find(|v| v.name == "tmp").unwrap();
+        tmp.empty_dir.as_ref().unwrap().size_limit.clone()
+    };
+    assert_eq!(tmp(&p.volumes), Some(Quantity("512Mi".into())));
+    let ps_security = p.security_context.unwrap();
+    assert_eq!((ps_security.run_as_user, ps_security.supplemental_groups), (Some(10001), None));
+    assert!(
+        p.runtime_class_name.is_none()
+            && p.scheduler_name.is_none()
+            && p.topology_spread_constraints.is_none()
+    );
 
     let w = o.worker_job(&defaults()).spec.unwrap().template.spec.unwrap();
     let c = &w.containers[0];
@@ -293,6 +311,17 @@ fn each_roles_pod_settings_are_added_to_what_the_operator_sets() {
     assert_eq!(mounts, ["/tmp", "/cache"]);
     let volumes: Vec<&str> = w.volumes.as_ref().unwrap().iter().map(|v| v.name.as_str()).collect();
     assert_eq!(volumes, ["tmp", "cache"]);
+    assert_eq!(tmp(&w.volumes), Some(Quantity("2Gi".into())));
+    assert_eq!(w.topology_spread_constraints.as_ref().unwrap()[0].topology_key, "kubernetes.io/hostname");
+    assert_eq!(
+        (w.runtime_class_name.as_deref(), w.scheduler_name.as_deref()),
+        (Some("nvidia"), Some("volcano"))
+    );
+    // The user and groups are the job's; the rest of the security context stays the operator's.
+    let s = w.security_context.as_ref().unwrap();
+    assert_eq!((s.run_as_user, s.run_as_group, s.fs_group), (Some(2000), Some(10001), Some(10001)));
+    assert_eq!((s.supplemental_groups.clone(), s.run_as_non_root), (Some(vec![5000]), Some(true)));
+    assert_eq!(c.security_context.as_ref().unwrap().read_only_root_filesystem, Some(true));
 }
 
 #[test]
