@@ -81,3 +81,82 @@ fn a_worker_pushes_one_pseudo_gradient_per_h_local_steps_and_the_ps_applies_nest
     assert!(worst < 1e-5, "the PS's model is off the hand-computed outer steps by {worst}");
     assert!(got.params() != &w0[..], "the model moved");
 }
+
+/// A worker whose steps end between two exchanges (6 steps at h = 4) pushes the last 2 steps'
+/// pseudo-gradient when it finishes: the model holds every step it trained.
+#[test]
+fn the_local_steps_left_at_the_end_are_pushed_by_finish() {
+    let rt = runtime();
+    let mut cfg = config(Algorithm::Asgd, 1);
+    cfg.hyper.lr = foresight_ps::optimizer::LrSchedule::constant(OUTER_LR);
+    let ps = rt.block_on(start(cfg));
+    let cadence = Cadence::local_steps(H, GradDtype::F32).unwrap();
+    let mut w = worker(&rt, std::slice::from_ref(&ps.url), cadence, 0, Duration::from_secs(30));
+    let l = layout();
+    let (mut pulled, mut local) = (Vec::new(), Vec::new());
+    let pseudo = |pulled: &[f32], local: &[f32], out: &mut [f32]| {
+        for ((d, p), x) in out.iter_mut().zip(pulled).zip(local) {
+            *d = p - x;
+        }
+    };
+    for _ in 0..H + 2 {
+        if let Some(m) = w.pull_if_due().unwrap() {
+            (pulled, local) = (m.values.clone(), m.values);
+        }
+        let g = grad(&l, w.step() as usize);
+        local = local.iter().zip(g).map(|(x, g)| x - INNER_LR * g).collect();
+        if w.push_due_next() {
+            pseudo(&pulled, &local, w.grad_mut());
+        }
+        assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
+    }
+    assert_eq!(ps.state.store().unwrap().status().version, 1, "one whole block of h steps pushed");
+    assert_eq!(w.steps_unsent(), 2);
+    pseudo(&pulled, &local, w.grad_mut());
+    let last = w.finish().unwrap();
+    assert_eq!((last.version, w.steps_unsent()), (2, 0), "finish pushed the 2 steps left");
+
+    // By hand: an outer step after the first h inner steps, then one after the last 2.
+    let mut model = init(&l);
+    let after = inner_steps(&model, 0);
+    for (x, a) in model.iter_mut().zip(after) {
+        *x -= OUTER_LR * (*x - a);
+    }
+    let mut inner = model.clone();
+    for k in H..H + 2 {
+        for (x, g) in inner.iter_mut().zip(grad(&l, k as usize)) {
+            *x -= INNER_LR * g;
+        }
+    }
+    for (x, a) in model.iter_mut().zip(inner) {
+        *x -= OUTER_LR * (*x - a);
+    }
+    let worst = last.values.iter().zip(&model).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-5, "the final model is off the hand-computed steps by {worst}");
+}
+
+/// Every pushEvery = 3 steps the mean gradient; the 7th step, alone at the end, is pushed by
+/// finish as its own mean (not divided by 3).
+#[test]
+fn a_gradient_window_cut_short_by_the_end_is_pushed_as_the_mean_of_its_own_steps() {
+    let rt = runtime();
+    let mut cfg = config(Algorithm::Asgd, 1);
+    cfg.hyper.lr = foresight_ps::optimizer::LrSchedule::constant(OUTER_LR);
+    let ps = rt.block_on(start(cfg));
+    let cadence = Cadence::new(3, 3, GradDtype::F32).unwrap();
+    let mut w = worker(&rt, std::slice::from_ref(&ps.url), cadence, 0, Duration::from_secs(30));
+    let l = layout();
+    for _ in 0..7 {
+        w.pull_if_due().unwrap();
+        let g = grad(&l, w.step() as usize);
+        w.grad_mut().iter_mut().zip(g).for_each(|(acc, g)| *acc += g);
+        assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
+    }
+    let before = ps.state.store().unwrap().snapshot_now().params().to_vec();
+    assert_eq!(ps.state.store().unwrap().status().version, 2);
+    let last = w.finish().unwrap();
+    assert_eq!(last.version, 3, "finish pushed the 7th step");
+    let expected: Vec<f32> = before.iter().zip(grad(&l, 6)).map(|(x, g)| x - OUTER_LR * g).collect();
+    let worst = last.values.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-6, "the last push was not the 7th step's own gradient: off by {worst}");
+}

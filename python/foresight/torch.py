@@ -232,10 +232,16 @@ class Optimizer(torch.optim.Optimizer):
                 offset += n
 
     def load_final(self) -> None:
-        """Ends this worker's training: tells the parameter server this worker trained all its
+        """Ends this worker's training: pushes the steps left over since the last push (fewer
+        than pushEvery or localSteps), tells the parameter server this worker trained all its
         steps (``sync`` rounds stop waiting for it), then loads its model (the job's result) into
         the parameters."""
-        self._native.finish(self._flat.data_ptr(), self._numel)
+        pseudo = None
+        if self._inner is not None and self._native.steps_unsent > 0:
+            # Local steps since the last exchange: their pseudo-gradient goes with the finish.
+            self._pseudo_gradient()
+            pseudo = self._grad.data_ptr()
+        self._native.finish(self._flat.data_ptr(), self._numel, pseudo)
         self._load()
 
     def parameters(self) -> Iterable[torch.nn.Parameter]:

@@ -136,6 +136,12 @@ impl Worker {
         self.exchange.step()
     }
 
+    /// Steps ended since the last push (`finish` pushes them).
+    #[getter]
+    fn steps_unsent(&self) -> u64 {
+        self.exchange.steps_unsent()
+    }
+
     /// (gradients taken, gradients discarded as stale, staleness of the last one applied).
     #[getter]
     fn push_stats(&self) -> (u64, u64, Option<u64>) {
@@ -156,10 +162,22 @@ impl Worker {
         }))
     }
 
-    /// Ends this worker's training (the PS is told it trained all its steps), then the PS's
-    /// model into the `len` floats at `addr`.
-    fn finish(&mut self, py: Python<'_>, addr: usize, len: usize) -> PyResult<u64> {
+    /// Ends this worker's training (the steps left over since the last push are pushed, with
+    /// local steps the pseudo-gradient at `pseudo_addr`; the PS is told it trained all its
+    /// steps), then the PS's model into the `len` floats at `addr`.
+    #[pyo3(signature = (addr, len, pseudo_addr=None))]
+    fn finish(
+        &mut self,
+        py: Python<'_>,
+        addr: usize,
+        len: usize,
+        pseudo_addr: Option<usize>,
+    ) -> PyResult<u64> {
         self.check_len(len)?;
+        if let Some(p) = pseudo_addr {
+            // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout).
+            self.exchange.grad_mut().copy_from_slice(unsafe { floats(p, len) });
+        }
         let exchange = &mut self.exchange;
         let m = py.detach(|| exchange.finish()).map_err(|e| to_py(py, e))?;
         // SAFETY: as in `pull_if_due`.

@@ -311,6 +311,10 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         }
         clock.end(Phase::Evaluate);
     }
+    // Local steps left over since the last exchange go with finish(), as a pseudo-gradient.
+    if let Some(l) = local.as_ref().filter(|_| ps.steps_unsent() > 0) {
+        l.pseudo_gradient(&params, ps.grad_mut())?;
+    }
     // The final word is the PS's model, evaluated here.
     let final_model = ps.finish()?;
     load_params(&params, &final_model.values);

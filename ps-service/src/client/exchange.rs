@@ -12,6 +12,10 @@
 //! with its own inner optimizer between exchanges; at the `h`-th it puts its pseudo-gradient
 //! θ_pulled − θ_local in [`Exchange::grad_mut`], which is pushed as it is (not averaged), and
 //! the PS applies its outer step to it.
+//!
+//! Steps left over at the end (fewer than `push_every`, or than `h`, since the last push) are
+//! pushed by [`Exchange::finish`] (their mean, or the pseudo-gradient the worker put in
+//! [`Exchange::grad_mut`]): the last steps of a job are never trained for nothing.
 
 use std::time::Duration;
 
@@ -154,6 +158,10 @@ pub struct Exchange {
     in_round: Option<InRound>,
     /// The gradients accumulated since the last push, summed.
     grad: Vec<f32>,
+    /// Steps ended since the last push: their gradients are in `grad`, not in the model.
+    unsent: u64,
+    /// The epoch the last step reached.
+    epoch: Option<f64>,
     stats: PushStats,
     /// Where the PS wrote the final model, once [`Self::finish`] learnt it (this was the job's
     /// last worker).
@@ -171,6 +179,8 @@ impl Exchange {
             version: None,
             in_round: None,
             grad,
+            unsent: 0,
+            epoch: None,
             stats: PushStats::default(),
             final_model: None,
         }
@@ -245,15 +255,31 @@ impl Exchange {
     /// reached (it drives the PS's learning-rate schedule).
     pub fn end_step(&mut self, epoch: Option<f64>) -> Result<StepEnd, ClientError> {
         self.step += 1;
+        self.unsent += 1;
+        self.epoch = epoch;
         if !self.step.is_multiple_of(self.cadence.push_every) {
             return Ok(StepEnd::Continue);
         }
-        if self.cadence.push_every > 1 && self.cadence.kind == Pushes::MeanGradient {
-            let k = self.cadence.push_every as f32;
+        self.push_unsent()
+    }
+
+    /// Steps ended since the last push (their gradients, or their local progress, are not in the
+    /// model yet). With local steps and some left at the end, the worker puts their
+    /// pseudo-gradient in [`Self::grad_mut`] before [`Self::finish`].
+    pub fn steps_unsent(&self) -> u64 {
+        self.unsent
+    }
+
+    /// Pushes what the unsent steps accumulated: the mean of their gradients (a window cut short
+    /// by a resume or by the end counts only its own steps), or the pseudo-gradient as it is.
+    fn push_unsent(&mut self) -> Result<StepEnd, ClientError> {
+        if self.unsent > 1 && self.cadence.kind == Pushes::MeanGradient {
+            let k = self.unsent as f32;
             self.grad.iter_mut().for_each(|g| *g /= k);
         }
-        let end = self.push(epoch);
+        let end = self.push(self.epoch);
         self.grad.fill(0.0);
+        self.unsent = 0;
         end
     }
 
@@ -285,12 +311,24 @@ impl Exchange {
         Ok(StepEnd::Continue)
     }
 
-    /// Ends this worker's training: tells the PS it trained all its steps (so `sync` rounds stop
+    /// Ends this worker's training: pushes the steps left over since the last push (their
+    /// gradients' mean, or with local steps the pseudo-gradient in [`Self::grad_mut`]), tells the
+    /// PS it trained all its steps (so `sync` rounds stop
     /// waiting for it; a PS that cannot be told is only logged: the training is done either
     /// way), then pulls the PS's model, the final word. The job's last worker learns where the
     /// PS wrote the final model and records it in the file `FORESIGHT_TERMINATION_MESSAGE`
     /// names (in a pod: the container's termination message, which the operator reads).
     pub fn finish(&mut self) -> Result<Model, ClientError> {
+        if self.unsent > 0 && self.version.is_some() {
+            let steps = self.unsent;
+            match self.push_unsent() {
+                Ok(StepEnd::Continue) => {
+                    tracing::info!(steps, "pushed the last steps, fewer than a whole push's")
+                }
+                Ok(StepEnd::Finalized) => {}
+                Err(e) => tracing::warn!(error = %e, steps, "could not push the last steps"),
+            }
+        }
         match self.session.leave() {
             Ok(Some(last)) => {
                 record_final_model(&last);
