@@ -123,11 +123,21 @@ def main() -> None:
     write_doc(args, rows, at, time.monotonic() - started)
 
 
+def bin_arg(bin_dir: Path) -> str:
+    """` --bin DIR` when the binaries were not the release build's (the debug build's PS is slower)."""
+    default = ROOT / "target" / "release"
+    if bin_dir.resolve() == default.resolve():
+        return ""
+    shown = bin_dir.resolve().relative_to(ROOT) if bin_dir.resolve().is_relative_to(ROOT) else bin_dir
+    return f" --bin {shown}"
+
+
 def write_doc(args, rows: list[dict], at: dt.datetime, wall: float) -> None:
     base = {r["seed"]: r for r in rows if r["h"] is None}
     lines = [
         f"Command: `scripts/low-communication.py --seeds {args.seeds} --sync-h {args.sync_h} --async-h "
-        f"{args.async_h} --async-lr {args.async_lr}` — {wall / 60:.1f} min wall, {at:%Y-%m-%d %H:%M} UTC, "
+        f"{args.async_h} --async-lr {args.async_lr}{bin_arg(args.bin)}` — {wall / 60:.1f} min wall, "
+        f"{at:%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores.",
         "",
         "| run | seed | final model accuracy | pushes (all workers) | MB pushed | pushes against every step | wall s |",
