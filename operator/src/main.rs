@@ -90,6 +90,15 @@ struct OperatorArgs {
     /// default, so that no render carries key material and GitOps tools see a stable manifest.
     #[arg(long, env = "FORESIGHT_TOKEN_KEY_SECRET", conflicts_with_all = ["token_key", "token_key_file"])]
     token_key_secret: Option<String>,
+    /// File holding the token key this one replaced: jobs created before a key rotation keep the
+    /// tokens their pods hold, and the operator calls their parameter servers with the previous
+    /// key's token when the current one is refused. (With --token-key-secret: the Secret's
+    /// `previous` entry.)
+    #[arg(long, env = "FORESIGHT_PREVIOUS_TOKEN_KEY_FILE", conflicts_with = "token_key_secret")]
+    previous_token_key_file: Option<PathBuf>,
+    /// The previous token key itself (instead of --previous-token-key-file).
+    #[arg(long, env = "FORESIGHT_PREVIOUS_TOKEN_KEY", hide_env_values = true, conflicts_with_all = ["token_key_secret", "previous_token_key_file"])]
+    previous_token_key: Option<String>,
     /// Parameter server image for jobs that name none.
     #[arg(long, env = "FORESIGHT_PS_IMAGE", default_value = "ghcr.io/foresight-dev/foresight-ps:0.1.0")]
     ps_image: String,
@@ -275,6 +284,16 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         (None, None, Some(name)) => KeySource::Secret(name.clone()),
         (None, None, None) => return Err("set FORESIGHT_TOKEN_KEY (or --token-key-file, or --token-key-secret): the key the job tokens are derived from, e.g. `openssl rand -hex 32`".into()),
     };
+    let previous = match (&a.previous_token_key, &a.previous_token_key_file) {
+        (Some(k), _) => Some(k.trim().as_bytes().to_vec()),
+        (None, Some(f)) => {
+            Some(std::fs::read(f).map_err(|e| format!("--previous-token-key-file {}: {e}", f.display()))?)
+        }
+        (None, None) => None,
+    };
+    let previous = previous
+        .map(|k| TokenKey::new(k.trim_ascii()).map_err(|e| format!("the previous token key: {e}")))
+        .transpose()?;
     // An empty FORESIGHT_WATCH_NAMESPACE means every namespace, as when it is unset.
     let watch = controller::Watch::parse(a.namespace.as_deref().unwrap_or_default())?;
     let example_url = a.ps_url.replace("{name}", "job").replace("{namespace}", "default");
@@ -294,11 +313,12 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         None => kube::Config::infer().await.map_err(|e| format!("no Kubernetes configuration: {e}"))?,
     };
     let client = kube::Client::try_from(config.clone()).map_err(|e| format!("Kubernetes client: {e}"))?;
-    let token_key = match key {
-        KeySource::Given(key) => key,
+    let (token_key, previous_token_key) = match key {
+        KeySource::Given(key) => (key, previous),
         KeySource::Secret(name) => {
-            let key = token::key_from_secret(&client, &a.lease_namespace, &name).await?;
-            TokenKey::new(&key).map_err(|e| format!("Secret {}/{name}: {e}", a.lease_namespace))?
+            let (key, previous) = token::key_from_secret(&client, &a.lease_namespace, &name).await?;
+            let bad = |e: token::ShortKey| format!("Secret {}/{name}: {e}", a.lease_namespace);
+            (TokenKey::new(&key).map_err(bad)?, previous.map(|p| TokenKey::new(&p).map_err(bad)).transpose()?)
         }
     };
     let lease_duration = Duration::from_secs(a.lease_duration_seconds);
@@ -314,6 +334,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         watch,
         defaults: ChildDefaults { ps_image: a.ps_image.clone(), worker_image: a.worker_image.clone() },
         token_key,
+        previous_token_key,
         ps_url: a.ps_url.clone(),
         progress_every: Duration::from_secs(a.progress_seconds),
         finalize_grace: Duration::from_secs(a.finalize_grace_seconds),

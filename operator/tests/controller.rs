@@ -1483,3 +1483,46 @@ fn the_operator_refuses_to_start_without_a_token_key_or_with_a_bad_flag() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("--kueue: Kueue's Workload API (kueue.x-k8s.io/v1beta2) is not served"), "{err}");
 }
+
+/// The operator's token key is rotated while a job runs: the new operator derives other
+/// tokens, but the job's pods and PS hold the old ones (its Secret is written once). Given the
+/// previous key, the operator still reads progress and finalizes with the old control token.
+#[test]
+fn after_a_token_key_rotation_a_running_job_is_still_observed_and_finalized() {
+    let cp = control_plane();
+    let ns = cp.namespace("rotation");
+    let ps_port = free_port();
+    let url = format!("http://127.0.0.1:{ps_port}");
+    let op = Operator::start(cp, &ns, &["--leader-elect=false", "--ps-url", &url]);
+    apply_job(cp, &ns, "rotated", json!({"workers": {"replicas": 1}}));
+    let ps = Ps::start(cp, &ns, "rotated", ps_port, 1);
+    ps.train_one_step();
+    cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "rotated"), "Running");
+    let worker = worker_pods(cp, &ns, "rotated", 1).remove(0);
+    cp.set_pod_phase(&ns, &worker, "Running");
+    wait_for("progress read with the first key's token", LONG, || {
+        (status(cp, &ns, "rotated")["progress"]["step"] == 1).then_some(())
+    });
+    drop(op);
+
+    let dir = tempfile::tempdir().unwrap();
+    let previous = dir.path().join("previous-key");
+    std::fs::write(&previous, KEY).unwrap();
+    let new_key = "f".repeat(64);
+    let args = ["--leader-elect=false", "--ps-url", &url, "--token-key", &new_key];
+    let _op = Operator::start(
+        cp,
+        &ns,
+        &[&args[..], &["--previous-token-key-file", previous.to_str().unwrap()]].concat(),
+    );
+    ps.push_for(Duration::from_millis(300));
+    let version = ps.status()["version"].clone();
+    assert!(version.as_u64().unwrap() > 1);
+    wait_for("progress read with the previous key's token", LONG, || {
+        (status(cp, &ns, "rotated")["progress"]["step"] == version).then_some(())
+    });
+    cp.set_pod_phase(&ns, &worker, "Succeeded");
+    let st = wait_phase(cp, &ns, "rotated", "Succeeded");
+    assert_eq!(condition(&st, "Succeeded")["reason"], "Completed", "{st:#}");
+    assert_eq!(ps.status()["finalized"], true, "finalized with the previous key's control token");
+}

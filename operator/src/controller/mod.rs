@@ -101,6 +101,8 @@ pub struct Settings {
     pub watch: Watch,
     pub defaults: ChildDefaults,
     pub token_key: TokenKey,
+    /// The key `token_key` replaced: jobs created before the rotation hold its tokens.
+    pub previous_token_key: Option<TokenKey>,
     /// URL of a job's parameter server as the operator reaches it; `{name}` and `{namespace}`
     /// are replaced.
     pub ps_url: String,
@@ -387,6 +389,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         Some(d as f64 - now.0.duration_since(since.0).as_secs_f64())
     });
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
+    let token = accepted_control_token(ctx, &ps, owner.uid(), token).await;
     let (progress, ps_process) =
         if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
     let finalize = if worker_job.complete {
@@ -694,6 +697,23 @@ async fn observe_ps(
     let Some(status) = read_ps_status(url, token).await else { return (None, None) };
     tell_ps_workers(ctx, job, url, token, &status).await;
     (Some(progress_of(&status)), ps_process_of(&status))
+}
+
+/// The control token the job's PS accepts: the current key's, or, after a key rotation, the
+/// previous key's for a job created before it (its pods hold the tokens of its Secret, written
+/// once). Without a previous key, no request is made.
+async fn accepted_control_token(ctx: &Context, url: &str, uid: &str, current: String) -> String {
+    let Some(previous) = &ctx.settings.previous_token_key else { return current };
+    let refused = |token: String| async move {
+        let Ok(client) = foresight_ps::client::PsClient::new(url, Some(token)) else { return false };
+        let answer = tokio::time::timeout(Duration::from_secs(3), client.status()).await;
+        matches!(answer, Ok(Err(e)) if e.reason() == Some("unauthorized"))
+    };
+    if !refused(current.clone()).await {
+        return current;
+    }
+    let old = previous.control_token(uid);
+    if refused(old.clone()).await { current } else { old }
 }
 
 /// The parameter server's `/v1/status`; `None` when it does not answer.

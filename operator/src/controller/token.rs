@@ -52,15 +52,22 @@ impl std::fmt::Debug for TokenKey {
     }
 }
 
-/// The token key kept in the Secret `name` of the operator's namespace, under `key`. A missing
-/// Secret is created with 32 random bytes (hex): replicas starting together race to create it,
-/// and the loser reads the winner's, so every replica derives the same tokens.
-pub async fn key_from_secret(client: &kube::Client, namespace: &str, name: &str) -> Result<Vec<u8>, String> {
+/// The token key kept in the Secret `name` of the operator's namespace, under `key`, and the
+/// key it replaced under `previous` when there is one (a rotation: jobs created before it keep
+/// their tokens). A missing Secret is created with 32 random bytes (hex): replicas starting
+/// together race to create it, and the loser reads the winner's, so every replica derives the
+/// same tokens.
+pub async fn key_from_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(Vec<u8>, Option<Vec<u8>>), String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let read = |s: Secret| -> Result<Vec<u8>, String> {
-        let data = s.data.and_then(|mut d| d.remove("key"));
-        data.map(|b| b.0.trim_ascii().to_vec())
-            .ok_or_else(|| format!("Secret {namespace}/{name} has no `key`"))
+    let read = |s: Secret| -> Result<(Vec<u8>, Option<Vec<u8>>), String> {
+        let mut data = s.data.unwrap_or_default();
+        let mut take = |k: &str| data.remove(k).map(|b| b.0.trim_ascii().to_vec());
+        let key = take("key").ok_or_else(|| format!("Secret {namespace}/{name} has no `key`"))?;
+        Ok((key, take("previous")))
     };
     let failed = |e: kube::Error| format!("token key Secret {namespace}/{name}: {e}");
     if let Some(s) = secrets.get_opt(name).await.map_err(failed)? {
