@@ -1141,9 +1141,9 @@ fn a_final_model_recorded_by_the_last_worker_completes_a_job_whose_ps_cannot_be_
     let pods = worker_pods(cp, &ns, "recorded", 2);
     let container =
         &cp.get_json(&ns, "job/recorded-workers").unwrap()["spec"]["template"]["spec"]["containers"][0];
-    let env = container["env"].as_array().unwrap();
-    let named = |n: &str| env.iter().find(|e| e["name"] == n).map(|e| e["value"].clone());
-    assert_eq!(named("FORESIGHT_TERMINATION_MESSAGE"), Some(container["terminationMessagePath"].clone()));
+    // Where the worker writes its record: the path the API server gives every container.
+    let path = foresight_ps::wire::final_model::DEFAULT_TERMINATION_MESSAGE;
+    assert_eq!(container["terminationMessagePath"], path, "{container:#}");
     cp.set_pod_phase(&ns, &pods[0], "Succeeded");
     let record =
         r#"{"finalModel":{"version":412,"path":"/models/default/recorded/model-final.safetensors"}}"#;

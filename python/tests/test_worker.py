@@ -305,8 +305,8 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
         ps, **MNIST, MODEL="lenet5", HOLDOUT=0.2, EPOCHS=2, BATCH_SIZE=32, SEED=1, TORCH_THREADS=1, METRICS_ADDR=""
     )
     commands = [[str(BIN / "foresight-worker")]] * 2 + [[sys.executable, str(ROOT / "examples/python/mnist.py")]] * 2
-    # As the operator does: each worker's termination message file; the job's last worker records
-    # in it where the PS, finalizing itself as that worker left, wrote the final model.
+    # Each worker's termination message file, as the kubelet gives one (/dev/termination-log): the
+    # job's last worker records in it where the PS, finalizing itself as it left, wrote the model.
     records = [tmp_path / f"termination-log-{i}" for i in range(4)]
     procs = [
         subprocess.Popen(

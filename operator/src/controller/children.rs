@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use foresight_ps::wire::final_model::TERMINATION_MESSAGE_ENV;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::batch::v1::{
@@ -44,9 +43,6 @@ pub const CONTROL_TOKEN_KEY: &str = "control-token";
 pub const CHECKPOINT_DIR: &str = "/checkpoints";
 /// The PS's start-up worker count (see [`Owner::ps_deployment`]).
 pub const PS_WORKERS_ENV: &str = "FORESIGHT_WORKERS";
-/// Kubernetes' default path for a container's termination message, set explicitly on workers
-/// because the operator reads what the last one writes there.
-const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 
 /// The worker count a PS Deployment was made with.
 pub fn ps_workers_of(d: &Deployment) -> Option<u32> {
@@ -529,8 +525,6 @@ impl<'a> Owner<'a> {
         env.extend(vars([
             ("FORESIGHT_METRICS_ADDR", format!("0.0.0.0:{WORKER_METRICS_PORT}")),
             ("FORESIGHT_LOG_FORMAT", "json".to_string()),
-            // The job's last worker records the final model there (see `pods::final_model_reported`).
-            (TERMINATION_MESSAGE_ENV, TERMINATION_MESSAGE_PATH.to_string()),
         ]));
         let mut resources = w.resources.clone().unwrap_or_default();
         if let Some(gpus) = w.gpus.filter(|&g| g > 0) {
@@ -560,7 +554,6 @@ impl<'a> Owner<'a> {
             resources: (resources != ResourceRequirements::default()).then_some(resources),
             security_context: Some(container_security()),
             volume_mounts: Some(mounts),
-            termination_message_path: Some(TERMINATION_MESSAGE_PATH.into()),
             ..Default::default()
         };
         let replicas = i32::try_from(w.replicas).unwrap_or(i32::MAX);

@@ -23,7 +23,7 @@ use super::session::{Pushed, Session};
 use super::{ClientError, GradDtype, Joined, Model};
 use crate::server::Report;
 use crate::wire::Layout;
-use crate::wire::final_model::{FinalModel, TERMINATION_MESSAGE_ENV};
+use crate::wire::final_model::{FinalModel, termination_message_file};
 
 /// How often a worker talks to the PS. Build it with [`Cadence::new`], which refuses the
 /// combinations that would mislabel a gradient.
@@ -316,8 +316,8 @@ impl Exchange {
     /// PS it trained all its steps (so `sync` rounds stop
     /// waiting for it; a PS that cannot be told is only logged: the training is done either
     /// way), then pulls the PS's model, the final word. The job's last worker learns where the
-    /// PS wrote the final model and records it in the file `FORESIGHT_TERMINATION_MESSAGE`
-    /// names (in a pod: the container's termination message, which the operator reads).
+    /// PS wrote the final model and records it as its container's termination message, which
+    /// the operator reads (`final_model::termination_message_file`).
     pub fn finish(&mut self) -> Result<Model, ClientError> {
         if self.unsent > 0 && self.version.is_some() {
             let steps = self.unsent;
@@ -352,8 +352,8 @@ impl Exchange {
 
 fn record_final_model(m: &FinalModel) {
     tracing::info!(version = m.version, path = ?m.path, "this was the job's last worker: the final model is written");
-    let Some(file) = std::env::var_os(TERMINATION_MESSAGE_ENV) else { return };
-    if let Err(e) = m.record(std::path::Path::new(&file)) {
+    let Some(file) = termination_message_file() else { return };
+    if let Err(e) = m.record(&file) {
         tracing::warn!(error = %e, file = ?file, "could not record the final model in the termination message");
     }
 }

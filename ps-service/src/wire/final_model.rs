@@ -8,9 +8,22 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// The environment variable naming the file a worker records the final model in; the operator
-/// sets it to the worker container's `terminationMessagePath`.
+/// The environment variable naming the file a worker records the final model in (tests, or a
+/// container whose `terminationMessagePath` is not the default).
 pub const TERMINATION_MESSAGE_ENV: &str = "FORESIGHT_TERMINATION_MESSAGE";
+/// Kubernetes' default `terminationMessagePath`: the kubelet creates it in every container, so
+/// the record needs no change to the pod template (a running job's worker Job keeps its own
+/// template across an operator upgrade). Written only where it already exists.
+pub const DEFAULT_TERMINATION_MESSAGE: &str = "/dev/termination-log";
+
+/// Where this process records the final model: [`TERMINATION_MESSAGE_ENV`]'s file, else
+/// Kubernetes' default path when it exists (in a container); `None` outside a pod.
+pub fn termination_message_file() -> Option<std::path::PathBuf> {
+    match std::env::var_os(TERMINATION_MESSAGE_ENV) {
+        Some(f) => Some(f.into()),
+        None => Some(std::path::PathBuf::from(DEFAULT_TERMINATION_MESSAGE)).filter(|p| p.is_file()),
+    }
+}
 
 /// Kubernetes reads at most this many bytes of a termination message.
 const TERMINATION_MESSAGE_LIMIT: usize = 4096;
