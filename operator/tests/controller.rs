@@ -1526,3 +1526,37 @@ fn after_a_token_key_rotation_a_running_job_is_still_observed_and_finalized() {
     assert_eq!(condition(&st, "Succeeded")["reason"], "Completed", "{st:#}");
     assert_eq!(ps.status()["finalized"], true, "finalized with the previous key's control token");
 }
+
+/// A worker pod fails, then a template change (with a suspension) replaces the worker Job: the
+/// new Job starts counting failures from 0, so its backoffLimit is what the job has left, and
+/// the status keeps the earlier failure.
+#[test]
+fn failures_of_a_replaced_worker_job_still_count_against_the_backoff_limit() {
+    let cp = control_plane();
+    let ns = cp.namespace("backoff-carried");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    // 8 GPUs a worker: the pods stay unscheduled, so a suspension removes them at once (no
+    // kubelet here to confirm a scheduled pod's end).
+    let spec = json!({"workers": {"replicas": 1, "gpus": 8}, "runPolicy": {"backoffLimit": 3}});
+    apply_job(cp, &ns, "carried", spec);
+    let first = worker_pods(cp, &ns, "carried", 1).remove(0);
+    cp.set_pod_phase(&ns, &first, "Failed");
+    wait_for("the failure counted", LONG, || {
+        (status(cp, &ns, "carried")["workers"]["failed"] == 1).then_some(())
+    });
+    let old = cp.get_json(&ns, "job/carried-workers").unwrap();
+    assert_eq!(old["spec"]["backoffLimit"], 3);
+    let patch = r#"{"spec":{"workers":{"image":"example.com/worker:2"},"runPolicy":{"suspend":true}}}"#;
+    cp.kubectl_ok(&["patch", "-n", &ns, "tj", "carried", "--type=merge", "-p", patch], None);
+    let new = wait_for("a new worker Job with what is left of the backoff limit", LONG, || {
+        cp.get_json(&ns, "job/carried-workers")
+            .filter(|j| j["metadata"]["uid"] != old["metadata"]["uid"] && j["spec"]["backoffLimit"] == 2)
+    });
+    assert_eq!(new["spec"]["template"]["spec"]["containers"][0]["image"], "example.com/worker:2");
+    let st = status(cp, &ns, "carried");
+    assert_eq!(
+        (st["workers"]["failed"].clone(), st["workers"]["failedEarlier"].clone()),
+        (json!(0), json!(1)),
+        "{st:#}"
+    );
+}

@@ -689,6 +689,10 @@ pub struct WorkersStatus {
     /// Worker pods that failed.
     #[serde(default)]
     pub failed: u32,
+    /// Worker pods that failed in this job's earlier worker Jobs (recreated to apply a template
+    /// change): they count against `runPolicy.backoffLimit` too.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_earlier: u32,
     /// The label selector of the worker pods, for the scale subresource (`kubectl scale tj`,
     /// the HorizontalPodAutoscaler, KEDA).
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -43,6 +43,8 @@ pub const CONTROL_TOKEN_KEY: &str = "control-token";
 pub const CHECKPOINT_DIR: &str = "/checkpoints";
 /// The PS's start-up worker count (see [`Owner::ps_deployment`]).
 pub const PS_WORKERS_ENV: &str = "FORESIGHT_WORKERS";
+/// A Job's `backoffLimit` when its spec leaves it out.
+const DEFAULT_BACKOFF_LIMIT: u32 = 6;
 
 /// The worker count a PS Deployment was made with.
 pub fn ps_workers_of(d: &Deployment) -> Option<u32> {
@@ -497,9 +499,23 @@ impl<'a> Owner<'a> {
         }
     }
 
+    /// The worker Job's `backoffLimit`: the job's, less the pods that failed in its earlier
+    /// worker Jobs (a Job recreated for a template change starts counting from 0). Unset while
+    /// nothing failed earlier, as the spec has it (the Job's default is 6).
+    fn backoff_limit_left(&self) -> Option<i32> {
+        let earlier =
+            self.job.status.as_ref().and_then(|s| s.workers.as_ref()).map_or(0, |w| w.failed_earlier);
+        let limit = self.job.spec.run_policy.backoff_limit;
+        if earlier == 0 {
+            return limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX));
+        }
+        let left = limit.unwrap_or(DEFAULT_BACKOFF_LIMIT).saturating_sub(earlier);
+        Some(i32::try_from(left).unwrap_or(i32::MAX))
+    }
+
     /// The workers: an Indexed Job, one completion per worker, each worker's index its
     /// completion index. Pods never restart in place (`restartPolicy: Never`), so every failure
-    /// is a new pod and counts against `backoffLimit`.
+    /// is a new pod and counts against `backoffLimit` (with the earlier worker Jobs' failures).
     pub fn worker_job(&self, defaults: &ChildDefaults) -> Job {
         let spec = &self.job.spec;
         let w = &spec.workers;
@@ -587,7 +603,7 @@ impl<'a> Owner<'a> {
                 parallelism: Some(
                     self.admitted().and_then(|a| a.worker_count).map_or(replicas, |n| replicas.min(n as i32)),
                 ),
-                backoff_limit: spec.run_policy.backoff_limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX)),
+                backoff_limit: self.backoff_limit_left(),
                 pod_failure_policy: Some(worker_failure_policy()),
                 active_deadline_seconds: spec.run_policy.active_deadline_seconds.map(|s| s as i64),
                 suspend: Some(self.stopped()),

@@ -372,12 +372,12 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let defaults = job_defaults(ctx, &owner, &old);
     let admission = admission::admit(ctx, job, &owner, &defaults).await?;
     let owner = owner.with_admission(admission);
-    let PodChildren { ps: ps_deployments, ready_shards, workers, deferred } =
+    let PodChildren { ps: ps_deployments, ready_shards, workers, failed_earlier, deferred } =
         apply_pod_children(ctx, job, &owner, &defaults).await?;
     let shards = job.spec.parameter_server.shards() as u32;
     let ps_ready = ready_shards == shards;
 
-    let worker_job = worker_state(&workers);
+    let worker_job = WorkerJob { failed_earlier, ..worker_state(&workers) };
     let placement = pods::placement(ctx, &owner).await?;
     let trouble = pods::trouble(ctx, &owner, &ps_deployments, &workers).await?;
     let trouble_expired =
@@ -480,6 +480,9 @@ struct PodChildren {
     /// Shards with a ready pod.
     ready_shards: u32,
     workers: Job,
+    /// Worker pods that failed in earlier worker Jobs (the status's count, plus the Job this
+    /// reconcile replaced).
+    failed_earlier: u32,
     /// Spec changes the children do not have yet, and why.
     deferred: Vec<String>,
 }
@@ -498,8 +501,9 @@ async fn apply_pod_children(
     }
     let ready = |d: &Deployment| d.status.as_ref().and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
     let ready_shards = ps.iter().filter(|d| ready(d)).count() as u32;
-    let workers = apply_worker_job(ctx, job, owner, defaults, &mut deferred).await?;
-    Ok(PodChildren { ps, ready_shards, workers, deferred })
+    let (workers, replaced_failures) = apply_worker_job(ctx, job, owner, defaults, &mut deferred).await?;
+    let earlier = job.status.as_ref().and_then(|s| s.workers.as_ref()).map_or(0, |w| w.failed_earlier);
+    Ok(PodChildren { ps, ready_shards, workers, failed_earlier: earlier + replaced_failures, deferred })
 }
 
 fn observed_nothing(job: &TrainingJob) -> Observed {
@@ -571,21 +575,23 @@ async fn apply_ps_deployment(
 
 /// Applies the worker Job as `children::worker_job_update` decides: a changed pod template
 /// reaches the workers only through a suspension, and says so while it waits (an event, and
-/// `deferred`). Returns the Job as the API server has it.
+/// `deferred`). Returns the Job as the API server has it, and the failed pods of a Job it
+/// replaced (they still count against `backoffLimit`).
 async fn apply_worker_job(
     ctx: &Context,
     job: &TrainingJob,
     owner: &Owner<'_>,
     defaults: &ChildDefaults,
     deferred: &mut Vec<String>,
-) -> Result<Job> {
+) -> Result<(Job, u32)> {
     let running = ctx.caches.job(&owner.namespace, &children::workers_name(&owner.name));
     if let Some(j) = &running {
         writes::ours(j, owner.mark())?;
     }
     match children::worker_job_update(owner.worker_job(defaults), running.as_ref()) {
-        WorkerJobUpdate::Apply(desired) => writes::apply(ctx, desired, running, owner.mark()).await,
+        WorkerJobUpdate::Apply(desired) => Ok((writes::apply(ctx, desired, running, owner.mark()).await?, 0)),
         WorkerJobUpdate::Recreate(desired) => {
+            let replaced = running.as_ref().map_or(0, |j| worker_state(j).failed);
             // No pod is left, so nothing goes with the Job; each worker of the new one resumes
             // at the step the parameter server recorded for it.
             if let Some(j) = &running {
@@ -600,7 +606,7 @@ async fn apply_worker_job(
                  continues where it stopped"
             };
             publish(ctx, job, EventType::Normal, "WorkersRecreated", "UpdateWorkers", message).await;
-            writes::apply(ctx, desired, None, owner.mark()).await
+            Ok((writes::apply(ctx, desired, None, owner.mark()).await?, replaced))
         }
         WorkerJobUpdate::Deferred(desired) => {
             if !owner.stopped() {
@@ -609,7 +615,7 @@ async fn apply_worker_job(
                 publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateWorkers", message).await;
                 deferred.push(message.into());
             }
-            writes::apply(ctx, desired, running, owner.mark()).await
+            Ok((writes::apply(ctx, desired, running, owner.mark()).await?, 0))
         }
     }
 }
@@ -656,6 +662,7 @@ fn worker_state(job: &Job) -> WorkerJob {
         ready: count(s.ready),
         succeeded: count(s.succeeded),
         failed: count(s.failed),
+        failed_earlier: 0,
         stopped: children::is_idle_suspended(job),
         // SuccessCriteriaMet and FailureTarget come first; Complete and Failed follow once every
         // pod has terminated, which can take a node's grace period. The outcome is decided at

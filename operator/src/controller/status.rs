@@ -18,6 +18,8 @@ pub struct WorkerJob {
     pub ready: u32,
     pub succeeded: u32,
     pub failed: u32,
+    /// Pods that failed in the job's earlier worker Jobs (replaced to apply a template change).
+    pub failed_earlier: u32,
     /// The Job is suspended and no pod of it runs or terminates.
     pub stopped: bool,
     /// The Job's `Complete` condition is true: every index succeeded.
@@ -275,10 +277,11 @@ pub fn decide(o: &Observed) -> State {
     }
     if w.failed > 0 && w.ready < needed {
         let limit = o.backoff_limit.map_or("6 (the default)".to_string(), |b| b.to_string());
+        let failed = w.failed + w.failed_earlier;
         return State::new(
             Phase::Restarting,
             "WorkerFailed",
-            format!("{} worker pod(s) failed so far, replacing them; backoffLimit {limit}", w.failed),
+            format!("{failed} worker pod(s) failed so far, replacing them; backoffLimit {limit}"),
         );
     }
     if w.ready >= needed && !o.ps_ready {
@@ -418,6 +421,7 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
             active: w.active,
             succeeded: w.succeeded,
             failed: w.failed,
+            failed_earlier: w.failed_earlier,
             selector: o.worker_selector.clone(),
         }),
         parameter_server: Some(parameter_server),
