@@ -384,9 +384,14 @@ impl<'a> Owner<'a> {
             ("FORESIGHT_OUTPUT_DIR", output_dir),
             ("FORESIGHT_PS_LISTEN", format!("0.0.0.0:{PS_PORT}")),
             ("FORESIGHT_LOG_FORMAT", "json".to_string()),
-            ("FORESIGHT_PS_SHARD", shard.to_string()),
         ]));
         let shards = self.ps_shards();
+        // Only a sharded PS is told its shard (the `shard` label of its series; 0 otherwise), so
+        // that an unsharded job's Deployment stays as earlier operators made it: a changed
+        // template would restart its PS at an operator upgrade.
+        if shards.len() > 1 {
+            env.extend(vars([("FORESIGHT_PS_SHARD", shard.to_string())]));
+        }
         if shard == 0 && shards.len() > 1 {
             let peers = ps_cluster_urls(&self.name, &self.namespace, 1..shards.end);
             env.extend(vars([("FORESIGHT_PS_PEERS", peers)]));

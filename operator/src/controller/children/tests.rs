@@ -455,4 +455,9 @@ fn a_sharded_parameter_server_is_one_deployment_service_and_claim_per_shard() {
     let one = job(BASE);
     let d = Owner::new(&one).unwrap().ps_deployment(&defaults(), 3, 0);
     assert!(!d.spec.selector.match_labels.unwrap().contains_key(LABEL_PS_SHARD));
+    let c = &d.spec.template.spec.as_ref().unwrap().containers[0];
+    assert!(
+        !c.env.iter().flatten().any(|e| e.name == "FORESIGHT_PS_SHARD"),
+        "an unsharded PS's template is as earlier operators made it"
+    );
 }
