@@ -21,6 +21,7 @@ the same code as the Rust worker's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -304,10 +305,8 @@ def report(
     j = job()
     native = j.joined()
     at = epoch if epoch is not None else (j.epoch_at(native.step) or 0.0)
-    if j.optimizer is not None:
-        with j.optimizer.clock.phase("report"):
-            native.report(float(at), float(loss), accuracy, samples_per_second)
-    else:
+    timed = j.optimizer.clock.phase("report") if j.optimizer is not None else contextlib.nullcontext()
+    with timed:
         native.report(float(at), float(loss), accuracy, samples_per_second)
     _pushes, _discarded, staleness = native.push_stats
     if accuracy is None:

@@ -504,12 +504,16 @@ impl<'a> Owner<'a> {
         }
     }
 
+    /// Worker pods that failed in the job's earlier worker Jobs, as its status last recorded.
+    pub fn failed_earlier(&self) -> u32 {
+        self.job.status.as_ref().and_then(|s| s.workers.as_ref()).map_or(0, |w| w.failed_earlier)
+    }
+
     /// The worker Job's `backoffLimit`: the job's, less the pods that failed in its earlier
     /// worker Jobs (a Job recreated for a template change starts counting from 0). Unset while
     /// nothing failed earlier, as the spec has it (the Job's default is 6).
     fn backoff_limit_left(&self) -> Option<i32> {
-        let earlier =
-            self.job.status.as_ref().and_then(|s| s.workers.as_ref()).map_or(0, |w| w.failed_earlier);
+        let earlier = self.failed_earlier();
         let limit = self.job.spec.run_policy.backoff_limit;
         if earlier == 0 {
             return limit.map(|b| i32::try_from(b).unwrap_or(i32::MAX));

@@ -389,7 +389,13 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         Some(d as f64 - now.0.duration_since(since.0).as_secs_f64())
     });
     let ps = ctx.ps_url(&owner.name, &owner.namespace);
-    let token = accepted_control_token(ctx, &ps, owner.uid(), token).await;
+    // Only when a call to the PS is due: a PS not ready (scaled to 0 by Kueue, starting) would
+    // cost a request, up to its timeout, on every reconcile.
+    let token = if ps_ready || worker_job.complete {
+        accepted_control_token(ctx, &ps, owner.uid(), token).await
+    } else {
+        token
+    };
     let (progress, ps_process) =
         if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
     let finalize = if worker_job.complete {
@@ -502,8 +508,8 @@ async fn apply_pod_children(
     let ready = |d: &Deployment| d.status.as_ref().and_then(|s| s.ready_replicas).is_some_and(|r| r >= 1);
     let ready_shards = ps.iter().filter(|d| ready(d)).count() as u32;
     let (workers, replaced_failures) = apply_worker_job(ctx, job, owner, defaults, &mut deferred).await?;
-    let earlier = job.status.as_ref().and_then(|s| s.workers.as_ref()).map_or(0, |w| w.failed_earlier);
-    Ok(PodChildren { ps, ready_shards, workers, failed_earlier: earlier + replaced_failures, deferred })
+    let failed_earlier = owner.failed_earlier() + replaced_failures;
+    Ok(PodChildren { ps, ready_shards, workers, failed_earlier, deferred })
 }
 
 fn observed_nothing(job: &TrainingJob) -> Observed {
