@@ -91,6 +91,26 @@ pub fn gradient_seeds() -> Vec<Vec<u8>> {
     }
     out.push(vec![0]);
     out.push([&[0u8][..], &8u64.to_le_bytes(), b"{}      "].concat());
+    // Tensors sharing offsets, which safetensors hands over in a random order: two empty ones
+    // (an unknown name and a wrong shape) and two over the same bytes (one of them the wrong size).
+    for (header, data) in [
+        (
+            r#"{"zz":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}"#,
+            0,
+        ),
+        (
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+            4,
+        ),
+        (
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[0],"data_offsets":[0,4]}}"#,
+            4,
+        ),
+    ] {
+        out.push(
+            [&[0u8][..], &(header.len() as u64).to_le_bytes(), header.as_bytes(), &vec![0u8; data]].concat(),
+        );
+    }
     out
 }
 

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use safetensors::{Dtype, SafeTensors};
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 pub mod final_model;
@@ -221,20 +221,39 @@ pub struct Parsed<'a> {
 }
 
 /// Parses and structurally validates a safetensors body (header, offsets, sizes).
+///
+/// The verdict on a body never depends on anything but its bytes: the tensors are ordered by
+/// (offsets, name). safetensors orders them by offsets alone, from a `HashMap` with a random
+/// seed, so two empty tensors (both at offsets `[0, 0]`) came in either order, and the PS
+/// named a different error for the same body from one request to the next (found by fuzzing).
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, WireError> {
-    let (n, meta) = SafeTensors::read_metadata(body).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let (n, meta) = SafeTensors::read_metadata(body).map_err(malformed)?;
     let data = &body[8 + n..];
-    let tensors = meta
-        .offset_keys()
+    let mut infos: Vec<_> = meta.tensors().into_iter().collect();
+    infos.sort_unstable_by(|(a, x), (b, y)| x.data_offsets.cmp(&y.data_offsets).then_with(|| a.cmp(b)));
+    let tensors = infos
         .into_iter()
-        .map(|name| {
-            let info = meta.info(&name).expect("offset_keys lists known names");
+        .map(|(name, info)| {
             let (s, e) = info.data_offsets;
             (name, info.dtype, info.shape.clone(), &data[s..e])
         })
         .collect();
     let metadata = meta.metadata().clone().unwrap_or_default().into_iter().collect();
     Ok(Parsed { tensors, metadata })
+}
+
+/// The refusal of a body safetensors cannot read.
+fn malformed(e: SafeTensorError) -> WireError {
+    use SafeTensorError::*;
+    match e {
+        // safetensors checks the tensors one by one in an order that is random when two share
+        // offsets, and reports the first failure: which check fails first (and which tensor it
+        // names) changes from one request to the next. Whether one fails does not.
+        InvalidOffset(_) | TensorInvalidInfo | MisalignedSlice | ValidationOverflow => WireError::Malformed(
+            "tensor data offsets do not cover each tensor's bytes (shape × dtype size) once, in order".into(),
+        ),
+        e => WireError::Malformed(e.to_string()),
+    }
 }
 
 /// Reads a model body (`PUT /v1/model`, checkpoints): F32 tensors, layout in file order.

@@ -213,3 +213,63 @@ fn a_model_refuses_names_its_checkpoint_could_not_store_state_under() {
     let layout = Layout::new(vec![spec("w"), spec("optimizer.mean_square.w")]).unwrap();
     assert!(decode_model(&encode_f32(&layout, &[1.0; 4], &Default::default())).is_err());
 }
+
+/// A body from a raw JSON header and data region, as a client could send it.
+fn raw_body(header: serde_json::Value, data: &[u8]) -> Vec<u8> {
+    let json = serde_json::to_vec(&header).unwrap();
+    let mut body = (json.len() as u64).to_le_bytes().to_vec();
+    body.extend_from_slice(&json);
+    body.extend_from_slice(data);
+    body
+}
+
+/// The verdicts of `tries` decodes of `body`, as text.
+fn verdicts(body: &[u8], tries: usize) -> std::collections::BTreeSet<String> {
+    let l = layout();
+    (0..tries)
+        .map(|_| {
+            let mut out = vec![0.0; 8];
+            match decode_gradient(body, &l, &mut out) {
+                Ok(()) => "accepted".to_string(),
+                Err(e) => e.to_string(),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn the_verdict_on_tensors_sharing_offsets_is_the_same_on_every_request() {
+    // Two empty tensors both at [0, 0]: one registered with the wrong shape, one unknown.
+    // safetensors hands them over in a random order; the PS must name the same error each time.
+    let empty = raw_body(
+        serde_json::json!({
+            "zz": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+            "fc.bias": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+        }),
+        &[],
+    );
+    let seen = verdicts(&empty, 64);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen.first().unwrap().contains("fc.bias"), "ordered by name after offsets: {seen:?}");
+    // Two tensors over the same bytes: safetensors names either one in its error.
+    let overlapping = raw_body(
+        serde_json::json!({
+            "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+            "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+        }),
+        &[0; 4],
+    );
+    let seen = verdicts(&overlapping, 64);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen.first().unwrap().contains("offsets do not cover"), "{seen:?}");
+    // The same bytes, one tensor of the wrong size: checked first, its size fails; second,
+    // its offset does (found by fuzzing).
+    let sized = raw_body(
+        serde_json::json!({
+            "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+            "b": {"dtype": "F32", "shape": [0], "data_offsets": [0, 4]},
+        }),
+        &[0; 4],
+    );
+    assert_eq!(verdicts(&sized, 64), seen);
+}
