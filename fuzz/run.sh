@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Fuzz every target for SECONDS seconds each (make fuzz / make fuzz-short; fuzz/README.md).
 #
-#   fuzz/run.sh [--seconds N] [--no-operator] [TARGET...]   (default: every target, 300 s each)
+#   fuzz/run.sh [--seconds N] [--seed S] [--no-operator] [TARGET...]   (default: every target, 300 s each)
 #
+# --seed S fixes libFuzzer's random seed: the run then tries the same inputs in the same order
+# on every machine (as many of them as fit in N seconds), which make test's gate needs. Without
+# it each run explores anew.
 # --no-operator leaves out `trainingjob` when no target is named: it needs the operator crate,
 # whose first fuzz build is long (fuzz/README.md).
 # Installs cargo-fuzz (pinned) into ${FORESIGHT_CACHE:-~/.cache/foresight}/cargo-fuzz-<version>
@@ -15,13 +18,15 @@ set -euo pipefail
 CARGO_FUZZ_VERSION=0.13.2
 ALL_TARGETS=(gradient_body model_body push_request checkpoint trainingjob)
 seconds=300
+seed=()
 no_operator=0
 targets=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --seconds) seconds=$2; shift 2 ;;
+        --seed) seed=(-seed="$2"); shift 2 ;;
         --no-operator) no_operator=1; shift ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         -*) echo "unknown option $1" >&2; exit 2 ;;
         *) targets+=("$1"); shift ;;
     esac
@@ -70,7 +75,7 @@ for t in "${targets[@]}"; do
     log=$CARGO_TARGET_DIR/$t.log
     set +e
     # shellcheck disable=SC2046
-    fuzz run $(features "$t") "$t" "$corpus" -- -max_total_time="$seconds" -max_len=4096 -print_final_stats=1 2>&1 \
+    fuzz run $(features "$t") "$t" "$corpus" -- -max_total_time="$seconds" "${seed[@]}" -max_len=4096 -print_final_stats=1 2>&1 \
         | tee "$log" | grep --line-buffered -E '^(#[0-9]+[[:space:]]+(INITED|DONE|pulse)|==[0-9]+==|thread .* panicked|SUMMARY|artifact_prefix|Test unit written)'
     rc=${PIPESTATUS[0]}
     set -e
