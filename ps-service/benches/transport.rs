@@ -627,6 +627,8 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         // In-process stages: the same work the push handler does after the body has arrived.
         let store = Store::new(lay.clone(), vec![0.5; n], Hyper::new(Algorithm::Asgd, LR), 1);
         let mut decoded = vec![0f32; n];
+        // The last pull's values: the next pull is read into them.
+        let mut pulled = Vec::new();
         let mut seq = 0u64;
         let mut times = vec![Vec::new(); Stage::ALL.len()];
         // Round 0 warms every path (connections, buffers, page faults) and is not recorded.
@@ -654,11 +656,14 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
                     }
                     Stage::PsPull => {
                         // Each round's push made a new version: the PS copies it out first.
+                        // Into the last round's buffer, as a worker's link does.
+                        let reuse = std::mem::take(&mut pulled);
                         let model = client
-                            .pull_expecting(0, None, Duration::ZERO, Some(&expected))
+                            .pull_expecting(0, None, Duration::ZERO, Some(&expected), reuse)
                             .await?
                             .context("no model")?;
                         ensure!(model.values.len() == n, "pulled {} values", model.values.len());
+                        pulled = model.values;
                     }
                     Stage::Decode => {
                         tokio::task::block_in_place(|| wire::decode_gradient(&body, &lay, &mut decoded))?

@@ -270,3 +270,40 @@ fn scaling_shard_zero_scales_every_shard() {
     let mut w = worker(&rt, &urls, every_other(), 1, Duration::from_secs(5));
     assert_eq!(step(&mut w, 1), StepEnd::Continue);
 }
+
+/// A worker gives its pulled values back (`Exchange::recycle`) and each link reads the next
+/// pull into the slice it kept before: the model handed over must still be the PS's, whole,
+/// in the recycled buffer. Checked against another worker's pull of the same version, with
+/// the recycled buffer poisoned with NaN first, on one and on two shards.
+#[test]
+fn a_pull_into_recycled_buffers_is_the_model_the_ps_serves() {
+    for n in [1, 2] {
+        let rt = runtime();
+        let shards: Vec<Ps> = (0..n).map(|_| rt.block_on(start(config(Algorithm::Asgd, 2)))).collect();
+        let urls: Vec<String> = shards.iter().map(|s| s.url.clone()).collect();
+        let cadence = Cadence::new(1, 1, GradDtype::F32).unwrap();
+        let mut a = worker(&rt, &urls, cadence, 0, Duration::from_secs(5));
+        let mut b = worker(&rt, &urls, cadence, 1, Duration::from_secs(5));
+        let mut last = Vec::new();
+        for pull in 0..3 {
+            for _ in 0..2 {
+                assert_eq!(step(&mut b, 1), StepEnd::Continue);
+            }
+            let recycled = (pull == 2).then(|| {
+                last.fill(f32::NAN);
+                let at = last.as_ptr();
+                a.recycle(std::mem::take(&mut last));
+                at
+            });
+            let ours = a.pull_now().unwrap();
+            let theirs = b.pull_now().unwrap();
+            assert_eq!(ours.version, theirs.version, "{n} shards, pull {pull}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&ours.values), bits(&theirs.values), "{n} shards, pull {pull}");
+            if let Some(at) = recycled {
+                assert_eq!(ours.values.as_ptr(), at, "{n} shards: not copied into the recycled buffer");
+            }
+            last = ours.values;
+        }
+    }
+}

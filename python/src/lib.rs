@@ -158,6 +158,7 @@ impl Worker {
         Ok(pulled.map(|m| {
             // SAFETY: the wrapper's flat model buffer, `len` values (checked against the layout).
             unsafe { floats(addr, len) }.copy_from_slice(&m.values);
+            exchange.recycle(m.values);
             m.version
         }))
     }

@@ -259,9 +259,12 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
             let mut step_time = clock.end(Phase::Pull);
             if let Some(m) = pulled {
                 load_params(&params, &m.values);
-                if let Some(l) = &mut local {
-                    l.pulled = m.values;
-                }
+                // The values no longer needed go back for the next pull to be copied into.
+                let spent = match &mut local {
+                    Some(l) => std::mem::replace(&mut l.pulled, m.values),
+                    None => m.values,
+                };
+                ps.recycle(spent);
             }
             step_time += clock.end(Phase::Load);
             let loss = backward(&mut model, &params, &xs, &ys)?;

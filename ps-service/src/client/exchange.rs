@@ -166,6 +166,8 @@ pub struct Exchange {
     /// Where the PS wrote the final model, once [`Self::finish`] learnt it (this was the job's
     /// last worker).
     final_model: Option<FinalModel>,
+    /// A pulled model's values the caller gave back ([`Self::recycle`]): the next pull's copy.
+    recycled: Vec<f32>,
 }
 
 impl Exchange {
@@ -183,6 +185,7 @@ impl Exchange {
             epoch: None,
             stats: PushStats::default(),
             final_model: None,
+            recycled: Vec::new(),
         }
     }
 
@@ -237,7 +240,8 @@ impl Exchange {
     /// round; one that still holds it answers a replay).
     fn pull_after_round(&mut self) -> Result<Model, ClientError> {
         loop {
-            if let Some(m) = self.session.pull(self.step, self.in_round.is_some(), ROUND_WAIT)? {
+            let after_round = self.in_round.is_some();
+            if let Some(m) = self.session.pull(self.step, after_round, ROUND_WAIT, &mut self.recycled)? {
                 self.in_round = None;
                 return Ok(m);
             }
@@ -342,7 +346,17 @@ impl Exchange {
 
     /// The PS's model now, whatever the cadence.
     pub fn pull_now(&mut self) -> Result<Model, ClientError> {
-        self.session.pull(self.step, false, Duration::ZERO)?.ok_or(ClientError::MissingVersion)
+        let pulled = self.session.pull(self.step, false, Duration::ZERO, &mut self.recycled)?;
+        pulled.ok_or(ClientError::MissingVersion)
+    }
+
+    /// Gives back a pulled model's values once the caller has loaded them: the next pull is
+    /// copied into them instead of a fresh model-sized buffer (400 MB of pages zeroed and
+    /// faulted in per pull at 100M parameters). Values of another length are dropped.
+    pub fn recycle(&mut self, values: Vec<f32>) {
+        if values.len() == self.grad.len() {
+            self.recycled = values;
+        }
     }
 
     pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {

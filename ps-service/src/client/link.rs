@@ -3,6 +3,7 @@
 //! PS for its slice, so this is the whole single-PS protocol (join, re-seed, rejoin, drop);
 //! [`super::Session`] runs one link per shard side by side.
 
+use std::cell::Cell;
 use std::time::Duration;
 
 use super::session::{Pushed, Retry};
@@ -23,6 +24,8 @@ pub(super) struct Link {
     generation: u64,
     /// The last slice pulled and kept: what this worker offers a shard that lost its model.
     copy: Option<Model>,
+    /// The slice kept before `copy`, no longer needed: the next pull is read into it.
+    spare: Vec<f32>,
     /// The `sync` round this worker's last gradient is in, until a pull after it.
     round: Option<u64>,
 }
@@ -36,6 +39,7 @@ impl Link {
             slice: ExpectedModel::new(layout),
             generation: 0,
             copy: None,
+            spare: Vec::new(),
             round: None,
         }
     }
@@ -106,12 +110,14 @@ impl Link {
     ) -> Result<Option<Model>, ClientError> {
         let (worker, min_version) = (self.worker, self.round.filter(|_| after_round).map(|v| v + 1));
         loop {
-            // The fields borrowed apart: the slice is read while the retry state changes.
-            let slice = &self.slice;
+            // The fields borrowed apart: the slice is read while the retry state changes. The
+            // spare goes to the first try (a failed one drops it; a retry reads into a new one).
+            let (slice, spare) = (&self.slice, Cell::new(std::mem::take(&mut self.spare)));
             let pulled = self
                 .retry
-                .run(&self.client, "pulling the model", ClientError::is_transient, |c| async move {
-                    c.pull_expecting(worker, min_version, wait, Some(slice)).await
+                .run(&self.client, "pulling the model", ClientError::is_transient, |c| {
+                    let reuse = spare.take();
+                    async move { c.pull_expecting(worker, min_version, wait, Some(slice), reuse).await }
                 })
                 .await;
             match pulled {
@@ -138,10 +144,13 @@ impl Link {
         })
     }
 
-    /// Keeps a pulled slice: the next gradient is computed on it.
+    /// Keeps a pulled slice: the next gradient is computed on it. The slice it replaces
+    /// becomes the buffer the next pull is read into.
     pub(super) fn keep(&mut self, m: Model) {
         self.round = None;
-        self.copy = Some(m);
+        if let Some(old) = self.copy.replace(m) {
+            self.spare = old.values;
+        }
     }
 
     /// Pushes this shard's slice of the gradient of `step`, computed on the slice kept last.

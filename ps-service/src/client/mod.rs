@@ -129,8 +129,10 @@ impl ExpectedModel {
 async fn read_model(
     mut resp: reqwest::Response,
     expected: &ExpectedModel,
+    mut values: Vec<f32>,
 ) -> Result<(Layout, Vec<f32>), ClientError> {
-    let mut values = vec![0f32; expected.layout.len()];
+    // Old contents need no clearing: the direct path writes every value before it succeeds.
+    values.resize(expected.layout.len(), 0.0);
     let mut spill = Vec::new();
     let mut reader = InPlace::new(&expected.header, &mut values, &mut spill);
     let mut non_finite = None;
@@ -303,18 +305,21 @@ impl PsClient {
         min_version: Option<u64>,
         wait: Duration,
     ) -> Result<Option<Model>, ClientError> {
-        self.pull_expecting(worker, min_version, wait, None).await
+        self.pull_expecting(worker, min_version, wait, None, Vec::new()).await
     }
 
     /// [`PsClient::pull`] of a model whose layout the caller knows: when the PS sends that
     /// layout's F32 encoding (it always does), the values are copied into place as the body
-    /// arrives instead of after it (see [`wire::in_place`]).
+    /// arrives instead of after it (see [`wire::in_place`]), into `reuse` when it has the
+    /// layout's length. A buffer from an earlier pull is overwritten as it is: at 100M
+    /// parameters a fresh one is 400 MB of pages zeroed and faulted in by the kernel per pull.
     pub async fn pull_expecting(
         &self,
         worker: usize,
         min_version: Option<u64>,
         wait: Duration,
         expected: Option<&ExpectedModel>,
+        reuse: Vec<f32>,
     ) -> Result<Option<Model>, ClientError> {
         let mut path = format!("/v1/model?worker={worker}");
         if let Some(v) = min_version {
@@ -331,7 +336,7 @@ impl PsClient {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| u64::from_str_radix(v, 16).ok());
         let (layout, values) = match expected {
-            Some(e) => read_model(resp, e).await?,
+            Some(e) => read_model(resp, e, reuse).await?,
             None => {
                 let (layout, values, _) = wire::decode_model(&resp.bytes().await?)?;
                 (layout, values)

@@ -148,26 +148,30 @@ impl Session {
     /// Pulls the model from every shard; its version is the lowest of theirs. After a `sync`
     /// push (`after_round`), waits up to `wait` for the rounds to close and answers `None`
     /// (keeping nothing) when one has not.
+    ///
+    /// The links keep their slices (a shard that loses its model is offered them), so the
+    /// model handed over is a copy, made into `reuse` (taken on success) when it has the
+    /// model's length: a buffer already faulted in, given back by the caller
+    /// ([`super::Exchange::recycle`]).
     pub fn pull(
         &mut self,
         step: u64,
         after_round: bool,
         wait: Duration,
+        reuse: &mut Vec<f32>,
     ) -> Result<Option<Model>, ClientError> {
         let all = self.rt.block_on(join_all(self.links.iter_mut().map(|l| l.pull(step, after_round, wait))));
         let Some(slices) = all.into_iter().collect::<Result<Option<Vec<Model>>, _>>()? else {
             return Ok(None);
         };
         let version = slices.iter().map(|m| m.version).min().unwrap_or(0);
-        let values = if let [only] = &slices[..] {
-            only.values.clone()
-        } else {
-            let mut values = vec![0.0; self.layout.len()];
-            for (i, m) in slices.iter().enumerate() {
-                values[self.map.range(i)].copy_from_slice(&m.values);
-            }
-            values
-        };
+        let mut values = std::mem::take(reuse);
+        if values.len() != self.layout.len() {
+            values = vec![0.0; self.layout.len()];
+        }
+        for (i, m) in slices.iter().enumerate() {
+            values[self.map.range(i)].copy_from_slice(&m.values);
+        }
         for (l, m) in self.links.iter_mut().zip(slices) {
             l.keep(m);
         }
