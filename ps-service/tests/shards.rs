@@ -273,7 +273,7 @@ fn scaling_shard_zero_scales_every_shard() {
 
 /// A worker gives its pulled values back (`Exchange::recycle`) and each link reads the next
 /// pull into the slice it kept before: the model handed over must still be the PS's, whole,
-/// in the recycled buffer. Checked against another worker's pull of the same version, with
+/// in the recycled buffer (and in the caller's own, `Exchange::pull_if_due_into`). Checked against another worker's pull of the same version, with
 /// the recycled buffer poisoned with NaN first, on one and on two shards.
 #[test]
 fn a_pull_into_recycled_buffers_is_the_model_the_ps_serves() {
@@ -305,5 +305,11 @@ fn a_pull_into_recycled_buffers_is_the_model_the_ps_serves() {
             }
             last = ours.values;
         }
+        // Into the caller's own buffer (the Python package's flat model).
+        let mut flat = vec![f32::NAN; last.len()];
+        let version = a.pull_if_due_into(&mut flat).unwrap();
+        let theirs = b.pull_now().unwrap();
+        assert_eq!(version, Some(theirs.version));
+        assert!(flat.iter().zip(&theirs.values).all(|(x, y)| x.to_bits() == y.to_bits()), "{n} shards");
     }
 }

@@ -154,13 +154,9 @@ impl Worker {
     fn pull_if_due(&mut self, py: Python<'_>, addr: usize, len: usize) -> PyResult<Option<u64>> {
         self.check_len(len)?;
         let exchange = &mut self.exchange;
-        let pulled = py.detach(|| exchange.pull_if_due()).map_err(|e| to_py(py, e))?;
-        Ok(pulled.map(|m| {
-            // SAFETY: the wrapper's flat model buffer, `len` values (checked against the layout).
-            unsafe { floats(addr, len) }.copy_from_slice(&m.values);
-            exchange.recycle(m.values);
-            m.version
-        }))
+        // SAFETY: the wrapper's flat model buffer, `len` values (checked against the layout).
+        let out = unsafe { floats(addr, len) };
+        py.detach(|| exchange.pull_if_due_into(out)).map_err(|e| to_py(py, e))
     }
 
     /// Ends this worker's training (the steps left over since the last push are pushed, with

@@ -223,27 +223,48 @@ impl Exchange {
     }
 
     /// The model to train the next step on, when a pull is due; `None` to keep the local one.
+    /// Its values are a buffer given back by [`Self::recycle`] when there is one.
     pub fn pull_if_due(&mut self) -> Result<Option<Model>, ClientError> {
         if !self.pull_due() {
             return Ok(None);
         }
-        let m = self.pull_after_round()?;
-        if &m.layout != self.session.layout() {
-            return Err(ClientError::OtherModel);
-        }
-        self.version = Some(m.version);
-        Ok(Some(m))
+        let mut values = self.buffer();
+        let version = self.pull_after_round(&mut values)?;
+        Ok(Some(self.model(version, values)))
     }
 
-    /// Pulls the model. Under `sync`, first waits for the round holding this worker's gradient
-    /// to close, pushing that gradient again whenever the wait runs out (a restarted PS lost the
-    /// round; one that still holds it answers a replay).
-    fn pull_after_round(&mut self) -> Result<Model, ClientError> {
+    /// [`Self::pull_if_due`] into the caller's `out` (the model's length, flat in layout order):
+    /// the pulled version, or `None` when the local model is to be kept (`out` untouched).
+    pub fn pull_if_due_into(&mut self, out: &mut [f32]) -> Result<Option<u64>, ClientError> {
+        if !self.pull_due() {
+            return Ok(None);
+        }
+        self.pull_after_round(out).map(Some)
+    }
+
+    /// The recycled buffer, or a new one, of the model's length.
+    fn buffer(&mut self) -> Vec<f32> {
+        match std::mem::take(&mut self.recycled) {
+            v if v.len() == self.grad.len() => v,
+            _ => vec![0.0; self.grad.len()],
+        }
+    }
+
+    fn model(&self, version: u64, values: Vec<f32>) -> Model {
+        // Made from every shard's slice: no one PS process served it.
+        Model { version, incarnation: None, layout: self.session.layout().clone(), values }
+    }
+
+    /// Pulls the model into `out` and answers its version. Under `sync`, first waits for the
+    /// round holding this worker's gradient to close, pushing that gradient again whenever the
+    /// wait runs out (a restarted PS lost the round; one that still holds it answers a replay).
+    fn pull_after_round(&mut self, out: &mut [f32]) -> Result<u64, ClientError> {
         loop {
             let after_round = self.in_round.is_some();
-            if let Some(m) = self.session.pull(self.step, after_round, ROUND_WAIT, &mut self.recycled)? {
+            if let Some(version) = self.session.pull_into(self.step, after_round, ROUND_WAIT, out)? {
                 self.in_round = None;
-                return Ok(m);
+                self.version = Some(version);
+                return Ok(version);
             }
             let Some(r) = &self.in_round else { continue };
             match self.session.push(r.step, r.epoch, &r.grad, self.cadence.dtype)? {
@@ -346,8 +367,9 @@ impl Exchange {
 
     /// The PS's model now, whatever the cadence.
     pub fn pull_now(&mut self) -> Result<Model, ClientError> {
-        let pulled = self.session.pull(self.step, false, Duration::ZERO, &mut self.recycled)?;
-        pulled.ok_or(ClientError::MissingVersion)
+        let mut values = self.buffer();
+        let pulled = self.session.pull_into(self.step, false, Duration::ZERO, &mut values)?;
+        Ok(self.model(pulled.ok_or(ClientError::MissingVersion)?, values))
     }
 
     /// Gives back a pulled model's values once the caller has loaded them: the next pull is

@@ -145,37 +145,32 @@ impl Session {
         &self.layout
     }
 
-    /// Pulls the model from every shard; its version is the lowest of theirs. After a `sync`
-    /// push (`after_round`), waits up to `wait` for the rounds to close and answers `None`
-    /// (keeping nothing) when one has not.
+    /// Pulls the model from every shard into `out` (the layout's length) and answers its
+    /// version, the lowest of the shards'. After a `sync` push (`after_round`), waits up to
+    /// `wait` for the rounds to close and answers `None` (keeping nothing) when one has not.
     ///
-    /// The links keep their slices (a shard that loses its model is offered them), so the
-    /// model handed over is a copy, made into `reuse` (taken on success) when it has the
-    /// model's length: a buffer already faulted in, given back by the caller
-    /// ([`super::Exchange::recycle`]).
-    pub fn pull(
+    /// The links keep their slices (a shard that loses its model is offered them), so `out` gets
+    /// a copy: the caller's own buffer (the Python package's flat model), already faulted in.
+    pub fn pull_into(
         &mut self,
         step: u64,
         after_round: bool,
         wait: Duration,
-        reuse: &mut Vec<f32>,
-    ) -> Result<Option<Model>, ClientError> {
+        out: &mut [f32],
+    ) -> Result<Option<u64>, ClientError> {
+        assert_eq!(out.len(), self.layout.len(), "a buffer of the model's length");
         let all = self.rt.block_on(join_all(self.links.iter_mut().map(|l| l.pull(step, after_round, wait))));
         let Some(slices) = all.into_iter().collect::<Result<Option<Vec<Model>>, _>>()? else {
             return Ok(None);
         };
         let version = slices.iter().map(|m| m.version).min().unwrap_or(0);
-        let mut values = std::mem::take(reuse);
-        if values.len() != self.layout.len() {
-            values = vec![0.0; self.layout.len()];
-        }
         for (i, m) in slices.iter().enumerate() {
-            values[self.map.range(i)].copy_from_slice(&m.values);
+            out[self.map.range(i)].copy_from_slice(&m.values);
         }
         for (l, m) in self.links.iter_mut().zip(slices) {
             l.keep(m);
         }
-        Ok(Some(Model { version, incarnation: None, layout: self.layout.clone(), values }))
+        Ok(Some(version))
     }
 
     /// Pushes the gradient of `step` to every shard, each slice computed on the slice last
