@@ -76,6 +76,7 @@ pub fn gradient_seeds() -> Vec<Vec<u8>> {
             push(body(l, dt, &values(l.len(), k), &none));
         }
         push(body(l, WireDtype::F32, &values(l.len(), 1), &meta));
+        push(wire::int8::encode(l, &mut values(l.len(), 2)));
         let r = reversed(l);
         push(body(&r, WireDtype::F32, &values(r.len(), 2), &none));
         // Refused: NaN, beyond MAX_GRADIENT, truncated, one tensor missing (or another model).

@@ -10,6 +10,7 @@ use foresight_ps::client::{Cadence, GradDtype, PsClient, StepEnd};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::store::checkpoint;
 use foresight_ps::wire::Layout;
+use foresight_ps::wire::int8;
 use foresight_ps::wire::shards::ShardMap;
 use support::*;
 
@@ -311,5 +312,45 @@ fn a_pull_into_recycled_buffers_is_the_model_the_ps_serves() {
         let theirs = b.pull_now().unwrap();
         assert_eq!(version, Some(theirs.version));
         assert!(flat.iter().zip(&theirs.values).all(|(x, y)| x.to_bits() == y.to_bits()), "{n} shards");
+    }
+}
+
+/// Int8 pushes with error feedback: the model moves by the sum of the gradients sent to within
+/// one rounding (half a scale step), even for values far below a step, which plain rounding
+/// would send as zero every time; on one and on two shards (each link carries its own slice's).
+#[test]
+fn int8_pushes_carry_their_rounding_into_the_next_so_small_values_are_not_lost() {
+    let (pushes, lr) = (20, 0.1f32);
+    for n in [1, 2] {
+        let rt = runtime();
+        let shards: Vec<Ps> = (0..n).map(|_| rt.block_on(start(config(Algorithm::Asgd, 1)))).collect();
+        let urls: Vec<String> = shards.iter().map(|s| s.url.clone()).collect();
+        let cadence = Cadence::new(1, 1, GradDtype::Int8).unwrap();
+        let mut w = worker(&rt, &urls, cadence, 0, Duration::from_secs(5));
+        let l = w.layout().clone();
+        // Every tensor is one int8 chunk here: its first value (1.0) sets the scale, 1/127; the
+        // others, 1e-3, are a quarter of half a step.
+        assert!(l.tensors().iter().all(|t| t.numel() <= int8::CHUNK));
+        let mut g = vec![1e-3f32; l.len()];
+        for (_, r) in l.iter() {
+            g[r.start] = 1.0;
+        }
+        let start = w.pull_now().unwrap().values;
+        for _ in 0..pushes {
+            w.pull_if_due().unwrap();
+            w.grad_mut().copy_from_slice(&g);
+            assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
+        }
+        assert_eq!(w.stats().pushes, pushes);
+        let end = w.pull_now().unwrap().values;
+        let half_step = 0.5 / 127.0;
+        for i in 0..l.len() {
+            let moved = (start[i] - end[i]) / lr;
+            let want = pushes as f32 * g[i];
+            assert!(
+                (moved - want).abs() <= half_step * 1.01 + 1e-4,
+                "{n} shards, element {i}: moved {moved}, sent {want}"
+            );
+        }
     }
 }

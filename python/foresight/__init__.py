@@ -39,6 +39,7 @@ from .errors import ConfigError, ForesightError, RefusedError, UnreachableError
 __all__ = [
     "ConfigError",
     "ForesightError",
+    "GRAD_DTYPES",
     "Job",
     "RefusedError",
     "UnreachableError",
@@ -51,6 +52,9 @@ __all__ = [
     "shard",
     "split",
 ]
+
+#: The types a gradient may travel in (``$FORESIGHT_GRAD_DTYPE``, ``Optimizer(grad_dtype=)``).
+GRAD_DTYPES = ("f32", "bf16", "int8")
 
 #: The exit status a worker ends with after a failure no retry can fix; the operator's
 #: podFailurePolicy and `foresight run` fail the job at once instead of restarting it.
@@ -117,7 +121,9 @@ class Job:
     seed: int
     pull_every: int
     push_every: int
-    bf16: bool
+    #: ``$FORESIGHT_GRAD_DTYPE``: the type gradients (or pseudo-gradients) travel in: f32, bf16
+    #: or int8 (a scale per 1,024 values, with error feedback).
+    grad_dtype: str
     deadline_seconds: float
     report_every: int
     #: ``optimizer.localSteps``: steps trained with the worker's own inner optimizer between
@@ -150,8 +156,8 @@ class Job:
                 "FORESIGHT_WORKER_INDEX=0, FORESIGHT_TOKEN=...)."
             )
         dtype = os.environ.get("FORESIGHT_GRAD_DTYPE", "f32")
-        if dtype not in ("f32", "bf16"):
-            raise ConfigError(f"$FORESIGHT_GRAD_DTYPE={dtype!r}: expected f32 or bf16")
+        if dtype not in GRAD_DTYPES:
+            raise ConfigError(f"$FORESIGHT_GRAD_DTYPE={dtype!r}: expected f32, bf16 or int8")
         return cls(
             ps_url=os.environ["FORESIGHT_PS_URL"],
             worker=_env_int("FORESIGHT_WORKER_INDEX", None, 0),
@@ -164,7 +170,7 @@ class Job:
             inner_optimizer=_inner_optimizer(),
             inner_learning_rate=_env_float("FORESIGHT_INNER_LEARNING_RATE", 0.001, 0.0, exclusive=True),
             inner_weight_decay=_env_float("FORESIGHT_INNER_WEIGHT_DECAY", 0.0, 0.0),
-            bf16=dtype == "bf16",
+            grad_dtype=dtype,
             deadline_seconds=float(_env_int("FORESIGHT_PS_DEADLINE_SECONDS", 300, 0)),
             report_every=_env_int("FORESIGHT_REPORT_EVERY", 20, 1),
             torch_threads=_env_int("FORESIGHT_TORCH_THREADS", 0, 0),

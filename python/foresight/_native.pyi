@@ -11,7 +11,7 @@ class Worker:
         init_addr: int,
         pull_every: int,
         push_every: int,
-        bf16: bool,
+        grad_dtype: str,
         deadline_seconds: float,
         seed: int,
         local_steps: int = 1,

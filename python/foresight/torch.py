@@ -70,8 +70,10 @@ class Optimizer(torch.optim.Optimizer):
 
     Creating it joins the job: the first worker's model is registered as the initial model (give
     every worker the same seed), and every worker starts from the parameter server's model.
-    ``grad_dtype`` (``"f32"`` or ``"bf16"``, default the job's ``$FORESIGHT_GRAD_DTYPE``) is the
-    type gradients travel in; the parameter server keeps float32. ``steps_per_epoch`` drives the
+    ``grad_dtype`` (``"f32"``, ``"bf16"`` or ``"int8"``, default the job's
+    ``$FORESIGHT_GRAD_DTYPE``) is the type gradients travel in; the parameter server keeps float32.
+    ``"int8"`` sends a scale per 1,024 values and carries each push's rounding error into the
+    next (error feedback): a quarter of float32's bytes, for local steps over a slow link. ``steps_per_epoch`` drives the
     job's learning-rate schedule (``foresight.batches`` sets it).
 
     With the job's ``optimizer.localSteps`` above 1, the local steps are trained by ``inner``, an
@@ -106,8 +108,8 @@ class Optimizer(torch.optim.Optimizer):
         devices = {p.device for _, p in named}
         if len(devices) != 1:
             raise ValueError(f"the model's parameters are on several devices ({sorted(map(str, devices))})")
-        if grad_dtype not in (None, "f32", "bf16"):
-            raise ValueError(f"grad_dtype={grad_dtype!r}: expected 'f32' or 'bf16'")
+        if grad_dtype is not None and grad_dtype not in foresight.GRAD_DTYPES:
+            raise ValueError(f"grad_dtype={grad_dtype!r}: expected 'f32', 'bf16' or 'int8'")
         super().__init__([p for _, p in named], {"lr": 0.0})
         self.model = model
         self._params = [p for _, p in named]
@@ -130,7 +132,7 @@ class Optimizer(torch.optim.Optimizer):
             self._flat.data_ptr(),
             job.pull_every,
             job.push_every,
-            (grad_dtype or ("bf16" if job.bf16 else "f32")) == "bf16",
+            grad_dtype or job.grad_dtype,
             job.deadline_seconds,
             job.seed,
             job.local_steps,

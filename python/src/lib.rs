@@ -71,7 +71,7 @@ struct Worker {
 impl Worker {
     /// Registers the model from the `init_addr` values (when this worker is the first) and joins.
     #[new]
-    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, bf16, deadline_seconds, seed, local_steps=1))]
+    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -83,12 +83,21 @@ impl Worker {
         init_addr: usize,
         pull_every: u64,
         push_every: u64,
-        bf16: bool,
+        grad_dtype: &str,
         deadline_seconds: f64,
         seed: u64,
         local_steps: u64,
     ) -> PyResult<Self> {
-        let dtype = if bf16 { GradDtype::Bf16 } else { GradDtype::F32 };
+        let dtype = match grad_dtype {
+            "f32" => GradDtype::F32,
+            "bf16" => GradDtype::Bf16,
+            "int8" => GradDtype::Int8,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "grad_dtype {other:?}: expected f32, bf16 or int8"
+                )));
+            }
+        };
         let cadence = Cadence::for_job(pull_every, push_every, local_steps, dtype)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         if !(deadline_seconds.is_finite() && deadline_seconds >= 0.0) {

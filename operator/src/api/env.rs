@@ -87,6 +87,10 @@ pub fn worker_env(spec: &TrainingJobSpec, job: &str, namespace: &str, ps_url: &s
     if let Some(h) = spec.optimizer.local_steps.filter(|&h| h > 1) {
         push(&mut env, "FORESIGHT_LOCAL_STEPS", h);
     }
+    // Only when set: the worker template of a job that leaves it out stays as it was.
+    if let Some(d) = spec.optimizer.gradient_dtype {
+        push(&mut env, "FORESIGHT_GRAD_DTYPE", d.as_str());
+    }
     if let Some(inner) = &spec.optimizer.inner_optimizer {
         push(&mut env, "FORESIGHT_INNER_OPTIMIZER", inner.algorithm.as_str());
         push(&mut env, "FORESIGHT_INNER_LEARNING_RATE", inner.learning_rate);

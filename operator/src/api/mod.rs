@@ -365,6 +365,26 @@ impl InnerAlgorithm {
     }
 }
 
+/// The type workers send gradients (or, with local steps, pseudo-gradients) in.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GradientDtype {
+    #[default]
+    F32,
+    Bf16,
+    Int8,
+}
+
+impl GradientDtype {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
 /// The built-in worker's inner optimizer for local steps, and the Python package's when the
 /// script passes none of its own (`Optimizer(model, inner=...)` overrides it).
 #[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
@@ -441,6 +461,11 @@ pub struct OptimizerSpec {
     /// 1 only. A Python worker that passes its own (`inner=`) uses that instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inner_optimizer: Option<InnerOptimizerSpec>,
+    /// The type workers send gradients in (with localSteps, their pseudo-gradients): f32 (the
+    /// default), bf16 (half the bytes) or int8 (a quarter: a scale per 1,024 values, each push
+    /// carrying the rounding error of the ones before). The parameter server keeps float32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_dtype: Option<GradientDtype>,
     /// L2 weight decay, ≥ 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
@@ -469,6 +494,7 @@ impl Default for OptimizerSpec {
             nesterov: None,
             local_steps: None,
             inner_optimizer: None,
+            gradient_dtype: None,
             backup_workers: None,
             sync_round_timeout_seconds: None,
             weight_decay: None,

@@ -198,11 +198,14 @@ fn environment_carries_the_job() {
     assert_eq!(w["FORESIGHT_EPOCHS"], "12");
     assert!(!w.contains_key("FORESIGHT_WORKERS"), "a worker learns the count from the PS");
     assert!(!w.contains_key("FORESIGHT_LOCAL_STEPS") && !ps.contains_key("FORESIGHT_NESTEROV"));
+    assert!(!w.contains_key("FORESIGHT_GRAD_DTYPE"), "absent: the worker's default, f32");
     (spec.optimizer.local_steps, spec.optimizer.momentum, spec.optimizer.nesterov) =
         (Some(50), Some(0.9), Some(true));
+    spec.optimizer.gradient_dtype = serde_json::from_value(serde_json::json!("int8")).unwrap();
     let w: std::collections::HashMap<_, _> = worker_env(&spec, "j", "ns", "http://ps").into_iter().collect();
     let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
     assert_eq!((w["FORESIGHT_LOCAL_STEPS"].as_str(), ps["FORESIGHT_NESTEROV"].as_str()), ("50", "true"));
+    assert_eq!(w["FORESIGHT_GRAD_DTYPE"], "int8");
     assert!(!w.contains_key("FORESIGHT_WORKER_INDEX"), "the index comes from the pod or the runner");
 }
 

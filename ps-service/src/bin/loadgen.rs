@@ -59,6 +59,7 @@ struct Args {
 enum Dtype {
     F32,
     Bf16,
+    Int8,
 }
 
 struct Problem {
@@ -201,6 +202,7 @@ async fn main() -> anyhow::Result<()> {
     let dtype = match args.dtype {
         Dtype::F32 => GradDtype::F32,
         Dtype::Bf16 => GradDtype::Bf16,
+        Dtype::Int8 => GradDtype::Int8,
     };
     let started = Instant::now();
     let tasks: Vec<_> = (0..args.workers)

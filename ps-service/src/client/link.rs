@@ -7,10 +7,10 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use super::session::{Pushed, Retry};
-use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PushId};
+use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PushId, encode_gradient};
 use crate::server::Report;
-use crate::wire::Layout;
 use crate::wire::final_model::FinalModel;
+use crate::wire::{self, Layout};
 
 /// Refusals after which a gradient is dropped and the model pulled again.
 const DROPPED: [&str; 4] = ["pull_required", "too_stale", "round_closed", "future_version"];
@@ -28,6 +28,47 @@ pub(super) struct Link {
     spare: Vec<f32>,
     /// The `sync` round this worker's last gradient is in, until a pull after it.
     round: Option<u64>,
+    /// Int8 pushes: what rounding left out, carried into the next push.
+    feedback: ErrorFeedback,
+}
+
+/// Error feedback for int8 pushes (Seide et al. 2014; Karimireddy et al. 2019): each push sends
+/// its gradient plus what the rounding of the pushes the PS took left out, so that over many
+/// pushes the model receives the gradients' sum, not their rounded sum.
+#[derive(Default)]
+struct ErrorFeedback {
+    /// Left out of the pushes taken so far.
+    residual: Vec<f32>,
+    /// Left out of the last body encoded, carried over once the PS takes it.
+    pending: Vec<f32>,
+    /// The step and body encoded last: a push of the same step again (a `sync` worker's
+    /// re-push of its round) sends the same bytes and carries nothing twice.
+    last: Option<(u64, bytes::Bytes)>,
+}
+
+impl ErrorFeedback {
+    fn encode(&mut self, layout: &Layout, step: u64, grad: &[f32]) -> bytes::Bytes {
+        if let Some((s, body)) = &self.last
+            && *s == step
+        {
+            return body.clone();
+        }
+        self.residual.resize(grad.len(), 0.0);
+        self.pending.clear();
+        self.pending.extend(grad.iter().zip(&self.residual).map(|(g, r)| g + r));
+        let body = bytes::Bytes::from(wire::int8::encode(layout, &mut self.pending));
+        self.last = Some((step, body.clone()));
+        body
+    }
+
+    /// The PS took the body of `step`: what its rounding left out goes into the next push.
+    /// (A dropped push applied nothing; its leftover is dropped with it.)
+    fn taken(&mut self, step: u64) {
+        if self.last.as_ref().is_some_and(|(s, _)| *s == step) && !self.pending.is_empty() {
+            std::mem::swap(&mut self.residual, &mut self.pending);
+            self.pending.clear();
+        }
+    }
 }
 
 impl Link {
@@ -41,6 +82,7 @@ impl Link {
             copy: None,
             spare: Vec::new(),
             round: None,
+            feedback: ErrorFeedback::default(),
         }
     }
 
@@ -170,11 +212,15 @@ impl Link {
             incarnation,
             seq: step,
         };
-        let layout = self.slice.layout.clone();
+        // Encoded once: every retry sends the same bytes.
+        let body = match dtype {
+            GradDtype::Int8 => self.feedback.encode(&self.slice.layout, step, grad),
+            d => encode_gradient(&self.slice.layout, grad, d).into(),
+        };
         let sent = self
             .retry("pushing a gradient", |c| {
-                let l = layout.clone();
-                async move { c.push(id, epoch, &l, grad, dtype).await }
+                let b = body.clone();
+                async move { c.push_encoded(id, epoch, b).await }
             })
             .await;
         let pushed = match sent {
@@ -200,6 +246,9 @@ impl Link {
         };
         if let Pushed::InRound { version } = pushed {
             self.round = Some(version);
+        }
+        if let Pushed::Applied(_) | Pushed::InRound { .. } = pushed {
+            self.feedback.taken(step);
         }
         Ok(pushed)
     }

@@ -27,6 +27,19 @@ pub enum GradDtype {
     F32,
     /// Half the bytes; the PS widens it back to f32.
     Bf16,
+    /// A quarter of the bytes (int8 with a scale per 1,024 values, `wire::int8`); the PS widens
+    /// it back to f32. A worker's session carries each push's rounding error into its next
+    /// (error feedback).
+    Int8,
+}
+
+/// A gradient's body in `dtype`. Int8 without error feedback: what rounding leaves out is lost.
+pub fn encode_gradient(layout: &Layout, grad: &[f32], dtype: GradDtype) -> Vec<u8> {
+    match dtype {
+        GradDtype::F32 => wire::encode_f32(layout, grad, &Default::default()),
+        GradDtype::Bf16 => wire::encode_bf16(layout, grad),
+        GradDtype::Int8 => wire::int8::encode(layout, &mut grad.to_vec()),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -355,11 +368,7 @@ impl PsClient {
         grad: &[f32],
         dtype: GradDtype,
     ) -> Result<PushReply, ClientError> {
-        let body = match dtype {
-            GradDtype::F32 => wire::encode_f32(layout, grad, &Default::default()),
-            GradDtype::Bf16 => wire::encode_bf16(layout, grad),
-        };
-        self.push_encoded(id, epoch, body).await
+        self.push_encoded(id, epoch, encode_gradient(layout, grad, dtype)).await
     }
 
     /// Pushes an already encoded safetensors gradient.
@@ -367,8 +376,9 @@ impl PsClient {
         &self,
         id: PushId,
         epoch: Option<f64>,
-        body: Vec<u8>,
+        body: impl Into<bytes::Bytes>,
     ) -> Result<PushReply, ClientError> {
+        let body = body.into();
         let PushId { worker, generation, version, incarnation, seq } = id;
         let mut path = format!("/v1/gradients?worker={worker}&version={version}&seq={seq}");
         if let Some(g) = generation {

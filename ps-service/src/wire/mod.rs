@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod final_model;
 pub mod in_place;
+pub mod int8;
 pub mod progress;
 pub mod shards;
 
@@ -106,6 +107,13 @@ impl Layout {
                 return Err(WireError::Malformed(format!(
                     "tensor name {:?}: names starting with {prefix:?} are reserved for the optimizer state",
                     t.name
+                )));
+            }
+            if t.name.starts_with(int8::SCALE_PREFIX) {
+                return Err(WireError::Malformed(format!(
+                    "tensor name {:?}: names starting with {:?} are reserved for int8 gradients' scales",
+                    t.name,
+                    int8::SCALE_PREFIX
                 )));
             }
             if t.name.len() > MAX_MODEL_NAME_LEN {
@@ -322,10 +330,16 @@ pub fn fill_model(layout: &Layout, parsed: &Parsed<'_>, out: &mut [f32]) -> Resu
     fill(layout, parsed, false, out)
 }
 
-fn fill(layout: &Layout, parsed: &Parsed<'_>, allow_half: bool, out: &mut [f32]) -> Result<(), WireError> {
+/// `gradient`: F32, BF16, F16 or int8 (with its scales, [`int8`]); otherwise (a model) F32 only.
+fn fill(layout: &Layout, parsed: &Parsed<'_>, gradient: bool, out: &mut [f32]) -> Result<(), WireError> {
     assert_eq!(out.len(), layout.len());
+    let scales = if gradient { int8::scales_of(layout, &parsed.tensors)? } else { Vec::new() };
     let mut present = vec![false; layout.tensors.len()];
+    let mut int8_sent = vec![false; scales.len()];
     for (name, dtype, shape, bytes) in &parsed.tensors {
+        if gradient && int8::scaled_tensor(name).is_some() {
+            continue; // checked by `scales_of`, used with its tensor
+        }
         let idx = layout.position(name).ok_or_else(|| WireError::UnknownTensor(name.clone()))?;
         let spec = &layout.tensors[idx];
         if *shape != spec.shape {
@@ -335,20 +349,33 @@ fn fill(layout: &Layout, parsed: &Parsed<'_>, allow_half: bool, out: &mut [f32])
                 want: spec.shape.clone(),
             });
         }
-        let allowed = if allow_half { "F32, BF16 or F16" } else { "F32" };
-        let dt = WireDtype::from_safetensors(*dtype)
-            .filter(|d| allow_half || *d == WireDtype::F32)
-            .ok_or_else(|| WireError::Dtype { name: name.clone(), got: format!("{dtype:?}"), allowed })?;
         let o = layout.offsets[idx];
-        widen(dt, bytes, &mut out[o..o + spec.numel()]).map_err(|(index, value)| WireError::NonFinite {
-            name: name.clone(),
-            index,
-            value,
-        })?;
+        let out = &mut out[o..o + spec.numel()];
+        if gradient && *dtype == Dtype::I8 {
+            let scale_name = || format!("{}{name}", int8::SCALE_PREFIX);
+            let s = scales[idx].ok_or_else(|| WireError::MissingTensor(scale_name()))?;
+            int8::widen(bytes, s, out);
+            int8_sent[idx] = true;
+        } else {
+            let allowed = if gradient { "F32, BF16, F16 or I8 (with its scales)" } else { "F32" };
+            let dt = WireDtype::from_safetensors(*dtype)
+                .filter(|d| gradient || *d == WireDtype::F32)
+                .ok_or_else(|| WireError::Dtype { name: name.clone(), got: format!("{dtype:?}"), allowed })?;
+            widen(dt, bytes, out).map_err(|(index, value)| WireError::NonFinite {
+                name: name.clone(),
+                index,
+                value,
+            })?;
+        }
         present[idx] = true;
     }
     if let Some(i) = present.iter().position(|p| !p) {
         return Err(WireError::MissingTensor(layout.tensors[i].name.clone()));
+    }
+    // Scales are only for int8 tensors: any other's would be ignored, so the body is refused.
+    if let Some(i) = scales.iter().zip(&int8_sent).position(|(s, sent)| s.is_some() && !sent) {
+        let scales = format!("{}{}", int8::SCALE_PREFIX, layout.tensors[i].name);
+        return Err(WireError::Malformed(format!("{scales:?} scales a tensor not sent as int8")));
     }
     Ok(())
 }
@@ -391,17 +418,26 @@ fn widen(dtype: WireDtype, bytes: &[u8], out: &mut [f32]) -> Result<(), (usize, 
 
 /// The safetensors header (length prefix + JSON, padded to 8 bytes) for `layout` in `dtype`.
 pub fn header(layout: &Layout, dtype: WireDtype, metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    let size = dtype.size();
+    let entries: Vec<_> = layout
+        .iter()
+        .map(|(t, r)| (t.name.clone(), dtype.name(), t.shape.clone(), r.start * size..r.end * size))
+        .collect();
+    header_of(&entries, metadata)
+}
+
+/// A header entry: name, safetensors dtype name, shape, byte range in the data region.
+type HeaderEntry = (String, &'static str, Vec<usize>, std::ops::Range<usize>);
+
+/// The safetensors header (length prefix + JSON, padded to 8 bytes) for `entries`.
+fn header_of(entries: &[HeaderEntry], metadata: &BTreeMap<String, String>) -> Vec<u8> {
     let mut map = serde_json::Map::new();
     if !metadata.is_empty() {
         map.insert("__metadata__".into(), serde_json::to_value(metadata).expect("string map"));
     }
-    for (t, r) in layout.iter() {
-        let entry = serde_json::json!({
-            "dtype": dtype.name(),
-            "shape": t.shape,
-            "data_offsets": [r.start * dtype.size(), r.end * dtype.size()],
-        });
-        map.insert(t.name.clone(), entry);
+    for (name, dtype, shape, r) in entries {
+        let entry = serde_json::json!({ "dtype": dtype, "shape": shape, "data_offsets": [r.start, r.end] });
+        map.insert(name.clone(), entry);
     }
     let mut json = serde_json::to_vec(&map).expect("JSON of strings and numbers");
     while !(8 + json.len()).is_multiple_of(8) {

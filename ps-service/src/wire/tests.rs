@@ -273,3 +273,169 @@ fn the_verdict_on_tensors_sharing_offsets_is_the_same_on_every_request() {
     );
     assert_eq!(verdicts(&sized, 64), seen);
 }
+
+/// A layout with a tensor of several int8 chunks, one of a partial chunk and one of a single value.
+fn int8_layout() -> Layout {
+    Layout::model(vec![
+        TensorSpec { name: "w".into(), shape: vec![3, int8::CHUNK] },
+        TensorSpec { name: "b".into(), shape: vec![int8::CHUNK / 2 + 7] },
+        TensorSpec { name: "s".into(), shape: vec![1] },
+    ])
+    .unwrap()
+}
+
+fn int8_values(n: usize) -> Vec<f32> {
+    // Chunks of very different magnitudes, signs, exact zeros and a chunk of zeros only.
+    (0..n)
+        .map(|i| match i / int8::CHUNK {
+            1 => 0.0,
+            c => ((i * 7919) % 2001) as f32 / 1000.0 - 1.0 * 10f32.powi(c as i32 - 2),
+        })
+        .collect()
+}
+
+#[test]
+fn an_int8_gradient_decodes_to_within_half_a_step_and_its_residual_is_exactly_what_was_left_out() {
+    let l = int8_layout();
+    let x = int8_values(l.len());
+    let mut residual = x.clone();
+    let body = int8::encode(&l, &mut residual);
+    // A quarter of F32's bytes, plus a scale per chunk and the header.
+    let scales: usize = l.tensors().iter().map(|t| int8::chunks(t.numel())).sum();
+    assert_eq!(body.len() - header_len(&body), l.len() + 4 * scales);
+    let mut out = vec![f32::NAN; l.len()];
+    decode_gradient(&body, &l, &mut out).unwrap();
+    for (t, r) in l.iter() {
+        for (c, range) in r.clone().step_by(int8::CHUNK).map(|s| (s, s..(s + int8::CHUNK).min(r.end))) {
+            let step = x[range.clone()].iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            for i in range {
+                assert!(
+                    (x[i] - out[i]).abs() <= step * 0.5 * (1.0 + 1e-5),
+                    "{} chunk at {c}: {} vs {}",
+                    t.name,
+                    x[i],
+                    out[i]
+                );
+                assert_eq!(residual[i].to_bits(), (x[i] - out[i]).to_bits(), "{} element {i}", t.name);
+            }
+        }
+    }
+    // The chunk of zeros stays exactly zero.
+    assert!(out[int8::CHUNK..2 * int8::CHUNK].iter().all(|v| *v == 0.0));
+}
+
+fn header_len(body: &[u8]) -> usize {
+    8 + u64::from_le_bytes(body[..8].try_into().unwrap()) as usize
+}
+
+#[test]
+fn int8_tensors_mix_with_f32_ones_and_every_inconsistent_scale_is_refused() {
+    let l = int8_layout();
+    let x = int8_values(l.len());
+    let mut out = vec![0.0; l.len()];
+    let body = int8::encode(&l, &mut x.clone());
+    let parsed = parse(&body).unwrap();
+    let tensor = |name: &str| parsed.tensors.iter().find(|t| t.0 == name).unwrap().clone();
+    let rebuild = |tensors: Vec<ParsedTensor<'_>>| {
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    };
+    let f32_b: Vec<u8> = x[3 * int8::CHUNK..3 * int8::CHUNK + l.tensors()[1].numel()]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let b_f32 = ("b".to_string(), Dtype::F32, l.tensors()[1].shape.clone(), &f32_b[..]);
+    // w and s as int8, b as F32: accepted, b exactly.
+    let mixed = rebuild(vec![
+        tensor("w"),
+        tensor("int8.scale.w"),
+        b_f32.clone(),
+        tensor("s"),
+        tensor("int8.scale.s"),
+    ]);
+    decode_gradient(&mixed, &l, &mut out).unwrap();
+    assert_eq!(&out[3 * int8::CHUNK..3 * int8::CHUNK + 519], &x[3 * int8::CHUNK..3 * int8::CHUNK + 519]);
+    let refused = |tensors: Vec<ParsedTensor<'_>>| {
+        let mut out = vec![0.0; l.len()];
+        decode_gradient(&rebuild(tensors), &l, &mut out).unwrap_err()
+    };
+    // An int8 tensor without its scales.
+    let e = refused(vec![tensor("w"), tensor("int8.scale.w"), tensor("b"), tensor("s")]);
+    assert_eq!((e.reason(), e.to_string().contains("int8.scale.b")), ("layout_mismatch", true), "{e}");
+    // Scales for a tensor sent as F32.
+    let e = refused(vec![
+        tensor("w"),
+        tensor("int8.scale.w"),
+        b_f32.clone(),
+        tensor("int8.scale.b"),
+        tensor("s"),
+        tensor("int8.scale.s"),
+    ]);
+    assert_eq!(e.reason(), "malformed_body", "{e}");
+    // Scales of a tensor the model does not have.
+    let (n, d, s, b) = tensor("int8.scale.s");
+    let e = refused(vec![
+        tensor("w"),
+        tensor("int8.scale.w"),
+        tensor("b"),
+        tensor("int8.scale.b"),
+        tensor("s"),
+        (n.clone(), d, s.clone(), b),
+        ("int8.scale.zz".into(), d, s, b),
+    ]);
+    assert_eq!(e.reason(), "layout_mismatch", "{e}");
+    // One scale too few, scales in another dtype, a scale that is not finite.
+    let (n, _, _, b) = tensor("int8.scale.w");
+    let e = refused(vec![
+        (n.clone(), Dtype::F32, vec![2], &b[..8]),
+        tensor("w"),
+        tensor("b"),
+        tensor("int8.scale.b"),
+        tensor("s"),
+        tensor("int8.scale.s"),
+    ]);
+    assert_eq!(e.reason(), "shape_mismatch", "{e}");
+    let e = refused(vec![
+        (n.clone(), Dtype::I32, vec![3], b),
+        tensor("w"),
+        tensor("b"),
+        tensor("int8.scale.b"),
+        tensor("s"),
+        tensor("int8.scale.s"),
+    ]);
+    assert_eq!(e.reason(), "dtype_mismatch", "{e}");
+    let mut nan = b.to_vec();
+    nan[4..8].copy_from_slice(&f32::NAN.to_le_bytes());
+    let e = refused(vec![
+        (n.clone(), Dtype::F32, vec![3], &nan[..]),
+        tensor("w"),
+        tensor("b"),
+        tensor("int8.scale.b"),
+        tensor("s"),
+        tensor("int8.scale.s"),
+    ]);
+    assert_eq!(e.reason(), "non_finite", "{e}");
+    // A scale so large that q × scale is beyond what the PS applies.
+    let mut big = b.to_vec();
+    big[..4].copy_from_slice(&1e20f32.to_le_bytes());
+    let e = refused(vec![
+        (n, Dtype::F32, vec![3], &big[..]),
+        tensor("w"),
+        tensor("b"),
+        tensor("int8.scale.b"),
+        tensor("s"),
+        tensor("int8.scale.s"),
+    ]);
+    assert_eq!(e.reason(), "too_large", "{e}");
+    // A model is F32 only, and may not name a tensor like a scale.
+    let e = decode_model(&body).unwrap_err();
+    assert!(e.to_string().contains("reserved for int8"), "{e}");
+    let e = decode_model(&rebuild(vec![tensor("w"), b_f32, tensor("s")])).unwrap_err();
+    assert_eq!(e.reason(), "dtype_mismatch", "{e}");
+    let reserved =
+        Layout::model(vec![TensorSpec { name: "int8.scale.w".into(), shape: vec![1] }]).unwrap_err();
+    assert!(reserved.to_string().contains("reserved for int8"), "{reserved}");
+}
