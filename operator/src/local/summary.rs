@@ -133,6 +133,11 @@ pub struct Summary {
     /// CPU seconds the PS processes used, every shard's summed, read from /proc just before they
     /// were stopped (a shard started again counts from its restart); absent without /proc.
     pub ps_cpu_seconds: Option<f64>,
+    /// Request body bytes the (first shard's) PS received: every push, the model's registration,
+    /// reports; measured by the PS (`foresight_ps_received_bytes_total`).
+    pub ps_received_bytes: Option<u64>,
+    /// Model bytes the (first shard's) PS sent to workers (`foresight_ps_sent_bytes_total`).
+    pub ps_sent_bytes: Option<u64>,
     pub model: Option<PathBuf>,
     pub per_worker: Vec<WorkerEvent>,
     /// Held-out accuracy after each epoch: (seconds since start, worker, accuracy).
@@ -184,6 +189,8 @@ impl Summary {
             staleness_histogram: histogram,
             rejected_gradients: rejected,
             ps_cpu_seconds: None,
+            ps_received_bytes: counter(metrics, "foresight_ps_received_bytes_total"),
+            ps_sent_bytes: counter(metrics, "foresight_ps_sent_bytes_total"),
             model,
             per_worker: done,
             evaluations: history.accuracy.clone(),
@@ -205,6 +212,13 @@ fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
     })
 }
 
+/// The value of counter `name` (one series, whatever its labels).
+fn counter(metrics: &str, name: &str) -> Option<u64> {
+    samples(metrics)
+        .find(|(key, _)| key.strip_prefix(name).is_some_and(|rest| rest.is_empty() || rest.starts_with('{')))
+        .map(|(_, v)| v as u64)
+}
+
 /// The value of `name` in a Prometheus series key like `m{a="x",le="2"}`.
 fn label(key: &str, name: &str) -> Option<String> {
     let start = key.find(&format!("{name}=\""))? + name.len() + 2;
@@ -215,6 +229,15 @@ fn label(key: &str, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_are_read_by_their_exact_name_with_or_without_labels() {
+        let text = "# HELP foresight_ps_received_bytes_total x\nforesight_ps_received_bytes_total_other 5\n\
+                    foresight_ps_received_bytes_total{shard=\"0\"} 1234\nforesight_ps_sent_bytes_total 99\n";
+        assert_eq!(counter(text, "foresight_ps_received_bytes_total"), Some(1234));
+        assert_eq!(counter(text, "foresight_ps_sent_bytes_total"), Some(99));
+        assert_eq!(counter(text, "foresight_ps_missing_total"), None);
+    }
 
     #[test]
     fn the_curve_joins_snapshots_and_evaluations_by_version() {
