@@ -274,26 +274,34 @@ enum KeySource {
     Secret(String),
 }
 
+/// A token key given inline or in a file (`flag` names the file's flag in errors).
+fn given_key(
+    inline: Option<&String>,
+    file: Option<&PathBuf>,
+    flag: &str,
+) -> Result<Option<TokenKey>, String> {
+    let bytes = match (inline, file) {
+        (Some(k), _) => k.as_bytes().to_vec(),
+        (None, Some(f)) => std::fs::read(f).map_err(|e| format!("{flag} {}: {e}", f.display()))?,
+        (None, None) => return Ok(None),
+    };
+    TokenKey::new(bytes.trim_ascii()).map(Some).map_err(|e| e.to_string())
+}
+
 async fn operator(a: OperatorArgs) -> Result<(), String> {
-    let key = match (&a.token_key, &a.token_key_file, &a.token_key_secret) {
-        (Some(k), _, _) => KeySource::Given(TokenKey::new(k.trim().as_bytes()).map_err(|e| e.to_string())?),
-        (None, Some(f), _) => {
-            let key = std::fs::read(f).map_err(|e| format!("--token-key-file {}: {e}", f.display()))?;
-            KeySource::Given(TokenKey::new(key.trim_ascii()).map_err(|e| e.to_string())?)
-        }
-        (None, None, Some(name)) => KeySource::Secret(name.clone()),
-        (None, None, None) => return Err("set FORESIGHT_TOKEN_KEY (or --token-key-file, or --token-key-secret): the key the job tokens are derived from, e.g. `openssl rand -hex 32`".into()),
+    let key = match given_key(a.token_key.as_ref(), a.token_key_file.as_ref(), "--token-key-file")? {
+        Some(key) => KeySource::Given(key),
+        None => match &a.token_key_secret {
+            Some(name) => KeySource::Secret(name.clone()),
+            None => return Err("set FORESIGHT_TOKEN_KEY (or --token-key-file, or --token-key-secret): the key the job tokens are derived from, e.g. `openssl rand -hex 32`".into()),
+        },
     };
-    let previous = match (&a.previous_token_key, &a.previous_token_key_file) {
-        (Some(k), _) => Some(k.trim().as_bytes().to_vec()),
-        (None, Some(f)) => {
-            Some(std::fs::read(f).map_err(|e| format!("--previous-token-key-file {}: {e}", f.display()))?)
-        }
-        (None, None) => None,
-    };
-    let previous = previous
-        .map(|k| TokenKey::new(k.trim_ascii()).map_err(|e| format!("the previous token key: {e}")))
-        .transpose()?;
+    let previous = given_key(
+        a.previous_token_key.as_ref(),
+        a.previous_token_key_file.as_ref(),
+        "--previous-token-key-file",
+    )
+    .map_err(|e| format!("the previous token key: {e}"))?;
     // An empty FORESIGHT_WATCH_NAMESPACE means every namespace, as when it is unset.
     let watch = controller::Watch::parse(a.namespace.as_deref().unwrap_or_default())?;
     let example_url = a.ps_url.replace("{name}", "job").replace("{namespace}", "default");

@@ -73,8 +73,8 @@ class Optimizer(torch.optim.Optimizer):
     ``grad_dtype`` (``"f32"``, ``"bf16"`` or ``"int8"``, default the job's
     ``$FORESIGHT_GRAD_DTYPE``) is the type gradients travel in; the parameter server keeps float32.
     ``"int8"`` sends a scale per 1,024 values and carries each push's rounding error into the
-    next (error feedback): a quarter of float32's bytes, for local steps over a slow link. ``steps_per_epoch`` drives the
-    job's learning-rate schedule (``foresight.batches`` sets it).
+    next (error feedback): a quarter of float32's bytes, for local steps over a slow link.
+    ``steps_per_epoch`` drives the job's learning-rate schedule (``foresight.batches`` sets it).
 
     With the job's ``optimizer.localSteps`` above 1, the local steps are trained by ``inner``, an
     optimizer over the same parameters, or when it is ``None`` by the job's

@@ -128,6 +128,9 @@ pub struct Context {
     /// status, which wakes the controller again; reading it at most every `progress_every`
     /// keeps that from becoming a loop.
     progress_read: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Per job (by UID), whether its PS holds the previous token key's control token (a job
+    /// created before a key rotation): learnt once, since a job's Secret is written once.
+    previous_key: std::sync::Mutex<std::collections::HashMap<String, bool>>,
     /// Per job, when to retry after failed reconciles.
     backoffs: backoff::Backoffs,
     /// The children as the watches last saw them.
@@ -209,6 +212,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         metrics: metrics.clone(),
         recorder,
         progress_read: Default::default(),
+        previous_key: Default::default(),
         backoffs: Default::default(),
         caches,
     });
@@ -714,19 +718,32 @@ async fn observe_ps(
 
 /// The control token the job's PS accepts: the current key's, or, after a key rotation, the
 /// previous key's for a job created before it (its pods hold the tokens of its Secret, written
-/// once). Without a previous key, no request is made.
+/// once). Without a previous key, no request is made; with one, the PS is asked until it has
+/// answered once for this job, and the answer is kept.
 async fn accepted_control_token(ctx: &Context, url: &str, uid: &str, current: String) -> String {
     let Some(previous) = &ctx.settings.previous_token_key else { return current };
-    let refused = |token: String| async move {
-        let Ok(client) = foresight_ps::client::PsClient::new(url, Some(token)) else { return false };
-        let answer = tokio::time::timeout(Duration::from_secs(3), client.status()).await;
-        matches!(answer, Ok(Err(e)) if e.reason() == Some("unauthorized"))
+    let known = ctx.previous_key.lock().unwrap_or_else(|e| e.into_inner()).get(uid).copied();
+    let uses_previous = match known {
+        Some(p) => p,
+        None => match token_accepted(url, current.clone()).await {
+            Some(true) => false,
+            Some(false) if token_accepted(url, previous.control_token(uid)).await == Some(true) => true,
+            // No answer, or neither token taken: ask again on a later reconcile.
+            _ => return current,
+        },
     };
-    if !refused(current.clone()).await {
-        return current;
+    ctx.previous_key.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.to_string(), uses_previous);
+    if uses_previous { previous.control_token(uid) } else { current }
+}
+
+/// Whether the PS at `url` accepts `token` (`None`: it did not answer within 3 s).
+async fn token_accepted(url: &str, token: String) -> Option<bool> {
+    let client = foresight_ps::client::PsClient::new(url, Some(token)).ok()?;
+    match tokio::time::timeout(Duration::from_secs(3), client.status()).await {
+        Ok(Ok(_)) => Some(true),
+        Ok(Err(e)) if e.reason() == Some("unauthorized") => Some(false),
+        _ => None,
     }
-    let old = previous.control_token(uid);
-    if refused(old.clone()).await { current } else { old }
 }
 
 /// The parameter server's `/v1/status`; `None` when it does not answer.
