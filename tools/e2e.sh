@@ -10,7 +10,8 @@
 #                   comments say, `kubectl apply -f examples/mnist-dcasgd-cluster.yaml`; `kubectl
 #                   get tj` goes Created → Running → Succeeded with the step and (-o wide) staleness columns
 #                   filled and changing, a worker's log has progress lines, `kubectl describe tj`
-#                   shows conditions and events, the PS is gone and model-final.safetensors is on
+#                   shows conditions and events, the job has its NetworkPolicy (the chart's
+#                   networkPolicy.perJob), the PS is gone and model-final.safetensors is on
 #                   the claim status.finalModel names (spec.output: no owner), and the last
 #                   worker's termination message records that version; its held-out
 #                   accuracy (foresight-worker evaluate) is within 2 pp of `foresight run`'s on
@@ -328,6 +329,10 @@ case_main() {
   [[ $msg == *"final model (version"*"written to claim"*"outlives the job"* ]] || fail "the Succeeded condition says '$msg'"
   [[ $(field $ns tj/$name '{.status.workers.succeeded}') == 4 ]] || fail "status.workers.succeeded is not 4"
   [[ -n $(field $ns tj/$name '{.status.completionTime}') ]] || fail "no completionTime"
+  # networkPolicy.perJob: the operator, with the chart's RBAC, gave the job its NetworkPolicy
+  # (the bridge CNI here does not enforce it; the job ran beside it all the same).
+  [[ $(field $ns networkpolicy/$name-ps '{.spec.podSelector.matchLabels.foresight\.dev/job}') == "$name" ]] ||
+    fail "no NetworkPolicy $name-ps for the job's parameter server"
   # kubectl describe: the conditions and the events.
   # (The operator records the transition's Event just after it writes the phase.)
   wait_for 60 "a Completed event in kubectl describe tj $name" eval \
@@ -814,7 +819,8 @@ log "Kueue's manager ready in $((SECONDS - t))s"
 
 t=$SECONDS
 "$HELM" install foresight "$repo/charts/foresight" --namespace foresight-system --create-namespace \
-  --set kueue.enabled=true --wait --timeout 300s >&2 || fail "helm install: the operator did not become Ready"
+  --set kueue.enabled=true --set networkPolicy.perJob.enabled=true \
+  --wait --timeout 300s >&2 || fail "helm install: the operator did not become Ready"
 log "helm install --wait took $((SECONDS - t))s: $(operator_pod | paste -sd' ')"
 kc get crd trainingjobs.foresight.dev >/dev/null || fail "helm install did not install the CRD"
 [[ $(kc -n foresight-system get deploy -l app.kubernetes.io/name=foresight \

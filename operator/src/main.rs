@@ -11,6 +11,7 @@ use foresight_operator::controller::{
     token::{self, TokenKey},
 };
 use foresight_operator::local::{self, RunOptions};
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Foresight: asynchronous distributed training with delay-compensated SGD")]
@@ -65,7 +66,7 @@ enum Cmd {
     Crd,
     /// Run the Kubernetes operator: reconcile TrainingJobs into a parameter server Deployment
     /// and Service, a token Secret and an Indexed worker Job, and keep their status.
-    Operator(OperatorArgs),
+    Operator(Box<OperatorArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -113,8 +114,10 @@ struct OperatorArgs {
     /// change it only when the operator runs outside the cluster.
     #[arg(long, env = "FORESIGHT_PS_URL_TEMPLATE", default_value = "http://{name}-ps.{namespace}.svc:8080")]
     ps_url: String,
-    /// Seconds between reads of a running job's progress from its parameter server.
-    #[arg(long, env = "FORESIGHT_PROGRESS_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Seconds between reads of a running job's progress from its parameter server. Each read
+    /// that finds the model moved writes the job's status: at 1,000 jobs, 60 s is about 17
+    /// status writes a second. The PS's own metrics are live whatever this is.
+    #[arg(long, env = "FORESIGHT_PROGRESS_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     progress_seconds: u64,
     /// Seconds to retry writing the final model after the workers finished (when the last
     /// worker did not record that the PS wrote it); then the job fails (FinalModelNotWritten).
@@ -129,6 +132,12 @@ struct OperatorArgs {
     /// kueue.x-k8s.io/v1beta2 API must be served). Without it such jobs wait, saying why.
     #[arg(long, env = "FORESIGHT_KUEUE")]
     kueue: bool,
+    /// Give each job a NetworkPolicy `<job>-ps`: its parameter servers accept connections only
+    /// from the job's own workers and from these peers, a JSON list of NetworkPolicyPeers (the
+    /// chart's networkPolicy.perJob passes the operator's pods and metricsFrom). `[]`: the
+    /// workers alone (the operator then cannot read progress; the PS still finalizes the job).
+    #[arg(long, env = "FORESIGHT_PS_NETWORK_POLICY", value_parser = parse_peers)]
+    ps_network_policy: Option<Peers>,
     /// Elect a leader among the replicas with a Lease (turn off only with one replica).
     #[arg(long, env = "FORESIGHT_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -156,6 +165,15 @@ struct OperatorArgs {
 enum LogFormat {
     Text,
     Json,
+}
+
+/// `--ps-network-policy`'s peers (a type of their own: clap would take a `Vec` for a list of
+/// arguments).
+#[derive(Clone, Debug)]
+struct Peers(Vec<NetworkPolicyPeer>);
+
+fn parse_peers(s: &str) -> Result<Peers, String> {
+    serde_json::from_str(s).map(Peers).map_err(|e| format!("expected a JSON list of NetworkPolicyPeers: {e}"))
 }
 
 fn parse_slowdown(s: &str) -> Result<(usize, f64), String> {
@@ -201,7 +219,7 @@ async fn main() {
     }
     match cli.command {
         Cmd::Operator(args) => {
-            if let Err(e) = operator(args).await {
+            if let Err(e) = operator(*args).await {
                 eprintln!("foresight operator: {e}");
                 std::process::exit(1);
             }
@@ -348,6 +366,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         finalize_grace: Duration::from_secs(a.finalize_grace_seconds),
         stuck_pods_timeout: Duration::from_secs(a.stuck_pods_timeout_seconds),
         kueue: a.kueue,
+        ps_ingress_from: a.ps_network_policy.clone().map(|p| p.0),
         lease,
     };
     controller::run(config, settings, &a.metrics_addr).await

@@ -164,6 +164,10 @@ const ALL_FEATURES: &[&str] = &[
     "stuckPodsTimeoutSeconds=120",
     "--set",
     "jobPolicy.enabled=true",
+    "--set",
+    "networkPolicy.perJob.enabled=true",
+    "--set-json",
+    r#"networkPolicy.perJob.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#,
 ];
 
 /// `helm template` of the chart; `extra` are more arguments (values).
@@ -431,6 +435,17 @@ fn rbac_grants_exactly_the_operator_contract() {
     assert_eq!(env(find(&objs, "Deployment", "foresight"))["FORESIGHT_KUEUE"], "true");
     assert!(!env(deploy).contains_key("FORESIGHT_KUEUE"), "off by default");
 
+    // networkPolicy.perJob.enabled: the operator writes one NetworkPolicy per job.
+    let objs = objects(&template(&["--set", "networkPolicy.perJob.enabled=true"]));
+    let mut rules = expected_rules();
+    rules
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"]}));
+    assert_eq!(find(&objs, "ClusterRole", "foresight")["rules"], rules);
+    assert!(!env(deploy).contains_key("FORESIGHT_PS_NETWORK_POLICY"), "off by default");
+
     // rbac.create=false, serviceAccount.create=false: neither.
     let objs = objects(&template(&["--set", "rbac.create=false", "--set", "serviceAccount.create=false"]));
     let left = kinds(&objs);
@@ -534,6 +549,18 @@ fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
     assert_eq!(
         egress[2]["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
         "parameter-server"
+    );
+
+    // Each job's NetworkPolicy admits, besides its workers, this release's operator pods and
+    // networkPolicy.perJob.metricsFrom.
+    let peers: Value = serde_json::from_str(&env["FORESIGHT_PS_NETWORK_POLICY"]).unwrap();
+    assert_eq!(
+        peers,
+        json!([
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "foresight-system"}},
+             "podSelector": {"matchLabels": deploy["spec"]["selector"]["matchLabels"]}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+        ])
     );
 
     let pdb = find(&objs, "PodDisruptionBudget", "foresight");

@@ -5,6 +5,7 @@
 
 mod admission;
 mod api_calls;
+mod applied;
 mod backoff;
 mod caches;
 pub mod children;
@@ -26,6 +27,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -114,6 +116,9 @@ pub struct Settings {
     pub stuck_pods_timeout: Duration,
     /// Whether Kueue admits the jobs labelled for one of its queues (`kueue`).
     pub kueue: bool,
+    /// `Some`: each job gets a NetworkPolicy letting only its workers and these peers reach its
+    /// parameter servers (`children::network_policy`).
+    pub ps_ingress_from: Option<Vec<NetworkPolicyPeer>>,
     /// `None`: no leader election (one replica).
     pub lease: Option<LeaseConfig>,
 }
@@ -135,6 +140,8 @@ pub struct Context {
     backoffs: backoff::Backoffs,
     /// The children as the watches last saw them.
     caches: Caches,
+    /// What the operator last wrote to each child (writes that would change nothing are skipped).
+    applied: applied::Applied,
 }
 
 impl Context {
@@ -205,7 +212,12 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(identity) });
     // One controller per watched namespace (a namespaced operator may not list cluster-wide),
     // sharing the context; their results merge into one stream.
-    let (caches, controllers) = Caches::with_controllers(&client, &settings.watch.scopes(), settings.kueue);
+    let (caches, controllers) = Caches::with_controllers(
+        &client,
+        &settings.watch.scopes(),
+        settings.kueue,
+        settings.ps_ingress_from.is_some(),
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings,
@@ -215,6 +227,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         previous_key: Default::default(),
         backoffs: Default::default(),
         caches,
+        applied: Default::default(),
     });
     let mut stores = Vec::new();
     let mut runs = Vec::new();
@@ -479,6 +492,11 @@ async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>) -> Result<Strin
         let service = owner.ps_service(shard);
         let seen = ctx.caches.service(&owner.namespace, &service.name_any());
         writes::apply(ctx, service, seen, own).await?;
+    }
+    if let Some(peers) = &ctx.settings.ps_ingress_from {
+        let policy = owner.ps_network_policy(peers);
+        let seen = ctx.caches.network_policy(&owner.namespace, &policy.name_any());
+        writes::apply(ctx, policy, seen, own).await?;
     }
     Ok(token)
 }

@@ -10,6 +10,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::applied::{Fingerprint, Key};
 use super::ownership::{Holder, Mark, holder};
 use super::{Context, Error, MANAGER, Result, is_status};
 
@@ -44,44 +45,77 @@ pub(super) fn ours<K: Child>(obj: &K, mark: Mark<'_>) -> Result<String> {
 
 /// Makes the API server's copy of child `obj` what the operator built, given the object the
 /// caches hold under its name (`seen`; `None`: none of the operator's labelled objects).
-/// Returns the object as the API server has it.
+/// Returns the object as the API server has it. Sends nothing when `seen` is what the last
+/// write of the same intent returned (`applied`).
 pub(super) async fn apply<K: Child>(ctx: &Context, obj: K, seen: Option<K>, mark: Mark<'_>) -> Result<K> {
     let api: Api<K> =
         Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
     let name = obj.meta().name.clone().ok_or(Error::Incomplete)?;
+    let key = key_of(&obj);
+    let intent = serde_json::to_vec(&obj).expect("Kubernetes objects serialize");
     let seen = match seen {
         Some(seen) => seen,
         None => match api
             .create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &obj)
             .await
         {
-            Ok(made) => return Ok(made),
+            Ok(made) => {
+                ctx.applied.record(key, result_of(&made, &intent));
+                return Ok(made);
+            }
             // Made by an earlier reconcile the caches have not caught up with, or by someone else.
             Err(e) if is_status(&e, 409) => api.get(&name).await?,
             Err(e) => return Err(e.into()),
         },
     };
     let uid = ours(&seen, mark)?;
+    if ctx.applied.holds(&key, result_of(&seen, &intent)) {
+        return Ok(seen);
+    }
     let mut value = serde_json::to_value(&obj).expect("Kubernetes objects serialize");
     value["apiVersion"] = K::api_version(&()).into();
     value["kind"] = K::kind(&()).into();
     // A UID the object no longer has (deleted and made again) makes the API server refuse.
     value["metadata"]["uid"] = uid.into();
     // `force`: the operator owns every field it sets, and takes back what was changed by hand.
-    Ok(api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(value)).await?)
+    let applied = api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(value)).await?;
+    ctx.applied.record(key, result_of(&applied, &intent));
+    Ok(applied)
+}
+
+fn key_of<K: Child>(obj: &K) -> Key {
+    let meta = obj.meta();
+    (
+        K::kind(&()).into_owned(),
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// What identifies `obj` as the result of writing `intent`.
+fn result_of<K: Child>(obj: &K, intent: &[u8]) -> Fingerprint {
+    let meta = obj.meta();
+    let (uid, version) = (meta.uid.as_deref().unwrap_or_default(), meta.resource_version.as_deref());
+    Fingerprint::of(&[uid.as_bytes(), version.unwrap_or_default().as_bytes(), intent])
 }
 
 /// Creates `obj` once and never writes it again: an object of that name, whoever made it, is
 /// left as it is. For the token Secret, which the operator may create but not read or patch;
 /// its name carries the job's UID, so only an earlier reconcile can have made it.
 pub(super) async fn create_once<K: Child>(ctx: &Context, obj: &K) -> Result<()> {
+    let (key, created) = (key_of(obj), Fingerprint::of(&[b"created"]));
+    if ctx.applied.holds(&key, created) {
+        return Ok(());
+    }
     let api: Api<K> =
         Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
     match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, obj).await {
-        Ok(_) => Ok(()),
-        Err(e) if is_status(&e, 409) => Ok(()),
-        Err(e) => Err(e.into()),
+        Ok(_) => {}
+        Err(e) if is_status(&e, 409) => {}
+        Err(e) => return Err(e.into()),
     }
+    ctx.applied.record(key, created);
+    Ok(())
 }
 
 /// Deletes the job's child `obj` (as the caches saw it) if it is still that object. One that is
@@ -95,6 +129,7 @@ pub(super) async fn delete<K: Child>(ctx: &Context, obj: &K, mark: Mark<'_>) -> 
         preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
         ..DeleteParams::background()
     };
+    ctx.applied.forget(&key_of(obj));
     match api.delete(&obj.name_any(), &params).await {
         Ok(_) => Ok(()),
         Err(e) if is_status(&e, 404) => Ok(()),
