@@ -215,14 +215,15 @@ spec:
     wait_for("low's Workload to be admitted", LONG, || {
         workload(cp, &ns, "low").filter(|w| is_true(w, "Admitted"))
     });
+    let low_uid = workload(cp, &ns, "low").unwrap()["metadata"]["uid"].clone();
     let low_workers = worker_pods(cp, &ns, "low", 2);
     for p in &low_workers {
         cp.set_pod_phase(&ns, p, "Running");
     }
 
     // With preemption allowed, resuming the higher priority job evicts the running one: its
-    // workers stop first, then its Workload is replaced and it waits Queued again while
-    // the higher priority job runs.
+    // workers stop first, then its quota is given back (its Workload kept, as Kueue's own
+    // integrations do) and it waits Queued again while the higher priority job runs.
     cp.kubectl_ok(
         &[
             "patch",
@@ -253,6 +254,13 @@ spec:
     worker_pods(cp, &ns, "high", 2);
     let evicted = events(cp, &ns, "low").into_iter().find(|e| e.1 == "Evicted");
     assert!(evicted.as_ref().is_some_and(|e| e.2.contains("evicted by Kueue (Preempted)")), "{evicted:?}");
+    let w = workload(cp, &ns, "low").unwrap();
+    assert_eq!(
+        w["metadata"]["uid"], low_uid,
+        "low's Workload is the one Kueue evicted, not a new one: {w:#}"
+    );
+    assert!(w["status"].get("admission").is_none() && !is_true(&w, "QuotaReserved"), "{w:#}");
+    assert!(is_true(&w, "Requeued"), "a preempted Workload queues again at once: {w:#}");
 
     // Resizing an admitted job re-admits it at its new size: Kueue's pod sets cannot change, so
     // the workers stop, the Workload is replaced with the new count and admitted again.
@@ -291,4 +299,40 @@ spec:
     cp.set_pod_phase(&ns, &ps_pod(cp, &ns, "partial"), "Running");
     let st = wait_phase(cp, &ns, "partial", "Running");
     assert_eq!(st["workers"]["desired"], 4, "{st:#}");
+
+    // An admin deactivates the Workload (spec.active: false): Kueue evicts it, the workers
+    // stop, the quota goes back, and the job waits while the Workload stays inactive — it is
+    // not replaced by an active one, which would run the job again behind the admin's back.
+    let uid = workload(cp, &ns, "partial").unwrap()["metadata"]["uid"].clone();
+    let deactivate = |active: bool| {
+        let patch = json!({"spec": {"active": active}}).to_string();
+        let name = format!("trainingjob-{}", "partial");
+        cp.kubectl_ok(&["patch", "workload", &name, "-n", &ns, "--type=merge", "-p", &patch], None);
+    };
+    deactivate(false);
+    wait_for("partial's workers to stop", LONG, || worker_job_suspended(cp, &ns, "partial").then_some(()));
+    remove_worker_pods(cp, &ns, "partial");
+    // (Its PS keeps running: it holds the only copy of the model, as under suspend.)
+    let st = wait_phase(cp, &ns, "partial", "Queued");
+    let queued = condition(&st, "Queued")["message"].as_str().unwrap_or_default().to_string();
+    assert!(queued.contains("evicted by Kueue (Deactivated)"), "{st:#}");
+    worker_pods(cp, &ns, "partial", 0);
+    wait_for("partial's quota given back", LONG, || {
+        workload(cp, &ns, "partial")
+            .filter(|w| !is_true(w, "QuotaReserved") && w["status"].get("admission").is_none())
+    });
+    // Several reconciles later (the job's status and events change meanwhile), still the same
+    // inactive Workload, not admitted, the workers still stopped.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let w = workload(cp, &ns, "partial").unwrap();
+    assert_eq!((&w["metadata"]["uid"], &w["spec"]["active"]), (&uid, &json!(false)), "{w:#}");
+    assert!(!is_true(&w, "Admitted") && worker_job_suspended(cp, &ns, "partial"), "{w:#}");
+    // Reactivated: Kueue admits it again and the workers start.
+    deactivate(true);
+    wait_for("partial admitted again", LONG, || {
+        workload(cp, &ns, "partial").filter(|w| is_true(w, "Admitted") && w["metadata"]["uid"] == uid)
+    });
+    wait_for("partial's workers to start again", LONG, || {
+        (!worker_job_suspended(cp, &ns, "partial")).then_some(())
+    });
 }

@@ -1,5 +1,8 @@
 //! The API calls of Kueue admission (`kueue` decides): the job's Workload made, replaced,
-//! released and marked finished, and the priority it carries.
+//! given back its quota after an eviction, released and marked finished, and the priority it
+//! carries.
+
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -9,7 +12,9 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::children::{self, ChildDefaults, Owner};
-use super::kueue::{self, Admission, FlavorPlacement, Plan, ResourceFlavor, Workload, WorkloadSpec};
+use super::kueue::{
+    self, Admission, FlavorPlacement, Plan, ResourceFlavor, ResourceFlavorSpec, Workload, WorkloadSpec,
+};
 use super::leader::is_status;
 use super::{Context, MANAGER, Result, publish, writes};
 use crate::api::TrainingJob;
@@ -65,6 +70,15 @@ pub(super) async fn admit(
             let message = format!("{why}: its Workload was replaced, and the job queued again in {queue}");
             publish(ctx, job, EventType::Normal, why.reason(), "Requeue", &message).await;
         }
+        Plan::Unreserve(why) => {
+            if let Some(w) = &existing {
+                unreserve(&api, w, &why).await?;
+            }
+            let message = format!(
+                "{why}: its workers stopped and its quota was given back; the job waits in {queue} until Kueue admits it again"
+            );
+            publish(ctx, job, EventType::Normal, "Evicted", "Requeue", &message).await;
+        }
         Plan::Release => delete(ctx, owner, existing.as_ref()).await?,
     }
     if let (Admission::Admitted(a), Some(w)) = (&mut admission, &existing) {
@@ -94,12 +108,40 @@ fn unlabelled(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Admission 
 
 /// Where the flavors Kueue assigned to pod set `name` place its pods.
 async fn placement(ctx: &Context, workload: &Workload, name: &str) -> Result<FlavorPlacement> {
-    let api: Api<ResourceFlavor> = Api::all(ctx.client.clone());
     let mut specs = Vec::new();
     for flavor in workload.flavors_of(name) {
-        specs.push(api.get(&flavor).await?.spec);
+        specs.push(ctx.flavors.spec(&ctx.client, &flavor).await?);
     }
     Ok(kueue::placement(&specs))
+}
+
+/// ResourceFlavors as last read, for a minute: every reconcile of an admitted job places its
+/// pods by them, and a GET per flavor each time would be most of what such a reconcile asks
+/// the API server. (A watch would need `list` and `watch` on a cluster-scoped kind; the chart
+/// grants `get` only.) A flavor changed meanwhile places pods made after the minute.
+#[derive(Default)]
+pub(super) struct Flavors(std::sync::Mutex<std::collections::HashMap<String, (Instant, ResourceFlavorSpec)>>);
+
+const FLAVOR_TTL: Duration = Duration::from_secs(60);
+
+impl Flavors {
+    async fn spec(&self, client: &kube::Client, name: &str) -> Result<ResourceFlavorSpec> {
+        let fresh = |(read, _): &(Instant, ResourceFlavorSpec)| read.elapsed() < FLAVOR_TTL;
+        if let Some((_, spec)) = self.lock().get(name).filter(|e| fresh(e)) {
+            return Ok(spec.clone());
+        }
+        let spec = Api::<ResourceFlavor>::all(client.clone()).get(name).await?.spec;
+        let mut cached = self.lock();
+        cached.retain(|_, e| fresh(e));
+        cached.insert(name.to_string(), (Instant::now(), spec.clone()));
+        Ok(spec)
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Instant, ResourceFlavorSpec)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 async fn create(
@@ -151,6 +193,19 @@ async fn delete(ctx: &Context, owner: &Owner<'_>, workload: Option<&Workload>) -
         Some(w) => writes::delete(ctx, w, owner.mark()).await,
         None => Ok(()),
     }
+}
+
+/// Gives evicted Workload `w`'s quota back (`kueue::unreserved_status`). A merge patch, since
+/// Kueue owns those fields; conditional on the resourceVersion the cache saw, so that a status
+/// Kueue changed since is not written over (the conflict makes the reconcile run again).
+async fn unreserve(api: &Api<Workload>, w: &Workload, why: &kueue::Eviction) -> Result<()> {
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": w.resource_version()},
+        "status": kueue::unreserved_status(w, why, &Time(Timestamp::now())),
+    });
+    let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+    api.patch_status(&w.name_any(), &params, &Patch::Merge(patch)).await?;
+    Ok(())
 }
 
 /// Marks the ended job's Workload `Finished`, which gives its quota back.

@@ -1,9 +1,10 @@
 //! Admission by Kueue (sigs.k8s.io/kueue): a TrainingJob labelled `kueue.x-k8s.io/queue-name`
 //! runs only while Kueue admits it as one unit. The operator makes one `Workload` per job (pod
 //! sets `ps` × 1 and `workers` × replicas, their resources and GPUs counted together), keeps
-//! the job's pods stopped until Kueue admits it, marks it `Finished` when the job ends, and
-//! requeues it (deletes the Workload once its pods are stopped, then makes a new one) when Kueue
-//! evicts it or the job's size changes. Kueue never touches the TrainingJob or its children:
+//! the job's pods stopped until Kueue admits it, marks it `Finished` when the job ends, gives
+//! its quota back when Kueue evicts it (once its pods are stopped, as Kueue's own integrations
+//! do), and replaces it (deletes it once the pods are stopped, then makes a new one) when the
+//! job's queue or size changes. Kueue never touches the TrainingJob or its children:
 //! the worker Job carries no queue label, so Kueue's batch/v1 integration leaves it alone and
 //! nobody else writes its `suspend`.
 //!
@@ -12,6 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{PodTemplateSpec, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +109,10 @@ pub struct WorkloadCondition {
     pub reason: String,
     #[serde(default)]
     pub message: String,
+    /// The rest (`lastTransitionTime`, `observedGeneration`), kept as Kueue wrote it: the
+    /// operator writes the whole list back when it gives an evicted Workload's quota back.
+    #[serde(flatten)]
+    pub rest: BTreeMap<String, serde_json::Value>,
 }
 
 impl Workload {
@@ -200,21 +206,24 @@ impl Admission {
 pub enum Plan {
     /// No Workload yet: make it.
     Create,
-    /// Delete it: it was evicted, or it no longer matches the job, and the job's pods are
-    /// stopped. The next reconcile makes a new one, which queues again.
+    /// Delete it: it no longer matches the job, and the job's pods are stopped. The next
+    /// reconcile makes a new one, which queues again.
     Requeue(Requeue),
+    /// Give its quota back and leave it queued (`unreserved`): Kueue evicted it and the job's
+    /// pods are stopped. What Kueue's own integrations do, so that what Kueue and the admins
+    /// set on the Workload (`spec.active: false`, a requeue backoff) holds; deleting it and
+    /// making another, as the operator did before, undid them.
+    Unreserve(Eviction),
     /// Delete it without making another: the job is suspended and its pods are stopped, so its
     /// quota goes back to the queue.
     Release,
     Keep,
 }
 
-/// Why a job queues again; each cause is its own Event reason (Events with one reason are
-/// aggregated into one, keeping the first message).
+/// Why a job's Workload is replaced; each cause is its own Event reason (Events with one reason
+/// are aggregated into one, keeping the first message).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Requeue {
-    /// Kueue evicted it (preemption, a stopped queue...): its condition's reason and message.
-    Evicted { reason: String, message: String },
     /// The job's `kueue.x-k8s.io/queue-name` now names another LocalQueue.
     QueueChanged { from: String },
     /// What Kueue counts (worker count, resources, placement) changed.
@@ -225,7 +234,6 @@ impl Requeue {
     /// The Event reason.
     pub fn reason(&self) -> &'static str {
         match self {
-            Requeue::Evicted { .. } => "Evicted",
             Requeue::QueueChanged { .. } => "QueueChanged",
             Requeue::Resized => "Resized",
         }
@@ -235,10 +243,32 @@ impl Requeue {
 impl std::fmt::Display for Requeue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Requeue::Evicted { reason, message } => write!(f, "evicted by Kueue ({reason}): {message}"),
             Requeue::QueueChanged { from } => write!(f, "the job's queue label changed from {from}"),
             Requeue::Resized => write!(f, "the job's size or resources changed since its Workload was made"),
         }
+    }
+}
+
+/// Kueue evicted the Workload (preemption, deactivation, a stopped queue...): its `Evicted`
+/// condition's reason and message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Eviction {
+    pub reason: String,
+    pub message: String,
+}
+
+impl Eviction {
+    /// Whether Kueue may admit the Workload again at once: after a preemption or a node failure.
+    /// After any other eviction (deactivation, a pods-ready timeout) Kueue itself marks it
+    /// requeued once it may (reactivated, backoff over).
+    fn requeued(&self) -> bool {
+        matches!(self.reason.as_str(), "Preempted" | "NodeFailures")
+    }
+}
+
+impl std::fmt::Display for Eviction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "evicted by Kueue ({}): {}", self.reason, self.message)
     }
 }
 
@@ -265,21 +295,32 @@ pub fn plan(
         // A suspended job gives its quota back once its pods are gone.
         return (if stopped { Plan::Release } else { Plan::Keep }, Admission::NotQueued);
     }
-    let requeue = match (w.condition("Evicted"), w.podsets_hash()) {
-        (Some(e), _) => Some(Requeue::Evicted { reason: e.reason.clone(), message: e.message.clone() }),
-        (None, _) if w.spec.queue_name != queue => {
-            Some(Requeue::QueueChanged { from: w.spec.queue_name.clone() })
-        }
-        (None, hash) if hash != Some(desired_hash) => Some(Requeue::Resized),
+    let reserved = w.condition("QuotaReserved").is_some();
+    let requeue = match w.podsets_hash() {
+        _ if w.spec.queue_name != queue => Some(Requeue::QueueChanged { from: w.spec.queue_name.clone() }),
+        hash if hash != Some(desired_hash) => Some(Requeue::Resized),
         _ => None,
     };
     if let Some(why) = requeue {
-        let admitted = w.condition("QuotaReserved").is_some();
-        return if stopped || !admitted {
+        return if stopped || !reserved {
             let waiting = waiting(format!("{why}; queued again in LocalQueue {queue}"));
             (Plan::Requeue(why), waiting)
         } else {
             (Plan::Keep, waiting(format!("{why}; stopping the workers before queueing again")))
+        };
+    }
+    if let Some(e) = w.condition("Evicted") {
+        let why = Eviction { reason: e.reason.clone(), message: e.message.clone() };
+        return match (reserved, stopped) {
+            (true, false) => {
+                (Plan::Keep, waiting(format!("{why}; stopping the workers before queueing again")))
+            }
+            (true, true) => {
+                let waiting = waiting(format!("{why}; queued again in LocalQueue {queue}"));
+                (Plan::Unreserve(why), waiting)
+            }
+            // Given back already: Kueue admits it again when it may.
+            (false, _) => (Plan::Keep, waiting(format!("{why}; queued again in LocalQueue {queue}"))),
         };
     }
     if w.condition("Admitted").is_some() {
@@ -288,6 +329,40 @@ pub fn plan(
     }
     let why = w.pending_message().unwrap_or("waiting for Kueue to admit it");
     (Plan::Keep, waiting(format!("queued in LocalQueue {queue}: {why}")))
+}
+
+/// The status that gives evicted Workload `w`'s quota back (a merge patch of `status`), as
+/// Kueue's job framework does once the job's pods are stopped: no `admission`, `QuotaReserved`
+/// False (`Pending`, the eviction's message), `Admitted` False (`NoReservation`) and
+/// `Requeued` True after a preemption or a node failure, False (the eviction's reason)
+/// otherwise, which Kueue turns True when the Workload may queue again. `now` stamps the
+/// conditions whose status changes; the others keep their transition time.
+pub fn unreserved_status(w: &Workload, eviction: &Eviction, now: &Time) -> serde_json::Value {
+    let mut conditions = w.status.clone().unwrap_or_default().conditions;
+    let generation = w.metadata.generation;
+    let requeued = if eviction.requeued() { "True" } else { "False" };
+    let set = [
+        ("QuotaReserved", "False", "Pending", eviction.message.as_str()),
+        ("Admitted", "False", "NoReservation", "The workload has no reservation"),
+        ("Requeued", requeued, eviction.reason.as_str(), eviction.message.as_str()),
+    ];
+    for (type_, status, reason, message) in set {
+        let at = conditions.iter().position(|c| c.type_ == type_);
+        let mut c = at.map_or_else(WorkloadCondition::default, |i| conditions[i].clone());
+        if c.status != status || !c.rest.contains_key("lastTransitionTime") {
+            c.rest.insert("lastTransitionTime".into(), serde_json::to_value(now).expect("times serialize"));
+        }
+        if let Some(g) = generation {
+            c.rest.insert("observedGeneration".into(), g.into());
+        }
+        (c.type_, c.status, c.reason, c.message) =
+            (type_.into(), status.into(), reason.into(), message.into());
+        match at {
+            Some(i) => conditions[i] = c,
+            None => conditions.push(c),
+        }
+    }
+    serde_json::json!({"admission": null, "conditions": conditions})
 }
 
 /// The pod sets Kueue counts: the PS's pod and the workers' pods, each with requests where only

@@ -142,6 +142,8 @@ pub struct Context {
     caches: Caches,
     /// What the operator last wrote to each child (writes that would change nothing are skipped).
     applied: applied::Applied,
+    /// Kueue's ResourceFlavors as last read.
+    flavors: admission::Flavors,
 }
 
 impl Context {
@@ -228,6 +230,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         backoffs: Default::default(),
         caches,
         applied: Default::default(),
+        flavors: Default::default(),
     });
     let mut stores = Vec::new();
     let mut runs = Vec::new();

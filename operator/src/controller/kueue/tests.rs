@@ -32,6 +32,7 @@ fn workload(hash: &str, conditions: &[(&str, &str, &str, &str)]) -> Workload {
                 status: s.to_string(),
                 reason: r.to_string(),
                 message: m.to_string(),
+                rest: Default::default(),
             })
             .collect(),
         admission: None,
@@ -113,7 +114,7 @@ fn an_admitted_workload_lets_the_job_run() {
 }
 
 #[test]
-fn an_evicted_job_stops_its_workers_before_its_workload_is_replaced() {
+fn an_evicted_job_stops_its_workers_then_gives_its_quota_back_and_keeps_its_workload() {
     let mut conditions = ADMITTED.to_vec();
     conditions.push(("Evicted", "True", "Preempted", "preempted by a higher priority workload"));
     let w = workload("h", &conditions);
@@ -121,10 +122,75 @@ fn an_evicted_job_stops_its_workers_before_its_workload_is_replaced() {
     assert_eq!(plan_running, Plan::Keep, "pods still run: quota stays reserved meanwhile");
     assert!(admission.holds(), "and they are being stopped");
     let (plan_stopped, admission) = plan("team", Some(&w), "h", true, true);
-    let Plan::Requeue(why) = plan_stopped else { panic!("{plan_stopped:?}") };
-    assert_eq!(why.reason(), "Evicted");
+    let Plan::Unreserve(why) = plan_stopped else { panic!("{plan_stopped:?}") };
     assert_eq!(why.to_string(), "evicted by Kueue (Preempted): preempted by a higher priority workload");
     assert!(admission.holds());
+    // Once the quota is given back, the Workload is left to Kueue: nothing more to do, and the
+    // job waits (it is not made again, which would undo a deactivation or a backoff).
+    let given_back = workload(
+        "h",
+        &[
+            ("QuotaReserved", "False", "Pending", "preempted"),
+            ("Admitted", "False", "NoReservation", ""),
+            ("Evicted", "True", "Deactivated", "The workload is deactivated"),
+        ],
+    );
+    for stopped in [true, false] {
+        let (plan, admission) = plan("team", Some(&given_back), "h", true, stopped);
+        assert_eq!(plan, Plan::Keep);
+        let Admission::Pending(why) = admission else { panic!("{admission:?}") };
+        assert!(
+            why.contains("evicted by Kueue (Deactivated)") && why.contains("queued again in LocalQueue team"),
+            "{why}"
+        );
+    }
+}
+
+#[test]
+fn giving_an_evicted_workloads_quota_back_is_what_kueues_integrations_write() {
+    let now = Time(k8s_openapi::jiff::Timestamp::from_second(2_000_000_000).unwrap());
+    let then = json!("2026-01-01T00:00:00Z");
+    let mut w = workload("h", &ADMITTED);
+    w.metadata.generation = Some(3);
+    let status = w.status.as_mut().unwrap();
+    status.conditions.push(WorkloadCondition {
+        type_: "Evicted".into(),
+        status: "True".into(),
+        reason: "Preempted".into(),
+        message: "preempted by high".into(),
+        rest: [("lastTransitionTime".to_string(), then.clone())].into(),
+    });
+    status.admission = Some(WorkloadAdmission::default());
+    let by = |reason: &str| Eviction { reason: reason.into(), message: "preempted by high".into() };
+    let patch = unreserved_status(&w, &by("Preempted"), &now);
+    assert_eq!(patch["admission"], serde_json::Value::Null, "a merge patch's null removes it");
+    let conditions: Vec<WorkloadCondition> = serde_json::from_value(patch["conditions"].clone()).unwrap();
+    let find = |t: &str| conditions.iter().find(|c| c.type_ == t).unwrap_or_else(|| panic!("no {t}"));
+    let stamp = serde_json::to_value(&now).unwrap();
+    for (t, status, reason) in [
+        ("QuotaReserved", "False", "Pending"),
+        ("Admitted", "False", "NoReservation"),
+        ("Requeued", "True", "Preempted"),
+    ] {
+        let c = find(t);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), (status, reason), "{t}");
+        assert_eq!(c.rest["lastTransitionTime"], stamp, "{t} changed status now");
+        assert_eq!(c.rest["observedGeneration"], 3, "{t}");
+    }
+    assert_eq!(find("QuotaReserved").message, "preempted by high");
+    // The eviction itself stays as Kueue wrote it, transition time included.
+    assert_eq!(
+        (find("Evicted").status.as_str(), &find("Evicted").rest["lastTransitionTime"]),
+        ("True", &then)
+    );
+    assert_eq!(conditions.len(), 4);
+    // Deactivated: not requeued until Kueue sees the Workload active again.
+    let patch = unreserved_status(&w, &by("Deactivated"), &now);
+    let requeued = patch["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Requeued").cloned();
+    assert_eq!(
+        requeued.map(|c| (c["status"].clone(), c["reason"].clone())),
+        Some((json!("False"), json!("Deactivated")))
+    );
 }
 
 #[test]
