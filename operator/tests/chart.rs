@@ -416,6 +416,8 @@ fn rbac_grants_exactly_the_operator_contract() {
     let objs = objects(&template(&["--set", "watchNamespace=team-a", "--set", "kueue.enabled=true"]));
     let mut rules = expected_rules();
     rules.as_array_mut().unwrap().extend([
+        json!({"apiGroups": ["foresight.dev"], "resources": ["trainingjobs"], "verbs": ["patch"]}),
+        json!({"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]}),
         json!({"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
                "verbs": ["get", "list", "watch", "create", "delete"]}),
         json!({"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]}),
@@ -975,7 +977,9 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
         (vec!["delete", "pods", "-n", &other], false),
         (vec!["create", "pods", "--subresource=exec", "-n", &other], false),
         (vec!["update", "trainingjobs.foresight.dev", "-n", &other], false),
-        (vec!["patch", "trainingjobs.foresight.dev", "-n", &other], false),
+        // With kueue.enabled: the queue label of a new job, when the namespace has a LocalQueue
+        // `default` (Kueue's own webhook does the same for its integrations' jobs).
+        (vec!["patch", "trainingjobs.foresight.dev", "-n", &other], true),
         (vec!["create", "trainingjobs.foresight.dev", "-n", &other], false),
         (vec!["delete", "persistentvolumeclaims", "-n", &other], false),
         (vec!["get", "leases.coordination.k8s.io/another-lease", "-n", &ns], false),

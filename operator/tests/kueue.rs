@@ -335,4 +335,33 @@ spec:
     wait_for("partial's workers to start again", LONG, || {
         (!worker_job_suspended(cp, &ns, "partial")).then_some(())
     });
+
+    // A namespace's LocalQueue `default` (Kueue's LocalQueueDefaulting): a job made without the
+    // queue label before it existed runs outside Kueue and keeps doing so; one made after gets
+    // the label and queues there.
+    let unlabelled = |name: &str| {
+        cp.kubectl_ok(
+            &["apply", "-n", &ns, "-f", "-"],
+            Some(&job(name, json!({"workers": {"replicas": 1}}))),
+        );
+    };
+    unlabelled("early");
+    worker_pods(cp, &ns, "early", 1);
+    let default_queue = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                               "metadata": {"name": "default"}, "spec": {"clusterQueue": "gpus"}});
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&default_queue.to_string()));
+    unlabelled("late");
+    let label = |name: &str| {
+        cp.get_json(&ns, &format!("tj/{name}")).unwrap()["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+            .clone()
+    };
+    wait_for("late labelled for the default queue", LONG, || (label("late") == "default").then_some(()));
+    let w = wait_for("late's Workload", LONG, || workload(cp, &ns, "late"));
+    assert_eq!(w["spec"]["queueName"], "default", "{w:#}");
+    let defaulted = events(cp, &ns, "late").into_iter().find(|e| e.1 == "QueueDefaulted");
+    assert!(defaulted.as_ref().is_some_and(|e| e.2.contains("LocalQueue default")), "{defaulted:?}");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(label("early"), Value::Null, "a running job is not moved into the queue");
+    assert!(!worker_job_suspended(cp, &ns, "early"));
+    assert!(workload(cp, &ns, "early").is_none());
 }

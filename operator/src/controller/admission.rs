@@ -88,6 +88,43 @@ pub(super) async fn admit(
     Ok(admission)
 }
 
+/// The LocalQueue a job without the queue label goes to when its namespace has one of this
+/// name (Kueue's `LocalQueueDefaulting`).
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// With `--kueue`, a new job without the queue label in a namespace that has a LocalQueue named
+/// `default` gets the label, as Kueue's own webhook gives it to the jobs of its integrations
+/// (`LocalQueueDefaulting`): on the job's first reconcile only, before any of its pods exist, so
+/// that a default queue made later never stops a job already running. Returns whether it
+/// labelled the job (the watch then brings the labelled job back).
+pub(super) async fn default_queue(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<bool> {
+    let first = job.status.as_ref().and_then(|s| s.phase).is_none();
+    if !ctx.settings.kueue || !first || job.labels().contains_key(kueue::QUEUE_LABEL) {
+        return Ok(false);
+    }
+    let gvk = kube::core::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "LocalQueue");
+    let queues: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &owner.namespace, &kube::core::ApiResource::from_gvk(&gvk));
+    if queues.get_opt(DEFAULT_QUEUE).await?.is_none() {
+        return Ok(false);
+    }
+    // Conditional on the job as read: a label the author set meanwhile is not written over.
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": job.resource_version(),
+        "labels": {kueue::QUEUE_LABEL: DEFAULT_QUEUE},
+    }});
+    let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+    Api::<TrainingJob>::namespaced(ctx.client.clone(), &owner.namespace)
+        .patch(&owner.name, &params, &Patch::Merge(patch))
+        .await?;
+    let message = format!(
+        "no {} label: queued in the namespace's LocalQueue {DEFAULT_QUEUE}, as Kueue does for its own jobs",
+        kueue::QUEUE_LABEL
+    );
+    publish(ctx, job, EventType::Normal, "QueueDefaulted", "Admit", &message).await;
+    Ok(true)
+}
+
 /// A job without the queue label runs at once, unless it was queued and Kueue has not admitted
 /// it: removing the label from a waiting job would start it outside the quota, so it keeps
 /// waiting (a job Kueue admitted keeps running; the label cannot move it out of the quota it

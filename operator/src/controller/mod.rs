@@ -388,6 +388,9 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
 
+    if admission::default_queue(ctx, job, &owner).await? {
+        return Ok(Action::await_change());
+    }
     let token = apply_stable_children(ctx, &owner).await?;
     let defaults = job_defaults(ctx, &owner, &old);
     let admission = admission::admit(ctx, job, &owner, &defaults).await?;
