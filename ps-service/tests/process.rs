@@ -274,6 +274,51 @@ async fn a_full_checkpoint_volume_fails_the_write_and_loses_nothing() {
     assert!(ckpt.join("model-final.safetensors").exists());
 }
 
+/// A job made again under the same name writes its final model to the same output directory:
+/// the earlier run's model is kept under a name of its own (and the answer says where), never
+/// replaced. A PS that restored its own finalized job writes the file in its own place again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_run_keeps_the_earlier_runs_final_model_in_a_shared_output_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("output");
+    let out_arg = out.to_str().unwrap().to_string();
+    let run = |ckpt: &str, steps: u64| {
+        let ckpt = dir.path().join(ckpt).to_str().unwrap().to_string();
+        let out_arg = out_arg.clone();
+        async move {
+            let args = ["--workers", "1", "--checkpoint-dir", &ckpt, "--output-dir", &out_arg];
+            let ps = PsProcess::spawn(free_port(), &args);
+            ps.wait_ready().await;
+            let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+            if steps > 0 {
+                let l = layout();
+                c.register(&l, &init(&l)).await.unwrap();
+                train(&c, 1, steps, 1).await;
+            }
+            let done = c.finalize().await.unwrap();
+            (ps, done)
+        }
+    };
+    let final_file = out.join("model-final.safetensors");
+    let (mut first, done) = run("first", 2).await;
+    assert_eq!((done.version, done.earlier.as_deref()), (2, None), "nothing there before");
+    let first_bytes = std::fs::read(&final_file).unwrap();
+    // The first job's PS restarts (SIGTERM, then its checkpoint): finalizing again rewrites
+    // its own file and keeps nothing aside.
+    first.signal("TERM");
+    first.wait_exit();
+    let (_again, done) = run("first", 0).await;
+    assert_eq!((done.version, done.earlier.as_deref()), (2, None), "its own model: {done:?}");
+
+    let (_second, done) = run("second", 3).await;
+    assert_eq!(done.version, 3);
+    let kept = std::path::PathBuf::from(done.earlier.expect("the earlier model was kept"));
+    assert_eq!(kept.parent(), Some(out.as_path()));
+    assert!(kept.file_name().unwrap().to_string_lossy().starts_with("model-final.before-"), "{kept:?}");
+    assert_eq!(std::fs::read(&kept).unwrap(), first_bytes, "the first run's model, byte for byte");
+    assert_ne!(std::fs::read(&final_file).unwrap(), first_bytes, "the second run's model in its place");
+}
+
 /// --snapshot-every N: the model as first registered, then one file per N updates, each the
 /// model at the version its record names, listed in snapshots.jsonl in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

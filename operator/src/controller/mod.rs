@@ -423,7 +423,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
     let finalize = if worker_job.complete {
         match pods::final_model_reported(ctx, &owner, &workers) {
-            Some(m) => Finalize::Done { version: m.version, path: m.path },
+            Some(m) => Finalize::Done { version: m.version, path: m.path, earlier: m.earlier },
             None => finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await,
         }
     } else {
@@ -843,7 +843,7 @@ fn progress_of(v: &serde_json::Value) -> Progress {
 async fn finalize(url: &str, token: &str, workers: &Job, grace: Duration) -> Finalize {
     let result = match foresight_ps::client::PsClient::new(url, Some(token.to_string())) {
         Ok(client) => match tokio::time::timeout(Duration::from_secs(30), client.finalize()).await {
-            Ok(Ok(m)) => return Finalize::Done { version: m.version, path: m.path },
+            Ok(Ok(m)) => return Finalize::Done { version: m.version, path: m.path, earlier: m.earlier },
             Ok(Err(e)) => e.to_string(),
             Err(_) => "no answer within 30s".to_string(),
         },

@@ -33,8 +33,9 @@ pub struct WorkerJob {
 pub enum Finalize {
     /// Not attempted (workers still running).
     NotYet,
-    /// `/v1/finalize` answered: the final model is written, at `path` in the PS's filesystem.
-    Done { version: u64, path: Option<String> },
+    /// `/v1/finalize` answered: the final model is written, at `path` in the PS's filesystem;
+    /// `earlier`: where an earlier run's model found in its place was kept.
+    Done { version: u64, path: Option<String>, earlier: Option<String> },
     /// It failed (the PS unreachable, a write error); the reconciler retries.
     Failed(String),
     /// The reconciler gave up retrying and no worker recorded the model: the job fails.
@@ -192,13 +193,14 @@ pub fn decide(o: &Observed) -> State {
     }
     if w.complete {
         return match &o.finalize {
-            Finalize::Done { version, path } => State::new(
+            Finalize::Done { version, path, earlier } => State::new(
                 Phase::Succeeded,
                 "Completed",
                 format!(
-                    "{} workers finished; {}",
+                    "{} workers finished; {}{}",
                     o.replicas,
-                    where_the_model_is(*version, path, &o.model_place)
+                    where_the_model_is(*version, path, &o.model_place),
+                    earlier_model(earlier, &o.model_place),
                 ),
             ),
             // A pipeline waiting for Complete must not take a job without its model.
@@ -334,6 +336,14 @@ fn where_the_model_is(version: u64, path: &Option<String>, place: &ModelPlace) -
     }
 }
 
+/// What the status says of an earlier run's final model found where this one was written.
+fn earlier_model(earlier: &Option<String>, place: &ModelPlace) -> String {
+    match earlier.as_deref().map(|p| place.locate(p).map_or_else(|| p.to_string(), |(_, file)| file)) {
+        Some(file) => format!("; an earlier run's model-final.safetensors was there and is kept as {file}"),
+        None => String::new(),
+    }
+}
+
 /// Each condition type and the phase it is true in. `Complete` is `Succeeded` under the name a
 /// batch Job's terminal condition has.
 const CONDITION_TYPES: [(Phase, &str); 8] = [
@@ -402,7 +412,7 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
     // Progress is read at most once per period while training; the final model's version is
     // the last word on how far it went (seen on the real node: step 588 shown, 640 final).
     let mut final_model = old.final_model.clone();
-    if let Finalize::Done { version, path } = &o.finalize {
+    if let Finalize::Done { version, path, .. } = &o.finalize {
         progress.get_or_insert_default().step = *version;
         if let Some((claim, file)) = path.as_deref().and_then(|p| o.model_place.locate(p)) {
             let kept = matches!(o.model_place, ModelPlace::Output { .. });

@@ -594,14 +594,23 @@ impl AppState {
         let peers = self.finalize_peers().await?;
         let state = self.clone();
         tokio::task::spawn_blocking(move || {
+            // A PS that restored a finalized job wrote the file there itself: only a first
+            // finalize finds another run's model in its place.
+            let first = !store.is_finalized();
             let data = store.finalize();
             if state.checkpoints.is_some() {
                 state.write_checkpoint(&store, &data).map_err(internal)?;
             }
             let dir = state.config.output_dir.as_ref().or(state.config.checkpoint_dir.as_ref());
-            let Some(dir) = dir else { return Ok(FinalModel { version: data.version, path: None }) };
+            let Some(dir) = dir else {
+                return Ok(FinalModel { version: data.version, path: None, earlier: None });
+            };
             std::fs::create_dir_all(dir).map_err(internal)?;
-            let path = dir.join("model-final.safetensors");
+            let path = dir.join(checkpoint::FINAL_MODEL_FILE);
+            let earlier = if first { checkpoint::keep_earlier_final_model(dir).map_err(internal)? } else { None };
+            if let Some(kept) = &earlier {
+                tracing::warn!(kept = %kept.display(), "an earlier run's final model was in the output directory: kept under that name");
+            }
             let (layout, model) = if peers.is_empty() {
                 (store.layout().clone(), CheckpointData { state: Default::default(), ..data })
             } else {
@@ -614,7 +623,8 @@ impl AppState {
             checkpoint::write_atomic(&path, |f| checkpoint::encode_to(f, &layout, store.hyper(), &model))
                 .map_err(internal)?;
             tracing::info!(path = %path.display(), version = model.version, shards = 1 + state.config.peers.len(), "final model written");
-            Ok(FinalModel { version: model.version, path: Some(path.display().to_string()) })
+            let earlier = earlier.map(|p| p.display().to_string());
+            Ok(FinalModel { version: model.version, path: Some(path.display().to_string()), earlier })
         })
         .await
         .expect("finalize task panicked")

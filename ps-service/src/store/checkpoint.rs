@@ -304,9 +304,56 @@ pub fn write_atomic(
     Ok(())
 }
 
+/// The final model's file name in the output directory.
+pub const FINAL_MODEL_FILE: &str = "model-final.safetensors";
+
+/// Keeps an earlier run's final model: `dir/model-final.safetensors`, if there is one, is
+/// renamed `model-final.before-<its modification time, Unix seconds>[-n].safetensors` (a name no
+/// file has yet), so that the final model written next does not replace it. Returns where it
+/// went. An output claim outlives its job, and a job made again under the same name writes to
+/// the same directory: its model must not silently take the place of the one before.
+pub fn keep_earlier_final_model(dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    let path = dir.join(FINAL_MODEL_FILE);
+    let modified = match fs::metadata(&path) {
+        Ok(m) => m.modified().ok(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let seconds =
+        modified.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+    let kept = (0..)
+        .map(|n| match n {
+            0 => dir.join(format!("model-final.before-{seconds}.safetensors")),
+            n => dir.join(format!("model-final.before-{seconds}-{n}.safetensors")),
+        })
+        .find(|p| !p.exists())
+        .expect("some suffix is free");
+    fs::rename(&path, &kept).map_err(io(&path))?;
+    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
+    Ok(Some(kept))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_earlier_final_model_is_kept_under_a_name_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(keep_earlier_final_model(dir.path()).unwrap(), None, "nothing to keep");
+        for (run, expect_suffix) in [("first", ""), ("second", "-1")] {
+            std::fs::write(dir.path().join(FINAL_MODEL_FILE), run).unwrap();
+            let kept = keep_earlier_final_model(dir.path()).unwrap().expect("kept");
+            let name = kept.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                name.starts_with("model-final.before-")
+                    && name.ends_with(&format!("{expect_suffix}.safetensors")),
+                "{name}"
+            );
+            assert_eq!(std::fs::read_to_string(&kept).unwrap(), run, "{name} holds that run's model");
+            assert!(!dir.path().join(FINAL_MODEL_FILE).exists());
+        }
+    }
 
     fn encode(layout: &Layout, hyper: &Hyper, data: &CheckpointData) -> Vec<u8> {
         let mut out = Vec::new();

@@ -34,6 +34,10 @@ const TERMINATION_MESSAGE_LIMIT: usize = 4096;
 pub struct FinalModel {
     pub version: u64,
     pub path: Option<String>,
+    /// Where an earlier run's final model, found in `path`'s place, was kept
+    /// (`checkpoint::keep_earlier_final_model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earlier: Option<String>,
 }
 
 /// A worker's termination message: `{"finalModel": {...}}`.
@@ -71,11 +75,26 @@ mod tests {
     fn a_recorded_final_model_reads_back_and_nothing_else_reads_as_one() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("termination-log");
-        let m = FinalModel { version: 812, path: Some("/models/job/model-final.safetensors".into()) };
+        let m = FinalModel {
+            version: 812,
+            path: Some("/models/job/model-final.safetensors".into()),
+            earlier: None,
+        };
         m.record(&file).unwrap();
         let text = std::fs::read_to_string(&file).unwrap();
-        assert_eq!(FinalModel::from_termination_message(&text), Some(m));
-        let memory_only = FinalModel { version: 3, path: None };
+        assert_eq!(FinalModel::from_termination_message(&text), Some(m.clone()));
+        // An earlier run's model kept aside is part of the record; a record without the field
+        // (an older worker's) reads as none kept.
+        let kept =
+            FinalModel { earlier: Some("/models/job/model-final.before-1.safetensors".into()), ..m.clone() };
+        kept.record(&file).unwrap();
+        assert_eq!(
+            FinalModel::from_termination_message(&std::fs::read_to_string(&file).unwrap()),
+            Some(kept)
+        );
+        let older = r#"{"finalModel": {"version": 812, "path": "/models/job/model-final.safetensors"}}"#;
+        assert_eq!(FinalModel::from_termination_message(older), Some(m.clone()));
+        let memory_only = FinalModel { version: 3, path: None, earlier: None };
         memory_only.record(&file).unwrap();
         assert_eq!(
             FinalModel::from_termination_message(&std::fs::read_to_string(&file).unwrap()),
@@ -90,7 +109,7 @@ mod tests {
         ] {
             assert_eq!(FinalModel::from_termination_message(other), None, "{other}");
         }
-        let long = FinalModel { version: 1, path: Some("x".repeat(5000)) };
+        let long = FinalModel { version: 1, path: Some("x".repeat(5000)), earlier: None };
         assert!(long.record(&file).is_err(), "a record Kubernetes would cut is refused");
     }
 }

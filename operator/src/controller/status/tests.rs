@@ -177,7 +177,7 @@ fn each_observation_leads_to_its_phase() {
         ),
         (
             Observed {
-                finalize: Finalize::Done { version: 9, path: None },
+                finalize: Finalize::Done { version: 9, path: None, earlier: None },
                 ..with_workers(|w| w.complete = true)
             },
             Phase::Succeeded,
@@ -248,7 +248,7 @@ fn condition_times_move_only_when_their_status_changes() {
 
     // Success sets Succeeded and its batch-Job name Complete, both true, with the same reason.
     let done = Observed {
-        finalize: Finalize::Done { version: 9, path: None },
+        finalize: Finalize::Done { version: 9, path: None, earlier: None },
         ..with_workers(|w| w.complete = true)
     };
     let s5 = next_status(&s3, &done, &decide(&done), &t("2026-01-01T00:04:00Z"));
@@ -279,7 +279,7 @@ fn a_succeeded_job_shows_the_final_models_version_as_its_step() {
         ..Default::default()
     };
     let o = Observed {
-        finalize: Finalize::Done { version: 640, path: None },
+        finalize: Finalize::Done { version: 640, path: None, earlier: None },
         ..with_workers(|w| w.complete = true)
     };
     let st = next_status(&old, &o, &decide(&o), &t("2026-01-01T00:00:00Z"));
@@ -346,7 +346,7 @@ fn a_new_parameter_server_process_is_a_restart_with_a_condition_and_one_event() 
 fn the_status_says_where_the_final_model_is_and_whether_it_outlives_the_job() {
     let done = |place: ModelPlace, path: &str| {
         let o = Observed {
-            finalize: Finalize::Done { version: 640, path: Some(path.into()) },
+            finalize: Finalize::Done { version: 640, path: Some(path.into()), earlier: None },
             model_place: place,
             ..with_workers(|w| w.complete = true)
         };
@@ -381,6 +381,23 @@ fn the_status_says_where_the_final_model_is_and_whether_it_outlives_the_job() {
     let (msg, st) = done(ModelPlace::EmptyDir, "/checkpoints/model-final.safetensors");
     assert_eq!(st.final_model, None);
     assert!(msg.contains("emptyDir, which is removed with it"), "{msg}");
+
+    // A job made again under the same name: the earlier run's model, found in the output
+    // directory, was kept under another name, and the status says where.
+    let o = Observed {
+        finalize: Finalize::Done {
+            version: 7,
+            path: Some("/output/mnist/model-final.safetensors".into()),
+            earlier: Some("/output/mnist/model-final.before-1764780000.safetensors".into()),
+        },
+        model_place: ModelPlace::Output { claim: "models".into(), dir: "mnist".into() },
+        ..with_workers(|w| w.complete = true)
+    };
+    let msg = decide(&o).message;
+    assert!(
+        msg.contains("an earlier run's model-final.safetensors was there and is kept as mnist/model-final.before-1764780000.safetensors"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -575,6 +592,6 @@ fn the_deadline_counts_from_the_start_or_the_latest_resumption_and_bounds_finali
     assert_eq!((s.phase, s.reason.as_str()), (Phase::Failed, "DeadlineExceeded"));
     assert!(s.message.contains("activeDeadlineSeconds (60 s)"), "{}", s.message);
     // ... but not once it is written.
-    let done = Observed { finalize: Finalize::Done { version: 9, path: None }, ..o };
+    let done = Observed { finalize: Finalize::Done { version: 9, path: None, earlier: None }, ..o };
     assert_eq!(decide(&done).phase, Phase::Succeeded);
 }
