@@ -135,6 +135,9 @@ class Job:
     inner_weight_decay: float = 0.0
     #: Intra-op threads for torch (``foresight run`` shares the cores among its workers).
     torch_threads: int = 0
+    #: ``$FORESIGHT_SLOWDOWN`` (``foresight run --slow-worker W=F``): after each step the worker
+    #: sleeps (F − 1) × the step's time, a straggler for experiments, as the Rust worker does.
+    slowdown: float = 1.0
     token: str | None = field(default=None, repr=False)
     #: Set when the worker joins (``foresight.torch.Optimizer``).
     native: Any = field(default=None, repr=False)
@@ -174,6 +177,7 @@ class Job:
             deadline_seconds=float(_env_int("FORESIGHT_PS_DEADLINE_SECONDS", 300, 0)),
             report_every=_env_int("FORESIGHT_REPORT_EVERY", 20, 1),
             torch_threads=_env_int("FORESIGHT_TORCH_THREADS", 0, 0),
+            slowdown=_env_float("FORESIGHT_SLOWDOWN", 1.0, 1.0),
             token=_token(),
         )
 

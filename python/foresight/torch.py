@@ -39,13 +39,16 @@ class PhaseClock:
     times its own parts (pull, load, gather, push, the inner optimizer as compute) and
     ``foresight.report`` its reports; the time between two steps is the script's own (its data
     loading, forward and backward), counted as ``compute`` because the package cannot tell them
-    apart. ``batch``, ``evaluate`` and ``slowdown`` stay 0."""
+    apart; ``slowdown`` is the sleep of a worker slowed on purpose (``$FORESIGHT_SLOWDOWN``).
+    ``batch`` and ``evaluate`` stay 0."""
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self._mark = time.perf_counter()
         # Seconds the package's own calls took since the mark (a report between two steps).
         self._timed_since_mark = 0.0
+        # When the step now running began (the end of the one before).
+        self.step_began = self._mark
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -63,6 +66,15 @@ class PhaseClock:
         now = time.perf_counter()
         self.seconds["compute"] += max(now - self._mark - self._timed_since_mark, 0.0)
         self._mark, self._timed_since_mark = now, 0.0
+
+    def slow_down(self, factor: float) -> None:
+        """At the end of a step: with ``factor`` above 1, sleeps (factor − 1) × the step's time
+        (the script's part included), as the Rust worker's ``--slowdown`` does. Then the next
+        step begins."""
+        if factor > 1.0:
+            with self.phase("slowdown"):
+                time.sleep((time.perf_counter() - self.step_began) * (factor - 1.0))
+        self.step_began = time.perf_counter()
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -192,6 +204,7 @@ class Optimizer(torch.optim.Optimizer):
                 self._pull()
         if job.report_every and self._native.step % job.report_every == 0 and loss is not None:
             foresight.report(loss=float(loss))
+        clock.slow_down(job.slowdown)
         return loss
 
     def _gather(self) -> None:

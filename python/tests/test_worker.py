@@ -53,6 +53,10 @@ def test_outside_a_job_init_names_what_is_missing(monkeypatch):
     monkeypatch.setenv("FORESIGHT_WORKER_INDEX", "zero")
     with pytest.raises(foresight.ConfigError, match="FORESIGHT_WORKER_INDEX='zero' is not an integer"):
         foresight.init()
+    monkeypatch.setenv("FORESIGHT_WORKER_INDEX", "0")
+    monkeypatch.setenv("FORESIGHT_SLOWDOWN", "0.5")
+    with pytest.raises(foresight.ConfigError, match=r"\$FORESIGHT_SLOWDOWN=0.5 must be at least 1"):
+        foresight.init()
 
 
 def int8_step_bound(g: torch.Tensor) -> torch.Tensor:
@@ -322,10 +326,18 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
     # Each worker's termination message file, as the kubelet gives one (/dev/termination-log): the
     # job's last worker records in it where the PS, finalizing itself as it left, wrote the model.
     records = [tmp_path / f"termination-log-{i}" for i in range(4)]
+    # Worker 1 (Rust) and worker 3 (Python) are slowed 1.5× (`foresight run --slow-worker`'s
+    # variable): each sleeps half its step's time after the step.
+    slowed = {1: "1.5", 3: "1.5"}
     procs = [
         subprocess.Popen(
             cmd,
-            env={**env, "FORESIGHT_WORKER_INDEX": str(i), "FORESIGHT_TERMINATION_MESSAGE": str(records[i])},
+            env={
+                **env,
+                "FORESIGHT_WORKER_INDEX": str(i),
+                "FORESIGHT_TERMINATION_MESSAGE": str(records[i]),
+                "FORESIGHT_SLOWDOWN": slowed.get(i, "1"),
+            },
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -345,6 +357,16 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
         assert list(phases) == list(foresight.torch.PHASES), d
         assert all(phases[p] > 0 for p in ("pull", "load", "compute", "gather", "push")), d
         assert sum(phases.values()) <= d["seconds"], d
+        # A slowed worker sleeps half of each step's time: the Rust worker's step is its pull
+        # to its push; the Python worker's is everything from one step's end to the next's.
+        if d["worker"] == 1:
+            step = sum(phases[p] for p in ("pull", "load", "compute", "gather", "push"))
+            assert 0.45 * step < phases["slowdown"] < 0.75 * step, d
+        elif d["worker"] == 3:
+            step = sum(phases.values()) - phases["slowdown"]
+            assert 0.35 * step < phases["slowdown"] < 0.7 * step, d
+        else:
+            assert phases["slowdown"] == 0, d
     req = urllib.request.Request(f"{ps.url}/v1/finalize", method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
     final = json.loads(urllib.request.urlopen(req, timeout=30).read())
     recorded = [json.loads(r.read_text()) for r in records if r.exists()]
