@@ -31,7 +31,7 @@ slowed F× (`foresight run --slow-worker 3=F`: after each step it sleeps (F − 
 time), paired by seed in the same invocation. Measured: the final model's accuracy and the wall
 time of each, and for the pairs the accuracy difference and the wall-time ratio.
 
-Usage: scripts/low-communication.py [--seeds 1,2] [--sync-h 10,50] [--async-h 10,50]
+Usage: scripts/low-communication.py [--seeds 1,2] [--sync-h 10,50,200] [--async-h 10,50]
                                     [--async-lr 0.5] [--dtypes bf16,int8] [--bin target/release]
                                     [--out out/low-comm] [--doc docs/convergence.md]
        scripts/low-communication.py --straggler 3 [--straggler-h 10] [--seeds 1,2] [...]
@@ -124,7 +124,7 @@ def run(args, name: str, text: str, dtype: str = "f32", slow: float | None = Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="1,2")
-    ap.add_argument("--sync-h", default="10,50")
+    ap.add_argument("--sync-h", default="10,50,200")
     ap.add_argument("--async-h", default="10,50")
     ap.add_argument("--async-lr", type=float, default=0.5)
     ap.add_argument("--dtypes", default="bf16,int8", help="wire types the sync runs are repeated in")

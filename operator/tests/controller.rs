@@ -1640,3 +1640,50 @@ fn with_a_ps_network_policy_only_the_jobs_workers_and_the_given_peers_reach_its_
     assert_eq!(now["metadata"]["ownerReferences"], taken["metadata"]["ownerReferences"]);
     assert_eq!(now["spec"], taken["spec"]);
 }
+
+/// `parameterServer.disruptionBudget`: a PodDisruptionBudget over the job's PS pods. The real
+/// eviction API (with kube-controller-manager's disruption controller counting the pods) refuses
+/// to evict the ready PS while it is on; turned off while the job runs, it is deleted and the
+/// same eviction goes through.
+#[test]
+fn a_disruption_budget_keeps_evictions_from_the_ready_parameter_server_until_turned_off() {
+    let cp = control_plane();
+    let ns = cp.namespace("pdb");
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false"]);
+    apply_job(
+        cp,
+        &ns,
+        "guarded",
+        json!({"workers": {"replicas": 1}, "parameterServer": {"disruptionBudget": true}}),
+    );
+    let pdb = wait_for("the job's PodDisruptionBudget", LONG, || cp.get_json(&ns, "pdb/guarded-ps"));
+    let uid = cp.get_json(&ns, "tj/guarded").unwrap()["metadata"]["uid"].clone();
+    assert_eq!(pdb["metadata"]["ownerReferences"][0]["uid"], uid, "the job's: {pdb:#}");
+    let spec = &pdb["spec"];
+    assert_eq!(spec["maxUnavailable"], 0, "{spec:#}");
+    assert_eq!(spec["unhealthyPodEvictionPolicy"], "AlwaysAllow", "{spec:#}");
+    assert_eq!(
+        spec["selector"]["matchLabels"],
+        json!({"foresight.dev/job": "guarded", "app.kubernetes.io/component": "parameter-server"})
+    );
+    let pod = ps_pod(cp, &ns, "guarded");
+    cp.set_pod_phase(&ns, &pod, "Running");
+    wait_for("the budget counting the ready PS", LONG, || {
+        let s = cp.get_json(&ns, "pdb/guarded-ps")?["status"].clone();
+        (s["currentHealthy"] == 1 && s["disruptionsAllowed"] == 0).then_some(())
+    });
+    let evict = || {
+        let body = json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": ns}});
+        let path = format!("/api/v1/namespaces/{ns}/pods/{pod}/eviction");
+        cp.kubectl(&["create", "--raw", &path, "-f", "-"], Some(&body.to_string()))
+    };
+    let refused = evict();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("disruption budget"), "{err}");
+    assert!(cp.get_json(&ns, &format!("pod/{pod}")).is_some(), "the PS pod is still there");
+
+    patch_job(cp, &ns, "guarded", r#"{"spec":{"parameterServer":{"disruptionBudget":false}}}"#);
+    wait_for("the budget deleted", LONG, || cp.get_json(&ns, "pdb/guarded-ps").is_none().then_some(()));
+    let allowed = evict();
+    assert!(allowed.status.success(), "{}", String::from_utf8_lossy(&allowed.stderr));
+}

@@ -526,6 +526,13 @@ pub struct ParameterServerSpec {
     /// (cluster only; `foresight run` ignores it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodSettings>,
+    /// A PodDisruptionBudget that lets no eviction (a node drain, the cluster autoscaler) take a
+    /// ready parameter server while the job runs (maxUnavailable 0 over every shard's pod; an
+    /// unready one may still be evicted). A drain then waits for the job to end. Off by default:
+    /// the job survives the eviction anyway (a checkpoint, or the workers' copies), at the cost
+    /// of a restore. Cluster only; it may change while the job runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption_budget: Option<bool>,
 }
 
 impl ParameterServerSpec {

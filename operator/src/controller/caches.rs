@@ -11,6 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -35,6 +36,7 @@ pub(super) struct Caches {
 /// One scope's caches.
 struct ScopeCaches {
     deployments: Store<Deployment>,
+    disruption_budgets: Store<PodDisruptionBudget>,
     jobs: Store<Job>,
     services: Store<Service>,
     claims: Store<PersistentVolumeClaim>,
@@ -67,6 +69,7 @@ impl Caches {
                 for c in &self.scopes {
                     // Errors only when the writer is gone, i.e. the operator is stopping.
                     let _ = c.deployments.wait_until_ready().await;
+                    let _ = c.disruption_budgets.wait_until_ready().await;
                     let _ = c.jobs.wait_until_ready().await;
                     let _ = c.services.wait_until_ready().await;
                     let _ = c.claims.wait_until_ready().await;
@@ -84,6 +87,10 @@ impl Caches {
 
     pub(super) fn deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
         self.get(|c| Some(&c.deployments), namespace, name)
+    }
+
+    pub(super) fn disruption_budget(&self, namespace: &str, name: &str) -> Option<PodDisruptionBudget> {
+        self.get(|c| Some(&c.disruption_budgets), namespace, name)
     }
 
     pub(super) fn job(&self, namespace: &str, name: &str) -> Option<Job> {
@@ -137,12 +144,14 @@ fn controller_for(
     network_policies: bool,
 ) -> (ScopeCaches, Controller<TrainingJob>) {
     let (deployments, deployments_writer) = reflector::store();
+    let (disruption_budgets, disruption_budgets_writer) = reflector::store();
     let (jobs, jobs_writer) = reflector::store();
     let (services, services_writer) = reflector::store();
     let (claims, claims_writer) = reflector::store();
     let (pods, pods_writer) = reflector::store();
     let controller = Controller::new(scoped::<TrainingJob>(client, scope), watcher::Config::default())
         .owns_stream(cached_watch(scoped::<Deployment>(client, scope), deployments_writer))
+        .owns_stream(cached_watch(scoped::<PodDisruptionBudget>(client, scope), disruption_budgets_writer))
         .owns_stream(cached_watch(scoped::<Job>(client, scope), jobs_writer))
         .owns_stream(cached_watch(scoped::<Service>(client, scope), services_writer))
         .owns_stream(cached_watch(scoped::<PersistentVolumeClaim>(client, scope), claims_writer))
@@ -162,7 +171,19 @@ fn controller_for(
     } else {
         (None, controller)
     };
-    (ScopeCaches { deployments, jobs, services, claims, pods, workloads, network_policies }, controller)
+    (
+        ScopeCaches {
+            deployments,
+            disruption_budgets,
+            jobs,
+            services,
+            claims,
+            pods,
+            workloads,
+            network_policies,
+        },
+        controller,
+    )
 }
 
 /// A watch of the objects this operator labelled, written into `writer`'s cache as it goes.

@@ -26,7 +26,7 @@ use super::kueue::{Admission, Admitted, FlavorPlacement};
 use super::ownership::Mark;
 use crate::api::{DefaultImages, PodSettings, TrainingJob, ps_env, worker_env};
 
-mod network_policy;
+mod guards;
 mod update;
 pub use update::{WorkerJobUpdate, is_idle_suspended, worker_job_update};
 

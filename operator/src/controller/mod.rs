@@ -504,6 +504,14 @@ async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>) -> Result<Strin
         let seen = ctx.caches.network_policy(&owner.namespace, &policy.name_any());
         writes::apply(ctx, policy, seen, own).await?;
     }
+    let budget = owner.ps_disruption_budget();
+    let seen = ctx.caches.disruption_budget(&owner.namespace, &budget.name_any());
+    match (owner.job.spec.parameter_server.disruption_budget == Some(true), seen) {
+        (true, seen) => drop(writes::apply(ctx, budget, seen, own).await?),
+        // Turned off while the job runs: the drains it held back may go on.
+        (false, Some(seen)) => writes::delete(ctx, &seen, own).await?,
+        (false, None) => {}
+    }
     Ok(token)
 }
 
