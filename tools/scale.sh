@@ -236,10 +236,15 @@ b1, s1, c1 = histogram(f"{out}/operator-after.txt", h)
 delta = {le: b1[le] - b0.get(le, 0.0) for le in b1}
 reconciles = c1 - c0
 errors = 0.0
+reasons = {}  # foresight_operator_reconcile_errors_total by reason, after less before
 for path, sign in ((f"{out}/operator-after.txt", 1), (f"{out}/operator-before.txt", -1)):
     for line in open(path):
         if line.startswith('foresight_operator_reconciles_total{result="error"}'):
             errors += sign * float(line.split()[-1])
+        elif line.startswith('foresight_operator_reconcile_errors_total{reason="'):
+            reason = line.split('"')[1]
+            reasons[reason] = reasons.get(reason, 0.0) + sign * float(line.split()[-1])
+why = ", ".join(f"{r} {n:.0f}" for r, n in sorted(reasons.items()) if n > 0)
 idle_rate = (req0 - idle0) / idle_s
 gross = req1 - req0
 net = gross - idle_rate * (end - applied)
@@ -248,7 +253,8 @@ rows = [
     ("all Succeeded", f"yes, {max(succeeded):.0f} s after the apply"),
     ("apply → Running p50 / p99", f"{nearest_rank(running, .5):.1f} s / {nearest_rank(running, .99):.1f} s"),
     ("apply → Succeeded p50 / p99", f"{nearest_rank(succeeded, .5):.1f} s / {nearest_rank(succeeded, .99):.1f} s"),
-    ("operator reconciles (errors)", f"{reconciles:.0f} ({errors:.0f}), {reconciles / jobs:.0f} per job"),
+    ("operator reconciles (errors)", f"{reconciles:.0f} ({errors:.0f}{': ' + why if why else ''}), "
+                                     f"{reconciles / jobs:.0f} per job"),
     ("operator reconcile p50 / p99", f"{quantile(.5, delta) * 1000:.1f} ms / {quantile(.99, delta) * 1000:.1f} ms "
                                      f"(mean {(s1 - s0) / max(reconciles, 1) * 1000:.1f} ms)"),
     ("operator API requests per job", f"{net / jobs:.1f} ({gross} in all, less {idle_rate:.2f}/s of "

@@ -117,7 +117,7 @@ pub struct Settings {
     /// Whether Kueue admits the jobs labelled for one of its queues (`kueue`).
     pub kueue: bool,
     /// `Some`: each job gets a NetworkPolicy letting only its workers and these peers reach its
-    /// parameter servers (`children::network_policy`).
+    /// parameter servers (`children/guards.rs`).
     pub ps_ingress_from: Option<Vec<NetworkPolicyPeer>>,
     /// `None`: no leader election (one replica).
     pub lease: Option<LeaseConfig>,
@@ -478,8 +478,9 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     Ok(Action::requeue(next))
 }
 
-/// The children that do not wait for admission: the token Secret, the claims and the PS's
-/// Services. Returns the control token, the operator's credential for its own calls to the PS
+/// The children that do not wait for admission: the token Secret, the claims, the PS's
+/// Services and what guards the PS (its NetworkPolicy and PodDisruptionBudget, when asked
+/// for). Returns the control token, the operator's credential for its own calls to the PS
 /// (status, rescale, finalize).
 async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>) -> Result<String> {
     let (workers_token, token) =
@@ -507,7 +508,9 @@ async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>) -> Result<Strin
     let budget = owner.ps_disruption_budget();
     let seen = ctx.caches.disruption_budget(&owner.namespace, &budget.name_any());
     match (owner.job.spec.parameter_server.disruption_budget == Some(true), seen) {
-        (true, seen) => drop(writes::apply(ctx, budget, seen, own).await?),
+        (true, seen) => {
+            writes::apply(ctx, budget, seen, own).await?;
+        }
         // Turned off while the job runs: the drains it held back may go on.
         (false, Some(seen)) => writes::delete(ctx, &seen, own).await?,
         (false, None) => {}
