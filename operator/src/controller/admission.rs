@@ -198,7 +198,7 @@ async fn create(
     };
     let mut workload = Workload::new(
         &workload_name(&owner.name),
-        WorkloadSpec { queue_name: queue.into(), pod_sets, priority_class_ref, priority },
+        WorkloadSpec { queue_name: queue.into(), pod_sets, priority_class_ref, priority, active: None },
     );
     workload.metadata.namespace = Some(owner.namespace.clone());
     workload.metadata.labels = Some(children::labels(&owner.name, "workload"));

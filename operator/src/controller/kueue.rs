@@ -43,6 +43,10 @@ pub struct WorkloadSpec {
     pub priority_class_ref: Option<PriorityClassRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,
+    /// `false`: an admin deactivated it; Kueue admits it only once it is active again. The
+    /// operator never sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -302,6 +306,13 @@ pub fn plan(
         _ => None,
     };
     if let Some(why) = requeue {
+        if w.spec.active == Some(false) {
+            // A new Workload would be active: replacing it now would undo the admin's choice.
+            let held = format!(
+                "{why}; its Workload is deactivated (spec.active: false), so the job waits for it to be active again before queueing anew in LocalQueue {queue}"
+            );
+            return (Plan::Keep, waiting(held));
+        }
         return if stopped || !reserved {
             let waiting = waiting(format!("{why}; queued again in LocalQueue {queue}"));
             (Plan::Requeue(why), waiting)

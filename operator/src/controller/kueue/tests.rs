@@ -194,6 +194,23 @@ fn giving_an_evicted_workloads_quota_back_is_what_kueues_integrations_write() {
 }
 
 #[test]
+fn a_deactivated_workload_is_not_replaced_by_an_active_one() {
+    // An admin set spec.active: false, Kueue evicted it and its quota was given back; then the
+    // job is resized (or moved to another queue): it waits, the Workload kept, until reactivated.
+    let mut w =
+        workload("old", &[("QuotaReserved", "False", "Pending", ""), ("Evicted", "True", "Deactivated", "")]);
+    w.spec.active = Some(false);
+    for (queue, hash) in [("team", "new"), ("other", "old")] {
+        let (plan, admission) = plan(queue, Some(&w), hash, true, true);
+        assert_eq!(plan, Plan::Keep, "{queue} {hash}");
+        let Admission::Pending(why) = admission else { panic!("{admission:?}") };
+        assert!(why.contains("deactivated (spec.active: false)"), "{why}");
+    }
+    w.spec.active = Some(true);
+    assert_eq!(plan("team", Some(&w), "new", true, true).0, Plan::Requeue(Requeue::Resized), "active again");
+}
+
+#[test]
 fn a_resized_job_is_queued_again_with_its_new_size() {
     let admitted = workload("old", &ADMITTED);
     assert_eq!(plan("team", Some(&admitted), "new", true, false).0, Plan::Keep, "running: stop first");
