@@ -245,6 +245,17 @@ for path, sign in ((f"{out}/operator-after.txt", 1), (f"{out}/operator-before.tx
             reason = line.split('"')[1]
             reasons[reason] = reasons.get(reason, 0.0) + sign * float(line.split()[-1])
 why = ", ".join(f"{r} {n:.0f}" for r, n in sorted(reasons.items()) if n > 0)
+
+def sample(path, name):
+    """A sample without labels, e.g. the operator's process_resident_memory_bytes."""
+    for line in open(path):
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return float("nan")
+
+rss = [sample(f"{out}/operator-{w}.txt", "process_resident_memory_bytes") / 2**20 for w in ("before", "after")]
+cpu = sample(f"{out}/operator-after.txt", "process_cpu_seconds_total") - \
+    sample(f"{out}/operator-before.txt", "process_cpu_seconds_total")
 idle_rate = (req0 - idle0) / idle_s
 gross = req1 - req0
 net = gross - idle_rate * (end - applied)
@@ -259,6 +270,9 @@ rows = [
                                      f"(mean {(s1 - s0) / max(reconciles, 1) * 1000:.1f} ms)"),
     ("operator API requests per job", f"{net / jobs:.1f} ({gross} in all, less {idle_rate:.2f}/s of "
                                       f"background × {end - applied:.0f} s, over {jobs})"),
+    ("operator resident memory before / after", f"{rss[0]:.1f} MiB / {rss[1]:.1f} MiB "
+                                                f"({(rss[1] - rss[0]) / jobs * 1024:.0f} KiB per job)"),
+    ("operator CPU over the run", f"{cpu:.1f} s ({cpu / jobs:.2f} s per job)"),
 ]
 table = "| measure | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
 print(table)

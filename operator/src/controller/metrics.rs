@@ -120,6 +120,11 @@ impl Metrics {
         ] {
             registry.register(c).expect("metric names are unique");
         }
+        // process_resident_memory_bytes, process_cpu_seconds_total...: what the operator costs
+        // as jobs grow (`make scale` reads them).
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .expect("metric names are unique");
         // Every known label value exists from the start, so that rates and sums are 0, not absent.
         for p in PHASES {
             jobs.with_label_values(&[phase_name(p)]).set(0);
