@@ -2,6 +2,7 @@
 //! given back its quota after an eviction, released and marked finished, and the priority it
 //! carries.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::scheduling::v1::PriorityClass;
@@ -157,7 +158,7 @@ async fn placement(ctx: &Context, workload: &Workload, name: &str) -> Result<Fla
 /// the API server. (A watch would need `list` and `watch` on a cluster-scoped kind; the chart
 /// grants `get` only.) A flavor changed meanwhile places pods made after the minute.
 #[derive(Default)]
-pub(super) struct Flavors(std::sync::Mutex<std::collections::HashMap<String, (Instant, ResourceFlavorSpec)>>);
+pub(super) struct Flavors(std::sync::Mutex<HashMap<String, (Instant, ResourceFlavorSpec)>>);
 
 const FLAVOR_TTL: Duration = Duration::from_secs(60);
 
@@ -174,9 +175,7 @@ impl Flavors {
         Ok(spec)
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (Instant, ResourceFlavorSpec)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, ResourceFlavorSpec)>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
