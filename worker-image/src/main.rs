@@ -187,7 +187,12 @@ fn exit_on_sigterm(rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     rt.spawn(async move {
         term.recv().await;
         tracing::warn!("SIGTERM: stopping; a replacement resumes from the parameter server's model");
-        std::process::exit(exit::TERMINATED);
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        // `_exit`, not `process::exit`: the latter runs libtorch's C++ static destructors while
+        // the training thread is still inside libtorch, which crashed the worker (SIGSEGV)
+        // instead of ending it with 143. Nothing is left to flush or close that matters here.
+        // SAFETY: `_exit` ends the process at once; no Rust state is observed after it.
+        unsafe { libc::_exit(exit::TERMINATED) }
     });
     Ok(())
 }
