@@ -574,15 +574,32 @@ delete_worker_0() {
 # applied), shortened to 2 workers and 3 epochs (378 updates, as the 3-epoch pytest case), its
 # parameter server sharded over 2 pods: the worker image runs the user's script as it is; worker
 # 0's pod deleted mid-run, its replacement resumes; Succeeded; the final model on the output
-# claim evaluated by foresight-worker (the script's LeNet-5 has the built-in's names).
+# claim evaluated by foresight-worker (the script's LeNet-5 has the built-in's names). The
+# workers' pods also get an init container, which stages the script in /tmp where the worker runs
+# it from, and a native sidecar, which must not keep the workers' Job from completing.
 case_python() {
   local ns=e2e-python name=mnist-python ex=$repo/examples/python/mnist-cluster.yaml
   kc create namespace $ns
   load_mnist $ns
   kc -n $ns create configmap mnist-python --from-file="$repo/examples/python/mnist.py"
+  cat >"$out/python-init-containers.yaml" <<'EOF'
+      initContainers:
+        - name: stage
+          image: localhost/busybox:1.35
+          imagePullPolicy: Never
+          command: [cp, /app/mnist.py, /tmp/mnist.py]
+          volumeMounts: [{name: script, mountPath: /app}, {name: tmp, mountPath: /tmp}]
+        - name: heartbeat
+          image: localhost/busybox:1.35
+          imagePullPolicy: Never
+          restartPolicy: Always
+          command: [sh, -c, "trap 'exit 0' TERM; while sleep 1; do :; done"]
+EOF
   sed -e 's/^    epochs: 12$/    epochs: 3/' -e 's/^      milestones: \[6, 9\]$/      milestones: [2]/' \
-    -e 's/^    replicas: 4$/    replicas: 2/' -e 's/^  parameterServer:$/&\n    replicas: 2/' "$ex" >"$out/python-job.yaml"
-  [[ $(diff "$ex" "$out/python-job.yaml" | grep -c '^>') == 4 ]] || fail "the example's epochs, milestones, replicas or parameterServer lines changed"
+    -e 's/^    replicas: 4$/    replicas: 2/' -e 's/^  parameterServer:$/&\n    replicas: 2/' \
+    -e 's|^    command: \[python, /app/mnist.py\]$|    command: [python, /tmp/mnist.py]|' \
+    -e "/^    pod:\$/r $out/python-init-containers.yaml" "$ex" >"$out/python-job.yaml"
+  [[ $(diff "$ex" "$out/python-job.yaml" | grep -c '^>') == 16 ]] || fail "the example's epochs, milestones, replicas, parameterServer, command or pod lines changed"
   kc -n $ns apply -f "$out/python-job.yaml"
   local shards
   wait_for 60 "a Deployment per PS shard" eval '[[ $(kc -n '"$ns"' get deploy -l foresight.dev/job='"$name"',app.kubernetes.io/component=parameter-server -o name | wc -l) == 2 ]]'
@@ -593,6 +610,14 @@ case_python() {
   replaced_worker_resumes $ns $name 2 "$victim" python
   # (json.dumps writes `"event": "progress"`, the Rust worker `"event":"progress"`.)
   grep -Eq '"event": ?"progress"' "$out/python-replacement.log" || fail "the replacement's log has no progress line"
+  # Each worker pod ran the init container to its end, and the sidecar ended on the kubelet's
+  # SIGTERM (Completed, not killed at the end of the grace period) once the worker had.
+  local pod reasons
+  for pod in $(kc -n $ns get pods -l "foresight.dev/job=$name,app.kubernetes.io/component=worker" -o name); do
+    reasons=$(kc -n $ns get "$pod" -o jsonpath='{range .status.initContainerStatuses[*]}{.name}={.state.terminated.reason} {end}')
+    [[ $reasons == "stage=Completed heartbeat=Completed " ]] || fail "$pod: init containers $reasons"
+  done
+  log "worker pods' init container and sidecar: $reasons"
   local claim file dir acc
   claim=$(field $ns tj/$name '{.status.finalModel.claimName}')
   file=$(field $ns tj/$name '{.status.finalModel.path}')

@@ -1406,6 +1406,11 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
             "parameterServer.image must come from registry.example.com/",
         ),
         (
+            json!({"workers": {"replicas": 1, "image": "registry.example.com/team/worker:1",
+                "pod": {"initContainers": [{"name": "fetch", "image": "docker.io/busybox"}]}}}),
+            "workers.pod.initContainers' images must come from registry.example.com/",
+        ),
+        (
             json!({"dataset": {"format": "csv", "path": "/data/x", "volume": {"name": "d", "hostPath": {"path": "/etc"}}}}),
             "dataset.volume may only be",
         ),
@@ -1416,7 +1421,8 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
     // What the policy allows, and any job outside the watched namespaces.
     let allowed = json!({"workers": {"replicas": 1, "image": "registry.example.com/team/worker:1",
         "pod": {"serviceAccountName": "trainer", "volumes": [{"name": "scratch", "emptyDir": {}}],
-                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}}});
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                "initContainers": [{"name": "fetch", "image": "registry.example.com/team/fetch:1"}]}}});
     let (ok, err) = create(&jobs, "allowed", allowed);
     assert!(ok, "{err}");
     let (ok, err) =

@@ -608,6 +608,32 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.parameterServer.pod.tmpSizeLimit: Invalid value: |must be a quantity > 0",
         ),
         (
+            &[("spec.workers.pod.initContainers", json!([{"name": "worker", "image": "busybox"}]))],
+            "workers.pod.initContainers",
+            "spec.workers.pod.initContainers: Invalid value: |the operator's container names",
+        ),
+        (
+            &[("spec.parameterServer.pod.initContainers", json!([{"name": "fetch"}]))],
+            "parameterServer.pod.initContainers",
+            "spec.parameterServer.pod.initContainers: Invalid value: |needs an image",
+        ),
+        (
+            &[(
+                "spec.workers.pod.initContainers",
+                json!([{"name": "shipper", "image": "fluent-bit", "restartPolicy": "OnFailure"}]),
+            )],
+            "workers.pod.initContainers",
+            "spec.workers.pod.initContainers: Invalid value: |may only be Always",
+        ),
+        (
+            &[(
+                "spec.workers.pod.initContainers",
+                json!([{"name": "fetch", "image": "a"}, {"name": "fetch", "image": "b"}]),
+            )],
+            "workers.pod.initContainers",
+            "spec.workers.pod.initContainers[1]: Duplicate value",
+        ),
+        (
             &[("spec.workers.gpuResource", json!("gpu"))],
             "workers.gpuResource",
             "spec.workers.gpuResource: Invalid value: |must be an extended resource name with a domain",
@@ -676,7 +702,13 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
                                        "whenUnsatisfiable": "ScheduleAnyway",
                                        "labelSelector": {"matchLabels": {"team": "ml"}}}],
         "runtimeClassName": "nvidia", "schedulerName": "volcano", "tmpSizeLimit": "2Gi",
-        "securityContext": {"runAsUser": 2000, "runAsGroup": 2000, "fsGroup": 3000, "supplementalGroups": [5000]}
+        "securityContext": {"runAsUser": 2000, "runAsGroup": 2000, "fsGroup": 3000, "supplementalGroups": [5000]},
+        "initContainers": [
+            {"name": "fetch", "image": "busybox", "command": ["sh", "-c", "true"],
+             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]},
+            {"name": "shipper", "image": "fluent-bit", "restartPolicy": "Always",
+             "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}
+        ]
     });
     set(&mut full, "spec.parameterServer.pod", pod.clone());
     set(&mut full, "spec.workers.pod", pod);

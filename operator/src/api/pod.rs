@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvFromSource, EnvVar, LocalObjectReference, Toleration, TopologySpreadConstraint, Volume,
-    VolumeMount,
+    Affinity, Container, EnvFromSource, EnvVar, LocalObjectReference, Toleration, TopologySpreadConstraint,
+    Volume, VolumeMount,
 };
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,8 @@ pub const RESERVED_ENV_PREFIX: &str = "FORESIGHT_";
 pub const RESERVED_VOLUMES: [&str; 4] = ["tmp", "dataset", "checkpoints", "output"];
 /// Where the operator mounts them (and `dataset.path`, the dataset's mount).
 pub const RESERVED_PATHS: [&str; 3] = ["/tmp", "/checkpoints", "/output"];
+/// The names of the operator's own containers.
+pub const RESERVED_CONTAINERS: [&str; 2] = ["worker", "parameter-server"];
 /// The label keys the operator sets on every pod: its selectors, the Services and the
 /// PodMonitor use them.
 pub const RESERVED_LABELS: [&str; 5] = [
@@ -36,6 +38,9 @@ pub const RESERVED_LABELS: [&str; 5] = [
 #[x_kube(validation = Rule::new("!has(self.volumes) || self.volumes.all(v, !(v.name in ['tmp', 'dataset', 'checkpoints', 'output']))").message("tmp, dataset, checkpoints and output are the operator's volume names").field_path(".volumes"))]
 #[x_kube(validation = Rule::new("!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name))").message("each volume mount must name a volume of this pod block's volumes").field_path(".volumeMounts"))]
 #[x_kube(validation = Rule::new("!has(self.volumeMounts) || self.volumeMounts.all(m, !(m.mountPath in ['/tmp', '/checkpoints', '/output']))").message("/tmp, /checkpoints and /output are mounted by the operator").field_path(".volumeMounts"))]
+#[x_kube(validation = Rule::new("!has(self.initContainers) || self.initContainers.all(c, has(c.image) && size(c.image) > 0)").message("each init container needs an image").field_path(".initContainers"))]
+#[x_kube(validation = Rule::new("!has(self.initContainers) || self.initContainers.all(c, !(c.name in ['worker', 'parameter-server']))").message("worker and parameter-server are the operator's container names").field_path(".initContainers"))]
+#[x_kube(validation = Rule::new("!has(self.initContainers) || self.initContainers.all(c, !has(c.restartPolicy) || c.restartPolicy == 'Always')").message("an init container's restartPolicy may only be Always (a sidecar)").field_path(".initContainers"))]
 #[serde(rename_all = "camelCase")]
 pub struct PodSettings {
     /// Labels added to the pods (not the operator's own keys).
@@ -114,6 +119,16 @@ pub struct PodSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))").message("must be a quantity > 0, e.g. 2Gi"))]
     pub tmp_size_limit: Option<String>,
+    /// Containers that run in the pods before the role's own, each to its end and in order (to
+    /// fetch data into `/tmp`, wait for a service), or, with `restartPolicy: Always`, beside it
+    /// for the pod's whole life: a native sidecar (a log shipper, a storage proxy), which the
+    /// kubelet stops once the worker has ended, so the workers' Job still completes. Mounts may
+    /// name this block's volumes, `tmp`, the workers' `dataset` and the PS's `checkpoints`. A
+    /// container without a `securityContext` gets the operator's (non-root, no privilege
+    /// escalation, no capabilities, read-only root filesystem).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub init_containers: Option<Vec<Container>>,
 }
 
 /// The user and groups of a role's pods. Never root: the operator's containers run as non-root,
@@ -141,7 +156,7 @@ pub struct PodIdentity {
 }
 
 /// The fields of `PodSettings` whose schema is a Kubernetes type's.
-pub(super) const UPSTREAM_FIELDS: [&str; 8] = [
+pub(super) const UPSTREAM_FIELDS: [&str; 9] = [
     "tolerations",
     "affinity",
     "imagePullSecrets",
@@ -150,12 +165,15 @@ pub(super) const UPSTREAM_FIELDS: [&str; 8] = [
     "volumes",
     "volumeMounts",
     "topologySpreadConstraints",
+    "initContainers",
 ];
 
 /// Shapes the generated schema of a `pod` block (its `properties`) for the API server. The
 /// Kubernetes types inside lose their upstream descriptions (`kubectl explain pod.spec` has
 /// them): with them the CRD was 586 KB, past the 256 KiB annotation in which a client-side
-/// `kubectl apply` keeps what it applied. Volume and mount names get Kubernetes' own bound (a
+/// `kubectl apply` keeps what it applied (the init containers alone added 94 kB of JSON). Init
+/// containers are keyed by name as in a pod: the API server refuses two of one name. Volume and
+/// mount names get Kubernetes' own bound (a
 /// DNS label, 63 bytes) and mount paths Linux's (4096), without which the API server estimates
 /// the cost of the rules comparing them from unbounded strings and refuses the CRD.
 pub(super) fn trim_schema(properties: &mut serde_json::Value) {
@@ -180,6 +198,8 @@ pub(super) fn trim_schema(properties: &mut serde_json::Value) {
     for list in ["volumes", "volumeMounts"] {
         properties[list]["items"]["properties"]["name"]["maxLength"] = 63.into();
     }
+    properties["initContainers"]["x-kubernetes-list-type"] = "map".into();
+    properties["initContainers"]["x-kubernetes-list-map-keys"] = serde_json::json!(["name"]);
     // Linux's PATH_MAX: the rule comparing mounts with `dataset.path` needs a bound too.
     properties["volumeMounts"]["items"]["properties"]["mountPath"]["maxLength"] = 4096.into();
 }

@@ -423,3 +423,32 @@ fn the_python_cluster_example_is_the_local_one_with_its_script_mounted() {
         ("/app", "mnist-python")
     );
 }
+
+#[test]
+fn init_containers_mount_only_volumes_their_roles_pods_have() {
+    let mounting = |volume: &str| {
+        let c: k8s_openapi::api::core::v1::Container = serde_json::from_value(serde_json::json!({
+            "name": "fetch", "image": "busybox", "volumeMounts": [{"name": volume, "mountPath": "/v"}]
+        }))
+        .unwrap();
+        Some(PodSettings { init_containers: Some(vec![c]), ..Default::default() })
+    };
+    let fields = |spec: &TrainingJobSpec| -> Vec<String> {
+        validate(spec).err().unwrap_or_default().into_iter().map(|e| e.field).collect()
+    };
+    let mut s = example().spec;
+    s.workers.pod = mounting("tmp");
+    s.parameter_server.pod = mounting("checkpoints");
+    assert_eq!(fields(&s), Vec::<String>::new());
+    // The workers have no checkpoints, nor a dataset volume unless the job names one; the PS's
+    // output volume is its first shard's only.
+    s.workers.pod = mounting("checkpoints");
+    s.parameter_server.pod = mounting("output");
+    assert_eq!(fields(&s), ["workers.pod.initContainers", "parameterServer.pod.initContainers"]);
+    s.parameter_server.pod = None;
+    s.workers.pod = mounting("dataset");
+    assert_eq!(fields(&s), ["workers.pod.initContainers"]);
+    s.dataset.volume =
+        Some(serde_json::from_value(serde_json::json!({"name": "d", "emptyDir": {}})).unwrap());
+    assert_eq!(fields(&s), Vec::<String>::new());
+}

@@ -7,8 +7,8 @@ use foresight_ps::client::cadence_problem;
 use foresight_ps::wire::shards::MAX_SHARDS;
 
 use super::{
-    Algorithm, PodSettings, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES,
-    TrainingJobSpec,
+    Algorithm, PodSettings, RESERVED_CONTAINERS, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS,
+    RESERVED_VOLUMES, TrainingJobSpec,
 };
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -275,17 +275,21 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             "workers.pod.volumeMounts",
             "the dataset's volume is mounted at dataset.path".into(),
         );
-        validate_pod(p, "workers.pod", &mut errs);
+        let ours: &[&str] = if spec.dataset.volume.is_some() { &["tmp", "dataset"] } else { &["tmp"] };
+        validate_pod(p, "workers.pod", ours, &mut errs);
     }
     if let Some(p) = &spec.parameter_server.pod {
-        validate_pod(p, "parameterServer.pod", &mut errs);
+        // Not `output`: only the first shard's pod has it.
+        validate_pod(p, "parameterServer.pod", &["tmp", "checkpoints"], &mut errs);
     }
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }
 
 /// The rules of a role's `pod` block (`field`: `workers.pod` or `parameterServer.pod`), as the
-/// CRD's rules on `PodSettings` state them.
-fn validate_pod(p: &PodSettings, field: &str, errs: &mut Vec<ValidationError>) {
+/// CRD's rules on `PodSettings` state them, and the mounts of its init containers, which may
+/// also name `ours`, the operator's volumes in that role's pods (only here: the CRD's rules
+/// cannot see the rest of the spec).
+fn validate_pod(p: &PodSettings, field: &str, ours: &[&str], errs: &mut Vec<ValidationError>) {
     let mut check = |ok: bool, sub: &str, message: &str| {
         if !ok {
             errs.push(ValidationError { field: format!("{field}.{sub}"), message: message.into() });
@@ -339,6 +343,37 @@ fn validate_pod(p: &PodSettings, field: &str, errs: &mut Vec<ValidationError>) {
     if let Some(limit) = &p.tmp_size_limit {
         check(is_positive_quantity(limit), "tmpSizeLimit", "must be a quantity > 0, e.g. 2Gi");
     }
+    let inits = p.init_containers.as_deref().unwrap_or_default();
+    check(inits.len() <= 8, "initContainers", "at most 8");
+    check(
+        inits
+            .iter()
+            .all(|c| is_dns_name(&c.name, 63, false) && !RESERVED_CONTAINERS.contains(&c.name.as_str())),
+        "initContainers",
+        "each name must be a DNS label other than worker and parameter-server (the operator's)",
+    );
+    check(
+        inits.iter().enumerate().all(|(i, c)| inits[..i].iter().all(|d| d.name != c.name)),
+        "initContainers",
+        "init container names must be unique",
+    );
+    check(
+        inits.iter().all(|c| c.image.as_deref().is_some_and(|i| !i.is_empty())),
+        "initContainers",
+        "each init container needs an image",
+    );
+    check(
+        inits.iter().all(|c| c.restart_policy.as_deref().is_none_or(|r| r == "Always")),
+        "initContainers",
+        "an init container's restartPolicy may only be Always (a sidecar)",
+    );
+    let mounted = inits.iter().flat_map(|c| c.volume_mounts.iter().flatten());
+    let message = format!("each mount must name a volume of this pod block's volumes or {}", ours.join(", "));
+    check(
+        { mounted }.all(|m| ours.contains(&m.name.as_str()) || volumes.iter().any(|v| v.name == m.name)),
+        "initContainers",
+        &message,
+    );
     check(
         p.topology_spread_constraints.as_ref().is_none_or(|t| t.len() <= 16),
         "topologySpreadConstraints",

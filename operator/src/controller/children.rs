@@ -697,6 +697,17 @@ fn with_pod_settings(template: &mut PodTemplateSpec, settings: Option<&PodSettin
             dir.size_limit = Some(Quantity(limit.clone()));
         }
     }
+    if let Some(inits) = p.init_containers.as_ref().filter(|c| !c.is_empty()) {
+        let secured = inits.iter().cloned().map(|mut c| {
+            c.security_context.get_or_insert_with(container_security);
+            c
+        });
+        spec.init_containers.get_or_insert_default().extend(secured);
+        // `kubectl logs` and `exec` then reach the operator's container without `-c`.
+        let ours = spec.containers[0].name.clone();
+        let annotations = template.metadata.get_or_insert_default().annotations.get_or_insert_default();
+        annotations.insert("kubectl.kubernetes.io/default-container".into(), ours);
+    }
     let container = &mut spec.containers[0];
     container.env.get_or_insert_default().extend(p.env.iter().flatten().cloned());
     container.env_from.clone_from(&p.env_from);

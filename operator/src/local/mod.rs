@@ -110,6 +110,14 @@ pub fn load_job(path: &Path) -> Result<TrainingJob, RunError> {
     let job: TrainingJob =
         serde_yaml::from_value(value).map_err(|e| setup(format!("{}: {e}", path.display())))?;
     api::validate(&job.spec).map_err(RunError::Invalid)?;
+    let pods = [("workers", &job.spec.workers.pod), ("parameterServer", &job.spec.parameter_server.pod)];
+    for (role, pod) in pods {
+        if pod.as_ref().is_some_and(|p| p.init_containers.as_ref().is_some_and(|c| !c.is_empty())) {
+            tracing::warn!(
+                "{role}.pod.initContainers run in a cluster's pods only; foresight run starts none"
+            );
+        }
+    }
     Ok(job)
 }
 

@@ -265,6 +265,9 @@ spec:
       schedulerName: volcano
       securityContext: {runAsUser: 2000, supplementalGroups: [5000]}
       tmpSizeLimit: 2Gi
+      initContainers:
+      - {name: fetch, image: busybox, command: [sh, -c, "cp -r /seed /tmp"], volumeMounts: [{name: tmp, mountPath: /tmp}]}
+      - {name: shipper, image: fluent-bit, restartPolicy: Always, securityContext: {readOnlyRootFilesystem: false}}
 "#;
 
 #[test]
@@ -322,6 +325,23 @@ fn each_roles_pod_settings_are_added_to_what_the_operator_sets() {
     assert_eq!((s.run_as_user, s.run_as_group, s.fs_group), (Some(2000), Some(10001), Some(10001)));
     assert_eq!((s.supplemental_groups.clone(), s.run_as_non_root), (Some(vec![5000]), Some(true)));
     assert_eq!(c.security_context.as_ref().unwrap().read_only_root_filesystem, Some(true));
+    // Init containers and sidecars run before and beside the operator's one container, which
+    // stays the only regular container (the Job completes when it does); one without a
+    // security context gets the operator's, one with its own keeps it.
+    assert_eq!(w.containers.len(), 1);
+    let inits = w.init_containers.as_ref().unwrap();
+    let names: Vec<&str> = inits.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["fetch", "shipper"]);
+    assert_eq!(inits[0].security_context, c.security_context);
+    assert_eq!(inits[1].restart_policy.as_deref(), Some("Always"));
+    assert_eq!(inits[1].security_context.as_ref().unwrap().read_only_root_filesystem, Some(false));
+    assert!(p.init_containers.is_none(), "the PS block sets none");
+    let annotations =
+        |t: &PodTemplateSpec| t.metadata.as_ref().unwrap().annotations.clone().unwrap_or_default();
+    let worker_template = o.worker_job(&defaults()).spec.unwrap().template;
+    assert_eq!(annotations(&worker_template)["kubectl.kubernetes.io/default-container"], "worker");
+    let ps_annotations = ps.metadata.as_ref().unwrap().annotations.as_ref().unwrap();
+    assert!(!ps_annotations.contains_key("kubectl.kubernetes.io/default-container"));
 }
 
 #[test]
