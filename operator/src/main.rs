@@ -355,6 +355,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         lease_duration,
         renew_deadline: lease_duration * 2 / 3,
         retry_period: lease_duration / 5,
+        watch: watch.clone(),
     });
     let settings = controller::Settings {
         watch,

@@ -376,9 +376,17 @@ fn expected_rules() -> Value {
     ])
 }
 
+/// A cluster-wide operator's: the same, and it lists the other operators' Leases everywhere.
+fn cluster_wide_rules() -> Value {
+    let mut rules = expected_rules();
+    let leases = json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]});
+    rules.as_array_mut().unwrap().push(leases);
+    rules
+}
+
 fn expected_lease_rules() -> Value {
     json!([
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "list"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["foresight-operator"],
          "verbs": ["get", "update"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
@@ -389,7 +397,7 @@ fn expected_lease_rules() -> Value {
 #[test]
 fn rbac_grants_exactly_the_operator_contract() {
     let objs = objects(&template(&[]));
-    assert_eq!(find(&objs, "ClusterRole", "foresight")["rules"], expected_rules());
+    assert_eq!(find(&objs, "ClusterRole", "foresight")["rules"], cluster_wide_rules());
     let lease = find(&objs, "Role", "foresight-leader-election");
     assert_eq!(lease["metadata"]["namespace"], "foresight-system");
     assert_eq!(lease["rules"], expected_lease_rules());
@@ -440,7 +448,7 @@ fn rbac_grants_exactly_the_operator_contract() {
 
     // networkPolicy.perJob.enabled: the operator writes one NetworkPolicy per job.
     let objs = objects(&template(&["--set", "networkPolicy.perJob.enabled=true"]));
-    let mut rules = expected_rules();
+    let mut rules = cluster_wide_rules();
     rules
         .as_array_mut()
         .unwrap()
@@ -984,6 +992,10 @@ fn helm_install_succeeds_and_the_service_account_has_least_privilege() {
         (vec!["create", "trainingjobs.foresight.dev", "-n", &other], false),
         (vec!["delete", "persistentvolumeclaims", "-n", &other], false),
         (vec!["get", "leases.coordination.k8s.io/another-lease", "-n", &ns], false),
+        // The other operators' Leases are listed (never watched or written), wherever they are.
+        (vec!["list", "leases.coordination.k8s.io", "-A"], true),
+        (vec!["watch", "leases.coordination.k8s.io", "-A"], false),
+        (vec!["update", "leases.coordination.k8s.io", "-n", &other], false),
         (vec!["create", "leases.coordination.k8s.io", "-n", &other], false),
         (vec!["create", "clusterrolebindings.rbac.authorization.k8s.io"], false),
         (vec!["get", "configmaps", "-n", &other], false),
@@ -1301,6 +1313,9 @@ fn with_watch_namespaces_the_operator_is_confined_to_them() {
         (vec!["create", "deployments.apps", "-n", elsewhere.as_str()], false),
         (vec!["watch", "trainingjobs.foresight.dev", "-A"], false),
         (vec!["create", "leases.coordination.k8s.io", "-n", ns.as_str()], true),
+        // Other releases' Leases: only in its own namespace (no cluster-wide grant).
+        (vec!["list", "leases.coordination.k8s.io", "-n", ns.as_str()], true),
+        (vec!["list", "leases.coordination.k8s.io", "-A"], false),
     ];
     for w in &watched {
         cases.push((vec!["create", "deployments.apps", "-n", w.as_str()], true));

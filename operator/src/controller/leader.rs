@@ -31,6 +31,8 @@ pub struct LeaseConfig {
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry_period: Duration,
+    /// What this operator watches, written on the Lease for the others' surveys (`scope`).
+    pub watch: super::Watch,
 }
 
 pub struct LeaderElector {
@@ -152,11 +154,19 @@ impl LeaderElector {
         }
     }
 
+    /// Labels the Lease as an operator's and names what it watches (`scope`).
+    fn mark(&self, lease: &mut Lease) {
+        let meta = &mut lease.metadata;
+        meta.labels.get_or_insert_default().insert(super::scope::LEASE_LABEL.into(), "true".into());
+        let scope = self.cfg.watch.annotation();
+        meta.annotations.get_or_insert_default().insert(super::scope::SCOPE_ANNOTATION.into(), scope);
+    }
+
     async fn try_acquire_or_renew(&self) -> Result<Attempt, kube::Error> {
         let now = Timestamp::now();
         let duration_s = i32::try_from(self.cfg.lease_duration.as_secs()).unwrap_or(i32::MAX).max(1);
         let Some(mut lease) = self.api.get_opt(&self.cfg.name).await? else {
-            let lease = Lease {
+            let mut lease = Lease {
                 metadata: ObjectMeta { name: Some(self.cfg.name.clone()), ..Default::default() },
                 spec: Some(LeaseSpec {
                     holder_identity: Some(self.cfg.identity.clone()),
@@ -167,6 +177,7 @@ impl LeaderElector {
                     ..Default::default()
                 }),
             };
+            self.mark(&mut lease);
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(Attempt::Leading),
                 Err(e) if is_status(&e, 409) => {
@@ -199,6 +210,7 @@ impl LeaderElector {
         }
         spec.lease_duration_seconds = Some(duration_s);
         spec.renew_time = Some(MicroTime(now));
+        self.mark(&mut lease);
         // `replace` sends the resourceVersion we read: a concurrent writer makes this a 409.
         match self.api.replace(&self.cfg.name, &PostParams::default(), &lease).await {
             Ok(_) => Ok(Attempt::Leading),

@@ -12,7 +12,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::api::Phase;
 
@@ -53,6 +55,7 @@ pub struct Metrics {
     pub jobs: IntGaugeVec,
     pub job_duration: HistogramVec,
     pub api_requests: IntCounterVec,
+    pub yielded_namespaces: IntGauge,
     /// Set once the API server answered (the lease was read or written).
     pub ready: AtomicBool,
 }
@@ -110,8 +113,14 @@ impl Metrics {
             &["verb"],
         )
         .expect("valid metric");
+        let yielded_namespaces = IntGauge::new(
+            "foresight_operator_yielded_namespaces",
+            "Namespaces whose TrainingJobs this cluster-wide operator leaves to a namespaced operator that watches them.",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(yielded_namespaces.clone()),
             Box::new(api_requests.clone()),
             Box::new(reconcile_errors.clone()),
             Box::new(reconcile_seconds.clone()),
@@ -149,6 +158,7 @@ impl Metrics {
             jobs,
             job_duration,
             api_requests,
+            yielded_namespaces,
             ready: AtomicBool::new(false),
         }
     }

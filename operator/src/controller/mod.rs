@@ -14,6 +14,7 @@ pub mod leader;
 pub mod metrics;
 mod ownership;
 mod pods;
+pub mod scope;
 pub mod status;
 pub mod token;
 pub mod trouble;
@@ -144,6 +145,8 @@ pub struct Context {
     applied: applied::Applied,
     /// Kueue's ResourceFlavors as last read.
     flavors: admission::Flavors,
+    /// The namespaces whose jobs another operator handles (`scope`).
+    yields: Arc<scope::Yields>,
 }
 
 impl Context {
@@ -208,6 +211,14 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         }
     }
 
+    let yields = Arc::new(scope::Yields::default());
+    if let (Some(cfg), Some(e)) = (&settings.lease, &elector)
+        && let Err(why) = survey(&client, cfg, &yields, &metrics).await
+    {
+        e.release().await;
+        return Err(refused(why));
+    }
+
     let identity =
         settings.lease.as_ref().map_or_else(|| "foresight-operator".to_string(), |l| l.identity.clone());
     let recorder =
@@ -231,6 +242,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         caches,
         applied: Default::default(),
         flavors: Default::default(),
+        yields: yields.clone(),
     });
     let mut stores = Vec::new();
     let mut runs = Vec::new();
@@ -239,7 +251,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         runs.push(controller.run(reconcile, error_policy, ctx.clone()).boxed());
     }
     let reconciling = futures_util::stream::select_all(runs).for_each(|result| {
-        count_phases(&stores, &metrics);
+        count_phases(&stores, &metrics, &yields);
         if let Err(e) = result {
             tracing::debug!(error = %e, "reconcile loop");
         }
@@ -251,6 +263,15 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
             None => std::future::pending().await,
         }
     };
+    let overlap = async {
+        let Some(cfg) = &ctx.settings.lease else { return std::future::pending().await };
+        loop {
+            tokio::time::sleep(scope::survey_every(cfg.lease_duration)).await;
+            if let Err(why) = survey(&client, cfg, &yields, &metrics).await {
+                return why;
+            }
+        }
+    };
     tokio::select! {
         () = reconciling => Ok(()),
         () = &mut stop => {
@@ -260,7 +281,30 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
             Ok(())
         }
         why = lost => Err(format!("lost leadership: {why}")),
+        why = overlap => {
+            if let Some(e) = &elector {
+                e.release().await;
+            }
+            Err(refused(why))
+        }
     }
+}
+
+/// One survey of the other operators' Leases (`scope`): the namespaces to leave alone, or why
+/// this operator must stop.
+async fn survey(
+    client: &Client,
+    cfg: &LeaseConfig,
+    yields: &scope::Yields,
+    metrics: &Metrics,
+) -> Result<(), String> {
+    scope::check(client, &cfg.namespace, &cfg.name, &cfg.watch, yields).await?;
+    metrics.yielded_namespaces.set(yields.count() as i64);
+    Ok(())
+}
+
+fn refused(why: String) -> String {
+    format!("refusing to run beside another operator: {why}")
 }
 
 /// With `--kueue`, Kueue's Workload API must be served: a watch of a missing kind would keep the
@@ -296,8 +340,11 @@ async fn shutdown_signal() {
     tracing::info!("stopping");
 }
 
-fn count_phases(stores: &[Store<TrainingJob>], metrics: &Metrics) {
-    let jobs: Vec<_> = stores.iter().flat_map(Store::state).collect();
+/// The jobs this operator manages by phase: those of the namespaces it has not yielded.
+fn count_phases(stores: &[Store<TrainingJob>], metrics: &Metrics, yields: &scope::Yields) {
+    let ours =
+        |j: &Arc<TrainingJob>| j.metadata.namespace.as_deref().is_none_or(|ns| yields.holder(ns).is_none());
+    let jobs: Vec<_> = stores.iter().flat_map(Store::state).filter(ours).collect();
     for p in PHASES {
         let n = jobs
             .iter()
@@ -315,6 +362,16 @@ fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Acti
 
 #[tracing::instrument(skip_all, fields(job = %job.name_any(), namespace = job.namespace().unwrap_or_default()))]
 async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
+    if let Some(lease) = job.metadata.namespace.as_deref().and_then(|ns| ctx.yields.holder(ns)) {
+        // Another operator handles this namespace's jobs; look again after the next survey.
+        tracing::debug!(job = %job.name_any(), %lease, "left to another operator");
+        let every = ctx
+            .settings
+            .lease
+            .as_ref()
+            .map_or(Duration::from_secs(60), |l| scope::survey_every(l.lease_duration));
+        return Ok(Action::requeue(every));
+    }
     let timer = ctx.metrics.reconcile_seconds.with_label_values(&[] as &[&str]).start_timer();
     let result = reconcile_job(&job, &ctx).await;
     timer.observe_duration();

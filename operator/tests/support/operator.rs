@@ -29,6 +29,15 @@ impl Operator {
     /// Starts `foresight operator` with `kubeconfig`'s credentials, watching `watch` (`None`:
     /// every namespace), its Lease (if it elects) in `lease_namespace`.
     pub fn start_with(kubeconfig: &Path, watch: Option<&str>, lease_namespace: &str, extra: &[&str]) -> Self {
+        let op = Self::spawn(kubeconfig, watch, lease_namespace, extra);
+        wait_for("the operator's /healthz", LONG, || {
+            http_get(op.metrics, "/healthz").filter(|(c, _)| *c == 200)
+        });
+        op
+    }
+
+    /// As `start_with`, without waiting for it to serve: for an operator that may stop at once.
+    pub fn spawn(kubeconfig: &Path, watch: Option<&str>, lease_namespace: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("operator.log");
         let metrics = free_port();
@@ -49,11 +58,7 @@ impl Operator {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("foresight operator starts");
-        let op = Self { _proc: KillOnDrop(child), metrics, log, _dir: dir };
-        wait_for("the operator's /healthz", LONG, || {
-            http_get(metrics, "/healthz").filter(|(c, _)| *c == 200)
-        });
-        op
+        Self { _proc: KillOnDrop(child), metrics, log, _dir: dir }
     }
 
     pub fn metrics_text(&self) -> String {

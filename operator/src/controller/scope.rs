@@ -1,0 +1,307 @@
+//! Two operators must never reconcile the same TrainingJob: each would undo the other's writes.
+//! That happens with two cluster-wide releases, two releases that name a shared namespace, or a
+//! team's release inside the platform's cluster-wide one. So each leader marks its Lease with
+//! what it watches ([`LEASE_LABEL`], [`SCOPE_ANNOTATION`]) and surveys the marked Leases it may
+//! list, at the start and every [`survey_every`]:
+//!
+//! - A release refuses to run while an older live Lease watches an overlapping scope of the same
+//!   breadth (both every namespace, or both a list): the one that came second stops with the
+//!   reason, whichever order their surveys ran in (the order is the Leases' acquire times).
+//! - A cluster-wide release yields the namespaces a live namespaced release watches: the more
+//!   specific claim wins, whichever started first, and its other namespaces go on.
+//!
+//! What a release can list bounds what it sees: a cluster-wide release lists Leases in every
+//! namespace (its ClusterRole), a namespaced one only in its own namespace (it has no
+//! cluster-wide grant), so two namespaced releases installed in different namespaces that watch
+//! a shared one are not detected (docs/architecture.md says so). Without leader election there
+//! is no Lease, and no survey.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ListParams};
+
+use super::Watch;
+
+/// The label that marks an operator's Lease.
+pub const LEASE_LABEL: &str = "foresight.dev/operator-lease";
+/// The Lease's annotation naming what its operator watches: `*`, or namespaces separated by
+/// commas.
+pub const SCOPE_ANNOTATION: &str = "foresight.dev/watch-namespaces";
+/// How often a leader surveys the other operators' Leases: four lease durations (a minute by
+/// default), so that a survey costs less than the renewals.
+pub fn survey_every(lease_duration: Duration) -> Duration {
+    lease_duration * 4
+}
+
+impl Watch {
+    /// The value of [`SCOPE_ANNOTATION`].
+    pub fn annotation(&self) -> String {
+        match self {
+            Watch::All => "*".into(),
+            Watch::Namespaces(names) => names.join(","),
+        }
+    }
+
+    fn from_annotation(value: &str) -> Option<Watch> {
+        match value {
+            "*" => Some(Watch::All),
+            list => Watch::parse(list).ok().filter(|w| *w != Watch::All),
+        }
+    }
+}
+
+/// Another operator's live Lease.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Peer {
+    /// `namespace/name` of its Lease.
+    pub lease: String,
+    pub watch: Watch,
+    /// When its current holder took it: of two rivals, the earlier keeps running.
+    pub since: Timestamp,
+}
+
+/// What the survey decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Run, leaving the jobs of these namespaces to the operator of the Lease each maps to.
+    Run { yielded: BTreeMap<String, String> },
+    /// Stop: another operator already watches part of this one's scope.
+    Refuse(String),
+}
+
+/// `namespace/name` of a Lease.
+fn key(lease: &Lease) -> String {
+    format!(
+        "{}/{}",
+        lease.metadata.namespace.as_deref().unwrap_or_default(),
+        lease.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The marked Leases among `leases` that a holder renewed lately, other than `own`, and when
+/// `own`'s holder took it (`now` if it is not among them). A Lease counts as live for twice its
+/// duration after its renewTime: read on this replica's clock, which may be skewed from the
+/// holder's, and a dead holder only delays a survey's verdict by that much.
+pub fn peers(leases: &[Lease], own: &str, now: Timestamp) -> (Vec<Peer>, Timestamp) {
+    let mut own_since = now;
+    let mut found = Vec::new();
+    for lease in leases {
+        let Some(spec) = &lease.spec else { continue };
+        let since = spec.acquire_time.as_ref().or(spec.renew_time.as_ref()).map_or(now, |t| t.0);
+        if key(lease) == own {
+            own_since = since;
+            continue;
+        }
+        let held = spec.holder_identity.as_deref().is_some_and(|h| !h.is_empty());
+        let ttl = SignedDuration::from_secs(2 * i64::from(spec.lease_duration_seconds.unwrap_or(15).max(1)));
+        let renewed =
+            spec.renew_time.as_ref().is_some_and(|t| t.0.checked_add(ttl).is_ok_and(|end| end >= now));
+        let watch = lease.metadata.annotations.as_ref().and_then(|a| a.get(SCOPE_ANNOTATION));
+        if let (true, true, Some(watch)) = (held, renewed, watch.and_then(|w| Watch::from_annotation(w))) {
+            found.push(Peer { lease: key(lease), watch, since });
+        }
+    }
+    (found, own_since)
+}
+
+/// The verdict for an operator watching `own` from Lease `lease`, taken at `since`.
+pub fn judge(own: &Watch, lease: &str, since: Timestamp, peers: &[Peer]) -> Verdict {
+    let older = |p: &Peer| (p.since, p.lease.as_str()) < (since, lease);
+    let mut yielded = BTreeMap::new();
+    for p in peers {
+        match (own, &p.watch) {
+            (Watch::All, Watch::All) if older(p) => {
+                return Verdict::Refuse(format!(
+                    "the operator of Lease {} already watches every namespace (since {}): two would both reconcile every TrainingJob; uninstall one release, or give one a list of namespaces",
+                    p.lease, p.since
+                ));
+            }
+            (Watch::All, Watch::Namespaces(theirs)) => {
+                yielded.extend(theirs.iter().map(|n| (n.clone(), p.lease.clone())));
+            }
+            (Watch::Namespaces(mine), Watch::Namespaces(theirs)) if older(p) => {
+                let shared: Vec<&str> =
+                    mine.iter().filter(|n| theirs.contains(n)).map(String::as_str).collect();
+                if !shared.is_empty() {
+                    return Verdict::Refuse(format!(
+                        "the operator of Lease {} already watches namespace(s) {} (since {}): two would both reconcile their TrainingJobs; watch other namespaces",
+                        p.lease,
+                        shared.join(", "),
+                        p.since
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Verdict::Run { yielded }
+}
+
+/// The marked Leases this operator may list: every namespace's for a cluster-wide one, else its
+/// own namespace's.
+pub async fn survey(
+    client: &kube::Client,
+    own_namespace: &str,
+    watch: &Watch,
+) -> Result<Vec<Lease>, kube::Error> {
+    let api: Api<Lease> = match watch {
+        Watch::All => Api::all(client.clone()),
+        Watch::Namespaces(_) => Api::namespaced(client.clone(), own_namespace),
+    };
+    Ok(api.list(&ListParams::default().labels(LEASE_LABEL)).await?.items)
+}
+
+/// The namespaces a cluster-wide operator leaves to namespaced ones, and to whom.
+#[derive(Default)]
+pub struct Yields(std::sync::RwLock<BTreeMap<String, String>>);
+
+impl Yields {
+    /// The Lease of the operator that handles `namespace`'s jobs instead of this one.
+    pub fn holder(&self, namespace: &str) -> Option<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).get(namespace).cloned()
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Replaces the set, logging what changed.
+    fn set(&self, yielded: BTreeMap<String, String>) {
+        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        for (ns, lease) in &yielded {
+            if current.get(ns) != Some(lease) {
+                tracing::warn!(namespace = %ns, %lease, "leaving this namespace's TrainingJobs to the operator that watches it alone");
+            }
+        }
+        for ns in current.keys().filter(|ns| !yielded.contains_key(*ns)) {
+            tracing::info!(namespace = %ns, "taking this namespace's TrainingJobs back: no other operator watches it now");
+        }
+        *current = yielded;
+    }
+}
+
+/// One survey and its verdict: `Err` with the reason when this operator must stop. A survey
+/// that fails (no right to list Leases, the API server away) changes nothing: the operator runs
+/// on as it was.
+pub async fn check(
+    client: &kube::Client,
+    own_namespace: &str,
+    own_name: &str,
+    watch: &Watch,
+    yields: &Yields,
+) -> Result<(), String> {
+    let leases = match survey(client, own_namespace, watch).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list the operators' Leases: another operator watching the same namespaces would go unnoticed");
+            return Ok(());
+        }
+    };
+    let own = format!("{own_namespace}/{own_name}");
+    let (found, since) = peers(&leases, &own, Timestamp::now());
+    match judge(watch, &own, since, &found) {
+        Verdict::Run { yielded } => {
+            yields.set(yielded);
+            Ok(())
+        }
+        Verdict::Refuse(why) => Err(why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(lease: &str, watch: &str, since_s: i64) -> Peer {
+        Peer {
+            lease: lease.into(),
+            watch: Watch::from_annotation(watch).unwrap(),
+            since: Timestamp::from_second(since_s).unwrap(),
+        }
+    }
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    #[test]
+    fn of_two_cluster_wide_operators_the_later_refuses_whichever_surveys_first() {
+        let a = peer("ops/a", "*", 100);
+        let b = peer("ops/b", "*", 200);
+        assert!(
+            matches!(judge(&Watch::All, "ops/b", b.since, std::slice::from_ref(&a)), Verdict::Refuse(r) if r.contains("ops/a"))
+        );
+        assert_eq!(judge(&Watch::All, "ops/a", a.since, &[b]), Verdict::Run { yielded: BTreeMap::new() });
+        // Taken in the same second: the Lease names order them.
+        let c = peer("ops/c", "*", 100);
+        assert!(matches!(judge(&Watch::All, "ops/c", c.since, std::slice::from_ref(&a)), Verdict::Refuse(_)));
+        assert!(matches!(judge(&Watch::All, "ops/a", a.since, &[c]), Verdict::Run { .. }));
+    }
+
+    #[test]
+    fn namespaced_operators_refuse_only_a_shared_namespace_and_a_cluster_wide_one_yields_theirs() {
+        let team = peer("team-a/a", "team-a,shared", 100);
+        let mine = Watch::parse("shared,team-b").unwrap();
+        assert!(
+            matches!(judge(&mine, "team-b/b", at(200), std::slice::from_ref(&team)), Verdict::Refuse(r) if r.contains("shared") && !r.contains("team-b"))
+        );
+        let other = Watch::parse("team-b").unwrap();
+        assert!(matches!(
+            judge(&other, "team-b/b", at(200), std::slice::from_ref(&team)),
+            Verdict::Run { .. }
+        ));
+        // The cluster-wide operator yields the team's namespaces, older or not; the team's
+        // operator runs beside it.
+        let platform = peer("platform/p", "*", 50);
+        let Verdict::Run { yielded } =
+            judge(&Watch::All, "platform/p", platform.since, std::slice::from_ref(&team))
+        else {
+            panic!()
+        };
+        assert_eq!(
+            yielded.into_iter().collect::<Vec<_>>(),
+            [("shared".into(), "team-a/a".into()), ("team-a".into(), "team-a/a".into())]
+        );
+        assert!(
+            matches!(judge(&team.watch, "team-a/a", team.since, &[platform]), Verdict::Run { yielded } if yielded.is_empty())
+        );
+    }
+
+    fn lease(ns: &str, name: &str, watch: Option<&str>, holder: Option<&str>, renewed_s: i64) -> Lease {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        Lease {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                annotations: watch.map(|w| [(SCOPE_ANNOTATION.to_string(), w.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(String::from),
+                lease_duration_seconds: Some(15),
+                acquire_time: Some(MicroTime(at(renewed_s - 100))),
+                renew_time: Some(MicroTime(at(renewed_s))),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn only_held_renewed_and_marked_leases_of_others_are_peers() {
+        let leases = [
+            lease("ops", "me", Some("*"), Some("x"), 1000),
+            lease("ops", "live", Some("team"), Some("y"), 995),
+            lease("ops", "released", Some("*"), None, 1000),
+            lease("ops", "expired", Some("*"), Some("z"), 1000 - 31),
+            lease("ops", "unmarked", None, Some("w"), 1000),
+            lease("ops", "garbled", Some("Not A Namespace"), Some("v"), 1000),
+        ];
+        let (found, since) = peers(&leases, "ops/me", at(1000));
+        assert_eq!(since, at(900));
+        assert_eq!(found, [peer("ops/live", "team", 895)]);
+    }
+}

@@ -1,0 +1,129 @@
+//! Several operators in one cluster (`controller/scope.rs`), each the real binary against a real
+//! control plane of this test binary's own: a cluster-wide operator here would take every other
+//! test's jobs.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::{Value, json};
+use support::operator::*;
+use support::{ControlPlane, control_plane, wait_for};
+
+const LEASE: [&str; 3] = ["--leader-elect=true", "--lease-duration-seconds", "3"];
+
+fn operator(cp: &ControlPlane, watch: Option<&str>, lease_ns: &str, lease: &str, spawn: bool) -> Operator {
+    let args = [&LEASE[..], &["--lease-name", lease, "--identity", lease]].concat();
+    if spawn {
+        Operator::spawn(&cp.kubeconfig, watch, lease_ns, &args)
+    } else {
+        Operator::start_with(&cp.kubeconfig, watch, lease_ns, &args)
+    }
+}
+
+fn leads(cp: &ControlPlane, ns: &str, lease: &str) {
+    wait_for(&format!("{lease} to lead"), LONG, || {
+        let l = cp.get_json(ns, &format!("lease/{lease}"))?;
+        (l["spec"]["holderIdentity"] == lease).then_some(())
+    });
+}
+
+/// Who reported the job's events (`reportingInstance`: the operator's identity).
+fn reporters(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> {
+    let selector = format!("regarding.name={name}");
+    let list = cp.kubectl_ok(
+        &["get", "events.events.k8s.io", "-n", ns, "--field-selector", &selector, "-o", "json"],
+        None,
+    );
+    let list: Value = serde_json::from_str(&list).unwrap();
+    let mut who: Vec<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reportingInstance"].as_str().unwrap_or("").into())
+        .collect();
+    who.sort();
+    who.dedup();
+    who
+}
+
+/// How many jobs the operator counts as its own (`foresight_operator_jobs`, all phases).
+fn managed(op: &Operator) -> f64 {
+    let text = op.metrics_text();
+    text.lines()
+        .filter(|l| l.starts_with("foresight_operator_jobs{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn refusal(op: &mut Operator) -> String {
+    let status = wait_for("the second operator to stop", LONG, || op.exited());
+    assert!(!status.success(), "it stopped with {status}");
+    op.log()
+}
+
+#[test]
+fn a_second_operator_over_the_same_namespaces_refuses_and_a_cluster_wide_one_leaves_a_namespaced_ones_namespace_to_it()
+ {
+    let cp = control_plane();
+    let ops = cp.namespace("ops");
+    let team = cp.namespace("team");
+    let other = cp.namespace("other");
+
+    // The platform's operator watches every namespace and says so on its Lease.
+    let platform = operator(cp, None, &ops, "platform", false);
+    leads(cp, &ops, "platform");
+    let lease = cp.get_json(&ops, "lease/platform").unwrap();
+    assert_eq!(lease["metadata"]["annotations"]["foresight.dev/watch-namespaces"], "*");
+    assert_eq!(lease["metadata"]["labels"]["foresight.dev/operator-lease"], "true");
+
+    // A second cluster-wide release (another Lease) stops, naming the first.
+    let mut second = operator(cp, None, &ops, "second", true);
+    let log = refusal(&mut second);
+    assert!(
+        log.contains("refusing to run beside another operator")
+            && log.contains(&format!("Lease {ops}/platform already watches every namespace")),
+        "{log}"
+    );
+    let released = cp.get_json(&ops, "lease/second").unwrap();
+    assert!(
+        released["spec"]["holderIdentity"].is_null(),
+        "the refused operator let its Lease go: {released}"
+    );
+
+    // A team's own operator, in and for its namespace, runs beside it: the platform's operator
+    // leaves that namespace's jobs to it at its next survey, and goes on with the others.
+    let mut team_op = operator(cp, Some(&team), &team, "team", false);
+    leads(cp, &team, "team");
+    wait_for("the platform's operator to yield the team's namespace", LONG, || {
+        (sample(&platform.metrics_text(), "foresight_operator_yielded_namespaces") == Some(1.0)).then_some(())
+    });
+    cp.kubectl_ok(&["apply", "-n", &team, "-f", "-"], Some(&job("mine", json!({}))));
+    cp.kubectl_ok(&["apply", "-n", &other, "-f", "-"], Some(&job("theirs", json!({}))));
+    wait_for("the team's job reconciled", LONG, || cp.get_json(&team, "job/mine-workers"));
+    wait_for("the other job reconciled", LONG, || cp.get_json(&other, "job/theirs-workers"));
+    wait_for("events of both jobs", LONG, || {
+        (!reporters(cp, &team, "mine").is_empty() && !reporters(cp, &other, "theirs").is_empty())
+            .then_some(())
+    });
+    assert_eq!(reporters(cp, &team, "mine"), ["team"]);
+    assert_eq!(reporters(cp, &other, "theirs"), ["platform"]);
+    assert_eq!((managed(&platform), managed(&team_op)), (1.0, 1.0), "each counts only its own job");
+
+    // A second operator for the team's namespace, installed beside the first, stops.
+    let mut again = operator(cp, Some(&team), &team, "team-again", true);
+    let log = refusal(&mut again);
+    assert!(log.contains(&format!("Lease {team}/team already watches namespace(s) {team}")), "{log}");
+
+    // The team's operator goes (SIGTERM: it lets its Lease go): the platform's takes the
+    // namespace back at its next survey.
+    Command::new("kill").args(["-TERM", &team_op.pid().to_string()]).status().unwrap();
+    wait_for("the team's operator to stop", LONG, || team_op.exited());
+    wait_for("the platform's operator to take the namespace back", LONG, || {
+        (sample(&platform.metrics_text(), "foresight_operator_yielded_namespaces") == Some(0.0)).then_some(())
+    });
+    cp.kubectl_ok(&["apply", "-n", &team, "-f", "-"], Some(&job("later", json!({}))));
+    wait_for("the later job reconciled", LONG, || cp.get_json(&team, "job/later-workers"));
+    wait_for("its events", LONG, || (!reporters(cp, &team, "later").is_empty()).then_some(()));
+    assert_eq!(reporters(cp, &team, "later"), ["platform"]);
+}
