@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use foresight_ps::optimizer::{Algorithm, Hyper, LrSchedule};
 
+use super::local::{InnerRule, LocalSteps};
 use super::schedule::Delay;
 use super::{Outcome, SimConfig, SimData, simulate};
 use crate::data;
@@ -32,7 +33,8 @@ pub struct SimulateArgs {
     algorithms: Vec<Algorithm>,
     /// Delay models, comma-separated: round-robin:M (M workers taking turns, τ = M−1; the only
     /// one sync takes), uniform:MAX, geometric:MEAN, trace:FILE (the `staleness.counts` of a
-    /// `foresight run` summary.json or of the PS's /v1/status).
+    /// `foresight run` summary.json or of the PS's /v1/status), straggler:M:F (M workers, the
+    /// last F times slower; τ from the timing).
     #[arg(long, value_delimiter = ',', default_value = "round-robin:8")]
     delays: Vec<String>,
     /// Seeds, comma-separated: each draws the initial model, the batches and the delays.
@@ -67,6 +69,23 @@ pub struct SimulateArgs {
     /// Turn off dc-asgd-a's MeanSquare bias correction (to measure it).
     #[arg(long)]
     no_bias_correction: bool,
+    /// Heavy-ball momentum of the parameter server's rule (the outer optimizer's, with local
+    /// steps), 0: none.
+    #[arg(long, default_value_t = 0.0)]
+    momentum: f32,
+    /// Nesterov's momentum instead of heavy ball (DiLoCo's outer step: --momentum 0.9 --nesterov).
+    #[arg(long)]
+    nesterov: bool,
+    /// Inner steps per push (DiLoCo-style local steps): each virtual worker trains its copy H
+    /// steps with --inner-optimizer and pushes θ_pulled − θ_local; 1: every step, one gradient.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    local_steps: u64,
+    /// The inner optimizer of local steps.
+    #[arg(long, value_enum, default_value_t = InnerRule::AdamW)]
+    inner_optimizer: InnerRule,
+    /// The inner optimizer's learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    inner_lr: f32,
     /// Points on each run's accuracy curve.
     #[arg(long, default_value_t = 10)]
     evals: usize,
@@ -84,7 +103,17 @@ pub fn parse_delay(s: &str) -> anyhow::Result<Delay> {
         "uniform" => Delay::Uniform { max: arg.parse().with_context(|| number("MAX"))? },
         "geometric" => Delay::Geometric { mean: arg.parse().with_context(|| number("MEAN"))? },
         "trace" => Delay::Trace { counts: read_trace(Path::new(arg))? },
-        _ => anyhow::bail!("delay {s:?}: expected round-robin:M, uniform:MAX, geometric:MEAN or trace:FILE"),
+        "straggler" => {
+            let (m, f) =
+                arg.split_once(':').with_context(|| format!("delay {s:?}: expected straggler:M:F"))?;
+            Delay::Straggler {
+                workers: m.parse().with_context(|| number("M"))?,
+                factor: f.parse().with_context(|| number("F"))?,
+            }
+        }
+        _ => anyhow::bail!(
+            "delay {s:?}: expected round-robin:M, uniform:MAX, geometric:MEAN, trace:FILE or straggler:M:F"
+        ),
     };
     delay.validate().map_err(|e| anyhow::anyhow!("delay {s:?}: {e}"))?;
     Ok(delay)
@@ -112,6 +141,7 @@ fn hyper(args: &SimulateArgs, algorithm: Algorithm) -> Hyper {
         h.lambda0 = l;
     }
     h.mean_square_decay = args.mean_square_decay;
+    (h.momentum, h.nesterov) = (args.momentum, args.nesterov);
     h.safeguards.gain_clamp = !args.no_gain_clamp;
     h.safeguards.bias_correction = !args.no_bias_correction;
     h
@@ -133,6 +163,11 @@ fn load(args: &SimulateArgs) -> anyhow::Result<SimData> {
 
 /// Every configuration the flags name, in the order they are printed.
 fn configs(args: &SimulateArgs) -> anyhow::Result<Vec<SimConfig>> {
+    anyhow::ensure!(
+        args.inner_lr.is_finite() && args.inner_lr > 0.0,
+        "--inner-lr must be > 0, got {}",
+        args.inner_lr
+    );
     let delays = args.delays.iter().map(|d| parse_delay(d)).collect::<anyhow::Result<Vec<_>>>()?;
     let mut out = Vec::new();
     for &algorithm in &args.algorithms {
@@ -148,6 +183,11 @@ fn configs(args: &SimulateArgs) -> anyhow::Result<Vec<SimConfig>> {
                     hidden: args.hidden,
                     seed,
                     evals: args.evals,
+                    local: (args.local_steps > 1).then_some(LocalSteps {
+                        steps: args.local_steps,
+                        rule: args.inner_optimizer,
+                        lr: args.inner_lr,
+                    }),
                 });
             }
         }

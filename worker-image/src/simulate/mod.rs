@@ -8,6 +8,7 @@
 //! and loss are the parameter server's model's, on the held-out split, at fixed update counts.
 
 pub mod cli;
+pub mod local;
 pub mod mlp;
 pub mod schedule;
 
@@ -19,6 +20,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
+use local::{Inner, LocalSteps};
 use mlp::{Mlp, Score};
 use schedule::{Delay, Plan};
 
@@ -46,6 +48,8 @@ pub struct SimConfig {
     pub seed: u64,
     /// Points on the accuracy curve (evaluations of the PS model at evenly spaced updates).
     pub evals: usize,
+    /// `Some`: each push is the pseudo-gradient of this many inner steps, not one gradient.
+    pub local: Option<LocalSteps>,
 }
 
 /// The PS model's held-out score after `updates` updates.
@@ -65,6 +69,8 @@ pub struct Outcome {
     pub seed: u64,
     /// Virtual workers (gradients in flight at once at most).
     pub workers: usize,
+    /// Steps each push stands for (1: every step).
+    pub local_steps: u64,
     pub updates: u64,
     pub gradients: u64,
     pub loss: f64,
@@ -141,19 +147,32 @@ struct Run<'a> {
     store: Store,
     batches: Batches,
     seqs: Vec<u64>,
+    local: Option<LocalSteps>,
+    /// Each slot's inner optimizer (local steps).
+    inner: Vec<Inner>,
     mean_lambda_sum: f64,
     clamped: u64,
     elements: u64,
 }
 
 impl Run<'_> {
-    /// Pulls for `slot` and computes a gradient on the next batch: (version, gradient, epoch).
+    /// Pulls for `slot` and computes what it pushes: the gradient of the next batch, or with
+    /// local steps the pseudo-gradient of the next H. (version, gradient, epoch).
     fn compute(&mut self, slot: usize) -> Result<(u64, Vec<f32>, f64), SimError> {
         let snap = self.store.pull(slot)?;
-        let idx = self.batches.next();
         let mut grad = vec![0.0; self.net.len()];
-        self.net.gradient(snap.params(), &self.data.train_x, &self.data.train_y, &idx, &mut grad);
-        Ok((snap.version(), grad, self.batches.epoch()))
+        let (x, y) = (&self.data.train_x, &self.data.train_y);
+        let Some(local) = self.local else {
+            self.net.gradient(snap.params(), x, y, &self.batches.next(), &mut grad);
+            return Ok((snap.version(), grad, self.batches.epoch()));
+        };
+        let mut w = snap.params().to_vec();
+        for _ in 0..local.steps {
+            self.net.gradient(&w, x, y, &self.batches.next(), &mut grad);
+            self.inner[slot].step(local.rule, local.lr, &mut w, &grad);
+        }
+        let pseudo = snap.params().iter().zip(&w).map(|(pulled, trained)| pulled - trained).collect();
+        Ok((snap.version(), pseudo, self.batches.epoch()))
     }
 
     fn push(&mut self, slot: usize, version: u64, grad: &[f32], epoch: f64) -> Result<bool, SimError> {
@@ -180,7 +199,9 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
     }
     let net = Mlp { inputs: data.inputs, hidden: cfg.hidden, classes: data.classes };
     let batches_per_epoch = data.train_y.len().div_ceil(cfg.batch) as f64;
-    let gradients = (cfg.epochs * batches_per_epoch).ceil() as u64;
+    let local_steps = cfg.local.map_or(1, |l| l.steps.max(1));
+    // Pushes: each of H batches with local steps.
+    let gradients = (cfg.epochs * batches_per_epoch / local_steps as f64).ceil() as u64;
     let schedule = match (cfg.hyper.algorithm, &cfg.delay) {
         (Algorithm::Sync, Delay::RoundRobin { workers }) => Schedule::Rounds { workers: *workers },
         (Algorithm::Sync, d) => {
@@ -205,6 +226,8 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         store,
         batches: Batches::new(data.train_y.len(), cfg.batch, cfg.seed),
         seqs: vec![0; workers],
+        local: cfg.local,
+        inner: vec![Inner::default(); workers],
         mean_lambda_sum: 0.0,
         clamped: 0,
         elements: 0,
@@ -245,6 +268,7 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         delay: cfg.delay.label(),
         seed: cfg.seed,
         workers,
+        local_steps,
         updates: status.version,
         gradients,
         loss: last.loss,

@@ -26,6 +26,10 @@ pub enum Delay {
     Geometric { mean: f64 },
     /// τ drawn from the (τ, count) pairs a parameter server recorded in a real run.
     Trace { counts: Vec<(u64, u64)> },
+    /// M workers, the last `factor` times slower than the others: each pushes when its step
+    /// ends and pulls the then-current model at once, so τ follows from the timing (the fast
+    /// workers' gradients are about M − 1 versions stale, the straggler's about factor × that).
+    Straggler { workers: usize, factor: f64 },
 }
 
 impl Delay {
@@ -36,6 +40,7 @@ impl Delay {
             Self::Uniform { max } => format!("uniform:{max}"),
             Self::Geometric { mean } => format!("geometric:{mean}"),
             Self::Trace { .. } => "trace".to_string(),
+            Self::Straggler { workers, factor } => format!("straggler:{workers}:{factor}"),
         }
     }
 
@@ -57,13 +62,21 @@ impl Delay {
             Self::Trace { counts } if counts.iter().any(|&(t, _)| t > 4096) => {
                 Err("the staleness trace holds a τ above 4096".to_string())
             }
+            Self::Straggler { workers, factor }
+                if *workers < 2 || *workers > 4096 || !(1.0..=1000.0).contains(factor) =>
+            {
+                Err(format!(
+                    "straggler needs 2..=4096 workers and a factor in [1, 1000], got {workers} and {factor}"
+                ))
+            }
             _ => Ok(()),
         }
     }
 
     fn draw(&self, rng: &mut StdRng) -> u64 {
         match self {
-            Self::RoundRobin { workers } => *workers as u64 - 1,
+            // A straggler's delays follow from its timing (`Plan::timed`); none is drawn.
+            Self::RoundRobin { workers } | Self::Straggler { workers, .. } => *workers as u64 - 1,
             Self::Uniform { max } => rng.random_range(0..=*max),
             Self::Geometric { mean } => {
                 // P(τ = k) = (1 − p)^k·p with p = 1/(1 + mean): inverse-CDF sampling.
@@ -105,6 +118,9 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(delay: &Delay, updates: u64, seed: u64) -> Plan {
+        if let Delay::Straggler { workers, factor } = delay {
+            return Plan::timed(*workers, *factor, updates);
+        }
         let mut rng = StdRng::seed_from_u64(seed ^ 0xde1a_75ce);
         let pull_at: Vec<u64> = (0..updates).map(|s| s - delay.draw(&mut rng).min(s)).collect();
         // Steps in the order they pull (by version, then by step); a slot freed by update v can
@@ -128,6 +144,25 @@ impl Plan {
         let steps =
             pull_at.into_iter().zip(slot_of).map(|(pull_at, slot)| Planned { pull_at, slot }).collect();
         Plan { steps, slots }
+    }
+
+    /// M workers whose steps take 1 time unit, the last `factor`: the pushes in the order their
+    /// steps end (a tie by worker index), each computed on the version its worker pulled when
+    /// its previous step ended.
+    fn timed(workers: usize, factor: f64, updates: u64) -> Plan {
+        // Integer ticks (a thousandth of a step), so that the order is exact.
+        let tick = |w: usize| if w + 1 == workers { (factor * 1000.0).round() as u64 } else { 1000 };
+        let mut ends: BinaryHeap<Reverse<(u64, usize)>> =
+            (0..workers).map(|w| Reverse((tick(w), w))).collect();
+        let mut pulled = vec![0; workers];
+        let mut steps = Vec::with_capacity(updates as usize);
+        for v in 0..updates {
+            let Reverse((at, w)) = ends.pop().expect("every worker is always in the heap");
+            steps.push(Planned { pull_at: pulled[w], slot: w });
+            pulled[w] = v + 1;
+            ends.push(Reverse((at + tick(w), w)));
+        }
+        Plan { steps, slots: workers }
     }
 }
 
@@ -184,7 +219,31 @@ mod tests {
     }
 
     #[test]
+    fn a_straggler_pushes_factor_times_less_often_and_staler() {
+        let plan = Plan::new(&Delay::Straggler { workers: 4, factor: 3.0 }, 1000, 1);
+        assert_eq!(plan.slots, 4);
+        assert_consistent(&plan);
+        let of = |slot: usize| plan.steps.iter().enumerate().filter(move |(_, p)| p.slot == slot);
+        let count = |slot: usize| of(slot).count();
+        // In 3 time units the fast workers push 3 times each, the straggler once: 10 pushes.
+        assert_eq!((count(0), count(3)), (300, 100));
+        let tau = |slot: usize| of(slot).skip(2).map(|(s, p)| s as u64 - p.pull_at).max().unwrap();
+        assert_eq!(
+            (tau(0), tau(3)),
+            (3, 9),
+            "fast: τ = M − 1 plus the straggler's pushes; straggler: 3 rounds"
+        );
+        assert_eq!(
+            plan,
+            Plan::new(&Delay::Straggler { workers: 4, factor: 3.0 }, 1000, 2),
+            "timing, not seed"
+        );
+    }
+
+    #[test]
     fn bad_parameters_are_named() {
+        assert!(Delay::Straggler { workers: 1, factor: 3.0 }.validate().unwrap_err().contains("straggler"));
+        assert!(Delay::Straggler { workers: 4, factor: 0.5 }.validate().is_err());
         assert!(Delay::RoundRobin { workers: 0 }.validate().unwrap_err().contains("workers"));
         assert!(Delay::Geometric { mean: f64::NAN }.validate().is_err());
         assert!(Delay::Trace { counts: vec![(1, 0)] }.validate().unwrap_err().contains("no gradients"));

@@ -22,7 +22,16 @@ fn blobs(n: usize, seed: u64) -> SimData {
 }
 
 fn config(algorithm: Algorithm, delay: Delay, seed: u64) -> SimConfig {
-    SimConfig { hyper: Hyper::new(algorithm, 0.1), delay, epochs: 2.0, batch: 8, hidden: 8, seed, evals: 4 }
+    SimConfig {
+        hyper: Hyper::new(algorithm, 0.1),
+        delay,
+        epochs: 2.0,
+        batch: 8,
+        hidden: 8,
+        seed,
+        evals: 4,
+        local: None,
+    }
 }
 
 #[test]
@@ -124,4 +133,34 @@ fn a_recorded_staleness_trace_is_replayed() {
     let err = cli::parse_delay(&format!("trace:{}", path.display())).unwrap_err();
     assert!(format!("{err:#}").contains("staleness.counts"), "{err:#}");
     assert!(cli::parse_delay("sometimes:3").is_err());
+}
+
+/// Local steps: each push stands for H batches (H times fewer pushes for the same data), the
+/// runs are as deterministic as the others, and the outer steps train the model, synchronous
+/// (DiLoCo's Nesterov outer step) or asynchronous with a straggler.
+#[test]
+fn local_steps_push_every_h_batches_and_train() {
+    let data = blobs(400, 1);
+    let local = Some(local::LocalSteps { steps: 10, rule: local::InnerRule::AdamW, lr: 0.01 });
+    let mut sync = config(Algorithm::Sync, Delay::RoundRobin { workers: 4 }, 3);
+    (sync.hyper.lr, sync.hyper.momentum, sync.hyper.nesterov, sync.local, sync.epochs) =
+        (foresight_ps::optimizer::LrSchedule::constant(0.7), 0.9, true, local, 10.0);
+    let every = simulate(&config(Algorithm::Asgd, Delay::RoundRobin { workers: 4 }, 3), &data).unwrap();
+    let a = simulate(&sync, &data).unwrap();
+    assert_eq!(a.digest, simulate(&sync, &data).unwrap().digest);
+    assert_eq!((a.local_steps, a.gradients), (10, (10 * 400usize.div_ceil(8) / 10) as u64));
+    assert_eq!(a.updates, a.gradients.div_ceil(4), "sync: one outer step per round of 4");
+    let mut dc = config(Algorithm::DcAsgdA, Delay::Straggler { workers: 4, factor: 3.0 }, 3);
+    (dc.hyper.lr, dc.local, dc.epochs) = (foresight_ps::optimizer::LrSchedule::constant(0.5), local, 10.0);
+    let b = simulate(&dc, &data).unwrap();
+    assert_eq!(b.updates, b.gradients);
+    for o in [&a, &b] {
+        assert!(
+            o.accuracy > 0.7 && o.accuracy > every.accuracy - 0.1,
+            "{} {} vs every step {}",
+            o.algorithm,
+            o.accuracy,
+            every.accuracy
+        );
+    }
 }
