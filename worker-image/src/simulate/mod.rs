@@ -57,6 +57,11 @@ pub struct SimConfig {
 pub struct CurvePoint {
     pub updates: u64,
     pub epoch: f64,
+    /// When that update was applied, in batch steps of a worker at full speed (a push of H
+    /// local steps takes H), for the timed delay models (round-robin, straggler); computing is
+    /// all the time there is here: pushes and pulls cost none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<f64>,
     pub loss: f64,
     pub accuracy: f64,
 }
@@ -98,8 +103,9 @@ pub enum SimError {
 
 /// How the run's gradients reach the store.
 enum Schedule {
-    /// `sync`: rounds of one gradient per worker, all computed on the same version.
-    Rounds { workers: usize },
+    /// `sync`: rounds of one gradient per worker, all computed on the same version; a round
+    /// takes as long as its slowest worker.
+    Rounds { workers: usize, ticks: u64 },
     /// The asynchronous rules: the delay model's plan.
     Planned(Plan),
 }
@@ -203,18 +209,31 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
     // Pushes: each of H batches with local steps.
     let gradients = (cfg.epochs * batches_per_epoch / local_steps as f64).ceil() as u64;
     let schedule = match (cfg.hyper.algorithm, &cfg.delay) {
-        (Algorithm::Sync, Delay::RoundRobin { workers }) => Schedule::Rounds { workers: *workers },
+        (Algorithm::Sync, Delay::RoundRobin { workers }) => {
+            Schedule::Rounds { workers: *workers, ticks: schedule::TICKS_PER_STEP }
+        }
+        (Algorithm::Sync, Delay::Straggler { workers, factor }) => {
+            Schedule::Rounds { workers: *workers, ticks: schedule::step_ticks(*factor) }
+        }
         (Algorithm::Sync, d) => {
             return Err(SimError::Config(format!(
-                "sync takes round-robin:M (its round size), not {}",
+                "sync takes round-robin:M or straggler:M:F (its round), not {}",
                 d.label()
             )));
         }
         _ => Schedule::Planned(Plan::new(&cfg.delay, gradients, cfg.seed)),
     };
     let (workers, updates) = match &schedule {
-        Schedule::Rounds { workers } => (*workers, gradients.div_ceil(*workers as u64)),
+        Schedule::Rounds { workers, .. } => (*workers, gradients.div_ceil(*workers as u64)),
         Schedule::Planned(plan) => (plan.slots, gradients),
+    };
+    // When update v (from 0) is applied, in batch steps at full speed.
+    let step = local_steps as f64 / schedule::TICKS_PER_STEP as f64;
+    let time_of = |v: u64| -> Option<f64> {
+        match &schedule {
+            Schedule::Rounds { ticks, .. } => Some((v + 1) as f64 * *ticks as f64 * step),
+            Schedule::Planned(plan) => plan.ends.as_ref().map(|e| e[v as usize] as f64 * step),
+        }
     };
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let specs = net.tensors().into_iter().map(|(name, shape)| TensorSpec { name, shape }).collect();
@@ -240,13 +259,14 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
             curve.push(CurvePoint {
                 updates: done,
                 epoch: run.batches.epoch(),
+                time: time_of(done - 1),
                 loss: s.loss,
                 accuracy: s.accuracy,
             });
         }
     };
-    match schedule {
-        Schedule::Rounds { workers: m } => {
+    match &schedule {
+        &Schedule::Rounds { workers: m, .. } => {
             for round in 0..updates {
                 let mut grads = Vec::with_capacity(m);
                 for slot in 0..m {
@@ -258,7 +278,7 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
                 record(&run, round + 1);
             }
         }
-        Schedule::Planned(plan) => run_plan(&mut run, &plan, &mut record)?,
+        Schedule::Planned(plan) => run_plan(&mut run, plan, &mut record)?,
     }
     let last = run.score();
     let params = run.store.snapshot_now();

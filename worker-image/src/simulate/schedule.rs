@@ -75,7 +75,7 @@ impl Delay {
 
     fn draw(&self, rng: &mut StdRng) -> u64 {
         match self {
-            // A straggler's delays follow from its timing (`Plan::timed`); none is drawn.
+            // Timings (`Plan::timed`): nothing is drawn.
             Self::RoundRobin { workers } | Self::Straggler { workers, .. } => *workers as u64 - 1,
             Self::Uniform { max } => rng.random_range(0..=*max),
             Self::Geometric { mean } => {
@@ -109,17 +109,28 @@ pub struct Planned {
     pub slot: usize,
 }
 
+/// Time in a timed plan: a thousandth of a step of a worker at full speed (integers, so that
+/// the order of events is exact).
+pub const TICKS_PER_STEP: u64 = 1000;
+
 /// `updates` planned updates and the number of slots they need.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     pub steps: Vec<Planned>,
     pub slots: usize,
+    /// When each update is applied, in ticks, for the delay models that are timings (workers
+    /// taking turns, a straggler); drawn delays have no clock.
+    pub ends: Option<Vec<u64>>,
 }
 
 impl Plan {
     pub fn new(delay: &Delay, updates: u64, seed: u64) -> Plan {
-        if let Delay::Straggler { workers, factor } = delay {
-            return Plan::timed(*workers, *factor, updates);
+        match delay {
+            Delay::Straggler { workers, factor } => return Plan::timed(*workers, *factor, updates),
+            // Equal workers taking turns are the timing without a straggler: the same steps as
+            // drawing τ = M − 1 (a test says so), with a clock.
+            Delay::RoundRobin { workers } => return Plan::timed(*workers, 1.0, updates),
+            _ => {}
         }
         let mut rng = StdRng::seed_from_u64(seed ^ 0xde1a_75ce);
         let pull_at: Vec<u64> = (0..updates).map(|s| s - delay.draw(&mut rng).min(s)).collect();
@@ -143,27 +154,33 @@ impl Plan {
         }
         let steps =
             pull_at.into_iter().zip(slot_of).map(|(pull_at, slot)| Planned { pull_at, slot }).collect();
-        Plan { steps, slots }
+        Plan { steps, slots, ends: None }
     }
 
     /// M workers whose steps take 1 time unit, the last `factor`: the pushes in the order their
     /// steps end (a tie by worker index), each computed on the version its worker pulled when
     /// its previous step ended.
     fn timed(workers: usize, factor: f64, updates: u64) -> Plan {
-        // Integer ticks (a thousandth of a step), so that the order is exact.
-        let tick = |w: usize| if w + 1 == workers { (factor * 1000.0).round() as u64 } else { 1000 };
-        let mut ends: BinaryHeap<Reverse<(u64, usize)>> =
+        let tick = |w: usize| if w + 1 == workers { step_ticks(factor) } else { TICKS_PER_STEP };
+        let mut next: BinaryHeap<Reverse<(u64, usize)>> =
             (0..workers).map(|w| Reverse((tick(w), w))).collect();
         let mut pulled = vec![0; workers];
         let mut steps = Vec::with_capacity(updates as usize);
+        let mut ends = Vec::with_capacity(updates as usize);
         for v in 0..updates {
-            let Reverse((at, w)) = ends.pop().expect("every worker is always in the heap");
+            let Reverse((at, w)) = next.pop().expect("every worker is always in the heap");
             steps.push(Planned { pull_at: pulled[w], slot: w });
+            ends.push(at);
             pulled[w] = v + 1;
-            ends.push(Reverse((at + tick(w), w)));
+            next.push(Reverse((at + tick(w), w)));
         }
-        Plan { steps, slots: workers }
+        Plan { steps, slots: workers, ends: Some(ends) }
     }
+}
+
+/// How long a step takes a worker `factor` times slower than full speed, in ticks.
+pub fn step_ticks(factor: f64) -> u64 {
+    (factor * TICKS_PER_STEP as f64).round() as u64
 }
 
 #[cfg(test)]
@@ -216,6 +233,18 @@ mod tests {
                 _ => assert!(taus[20..].iter().all(|t| [0, 2, 9].contains(t))),
             }
         }
+    }
+
+    /// Round-robin is timed; its steps are the ones drawing τ = M − 1 gave (so the simulator's
+    /// earlier tables stand), and M updates end each step.
+    #[test]
+    fn round_robins_timing_is_drawing_m_minus_1() {
+        let timed = Plan::new(&Delay::RoundRobin { workers: 4 }, 40, 1);
+        let drawn: Vec<Planned> =
+            (0..40u64).map(|s| Planned { pull_at: s.saturating_sub(3), slot: s as usize % 4 }).collect();
+        assert_eq!((timed.steps, timed.slots), (drawn, 4));
+        let ends = timed.ends.unwrap();
+        assert_eq!((ends[0], ends[3], ends[4], ends[39]), (1000, 1000, 2000, 10_000));
     }
 
     #[test]

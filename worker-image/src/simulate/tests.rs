@@ -164,3 +164,25 @@ fn local_steps_push_every_h_batches_and_train() {
         );
     }
 }
+
+/// Under a timing, each curve point says when its update was applied: a synchronous round waits
+/// for the straggler (F steps of H batches per round), asynchronous updates do not.
+#[test]
+fn timed_runs_put_the_time_on_the_curve() {
+    let data = blobs(400, 1);
+    let local = Some(local::LocalSteps { steps: 5, rule: local::InnerRule::Sgd, lr: 0.05 });
+    let straggler = Delay::Straggler { workers: 4, factor: 3.0 };
+    let mut sync = config(Algorithm::Sync, straggler.clone(), 2);
+    sync.local = local;
+    let s = simulate(&sync, &data).unwrap();
+    let last = s.curve.last().unwrap();
+    assert_eq!(last.time, Some(s.updates as f64 * 3.0 * 5.0), "each round: 3 steps of 5 batches");
+    let mut asgd = config(Algorithm::Asgd, straggler, 2);
+    asgd.local = local;
+    let a = simulate(&asgd, &data).unwrap();
+    // The same pushes (data) in a third less time or better: the fast workers never wait.
+    assert_eq!(a.gradients, s.gradients);
+    assert!(a.curve.last().unwrap().time.unwrap() < last.time.unwrap() * 0.6, "{:?}", a.curve.last());
+    let drawn = simulate(&config(Algorithm::Asgd, Delay::Uniform { max: 3 }, 2), &data).unwrap();
+    assert!(drawn.curve.iter().all(|p| p.time.is_none()), "a drawn delay has no clock");
+}
