@@ -7,10 +7,11 @@ use anyhow::Context;
 use clap::Parser;
 use foresight_ps::optimizer::{Algorithm, Hyper, LrSchedule};
 
-use super::local::{InnerRule, LocalSteps};
+use super::local::LocalSteps;
 use super::schedule::Delay;
 use super::{Outcome, SimConfig, SimData, simulate};
 use crate::data;
+use crate::inner::InnerAlgorithm;
 
 /// Deterministic asynchrony: M virtual workers in one process against the parameter server's
 /// store and update rules, with the staleness set by a delay model. Prints one JSON line per run
@@ -81,8 +82,8 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     local_steps: u64,
     /// The inner optimizer of local steps.
-    #[arg(long, value_enum, default_value_t = InnerRule::AdamW)]
-    inner_optimizer: InnerRule,
+    #[arg(long, value_enum, default_value_t = InnerAlgorithm::AdamW)]
+    inner_optimizer: InnerAlgorithm,
     /// The inner optimizer's learning rate.
     #[arg(long, default_value_t = 1e-3)]
     inner_lr: f32,

@@ -3,27 +3,15 @@
 //! θ_pulled − θ_local, which the parameter server's rule applies as the outer step — what the
 //! real workers do (`inner.rs`, the Python package), here on the simulator's MLP in f32.
 
-use clap::ValueEnum;
-
-/// The inner optimizer (PyTorch's formulas, as `inner.rs`; no weight decay).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum InnerRule {
-    Sgd,
-    #[value(name = "adamw")]
-    AdamW,
-}
+use crate::inner::{BETA1, BETA2, EPSILON, InnerAlgorithm};
 
 /// `--local-steps` and the inner optimizer.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LocalSteps {
     pub steps: u64,
-    pub rule: InnerRule,
+    pub rule: InnerAlgorithm,
     pub lr: f32,
 }
-
-const BETA1: f32 = 0.9;
-const BETA2: f32 = 0.999;
-const EPSILON: f32 = 1e-8;
 
 /// One virtual worker's inner optimizer state (AdamW's moments), kept from one exchange to the
 /// next as in DiLoCo.
@@ -36,19 +24,20 @@ pub struct Inner {
 
 impl Inner {
     /// One step of `rule` at `lr` on `w` with gradient `g`.
-    pub fn step(&mut self, rule: InnerRule, lr: f32, w: &mut [f32], g: &[f32]) {
+    pub fn step(&mut self, rule: InnerAlgorithm, lr: f32, w: &mut [f32], g: &[f32]) {
         match rule {
-            InnerRule::Sgd => w.iter_mut().zip(g).for_each(|(w, g)| *w -= lr * g),
-            InnerRule::AdamW => {
+            InnerAlgorithm::Sgd => w.iter_mut().zip(g).for_each(|(w, g)| *w -= lr * g),
+            InnerAlgorithm::AdamW => {
                 if self.m.is_empty() {
                     (self.m, self.v) = (vec![0.0; w.len()], vec![0.0; w.len()]);
                 }
                 self.steps += 1;
-                let (c1, c2) = (1.0 - BETA1.powi(self.steps), 1.0 - BETA2.powi(self.steps));
+                let (b1, b2, eps) = (BETA1 as f32, BETA2 as f32, EPSILON as f32);
+                let (c1, c2) = (1.0 - b1.powi(self.steps), 1.0 - b2.powi(self.steps));
                 for (((w, g), m), v) in w.iter_mut().zip(g).zip(&mut self.m).zip(&mut self.v) {
-                    *m = BETA1 * *m + (1.0 - BETA1) * g;
-                    *v = BETA2 * *v + (1.0 - BETA2) * g * g;
-                    *w -= lr * (*m / c1) / ((*v / c2).sqrt() + EPSILON);
+                    *m = b1 * *m + (1.0 - b1) * g;
+                    *v = b2 * *v + (1.0 - b2) * g * g;
+                    *w -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
                 }
             }
         }
@@ -63,12 +52,12 @@ mod tests {
     #[test]
     fn adamws_first_step_is_lr_times_the_sign() {
         let mut w = vec![1.0, 1.0, 1.0];
-        Inner::default().step(InnerRule::AdamW, 0.01, &mut w, &[0.5, -2.0, 1e-3]);
+        Inner::default().step(InnerAlgorithm::AdamW, 0.01, &mut w, &[0.5, -2.0, 1e-3]);
         for (got, want) in w.iter().zip([0.99, 1.01, 0.99]) {
             assert!((got - want).abs() < 1e-5, "{w:?}");
         }
         let mut w = vec![1.0];
-        Inner::default().step(InnerRule::Sgd, 0.1, &mut w, &[2.0]);
+        Inner::default().step(InnerAlgorithm::Sgd, 0.1, &mut w, &[2.0]);
         assert!((w[0] - 0.8).abs() < 1e-6);
     }
 }

@@ -141,7 +141,7 @@ fn a_recorded_staleness_trace_is_replayed() {
 #[test]
 fn local_steps_push_every_h_batches_and_train() {
     let data = blobs(400, 1);
-    let local = Some(local::LocalSteps { steps: 10, rule: local::InnerRule::AdamW, lr: 0.01 });
+    let local = Some(local::LocalSteps { steps: 10, rule: crate::inner::InnerAlgorithm::AdamW, lr: 0.01 });
     let mut sync = config(Algorithm::Sync, Delay::RoundRobin { workers: 4 }, 3);
     (sync.hyper.lr, sync.hyper.momentum, sync.hyper.nesterov, sync.local, sync.epochs) =
         (foresight_ps::optimizer::LrSchedule::constant(0.7), 0.9, true, local, 10.0);
@@ -170,7 +170,7 @@ fn local_steps_push_every_h_batches_and_train() {
 #[test]
 fn timed_runs_put_the_time_on_the_curve() {
     let data = blobs(400, 1);
-    let local = Some(local::LocalSteps { steps: 5, rule: local::InnerRule::Sgd, lr: 0.05 });
+    let local = Some(local::LocalSteps { steps: 5, rule: crate::inner::InnerAlgorithm::Sgd, lr: 0.05 });
     let straggler = Delay::Straggler { workers: 4, factor: 3.0 };
     let mut sync = config(Algorithm::Sync, straggler.clone(), 2);
     sync.local = local;
