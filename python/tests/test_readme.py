@@ -126,6 +126,17 @@ def test_the_simulator_command(tmp_path):
     assert all(r["accuracy"] > 0.15 and r["staleness"]["max"] == 15 for r in runs), runs
 
 
+def test_the_simulator_with_local_steps_and_a_straggler(tmp_path):
+    command = readme("target/release/foresight-worker simulate --algorithms dc-asgd-a --delays straggler:")
+    lines = run(command, scratch_repo(tmp_path)).stdout
+    runs = [json.loads(line) for line in lines.splitlines() if line.startswith("{")]
+    assert [(r["algorithm"], r["delay"], r["local_steps"]) for r in runs] == [("dc-asgd-a", "straggler:4:3", 10)], runs
+    # Worker 3's pseudo-gradients arrive 9 versions stale (three rounds of the others'); each
+    # point of the curve says when, and the model learnt.
+    assert runs[0]["staleness"]["max"] == 9 and runs[0]["accuracy"] > 0.5, runs
+    assert all(p["time"] > 0 for p in runs[0]["curve"]), runs[0]["curve"]
+
+
 def test_the_parameter_server_on_its_own(tmp_path):
     cwd = scratch_repo(tmp_path)
     help_text = run(readme("target/release/foresight-ps --help"), cwd).stdout
@@ -169,6 +180,7 @@ RUN_HERE = {
     readme("target/release/foresight run examples/mnist-dcasgd.yaml"),
     readme("target/release/foresight-worker simulate --algorithms asgd"),
     readme("target/release/foresight-worker simulate --algorithms dc-asgd-a --delays trace:"),
+    readme("target/release/foresight-worker simulate --algorithms dc-asgd-a --delays straggler:"),
     readme("FORESIGHT_TOKEN=s3cret target/release/foresight-ps"),
     readme("target/release/foresight-ps --help"),
 }
