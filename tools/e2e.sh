@@ -30,8 +30,9 @@
 #                   with it (WorkersRecreated); the operator's pod is
 #                   deleted meanwhile: the new one takes over with the same children (same UIDs,
 #                   no duplicates); resumed: the job continues from where it was to Succeeded;
-#      worker-kill  a worker pod deleted mid-run: its replacement resumes (its log says so), the
-#                   PS counts more joins than workers and no stale_seq, the job Succeeds;
+#      worker-kill  a worker pod of a job with local steps (localSteps 4, asgd outer step) deleted
+#                   mid-run: its replacement resumes (its log says so), the PS counts more joins
+#                   than workers and no stale_seq, the job Succeeds;
 #      ps-kill      the PS pod deleted mid-run, with checkpoint storage: the new PS restores the
 #                   checkpoint, the status says so (ParameterServerRestarted condition, reason
 #                   RestoredCheckpoint, and a Warning event), the job Succeeds;
@@ -166,8 +167,11 @@ load_mnist() {
   log "MNIST-5k on claim mnist5k in $ns"
 }
 
-# A small TrainingJob on the claim mnist5k: NS NAME EPOCHS REPLICAS [EXTRA SPEC YAML, indented 2].
+# A small TrainingJob on the claim mnist5k: NS NAME EPOCHS REPLICAS [EXTRA SPEC YAML, indented 2];
+# $OPTIMIZER replaces its optimizer block.
 small_job() {
+  local default="{algorithm: dc-asgd-a, lambda0: 2.0, meanSquareDecay: 0.95}"
+  local optimizer=${OPTIMIZER:-$default}
   kc -n "$1" apply -f - <<EOF
 apiVersion: foresight.dev/v1alpha1
 kind: TrainingJob
@@ -180,7 +184,7 @@ spec:
     holdout: 0.2
     volume: {name: mnist5k, persistentVolumeClaim: {claimName: mnist5k, readOnly: true}}
   training: {epochs: $3, batchSize: 32, learningRate: 0.1, seed: 1}
-  optimizer: {algorithm: dc-asgd-a, lambda0: 2.0, meanSquareDecay: 0.95}
+  optimizer: $optimizer
   workers: {replicas: $4}
 ${5:-}
 EOF
@@ -522,7 +526,10 @@ case_worker_kill() {
   local ns=e2e-worker-kill name=worker-kill
   kc create namespace $ns
   load_mnist $ns
-  small_job $ns $name 2 2
+  # Low-communication training: 4 local steps with the inner AdamW between pushes, asgd as the
+  # outer step (3 epochs: 96 pushes, so version 30 is mid-run).
+  OPTIMIZER='{algorithm: asgd, localSteps: 4, innerOptimizer: {algorithm: adamw, learningRate: 0.001}}' \
+    small_job $ns $name 3 2
   local victim
   victim=$(delete_worker_0 $ns $name)
   replaced_worker_resumes $ns $name 2 "$victim" worker-kill
