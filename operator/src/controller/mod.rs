@@ -263,15 +263,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
             None => std::future::pending().await,
         }
     };
-    let overlap = async {
-        let Some(cfg) = &ctx.settings.lease else { return std::future::pending().await };
-        loop {
-            tokio::time::sleep(scope::survey_every(cfg.lease_duration)).await;
-            if let Err(why) = survey(&client, cfg, &yields, &metrics).await {
-                return why;
-            }
-        }
-    };
+    let overlap = keep_surveying(&client, ctx.settings.lease.as_ref(), &yields, &metrics);
     tokio::select! {
         () = reconciling => Ok(()),
         () = &mut stop => {
@@ -301,6 +293,23 @@ async fn survey(
     scope::check(client, &cfg.namespace, &cfg.name, &cfg.watch, yields).await?;
     metrics.yielded_namespaces.set(yields.count() as i64);
     Ok(())
+}
+
+/// Surveys again every four lease durations; returns why this operator must stop (never,
+/// without leader election).
+async fn keep_surveying(
+    client: &Client,
+    lease: Option<&LeaseConfig>,
+    yields: &scope::Yields,
+    metrics: &Metrics,
+) -> String {
+    let Some(cfg) = lease else { return std::future::pending().await };
+    loop {
+        tokio::time::sleep(scope::survey_every(cfg.lease_duration)).await;
+        if let Err(why) = survey(client, cfg, yields, metrics).await {
+            return why;
+        }
+    }
 }
 
 fn refused(why: String) -> String {
