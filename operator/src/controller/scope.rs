@@ -164,6 +164,11 @@ impl Yields {
         self.0.read().unwrap_or_else(|e| e.into_inner()).get(namespace).cloned()
     }
 
+    /// The yielded namespaces, read once (for a pass over every job).
+    pub fn namespaces(&self) -> std::collections::BTreeSet<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    }
+
     pub fn count(&self) -> usize {
         self.0.read().unwrap_or_else(|e| e.into_inner()).len()
     }
