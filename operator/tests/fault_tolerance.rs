@@ -75,6 +75,27 @@ fn pids_with(token: &str, var: &str, value: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The sockets process `pid` holds open ("socket:[inode]").
+fn sockets_of(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|l| l.display().to_string())
+        .filter(|l| l.starts_with("socket:"))
+        .collect()
+}
+
+/// The socket on the descriptor that process `pid`'s variable `var` names.
+fn listen_socket_of(pid: u32, var: &str) -> String {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let prefix = format!("{var}=");
+    let fd = env
+        .split(|b| *b == 0)
+        .find_map(|v| std::str::from_utf8(v).ok()?.strip_prefix(&prefix).map(str::to_string))
+        .unwrap_or_else(|| panic!("process {pid} has no {var}"));
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap().display().to_string()
+}
+
 /// The text of a log written with colours (tracing's default on a terminal-less stderr too).
 fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -210,6 +231,11 @@ fn a_killed_worker_is_started_again_and_resumes_where_it_left_off() {
     let joined = worker_status(&ps, token, 1, "worker 1's replacement to join", has("generation", 2));
     let seen = joined["resume_step"].as_u64().unwrap();
     worker_status(&ps, token, 1, "the replacement's steps in the model", has("resume_step", seen + 20));
+    // Its metrics are served on the socket `foresight run` held through the restart.
+    let again = pids_with(token, "FORESIGHT_WORKER_INDEX", "1");
+    assert_eq!(again.len(), 1, "one process is worker 1 after the restart: {again:?}");
+    let served = listen_socket_of(again[0], "FORESIGHT_METRICS_LISTEN_FD");
+    assert!(sockets_of(run.child.id()).contains(&served), "worker 1's metrics socket {served}");
     let exit = run.finalize(&ps);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
 
@@ -275,6 +301,13 @@ fn a_killed_parameter_server_comes_back_from_its_checkpoint() {
             .and_then(|l| l.split("version=").nth(1)?.split_whitespace().next()?.parse().ok())
     });
     wait("20 updates after the restore", || version().filter(|v| *v >= restored + 20));
+    // The new PS serves on the socket `foresight run` held through the restart, so no other
+    // process could take the port while the PS was down.
+    let again = pids_with(token, "FORESIGHT_PS_LISTEN", &ps);
+    assert_eq!(again.len(), 1, "one parameter server after the restart: {again:?}");
+    let held = sockets_of(run.child.id());
+    let served = listen_socket_of(again[0], "FORESIGHT_PS_LISTEN_FD");
+    assert!(held.contains(&served), "the PS listens on {served}, foresight run holds {held:?}");
     let exit = run.finalize(&ps);
     assert!(exit.success(), "foresight run failed ({exit}):\n{}", run.log());
 

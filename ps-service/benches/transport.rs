@@ -122,7 +122,7 @@ fn ps_child() -> anyhow::Result<()> {
     rt.block_on(async move {
         let baseline = status_kb("VmRSS");
         let state = AppState::new(PsConfig::new(Hyper::new(algorithm, LR), workers))?;
-        let listener = Listener::bind("127.0.0.1:0", None).await?;
+        let listener = Listener::bind("127.0.0.1:0", None, None).await?;
         let addr = listener.local_addr()?;
         tokio::spawn(serve(listener, router(state.clone()), std::future::pending()));
         println!("ready {addr} {baseline}");
@@ -610,7 +610,7 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
     let mut servers = Servers { shutdowns: Vec::new() };
     let http = h2_client()?;
     for &(n, rounds) in sizes {
-        let sink = Listener::bind("127.0.0.1:0", None).await?;
+        let sink = Listener::bind("127.0.0.1:0", None, None).await?;
         let sink_url = url(sink.local_addr()?);
         servers.spawn(sink, sink_router(n));
         let lay = layout(n);
@@ -618,7 +618,7 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         let body = wire::encode_f32(&lay, &grad, &Default::default());
         let bytes = Bytes::from(body.clone());
         let state = AppState::new(PsConfig::new(Hyper::new(Algorithm::Asgd, LR), 1))?;
-        let listener = Listener::bind("127.0.0.1:0", None).await?;
+        let listener = Listener::bind("127.0.0.1:0", None, None).await?;
         let ps_url = url(listener.local_addr()?);
         servers.spawn(listener, router(state.clone()));
         let client = PsClient::new(&ps_url, None)?;

@@ -4,10 +4,12 @@
 //! - [`store`]: the versioned, sharded model, per-worker backups, `sync` rounds, checkpoints.
 //! - [`wire`]: safetensors bodies and their validation, shared with clients.
 //! - [`server`]: the axum HTTP/2 service, auth, limits and metrics.
+//! - [`listen`]: a listening socket bound here or inherited from `foresight run`.
 //! - [`client`]: the async client workers use (and shard 0 of a sharded PS, to finalize the
 //!   others).
 
 pub mod client;
+pub mod listen;
 pub mod optimizer;
 pub mod server;
 pub mod store;

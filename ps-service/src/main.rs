@@ -21,6 +21,10 @@ struct Args {
     /// Address to listen on (h2c with prior knowledge and HTTP/1.1; TLS with --tls-cert).
     #[arg(long, env = "FORESIGHT_PS_LISTEN", default_value = "0.0.0.0:8080")]
     listen: String,
+    /// Listen on the socket inherited on this descriptor, bound to --listen (how `foresight run`
+    /// starts its servers) instead of binding --listen.
+    #[arg(long, env = "FORESIGHT_PS_LISTEN_FD")]
+    listen_fd: Option<i32>,
 
     /// Bearer token workers must send on /v1/*.
     #[arg(long, env = "FORESIGHT_TOKEN", hide_env_values = true)]
@@ -310,7 +314,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let state = AppState::new(config)?;
     let tls = args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| TlsFiles { cert, key });
     let limits = ConnectionLimits { max_connections: args.max_connections as usize, ..Default::default() };
-    let listener = Listener::bind(&args.listen, tls.as_ref()).await?.with_limits(limits);
+    let listener = Listener::bind(&args.listen, args.listen_fd, tls.as_ref()).await?.with_limits(limits);
     tracing::info!(
         addr = %listener.local_addr()?,
         algorithm = %args.algorithm,

@@ -105,6 +105,10 @@ struct Args {
     /// Address for /metrics and /healthz (empty: no metrics server).
     #[arg(long, env = "FORESIGHT_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     metrics_addr: String,
+    /// Serve metrics on the socket inherited on this descriptor, bound to --metrics-addr (how
+    /// `foresight run` starts its workers) instead of binding --metrics-addr.
+    #[arg(long, env = "FORESIGHT_METRICS_LISTEN_FD")]
+    metrics_listen_fd: Option<i32>,
     #[arg(long, env = "FORESIGHT_JOB_NAME", default_value = "local")]
     job_name: String,
     #[arg(long, env = "FORESIGHT_NAMESPACE", default_value = "default")]
@@ -170,7 +174,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     exit_on_sigterm(&rt)?;
     let metrics = Arc::new(metrics::WorkerMetrics::new(&args.job_name, &args.namespace, args.worker));
     if !args.metrics_addr.is_empty() {
-        let addr = rt.block_on(metrics.clone().serve(&args.metrics_addr))?;
+        let addr = rt.block_on(metrics.clone().serve(&args.metrics_addr, args.metrics_listen_fd))?;
         tracing::info!(%addr, "serving worker metrics");
     }
     train::run(&cfg, &rt, &metrics)

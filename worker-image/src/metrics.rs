@@ -73,12 +73,17 @@ impl WorkerMetrics {
         String::from_utf8(buf).expect("UTF-8")
     }
 
-    /// Serves `/metrics` and `/healthz` on `addr` in the background.
-    pub async fn serve(self: Arc<Self>, addr: &str) -> anyhow::Result<std::net::SocketAddr> {
+    /// Serves `/metrics` and `/healthz` on `addr` (or the socket inherited on descriptor
+    /// `inherited`, bound to `addr`) in the background.
+    pub async fn serve(
+        self: Arc<Self>,
+        addr: &str,
+        inherited: Option<std::os::fd::RawFd>,
+    ) -> anyhow::Result<std::net::SocketAddr> {
         use axum::routing::get;
-        let listener = tokio::net::TcpListener::bind(addr)
+        let listener = foresight_ps::listen::tcp_listener(addr, inherited)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
         let bound = listener.local_addr()?;
         let app = axum::Router::new()
             .route("/metrics", get(move || async move { self.encode() }))

@@ -48,7 +48,7 @@ impl Ps {
         config.job = "worker-it".into();
         config.namespace = "tests".into();
         let state = AppState::new(config).expect("valid PS config");
-        let listener = rt.block_on(Listener::bind("127.0.0.1:0", None)).expect("a free loopback port");
+        let listener = rt.block_on(Listener::bind("127.0.0.1:0", None, None)).expect("a free loopback port");
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         rt.spawn(serve(listener, router(state.clone()), async move {

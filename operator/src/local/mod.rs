@@ -6,6 +6,8 @@ mod plot;
 mod servers;
 mod summary;
 
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -121,16 +123,34 @@ pub fn load_job(path: &Path) -> Result<TrainingJob, RunError> {
     Ok(job)
 }
 
-/// `n` distinct free loopback ports. Every listener is held until all are chosen: taken one at
-/// a time and released, the kernel may hand out the same port twice, and two workers then
-/// fight for one metrics port (seen in `make convergence`: a worker of 16 failed to listen on
-/// every restart while its sibling held the port).
-fn free_ports(n: usize) -> Result<Vec<u16>, RunError> {
-    let listeners = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+/// `n` listening sockets on free loopback ports, held for the whole run: each server inherits
+/// its own (`Inherited`), so no other process can take a port between its choice and the
+/// server's start, nor while the server restarts. (Chosen and released instead, a port was
+/// taken in between: CI saw a PS shard fail with "Address already in use", and `make
+/// convergence` a worker of 16 whose sibling held its metrics port.)
+fn loopback_listeners(n: usize) -> Result<Vec<TcpListener>, RunError> {
+    (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| setup(format!("no free loopback port: {e}")))?;
-    listeners.iter().map(|l| Ok(l.local_addr().map_err(setup)?.port())).collect()
+        .map_err(|e| setup(format!("no free loopback port: {e}")))
+}
+
+fn port_of(listener: &TcpListener) -> u16 {
+    listener.local_addr().map_or(0, |a| a.port())
+}
+
+/// A listening socket a child process inherits: its descriptor here (and in the child), and the
+/// variable that tells the child which descriptor it is.
+#[derive(Clone, Copy, Debug)]
+struct Inherited {
+    var: &'static str,
+    fd: RawFd,
+}
+
+impl Inherited {
+    fn new(var: &'static str, listener: &TcpListener) -> Self {
+        Self { var, fd: listener.as_raw_fd() }
+    }
 }
 
 /// A started child process and where its stderr goes.
@@ -193,6 +213,7 @@ fn spawn(
     env: &[(String, String)],
     log: PathBuf,
     stdout: Stdio,
+    inherited: Option<Inherited>,
 ) -> Result<(Proc, Child), RunError> {
     // Appended, so that a restarted process's log follows its predecessor's.
     let file = std::fs::OpenOptions::new()
@@ -201,7 +222,14 @@ fn spawn(
         .open(&log)
         .map_err(|e| setup(format!("{}: {e}", log.display())))?;
     let bin = &program.path;
-    let child = Command::new(bin)
+    let mut command = Command::new(bin);
+    if let Some(Inherited { var, fd }) = inherited {
+        command.env(var, fd.to_string());
+        // SAFETY: between fork and exec the closure only calls fcntl, which is
+        // async-signal-safe, on a descriptor this process holds open for the whole run.
+        unsafe { command.pre_exec(move || keep_open_across_exec(fd)) };
+    }
+    let child = command
         .args(&program.args)
         // Given to the PS explicitly; a worker must not inherit it from this process.
         .env_remove("FORESIGHT_CONTROL_TOKEN")
@@ -223,6 +251,15 @@ fn spawn(
         })?;
     let pid = child.id().ok_or_else(|| setup(format!("{name} exited at once")))?;
     Ok((Proc { name: name.to_string(), pid, log }, child))
+}
+
+/// Clears close-on-exec on `fd` (Rust opens every descriptor with it), in a forked child.
+fn keep_open_across_exec(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl(F_SETFD) reads no memory of this process.
+    match unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } {
+        -1 => Err(std::io::Error::last_os_error()),
+        _ => Ok(()),
+    }
 }
 
 enum Msg {
@@ -256,14 +293,17 @@ struct Workers {
     tx: mpsc::Sender<Msg>,
     program: Program,
     logs: PathBuf,
+    /// Each built-in worker's metrics listener (a job's own program serves none).
+    metrics: Vec<TcpListener>,
 }
 
 impl Workers {
     /// Starts worker `i` and a task that forwards its stdout lines, then its exit status.
     fn start(&self, i: usize) -> Result<Proc, RunError> {
         let log = self.logs.join(format!("worker-{i}.log"));
+        let metrics = self.metrics.get(i).map(|l| Inherited::new("FORESIGHT_METRICS_LISTEN_FD", l));
         let (proc_, mut child) =
-            spawn(&format!("worker {i}"), &self.program, &self.env[i], log, Stdio::piped())?;
+            spawn(&format!("worker {i}"), &self.program, &self.env[i], log, Stdio::piped(), metrics)?;
         let stdout = child.stdout.take().expect("piped");
         let tx = self.tx.clone();
         tokio::spawn(async move {
@@ -341,8 +381,9 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
 
     // The parameter server: one process per shard.
     let n = spec.parameter_server.shards();
-    let ports = free_ports(n + m)?;
-    let (ps_ports, metrics_ports) = (&ports[..n], ports[n..].to_vec());
+    let mut ps_listeners = loopback_listeners(n + m)?;
+    let metrics_listeners = ps_listeners.split_off(n);
+    let metrics_ports: Vec<u16> = metrics_listeners.iter().map(port_of).collect();
     let mut ps_env = api::ps_env(spec, &name, namespace);
     ps_env.push(("FORESIGHT_TOKEN".into(), token.clone()));
     ps_env.push(("FORESIGHT_CONTROL_TOKEN".into(), control.clone()));
@@ -365,7 +406,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
             ("FORESIGHT_SNAPSHOT_DIR".into(), snapshot_dir.display().to_string()),
         ]);
     }
-    let mut ps = Servers::start(&opts.ps_bin, ps_env, ps_ports, &control, &ckpt_dir, &opts.out).await?;
+    let mut ps = Servers::start(&opts.ps_bin, ps_env, ps_listeners, &control, &ckpt_dir, &opts.out).await?;
     let client = ps.first().clone();
 
     // The workers, with the environment the operator would give their pods.
@@ -378,6 +419,8 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         tx,
         program: Program::worker(spec, opts),
         logs: opts.out.join("logs"),
+        // A job's own program serves no metrics: its ports are only reserved.
+        metrics: if own_program { Vec::new() } else { metrics_listeners },
     };
     for i in 0..m {
         let p = workers.start(i)?;
@@ -708,8 +751,8 @@ fn progress_bar(visible: bool, epochs: u32) -> ProgressBar {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn free_ports_are_distinct() {
-        let ports = super::free_ports(200).unwrap();
+    fn loopback_ports_are_distinct() {
+        let ports: Vec<u16> = super::loopback_listeners(200).unwrap().iter().map(super::port_of).collect();
         let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), ports.len());
     }

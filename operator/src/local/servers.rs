@@ -3,6 +3,7 @@
 //! own checkpoints. Shard 0 knows the others (`FORESIGHT_PS_PEERS`): finalizing it finalizes
 //! them and writes the whole model's final file, as an unsharded PS would have.
 
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -11,7 +12,7 @@ use foresight_ps::client::PsClient;
 use futures_util::future::{join_all, select_all};
 use tokio::process::Child;
 
-use super::{Proc, Program, RunError, failed_status, setup, spawn, wait_ready};
+use super::{Inherited, Proc, Program, RunError, failed_status, port_of, setup, spawn, wait_ready};
 
 /// One PS process.
 struct Server {
@@ -20,6 +21,8 @@ struct Server {
     env: Vec<(String, String)>,
     log: PathBuf,
     url: String,
+    /// Held for the whole run and inherited by every start of this shard.
+    listener: TcpListener,
 }
 
 pub(super) struct Servers {
@@ -32,30 +35,31 @@ pub(super) struct Servers {
 }
 
 impl Servers {
-    /// Starts one PS per port with `env` and each one's address and checkpoint directory
+    /// Starts one PS per listener with `env` and each one's address and checkpoint directory
     /// (`ckpt_dir`, or its `shard-<i>/`), and waits until each is ready. Shard 0 writes the
     /// final model into `out`; the others their final slices beside their checkpoints.
     pub(super) async fn start(
         bin: &Path,
         env: Vec<(String, String)>,
-        ports: &[u16],
+        listeners: Vec<TcpListener>,
         token: &str,
         ckpt_dir: &Path,
         out: &Path,
     ) -> Result<Self, RunError> {
-        let n = ports.len();
+        let n = listeners.len();
         check_earlier_checkpoints(ckpt_dir, n)?;
-        let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+        let urls: Vec<String> =
+            listeners.iter().map(|l| format!("http://127.0.0.1:{}", port_of(l))).collect();
         let client = PsClient::new(&urls[0], Some(token.to_string())).map_err(setup)?;
         let mut s = Self { bin: bin.to_path_buf(), servers: Vec::new(), count: n, client };
-        for (i, port) in ports.iter().enumerate() {
+        for (i, listener) in listeners.into_iter().enumerate() {
             let (ckpt, log) = match n {
                 1 => (ckpt_dir.to_path_buf(), out.join("logs/ps.log")),
                 _ => (ckpt_dir.join(format!("shard-{i}")), out.join(format!("logs/ps-{i}.log"))),
             };
             let mut env = env.clone();
             env.extend([
-                ("FORESIGHT_PS_LISTEN".into(), format!("127.0.0.1:{port}")),
+                ("FORESIGHT_PS_LISTEN".into(), format!("127.0.0.1:{}", port_of(&listener))),
                 ("FORESIGHT_CHECKPOINT_DIR".into(), ckpt.display().to_string()),
                 ("FORESIGHT_PS_SHARD".into(), i.to_string()),
             ]);
@@ -65,7 +69,7 @@ impl Servers {
                     env.push(("FORESIGHT_PS_PEERS".into(), urls[1..].join(",")));
                 }
             }
-            let server = s.spawn(i, env, log, urls[i].clone()).await?;
+            let server = s.spawn(i, env, log, urls[i].clone(), listener).await?;
             s.servers.push(server);
         }
         Ok(s)
@@ -77,11 +81,14 @@ impl Servers {
         env: Vec<(String, String)>,
         log: PathBuf,
         url: String,
+        listener: TcpListener,
     ) -> Result<Server, RunError> {
+        let inherited = Inherited::new("FORESIGHT_PS_LISTEN_FD", &listener);
+        let program = Program::bare(&self.bin);
         let (proc_, mut child) =
-            spawn(&self.name(i), &Program::bare(&self.bin), &env, log.clone(), Stdio::null())?;
+            spawn(&self.name(i), &program, &env, log.clone(), Stdio::null(), Some(inherited))?;
         wait_ready(&url, &mut child, &proc_).await?;
-        Ok(Server { proc_, child, env, log, url })
+        Ok(Server { proc_, child, env, log, url, listener })
     }
 
     /// "parameter server", or "parameter server shard i" when there are several.
@@ -123,11 +130,13 @@ impl Servers {
         (i, status.unwrap_or_else(|_| failed_status()))
     }
 
-    /// Starts shard `i` again on its address; it restores its newest checkpoint, or the
+    /// Starts shard `i` again on its socket; it restores its newest checkpoint, or the
     /// workers re-seed it with their copies of its slice.
     pub(super) async fn restart(&mut self, i: usize) -> Result<(), RunError> {
         let s = &self.servers[i];
-        let again = self.spawn(i, s.env.clone(), s.log.clone(), s.url.clone()).await?;
+        let listener =
+            s.listener.try_clone().map_err(|e| setup(format!("the {}'s socket: {e}", self.name(i))))?;
+        let again = self.spawn(i, s.env.clone(), s.log.clone(), s.url.clone(), listener).await?;
         self.servers[i] = again;
         Ok(())
     }

@@ -66,9 +66,13 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub async fn bind(addr: &str, tls: Option<&TlsFiles>) -> anyhow::Result<Self> {
-        let tcp =
-            TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    /// Listens on `addr`: binds it, or takes the socket inherited on descriptor `inherited`.
+    pub async fn bind(
+        addr: &str,
+        inherited: Option<std::os::fd::RawFd>,
+        tls: Option<&TlsFiles>,
+    ) -> anyhow::Result<Self> {
+        let tcp = crate::listen::tcp_listener(addr, inherited).await?;
         let tls = tls.map(acceptor).transpose()?;
         Ok(Self { tcp, tls, limits: ConnectionLimits::default() })
     }

@@ -46,7 +46,7 @@ pub async fn start(config: PsConfig) -> Ps {
 /// The same with these connection limits, over TLS when given a certificate.
 pub async fn start_with(config: PsConfig, limits: ConnectionLimits, tls: Option<&TlsFiles>) -> Ps {
     let state = AppState::new(config).expect("valid config");
-    let listener = Listener::bind("127.0.0.1:0", tls).await.unwrap().with_limits(limits);
+    let listener = Listener::bind("127.0.0.1:0", None, tls).await.unwrap().with_limits(limits);
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let app = router(state.clone());
