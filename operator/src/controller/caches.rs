@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use futures_util::TryStreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
@@ -21,6 +22,7 @@ use serde::de::DeserializeOwned;
 
 use super::children::LABEL_JOB;
 use super::kueue::Workload;
+use super::pod_index::PodsByJob;
 use super::{MANAGED, scoped};
 use crate::api::TrainingJob;
 
@@ -40,7 +42,7 @@ struct ScopeCaches {
     jobs: Store<Job>,
     services: Store<Service>,
     claims: Store<PersistentVolumeClaim>,
-    pods: Store<Pod>,
+    pods: Arc<PodsByJob>,
     /// Kueue's Workloads, when Kueue admits jobs (`--kueue`).
     workloads: Option<Store<Workload>>,
     /// The jobs' NetworkPolicies, when the operator writes them (`--ps-network-policy`).
@@ -129,11 +131,7 @@ impl Caches {
 
     /// The pods the operator's children made for the TrainingJob `job`.
     pub(super) fn pods(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
-        let of_job = |p: &Arc<Pod>| {
-            p.namespace().as_deref() == Some(namespace)
-                && p.labels().get(LABEL_JOB).map(String::as_str) == Some(job)
-        };
-        self.scopes.iter().flat_map(|c| c.pods.state()).filter(of_job).collect()
+        self.scopes.iter().flat_map(|c| c.pods.of(namespace, job)).collect()
     }
 }
 
@@ -148,14 +146,15 @@ fn controller_for(
     let (jobs, jobs_writer) = reflector::store();
     let (services, services_writer) = reflector::store();
     let (claims, claims_writer) = reflector::store();
-    let (pods, pods_writer) = reflector::store();
+    let pods = Arc::new(PodsByJob::default());
+    let index = pods.clone();
     let controller = Controller::new(scoped::<TrainingJob>(client, scope), watcher::Config::default())
         .owns_stream(cached_watch(scoped::<Deployment>(client, scope), deployments_writer))
         .owns_stream(cached_watch(scoped::<PodDisruptionBudget>(client, scope), disruption_budgets_writer))
         .owns_stream(cached_watch(scoped::<Job>(client, scope), jobs_writer))
         .owns_stream(cached_watch(scoped::<Service>(client, scope), services_writer))
         .owns_stream(cached_watch(scoped::<PersistentVolumeClaim>(client, scope), claims_writer))
-        .watches_stream(cached_watch(scoped::<Pod>(client, scope), pods_writer), |pod: Pod| {
+        .watches_stream(indexed_pod_watch(scoped::<Pod>(client, scope), index), |pod: Pod| {
             let job = pod.labels().get(LABEL_JOB)?.clone();
             Some(ObjectRef::<TrainingJob>::new(&job).within(pod.namespace().as_deref()?))
         });
@@ -187,8 +186,6 @@ fn controller_for(
 }
 
 /// A watch of the objects this operator labelled, written into `writer`'s cache as it goes.
-/// Without their managedFields, which nothing here reads and which make up much of a pod's or a
-/// Deployment's size (the caches hold every child of every job).
 fn cached_watch<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
@@ -196,10 +193,26 @@ fn cached_watch<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
+    managed_watch(api).reflect(writer).touched_objects()
+}
+
+/// The watch of the operator's pods, kept in `index` by job as it goes.
+fn indexed_pod_watch(
+    api: Api<Pod>,
+    index: Arc<PodsByJob>,
+) -> impl futures_util::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
+    managed_watch(api).inspect_ok(move |event| index.apply(event)).touched_objects()
+}
+
+/// The events of the objects this operator labelled, without their managedFields, which
+/// nothing here reads and which make up much of a pod's or a Deployment's size (the caches hold
+/// every child of every job).
+fn managed_watch<K>(
+    api: Api<K>,
+) -> impl futures_util::Stream<Item = watcher::Result<watcher::Event<K>>> + Send
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
     let managed = watcher::Config::default().labels(MANAGED);
-    watcher(api, managed)
-        .default_backoff()
-        .modify(|o| o.meta_mut().managed_fields = None)
-        .reflect(writer)
-        .touched_objects()
+    watcher(api, managed).default_backoff().modify(|o| o.meta_mut().managed_fields = None)
 }

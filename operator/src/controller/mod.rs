@@ -13,6 +13,7 @@ pub mod kueue;
 pub mod leader;
 pub mod metrics;
 mod ownership;
+mod pod_index;
 mod pods;
 pub mod scope;
 pub mod status;
