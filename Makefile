@@ -125,7 +125,7 @@ clean: ## Remove build outputs and demo output
 
 # A real single-node cluster and the images it runs (tools/README.md). Declared .PHONY here,
 # not on the list at the top, so that the two lists never collide in a merge.
-.PHONY: images cluster-up cluster-down e2e cluster-demo cluster-observability scale
+.PHONY: images cluster-up cluster-down e2e cluster-demo cluster-observability scale scale-many
 
 images: build setup ## Operator, PS and worker images: buildah on a Debian rootfs (no Docker daemon, no registry)
 	@tools/build-node.sh >/dev/null
@@ -162,3 +162,6 @@ scale: setup-test ## 10 TrainingJobs x 4 workers at once on the real cluster; ti
 	@tools/build-node.sh >/dev/null
 	$(CARGO) build --locked --workspace --bins
 	RELEASE_DIR=$(CURDIR)/target/debug tools/scale.sh
+
+scale-many: setup-test ## 100 running TrainingJobs on the test control plane (the kubelet played): the operator's API writes, reconciles and memory per job into docs/benchmarks.md
+	SCALE_DOC=$(CURDIR)/docs/benchmarks.md $(CARGO) test --locked -p foresight-operator --test many_jobs -- --ignored --nocapture many_jobs_benchmark

@@ -44,7 +44,14 @@ impl Operator {
         let child = Command::new(foresight_bin())
             .args(["operator", "--kubeconfig", kubeconfig.to_str().unwrap()])
             .args(watch.map(|ns| ["--namespace", ns]).into_iter().flatten())
-            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}"), "--progress-seconds", "1"])
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+            // Progress read every second, unless the test sets its own period.
+            .args(
+                (!extra.contains(&"--progress-seconds"))
+                    .then_some(["--progress-seconds", "1"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(["--log-level", "info", "--log-format", "json"])
             .args(["--lease-namespace", lease_namespace])
             .args(extra)
