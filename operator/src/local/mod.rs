@@ -412,6 +412,14 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
     // The workers, with the environment the operator would give their pods.
     let (tx, mut rx) = mpsc::channel::<Msg>(1024);
     let worker_targets: Vec<String> = metrics_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    // A job's own program serves no metrics (the Python package has no metrics server): its
+    // sockets are closed, so that a scrape of its port is refused rather than left waiting.
+    let worker_metrics = if own_program {
+        drop(metrics_listeners);
+        Vec::new()
+    } else {
+        metrics_listeners
+    };
     let env = worker_envs(job, opts, &ps.urls(), &token, &metrics_ports);
     let mut workers = Workers {
         env,
@@ -419,8 +427,7 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         tx,
         program: Program::worker(spec, opts),
         logs: opts.out.join("logs"),
-        // A job's own program serves no metrics: its ports are only reserved.
-        metrics: if own_program { Vec::new() } else { metrics_listeners },
+        metrics: worker_metrics,
     };
     for i in 0..m {
         let p = workers.start(i)?;
