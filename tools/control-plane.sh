@@ -2,7 +2,9 @@
 # Starts a throw-away Kubernetes control plane on loopback and keeps it until its stdin closes:
 # etcd, kube-apiserver, kube-controller-manager (every controller but node-lifecycle) and
 # kube-scheduler, with certificates from openssl, token auth and RBAC, plus one Node object,
-# node-1 (32 CPUs, 128 Gi, 4 nvidia.com/gpu, Ready, untainted) that no kubelet runs.
+# node-1 (32 CPUs, 128 Gi, 4 nvidia.com/gpu, Ready, untainted) that no kubelet runs. Services
+# get addresses from 10.0.0.0/16 (a /24 holds 253: `make scale-many` at 1,000 jobs met "range is
+# full").
 #
 # Environment: BIN (directory of the binaries, from build-control-plane.sh), WORK (an empty
 # directory: certificates, admin.kubeconfig, logs, etcd data), ETCD_PORT, ETCD_PEER_PORT,
@@ -116,7 +118,7 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$WORK/sa.pub" \
   --service-account-signing-key-file "$WORK/sa.key" \
-  --service-cluster-ip-range 10.0.0.0/24
+  --service-cluster-ip-range 10.0.0.0/16
 wait_for kube-apiserver 120 1 "$BIN/kubectl" --kubeconfig "$WORK/admin.kubeconfig" get --raw /readyz
 
 start kube-controller-manager "$BIN/kube-controller-manager" \
@@ -126,7 +128,7 @@ start kube-controller-manager "$BIN/kube-controller-manager" \
   --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --cert-dir "$WORK/kcm-certs" \
   --service-account-private-key-file "$WORK/sa.key" \
   --root-ca-file "$WORK/ca.crt" \
-  --service-cluster-ip-range 10.0.0.0/24 \
+  --service-cluster-ip-range 10.0.0.0/16 \
   --controllers '*,-node-lifecycle-controller' \
   --leader-elect=false
 start kube-scheduler "$BIN/kube-scheduler" \
