@@ -343,29 +343,25 @@ def run_torch(args, name, seed, split, world, lr, slow, init="foresight", warmup
 
 
 def job_yaml(args, name, seed, model="lenet5", epochs=None, workers=None, local_steps=0):
+    training = f"epochs: {epochs or args.epochs}, batchSize: {args.batch}, seed: {seed}"
     if local_steps:
         # examples/mnist-diloco.yaml's rule: H steps of inner AdamW, DiLoCo's outer step (sync,
         # Nesterov 0.9 at lr 0.7), no decay.
-        return (
-            "apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\n"
-            f"metadata: {{name: {name}}}\n"
-            "spec:\n"
-            f"  model: {{name: {model}}}\n"
-            f"  dataset: {{format: csv, path: {args.data}, holdout: {args.holdout}}}\n"
-            f"  training: {{epochs: {epochs or args.epochs}, batchSize: {args.batch}, learningRate: 0.7, seed: {seed}}}\n"
-            f"  optimizer: {{algorithm: sync, momentum: 0.9, nesterov: true, localSteps: {local_steps},\n"
-            "    innerOptimizer: {algorithm: adamw, learningRate: 0.001}}\n"
-            f"  workers: {{replicas: {workers or args.workers}}}\n"
-        )
+        training += ", learningRate: 0.7"
+        optimizer = (f"{{algorithm: sync, momentum: 0.9, nesterov: true, localSteps: {local_steps},\n"
+                     "    innerOptimizer: {algorithm: adamw, learningRate: 0.001}}")
+    else:
+        training += (f", learningRate: {args.lr},\n"
+                     f"    lrDecay: {{factor: {args.lr_factor}, milestones: {json.dumps(args.milestones)}}}")
+        optimizer = "{algorithm: dc-asgd-a, lambda0: 2.0, meanSquareDecay: 0.95}"
     return (
         "apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\n"
         f"metadata: {{name: {name}}}\n"
         "spec:\n"
         f"  model: {{name: {model}}}\n"
         f"  dataset: {{format: csv, path: {args.data}, holdout: {args.holdout}}}\n"
-        f"  training: {{epochs: {epochs or args.epochs}, batchSize: {args.batch}, learningRate: {args.lr}, seed: {seed},\n"
-        f"    lrDecay: {{factor: {args.lr_factor}, milestones: {json.dumps(args.milestones)}}}}}\n"
-        "  optimizer: {algorithm: dc-asgd-a, lambda0: 2.0, meanSquareDecay: 0.95}\n"
+        f"  training: {{{training}}}\n"
+        f"  optimizer: {optimizer}\n"
         f"  workers: {{replicas: {workers or args.workers}}}\n"
     )
 
