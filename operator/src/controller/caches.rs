@@ -1,6 +1,7 @@
 //! The children as the operator's watches last saw them. The watches that wake the controller
-//! on its Deployments, Jobs, Services, claims and pods also fill these caches (kube-runtime reflectors fed to
-//! `owns_stream`/`watches_stream`), so a reconcile reads its children without asking the API
+//! on its Deployments, Jobs, Services, claims and pods also fill these caches (kube-runtime
+//! reflectors fed to `owns_stream`/`watches_stream`; the pods go to an index by job,
+//! `pod_index`), so a reconcile reads its children without asking the API
 //! server: 7.5 requests per reconcile of a running job before, 4.0–4.5 after (0.5 once
 //! `applied` skips the writes that would change nothing; the lifecycle test
 //! in `operator/tests/controller.rs` prints it).
