@@ -48,6 +48,10 @@
 #                   to Succeeded while the second waits Queued (Kueue's reason in its condition),
 #                   then the second is admitted (after the first's Workload is Finished) and
 #                   succeeds;
+#      real-size    (opt-in: E2E_CASES=real-size, `make real-size-pod`) a 101M-parameter Python
+#                   transformer, 2 workers, one PS pod under a memory limit; the PS pod deleted
+#                   after a checkpoint: the new one restores it, passes its startup probe, is
+#                   Ready with no restart; Succeeded;
 #   3. `helm uninstall`: the operator is gone, the CRD (and the TrainingJobs) stay;
 #   4. the cluster taken down (always, also on failure; tools/cluster.sh down diffs the host).
 #
@@ -665,6 +669,101 @@ case_ps_kill() {
     'kc -n '$ns' get events --field-selector reason=ParameterServerRestarted -o name | grep -q .'
   wait_phase $ns $name Succeeded 600
   [[ -s $dir/model-final.safetensors ]] || fail "no model-final.safetensors on the claim"
+  log "Succeeded after the PS restart: $(condition $ns $name Succeeded message)"
+}
+
+# Opt-in (`make real-size-pod`; not among the default cases: about 14 GiB of memory and minutes
+# of 400 MB exchanges): examples/python/charlm.py at 101M parameters (CHARLM_WIDTH=1024,
+# CHARLM_LAYERS=8) in the worker image, 2 workers, dc-asgd-a, one PS pod with checkpoint storage
+# and a memory limit; once a checkpoint is on the claim, the PS pod is deleted. The new PS pod
+# restores that model (its log says in how long), passes its startup probe and becomes Ready with
+# no container restart, at a version no older than the one seen before the delete; the job
+# Succeeds. Into the log: the checkpoint's size, the restore time, pod start to Ready, and the PS
+# container's memory peak (its cgroup's).
+# The model's parameter count in a PS checkpoint (its tensors but the optimizer state's): FILE.
+checkpoint_parameters() {
+  python3 - "$1" <<'EOF'
+import json, math, struct, sys
+with open(sys.argv[1], "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+print(sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__" and not k.startswith("optimizer.")))
+EOF
+}
+# NS POD: the PS's resident memory now (its /metrics) and the pod's memory cgroup's peak (cgroup
+# v1 on this node: page cache, such as a checkpoint just written, counts there).
+pod_memory() {
+  local uid cg rss
+  uid=$(field "$1" "$2" '{.metadata.uid}')
+  cg=$(find /sys/fs/cgroup/memory -maxdepth 3 -type d -name "pod$uid" 2>/dev/null | awk 'NR == 1')
+  rss=$(ps_metrics "$1" "$(field "$1" "$2" '{.metadata.labels.foresight\.dev/job}')" | metric process_resident_memory_bytes)
+  awk -v r="$rss" -v p="$(cat "$cg/memory.max_usage_in_bytes" 2>/dev/null || echo 0)" \
+    'BEGIN { printf "resident %.2f GiB, cgroup peak %.2f GiB", r / 2^30, p / 2^30 }'
+}
+case_real_size() {
+  local ns=e2e-real-size name=real-size
+  kc create namespace $ns
+  [[ -f $repo/data/torch-nn/corpus.txt ]] || fail "no data/torch-nn/corpus.txt: make setup writes it"
+  head -c "${REAL_SIZE_CORPUS_BYTES:-4096}" "$repo/data/torch-nn/corpus.txt" >"$out/corpus.txt"
+  kc -n $ns create configmap charlm-script --from-file="$repo/examples/python/charlm.py"
+  kc -n $ns create configmap charlm-corpus --from-file=corpus.txt="$out/corpus.txt"
+  kc -n $ns apply -f - <<EOF
+apiVersion: foresight.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $name}
+spec:
+  dataset:
+    format: files
+    path: /data/corpus
+    holdout: 0.05
+    volume: {name: corpus, configMap: {name: charlm-corpus}}
+  training: {epochs: 1, batchSize: 2, learningRate: 0.3, seed: 1}
+  optimizer: {algorithm: dc-asgd-a}
+  parameterServer:
+    checkpoint: {intervalSeconds: 20, storage: 4Gi}
+    resources: {limits: {memory: ${REAL_SIZE_PS_MEMORY:-6Gi}}}
+  workers:
+    replicas: 2
+    command: [python, /app/charlm.py]
+    pod:
+      env: [{name: CHARLM_WIDTH, value: "1024"}, {name: CHARLM_LAYERS, value: "8"}]
+      volumes: [{name: script, configMap: {name: charlm-script}}]
+      volumeMounts: [{name: script, mountPath: /app, readOnly: true}]
+  runPolicy: {backoffLimit: 4}
+EOF
+  local dir
+  wait_for 120 "claim $name-ps-checkpoints bound" eval '[[ -n $(claim_dir '$ns' '$name'-ps-checkpoints) ]]'
+  dir=$(claim_dir $ns $name-ps-checkpoints)
+  wait_for 900 "tj/$name training (PS version ≥ 6)" version_at_least $ns $name 6
+  wait_for 300 "a checkpoint on claim $name-ps-checkpoints" eval '[[ -n $(find '"$dir"' -name "*.safetensors" -newer '"$out"'/e2e.started 2>/dev/null) ]]'
+  local old v params
+  old=$(pods_of $ns $name parameter-server | awk 'NR == 1')
+  v=$(ps_version $ns $name)
+  params=$(checkpoint_parameters "$(find "$dir" -name 'ckpt-*.safetensors' | sort | tail -n1)")
+  log "PS $old at version $v, memory $(pod_memory $ns "$old"); checkpoints of $params parameters: $(ls -l "$dir" | awk 'NR > 1 { printf "%s %d MB; ", $NF, $5 / 1e6 }')"
+  ((params >= 100000000)) || fail "the model has $params parameters, not ≥ 10^8"
+  kc -n $ns delete "$old" --wait=false
+  wait_for 300 "a new PS pod" eval '[[ -n $(pods_of '$ns' '$name' parameter-server | grep -v "^'"$old"'$") ]]'
+  local new line restored seconds
+  new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | awk 'NR == 1')
+  wait_for 600 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
+  # (The chart's PS logs JSON lines.)
+  line=$(kc -n $ns logs "$new" | grep -m1 'restored checkpoint')
+  read -r restored seconds < <(python3 -c 'import json, sys
+f = json.loads(sys.argv[1])["fields"]
+print(f["version"], round(f["seconds"], 2))' "$line" 2>/dev/null || true)
+  [[ -n $restored && -n $seconds ]] || fail "cannot read the restore's version and time from: $line"
+  # The old PS writes one more checkpoint on SIGTERM, and the new one restores only once the old
+  # one has exited (the checkpoint directory's lock): nothing seen before the delete is lost.
+  ((restored >= ${v%.*})) || fail "the new PS restored version $restored, older than $v seen before the delete"
+  wait_for 600 "the new PS $new Ready" eval '[[ $(field '$ns' '"$new"' "{.status.conditions[?(@.type==\"Ready\")].status}") == True ]]'
+  local started ready restarts
+  started=$(field $ns "$new" '{.status.startTime}')
+  ready=$(field $ns "$new" '{.status.conditions[?(@.type=="Ready")].lastTransitionTime}')
+  restarts=$(field $ns "$new" '{.status.containerStatuses[0].restartCount}')
+  ((restarts == 0)) || fail "the new PS container restarted $restarts times (a probe killed the restore?)"
+  log "new PS $new restored version $restored in $seconds s; pod started $started, Ready $ready ($(($(date -d "$ready" +%s) - $(date -d "$started" +%s))) s), 0 restarts; memory $(pod_memory $ns "$new")"
+  wait_phase $ns $name Succeeded 1800
   log "Succeeded after the PS restart: $(condition $ns $name Succeeded message)"
 }
 

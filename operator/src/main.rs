@@ -197,6 +197,9 @@ fn parse_token(s: &str) -> Result<String, String> {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
+    // reqwest is built without a crypto provider of its own; `foresight run` asks its servers
+    // with plain clients.
+    foresight_ps::client::install_crypto_provider();
     let (filter, json) = match &cli.command {
         Cmd::Operator(a) => (a.log_level.clone(), matches!(a.log_format, LogFormat::Json)),
         _ => (std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()), false),

@@ -252,7 +252,7 @@ fn a_sharded_job_runs_a_parameter_server_per_shard_and_ends_them_all() {
         // (Multi-threaded: the client blocks on its handle from this thread, as in a worker.)
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let urls = format!("http://127.0.0.1:{port0},http://127.0.0.1:{port1}");
-        let clients = PsClient::for_shards(&urls, Some(ps0.token.clone())).unwrap();
+        let clients = PsClient::for_shards(&urls, Some(ps0.token.clone()), None).unwrap();
         let layout = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![8] }]).unwrap();
         let retry = Retry::new(Duration::from_secs(10), 0);
         let (session, joined) =

@@ -529,6 +529,7 @@ fn sink_router(n: usize) -> Router {
 
 /// A reqwest client with PsClient's HTTP/2 settings, for the sink.
 fn h2_client() -> anyhow::Result<reqwest::Client> {
+    foresight_ps::client::install_crypto_provider();
     Ok(reqwest::Client::builder()
         .http2_prior_knowledge()
         .http2_initial_stream_window_size(64 << 20)

@@ -5,10 +5,12 @@
 //! - [`wire`]: safetensors bodies and their validation, shared with clients.
 //! - [`server`]: the axum HTTP/2 service, auth, limits and metrics.
 //! - [`listen`]: a listening socket bound here or inherited from `foresight run`.
+//! - [`dir_lock`]: one PS process owns a checkpoint directory at a time.
 //! - [`client`]: the async client workers use (and shard 0 of a sharded PS, to finalize the
 //!   others).
 
 pub mod client;
+pub mod dir_lock;
 pub mod listen;
 pub mod optimizer;
 pub mod server;

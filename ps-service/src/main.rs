@@ -121,6 +121,10 @@ struct Args {
     /// model's final file, merged from every shard's slice.
     #[arg(long, env = "FORESIGHT_PS_PEERS", value_delimiter = ',')]
     peers: Vec<String>,
+    /// PEM certificates trusted for https:// --peers (in a cluster, the job's certificate,
+    /// which every shard serves).
+    #[arg(long, env = "FORESIGHT_PS_CA_FILE")]
+    ps_ca_file: Option<PathBuf>,
     /// Which shard of a sharded PS this process is (0 when unsharded): the `shard` label of its
     /// metrics.
     #[arg(long, env = "FORESIGHT_PS_SHARD", default_value_t = 0)]
@@ -293,9 +297,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (args.checkpoint_interval > 0).then(|| Duration::from_secs(args.checkpoint_interval));
     config.keep_checkpoints = args.keep_checkpoints;
     config.output_dir = args.output_dir.clone();
+    config.peer_tls = match &args.ps_ca_file {
+        Some(path) => Some(foresight_ps::client::ClientTls::from_pem_file(path)?),
+        None => None,
+    };
     if !args.peers.is_empty() {
         // The same check as the workers' list of shards.
-        foresight_ps::client::PsClient::for_shards(&args.peers.join(","), None)
+        foresight_ps::client::PsClient::for_shards(&args.peers.join(","), None, config.peer_tls.as_ref())
             .map_err(|e| anyhow::anyhow!("--peers: {e}"))?;
     }
     config.peers = args.peers.clone();
@@ -311,6 +319,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.memory_limit = args.memory_limit.or_else(foresight_ps::server::cgroup_memory_limit);
     config.push_slots = args.push_slots.map(|k| k as usize);
 
+    // Held until the process exits: a replaced PS's last checkpoint is written before this one
+    // restores (see dir_lock).
+    let _owned = match &args.checkpoint_dir {
+        Some(dir) => Some(
+            foresight_ps::dir_lock::own(dir)
+                .map_err(|e| anyhow::anyhow!("checkpoint directory {}: {e}", dir.display()))?,
+        ),
+        None => None,
+    };
     let state = AppState::new(config)?;
     let tls = args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| TlsFiles { cert, key });
     let limits = ConnectionLimits { max_connections: args.max_connections as usize, ..Default::default() };

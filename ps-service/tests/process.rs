@@ -393,6 +393,34 @@ async fn refuses_to_start_with_bad_configuration() {
     }
 }
 
+/// A PS started on the checkpoint directory of one that still runs (a deleted pod's replacement,
+/// started while the old process writes its last checkpoint) waits for it to exit, and restores
+/// the checkpoint the old one wrote on SIGTERM: no update is lost to the race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_restores_what_its_predecessor_wrote_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let args = ["--workers", "2", "--checkpoint-interval", "0", "--checkpoint-dir", ckpt.to_str().unwrap()];
+    let mut old = PsProcess::spawn(free_port(), &args);
+    old.wait_ready().await;
+    let c = PsClient::new(&old.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    c.register(&l, &init(&l)).await.unwrap();
+    train(&c, 2, 5, 1).await;
+    let new = PsProcess::spawn(free_port(), &args);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        reqwest::get(format!("{}/healthz", new.url)).await.is_err(),
+        "the successor serves while its predecessor still owns the checkpoint directory"
+    );
+    old.signal("TERM");
+    assert!(old.wait_exit().success(), "SIGTERM must exit 0");
+    new.wait_ready().await;
+    let c = PsClient::new(&new.url, Some(TOKEN.into())).unwrap();
+    let model = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(model.version, 10, "the successor restored another version than the predecessor's last");
+}
+
 /// With --tls-cert the same API is served over TLS, HTTP/2 negotiated by ALPN (checked with curl).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_serves_http2_negotiated_by_alpn() {

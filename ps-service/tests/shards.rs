@@ -76,7 +76,7 @@ fn one_two_and_four_shards_train_the_same_model_bits() {
 
 #[test]
 fn a_shard_url_that_is_not_http_is_refused_with_the_list_it_came_from() {
-    let Err(e) = PsClient::for_shards("http://a:1, b:2", None) else { panic!("accepted") };
+    let Err(e) = PsClient::for_shards("http://a:1, b:2", None, None) else { panic!("accepted") };
     assert!(e.is_permanent());
     assert!(e.to_string().contains("\"b:2\" is not an http:// or https:// URL"), "{e}");
 }

@@ -139,6 +139,9 @@ class Job:
     #: sleeps (F − 1) × the step's time, a straggler for experiments, as the Rust worker does.
     slowdown: float = 1.0
     token: str | None = field(default=None, repr=False)
+    #: ``$FORESIGHT_PS_CA_FILE``: PEM certificates trusted for an ``https://`` PS (in a cluster,
+    #: the job's certificate, which the operator mounts).
+    ps_ca_file: str | None = None
     #: Set when the worker joins (``foresight.torch.Optimizer``).
     native: Any = field(default=None, repr=False)
     #: The ``foresight.torch.Optimizer`` that joined (it loads the final model).
@@ -179,6 +182,7 @@ class Job:
             torch_threads=_env_int("FORESIGHT_TORCH_THREADS", 0, 0),
             slowdown=_env_float("FORESIGHT_SLOWDOWN", 1.0, 1.0),
             token=_token(),
+            ps_ca_file=os.environ.get("FORESIGHT_PS_CA_FILE") or None,
         )
 
     def joined(self) -> Any:

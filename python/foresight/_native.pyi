@@ -15,6 +15,7 @@ class Worker:
         deadline_seconds: float,
         seed: int,
         local_steps: int = 1,
+        ps_ca_file: str | None = None,
     ) -> None: ...
     @property
     def workers(self) -> int: ...

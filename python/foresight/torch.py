@@ -148,6 +148,7 @@ class Optimizer(torch.optim.Optimizer):
             job.deadline_seconds,
             job.seed,
             job.local_steps,
+            job.ps_ca_file,
         )
         self._inner = inner if inner is not None or job.local_steps == 1 else self._job_inner(job)
         job.native = self._native

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use foresight_ps::client::{
-    Cadence, ClientError, Exchange, GradDtype, Joined, PsClient, Retry, Session, StepEnd, shard,
+    Cadence, ClientError, ClientTls, Exchange, GradDtype, Joined, PsClient, Retry, Session, StepEnd, shard,
 };
 use foresight_ps::server::Report;
 use foresight_ps::wire::{Layout, TensorSpec};
@@ -71,7 +71,7 @@ struct Worker {
 impl Worker {
     /// Registers the model from the `init_addr` values (when this worker is the first) and joins.
     #[new]
-    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1))]
+    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1, ps_ca_file=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -87,6 +87,7 @@ impl Worker {
         deadline_seconds: f64,
         seed: u64,
         local_steps: u64,
+        ps_ca_file: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let dtype = match grad_dtype {
             "f32" => GradDtype::F32,
@@ -110,7 +111,11 @@ impl Worker {
             .enable_all()
             .build()
             .map_err(|e| PyRuntimeError::new_err(format!("starting the I/O thread: {e}")))?;
-        let clients = PsClient::for_shards(ps_url, token).map_err(|e| to_py(py, e))?;
+        let tls = match ps_ca_file {
+            Some(path) => Some(ClientTls::from_pem_file(&path).map_err(|e| to_py(py, e))?),
+            None => None,
+        };
+        let clients = PsClient::for_shards(ps_url, token, tls.as_ref()).map_err(|e| to_py(py, e))?;
         let retry = Retry::new(Duration::from_secs_f64(deadline_seconds), seed ^ worker as u64);
         let handle = runtime.handle().clone();
         // SAFETY: the wrapper's flat copy of the model, `layout.len()` values, alive for the call.

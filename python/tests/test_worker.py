@@ -17,7 +17,7 @@ import torch
 
 import foresight
 import foresight.torch
-from conftest import BIN, ROOT, TOKEN
+from conftest import BIN, ROOT, TOKEN, ca_signed_cert
 from h2proxy import DroppingProxy
 
 LR = 0.1
@@ -57,6 +57,22 @@ def test_outside_a_job_init_names_what_is_missing(monkeypatch):
     monkeypatch.setenv("FORESIGHT_SLOWDOWN", "0.5")
     with pytest.raises(foresight.ConfigError, match=r"\$FORESIGHT_SLOWDOWN=0.5 must be at least 1"):
         foresight.init()
+
+
+def test_a_worker_trains_over_tls_trusting_the_ca_file(ps_factory, job_env, tmp_path):
+    """An https:// PS: the package's client trusts $FORESIGHT_PS_CA_FILE's certificates, and
+    without it names the variable instead of sending anything."""
+    cert, key, ca = ca_signed_cert(tmp_path)
+    ps = ps_factory(tls=(cert, key, ca), workers=1, algorithm="asgd", learning_rate=LR)
+    assert ps.url.startswith("https://")
+    job_env(ps)
+    with pytest.raises(foresight.ForesightError, match="FORESIGHT_PS_CA_FILE"):
+        foresight.torch.Optimizer(tiny_model())
+    job_env(ps, ps_ca_file=ca)
+    model = tiny_model()
+    opt = foresight.torch.Optimizer(model)
+    one_step(model, opt)
+    assert ps.status()["version"] == 1
 
 
 def int8_step_bound(g: torch.Tensor) -> torch.Tensor:

@@ -28,10 +28,14 @@ use foresight_ps::client::{Cadence, GradDtype};
                   To simulate asynchrony deterministically in one process: foresight-worker simulate --help"
 )]
 struct Args {
-    /// Parameter server base URL (h2c); for a PS sharded over N processes, the N shards' URLs
-    /// in shard order, separated by commas.
+    /// Parameter server base URL (http:// for h2c, https:// for TLS); for a PS sharded over N
+    /// processes, the N shards' URLs in shard order, separated by commas.
     #[arg(long, env = "FORESIGHT_PS_URL")]
     ps_url: String,
+    /// PEM certificates trusted for an https:// --ps-url (in a cluster, the job's certificate,
+    /// which the operator mounts).
+    #[arg(long, env = "FORESIGHT_PS_CA_FILE")]
+    ps_ca_file: Option<PathBuf>,
     /// Bearer token for the PS.
     #[arg(long, env = "FORESIGHT_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -235,8 +239,13 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
         }
         None => None,
     };
+    let ps_tls = match &args.ps_ca_file {
+        Some(path) => Some(foresight_ps::client::ClientTls::from_pem_file(path)?),
+        None => None,
+    };
     Ok(train::TrainConfig {
         ps_url: args.ps_url.clone(),
+        ps_tls,
         token,
         worker: args.worker,
         model,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use foresight_ps::client::{
-    Cadence, ClientError, Exchange, Joined, PsClient, Retry, Session, StepEnd, shard,
+    Cadence, ClientError, ClientTls, Exchange, Joined, PsClient, Retry, Session, StepEnd, shard,
 };
 use foresight_ps::server::Report;
 use foresight_ps::wire::progress::WorkerEvent as Event;
@@ -28,6 +28,8 @@ use crate::model::{Model, ModelSpec};
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
     pub ps_url: String,
+    /// The roots trusted for an https:// `ps_url`.
+    pub ps_tls: Option<ClientTls>,
     pub token: Option<String>,
     pub worker: usize,
     pub model: ModelSpec,
@@ -199,7 +201,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
     let mut model = Model::build(&cfg.model, ds.train.shape, ds.classes, device).map_err(permanent)?;
     let params = model.parameters().map_err(permanent)?;
     let layout = layout_of(&params).map_err(permanent)?;
-    let clients = PsClient::for_shards(&cfg.ps_url, cfg.token.clone())?;
+    let clients = PsClient::for_shards(&cfg.ps_url, cfg.token.clone(), cfg.ps_tls.as_ref())?;
     let retry = Retry::new(cfg.ps_deadline, cfg.seed ^ cfg.worker as u64);
     let init = flat_params(&params)?;
     let (session, joined) = Session::start(clients, rt.handle().clone(), cfg.worker, layout, &init, retry)?;

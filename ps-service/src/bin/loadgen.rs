@@ -26,9 +26,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// PS base URL (h2c); for a sharded PS, the shards' URLs in shard order, separated by commas.
+    /// PS base URL (http:// for h2c, https:// for TLS); for a sharded PS, the shards' URLs in
+    /// shard order, separated by commas.
     #[arg(long, env = "FORESIGHT_PS_URL", default_value = "http://127.0.0.1:8080")]
     ps: String,
+    /// PEM certificates trusted for an https:// --ps.
+    #[arg(long, env = "FORESIGHT_PS_CA_FILE")]
+    ps_ca_file: Option<std::path::PathBuf>,
     /// Bearer token.
     #[arg(long, env = "FORESIGHT_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -184,7 +188,8 @@ async fn main() -> anyhow::Result<()> {
         args.workers > 0 && args.params > 0 && args.steps > 0,
         "workers, params and steps must be > 0"
     );
-    let clients = PsClient::for_shards(&args.ps, args.token.clone())?;
+    let tls = args.ps_ca_file.as_deref().map(foresight_ps::client::ClientTls::from_pem_file).transpose()?;
+    let clients = PsClient::for_shards(&args.ps, args.token.clone(), tls.as_ref())?;
     let client = clients[0].clone();
     let layout = Layout::new(vec![TensorSpec { name: "quadratic.weight".into(), shape: vec![args.params] }])?;
     let map = ShardMap::new(&layout, clients.len())?;

@@ -1,4 +1,5 @@
-//! The async HTTP/2 client workers use to talk to the PS (h2c with prior knowledge).
+//! The async HTTP/2 client workers use to talk to the PS: h2c with prior knowledge for
+//! `http://` URLs, TLS with HTTP/2 for `https://` ones (trusting the roots of a [`ClientTls`]).
 
 use std::time::Duration;
 
@@ -14,9 +15,11 @@ mod exchange;
 mod link;
 mod session;
 pub mod shard;
+mod tls;
 
 pub use exchange::{Cadence, Exchange, PushStats, StepEnd, cadence_problem};
 pub use session::{Pushed, Retry, Session};
+pub use tls::{ClientTls, install_crypto_provider};
 
 const VERSION_HEADER: &str = "x-foresight-version";
 const INCARNATION_HEADER: &str = "x-foresight-incarnation";
@@ -217,20 +220,46 @@ pub struct PsClient {
 
 impl PsClient {
     /// One client per shard, in shard order, from `urls` separated by commas (one URL for an
-    /// unsharded PS): `http://job-ps-0:8080,http://job-ps-1:8080`.
-    pub fn for_shards(urls: &str, token: Option<String>) -> Result<Vec<Self>, ClientError> {
+    /// unsharded PS): `http://job-ps-0:8080,http://job-ps-1:8080`. `https://` URLs need `tls`.
+    pub fn for_shards(
+        urls: &str,
+        token: Option<String>,
+        tls: Option<&ClientTls>,
+    ) -> Result<Vec<Self>, ClientError> {
         let urls: Vec<&str> = urls.split(',').map(str::trim).collect();
         if let Some(bad) = urls.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
             return Err(ClientError::Config(format!(
                 "parameter server URL {bad:?} is not an http:// or https:// URL (shards are separated by commas)"
             )));
         }
-        urls.into_iter().map(|u| Self::new(u, token.clone())).collect()
+        urls.into_iter().map(|u| Self::with_tls(u, token.clone(), tls)).collect()
     }
 
     /// `base` is like `http://ps:8080`.
     pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
+        Self::with_tls(base, token, None)
+    }
+
+    /// `base` is like `https://ps:8080`, whose certificate `tls` trusts (or `http://`, where
+    /// `tls` is not used).
+    pub fn with_tls(base: &str, token: Option<String>, tls: Option<&ClientTls>) -> Result<Self, ClientError> {
+        let https = base.starts_with("https://");
+        if https && tls.is_none() {
+            return Err(ClientError::Config(format!(
+                "parameter server URL {base:?} is https:// but no CA file says which certificate to trust \
+                 (FORESIGHT_PS_CA_FILE)"
+            )));
+        }
+        if !https && !base.starts_with("http://") {
+            return Err(ClientError::Config(format!(
+                "parameter server URL {base:?} is not an http:// or https:// URL"
+            )));
+        }
+        // Every client carries a rustls configuration, also for h2c: reqwest builds its TLS
+        // connector either way, and without one it would need a process-wide crypto provider.
+        let config = tls.map_or_else(tls::no_roots, ClientTls::rustls_config);
         let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(config)
             .http2_prior_knowledge()
             .http2_initial_stream_window_size(64 << 20)
             .http2_initial_connection_window_size(128 << 20)

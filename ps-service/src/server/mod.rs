@@ -74,6 +74,8 @@ pub struct PsConfig {
     /// Shard 0 of a sharded PS: the other shards' URLs, in shard order. Its finalize finalizes
     /// them too and writes the whole model's final file from every shard's slice.
     pub peers: Vec<String>,
+    /// The roots trusted for https:// peers.
+    pub peer_tls: Option<crate::client::ClientTls>,
     /// This process's shard of a sharded PS (0 when unsharded): the `shard` label of its series.
     pub shard: usize,
 }
@@ -106,6 +108,7 @@ impl PsConfig {
             memory_limit: None,
             push_slots: None,
             peers: Vec::new(),
+            peer_tls: None,
             shard: 0,
         }
     }
@@ -471,7 +474,12 @@ impl AppState {
         self.check_worker_count(n)?;
         for url in &self.config.peers {
             let failed = |e: crate::client::ClientError| internal(format!("scaling shard {url}: {e}"));
-            let peer = crate::client::PsClient::new(url, self.config.peer_token()).map_err(failed)?;
+            let peer = crate::client::PsClient::with_tls(
+                url,
+                self.config.peer_token(),
+                self.config.peer_tls.as_ref(),
+            )
+            .map_err(failed)?;
             peer.set_workers(n).await.map_err(failed)?;
         }
         self.set_workers(n)
@@ -635,7 +643,12 @@ impl AppState {
         let mut slices = Vec::with_capacity(self.config.peers.len());
         for url in &self.config.peers {
             let failed = |e: crate::client::ClientError| internal(format!("finalizing shard {url}: {e}"));
-            let peer = crate::client::PsClient::new(url, self.config.peer_token()).map_err(failed)?;
+            let peer = crate::client::PsClient::with_tls(
+                url,
+                self.config.peer_token(),
+                self.config.peer_tls.as_ref(),
+            )
+            .map_err(failed)?;
             peer.finalize().await.map_err(failed)?;
             // As worker 0: once finalized, the backup that records is never used.
             let slice = peer.pull(0, None, Duration::ZERO).await.map_err(failed)?;

@@ -45,6 +45,8 @@ pub async fn start(config: PsConfig) -> Ps {
 
 /// The same with these connection limits, over TLS when given a certificate.
 pub async fn start_with(config: PsConfig, limits: ConnectionLimits, tls: Option<&TlsFiles>) -> Ps {
+    // For the tests' plain reqwest clients.
+    foresight_ps::client::install_crypto_provider();
     let state = AppState::new(config).expect("valid config");
     let listener = Listener::bind("127.0.0.1:0", None, tls).await.unwrap().with_limits(limits);
     let addr = listener.local_addr().unwrap();
@@ -53,7 +55,8 @@ pub async fn start_with(config: PsConfig, limits: ConnectionLimits, tls: Option<
     tokio::spawn(serve(listener, app, async move {
         let _ = rx.await;
     }));
-    Ps { url: format!("http://{addr}"), addr, state, stop: Some(tx) }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    Ps { url: format!("{scheme}://{addr}"), addr, state, stop: Some(tx) }
 }
 
 pub fn layout() -> Layout {
@@ -96,6 +99,7 @@ pub fn metric(m: &HashMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
 }
 
 pub async fn scrape(url: &str) -> HashMap<String, f64> {
+    foresight_ps::client::install_crypto_provider();
     let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
     parse_metrics(&text)
 }
@@ -108,6 +112,7 @@ pub struct PsProcess {
 
 impl PsProcess {
     pub fn spawn(port: u16, args: &[&str]) -> Self {
+        foresight_ps::client::install_crypto_provider();
         let child = Command::new(env!("CARGO_BIN_EXE_foresight-ps"))
             .args(["--listen", &format!("127.0.0.1:{port}"), "--token", TOKEN])
             .args(args)
@@ -194,6 +199,56 @@ pub fn self_signed_cert(dir: &Path) -> TlsFiles {
     TlsFiles { cert, key }
 }
 
+/// A certificate for localhost and 127.0.0.1 signed by a CA of its own, as cert-manager or the
+/// operator issues them, made with openssl in `dir`: the leaf's files and the CA's certificate.
+pub fn ca_signed_cert(dir: &Path) -> (TlsFiles, std::path::PathBuf) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("openssl (make setup installs it)");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    openssl(
+        &[
+            &["req", "-x509"],
+            &ec[..],
+            &["-days", "1", "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem"],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[&["req", "-new"], &ec[..], &["-subj", "/CN=localhost", "-keyout", "key.pem", "-out", "leaf.csr"]]
+            .concat(),
+    );
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-set_serial",
+        "2",
+        "-days",
+        "1",
+        "-extfile",
+        "leaf.ext",
+        "-out",
+        "cert.pem",
+    ]);
+    (TlsFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem") }, dir.join("ca.pem"))
+}
+
 /// A runtime for tests that drive the workers' blocking client ([`Session`]).
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
@@ -208,7 +263,7 @@ pub fn worker(
     deadline: Duration,
 ) -> Exchange {
     let l = layout();
-    let clients = PsClient::for_shards(&urls.join(","), Some(TOKEN.into())).unwrap();
+    let clients = PsClient::for_shards(&urls.join(","), Some(TOKEN.into()), None).unwrap();
     let retry = Retry::new(deadline, m as u64);
     let (session, joined) =
         Session::start(clients, rt.handle().clone(), m, l.clone(), &init(&l), retry).unwrap();
