@@ -264,7 +264,8 @@ async fn a_full_checkpoint_volume_fails_the_write_and_loses_nothing() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect::<Vec<_>>();
     names.sort();
-    assert_eq!(names, ["ckpt-000000000002.safetensors", "filler"], "no partial file is left");
+    // (.lock: the process's ownership of the directory, see dir_lock.)
+    assert_eq!(names, [".lock", "ckpt-000000000002.safetensors", "filler"], "no partial file is left");
     assert_eq!(newest_checkpoint(&ckpt), at_2, "the last good checkpoint is intact");
 
     std::fs::remove_file(ckpt.join("filler")).unwrap();
