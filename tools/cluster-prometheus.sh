@@ -17,7 +17,7 @@
 #   the Service, as prometheus-operator names it.
 # - `foresight-jobs` is templates/podmonitor.yaml as prometheus-operator renders a PodMonitor:
 #   role pod in every namespace, the pods selected by foresight.jobPodSelector (name foresight,
-#   managed-by foresight-operator, component parameter-server or worker), ports `http` (PS) and
+#   managed-by foresight-operator, component parameter-server or worker), ports `http` or `https` (PS, the latter scraped over TLS without checking the per-job CA) and
 #   `metrics` (workers), Succeeded/Failed pods dropped, no honor_labels (the chart's default:
 #   the series' own `job`/`namespace` become exported_*), `job` from the pod's foresight.dev/job
 #   label (the PodMonitor's jobLabel), the podTargetLabels as foresight_dev_job and
@@ -83,6 +83,25 @@ EOF
   local sd="api_server: $api
       tls_config: {ca_file: $ca}
       authorization: {credentials_file: $dir/token}"
+  # The PodMonitor's endpoints: h2c parameter servers and workers, and (psTls) parameter servers
+  # serving HTTPS, whose per-job CA the scrape does not hold.
+  local job_relabels
+  job_relabels=$(cat <<EOF
+    - {action: keep, source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_name], regex: foresight}
+    - {action: keep, source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_managed_by], regex: foresight-operator}
+    - {action: keep, source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], regex: parameter-server|worker}
+    - {action: drop, source_labels: [__meta_kubernetes_pod_phase], regex: Failed|Succeeded}
+    - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
+    - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
+    - {source_labels: [__meta_kubernetes_pod_container_name], target_label: container}
+    - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_job], target_label: foresight_dev_job}
+    - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], target_label: app_kubernetes_io_component}
+    - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_ps_shard], target_label: foresight_dev_ps_shard}
+    - {source_labels: [__meta_kubernetes_pod_container_port_name], target_label: endpoint}
+    - {target_label: job, replacement: $release_ns/foresight-jobs}
+    - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_job], target_label: job, regex: (.+)}
+EOF
+)
   cat >"$dir/prometheus.yml" <<EOF
 global: {scrape_interval: $interval, scrape_timeout: $interval, evaluation_interval: $interval}
 scrape_configs:
@@ -105,20 +124,17 @@ scrape_configs:
     - role: pod
       $sd
     relabel_configs:
-    - {action: keep, source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_name], regex: foresight}
-    - {action: keep, source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_managed_by], regex: foresight-operator}
-    - {action: keep, source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], regex: parameter-server|worker}
     - {action: keep, source_labels: [__meta_kubernetes_pod_container_port_name], regex: http|metrics}
-    - {action: drop, source_labels: [__meta_kubernetes_pod_phase], regex: Failed|Succeeded}
-    - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
-    - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
-    - {source_labels: [__meta_kubernetes_pod_container_name], target_label: container}
-    - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_job], target_label: foresight_dev_job}
-    - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], target_label: app_kubernetes_io_component}
-    - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_ps_shard], target_label: foresight_dev_ps_shard}
-    - {source_labels: [__meta_kubernetes_pod_container_port_name], target_label: endpoint}
-    - {target_label: job, replacement: $release_ns/foresight-jobs}
-    - {source_labels: [__meta_kubernetes_pod_label_foresight_dev_job], target_label: job, regex: (.+)}
+$job_relabels
+  - job_name: foresight-jobs-tls
+    scheme: https
+    tls_config: {insecure_skip_verify: true}
+    kubernetes_sd_configs:
+    - role: pod
+      $sd
+    relabel_configs:
+    - {action: keep, source_labels: [__meta_kubernetes_pod_container_port_name], regex: https}
+$job_relabels
 EOF
   local port
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -33,7 +33,9 @@
 #      worker-kill  a worker pod of a job with local steps (localSteps 4, asgd outer step) deleted
 #                   mid-run: its replacement resumes (its log says so), the PS counts more joins
 #                   than workers and no stale_seq, the job Succeeds;
-#      ps-kill      the PS pod deleted mid-run, with checkpoint storage: the new PS restores the
+#      ps-kill      the PS serves TLS (the chart's psTls): its Service's name verified with the
+#                   job's CA, no cleartext, the workers told https://; the PS pod deleted mid-run,
+#                   with checkpoint storage: the new PS restores the
 #                   checkpoint, the status says so (ParameterServerRestarted condition, reason
 #                   RestoredCheckpoint, and a Warning event), the job Succeeds;
 #      python       examples/python/mnist-cluster.yaml as its comments say, with 2 workers, 3
@@ -124,7 +126,29 @@ ps_metrics() {
   local ip
   ip=$(kc -n "$1" get pods -l "foresight.dev/job=$2,app.kubernetes.io/component=parameter-server" \
     -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.status.podIP}{"\n"}{end}' 2>/dev/null | awk 'NR == 1')
-  [[ -n $ip ]] && curl -fsS --max-time 3 "http://$ip:8080/metrics" 2>/dev/null
+  # (The chart's psTls: HTTPS, whose per-job CA the PS's own check below verifies.)
+  [[ -n $ip ]] && { curl -fsS --max-time 3 -k "https://$ip:8080/metrics" 2>/dev/null ||
+    curl -fsS --max-time 3 "http://$ip:8080/metrics" 2>/dev/null; }
+}
+# NS NAME: the job's PS serves TLS with the certificate the operator issued for its Service's
+# name, verified with the job's CA from its Secret, and no cleartext; the system's CAs do not
+# vouch for it; the workers are told https://.
+check_ps_tls() {
+  local ns=$1 name=$2 secret ip host=$2-ps.$1.svc ca=$out/$2-ca.crt
+  secret=$(kc -n "$ns" get secret -l "foresight.dev/job=$name" -o jsonpath='{range .items[?(@.type=="kubernetes.io/tls")]}{.metadata.name}{end}')
+  [[ -n $secret ]] || fail "no kubernetes.io/tls Secret for tj/$name"
+  kc -n "$ns" get secret "$secret" -o jsonpath='{.data.ca\.crt}' | base64 -d >"$ca"
+  ip=$(kc -n "$ns" get pods -l "foresight.dev/job=$name,app.kubernetes.io/component=parameter-server" \
+    -o jsonpath='{.items[?(@.status.phase=="Running")].status.podIP}' | awk '{ print $1 }')
+  curl -fsS --max-time 5 --cacert "$ca" --resolve "$host:8080:$ip" "https://$host:8080/healthz" >/dev/null ||
+    fail "the PS at $ip does not serve $host over TLS with the job's CA"
+  if curl -fsS --max-time 5 "http://$ip:8080/healthz" >/dev/null 2>&1; then fail "the PS answers cleartext HTTP"; fi
+  if curl -fsS --max-time 5 --resolve "$host:8080:$ip" "https://$host:8080/healthz" >/dev/null 2>&1; then
+    fail "the system's CAs vouch for the PS's certificate"
+  fi
+  [[ $(field "$ns" "job/$name-workers" '{.spec.template.spec.containers[0].env[?(@.name=="FORESIGHT_PS_URL")].value}') == https://* ]] ||
+    fail "the workers are not told an https:// URL"
+  log "PS serves TLS (Secret $secret): $host verified with the job's CA ($(openssl x509 -noout -subject -in "$ca" | sed 's/^subject=//')); cleartext and the system's CAs refused; workers told https://"
 }
 metric() { # NAME [LABEL-FILTER]: value from stdin (a /metrics text), 0 when absent
   awk -v m="$1" -v f="${2:-}" '($1 == m || index($1, m "{") == 1) && index($1, f) { v = $NF } END { print v + 0 }'
@@ -651,6 +675,7 @@ case_ps_kill() {
   dir=$(claim_dir $ns $name-ps-checkpoints)
   wait_for 600 "tj/$name training (PS version ≥ 30)" version_at_least $ns $name 30
   wait_for 120 "a checkpoint on claim $name-ps-checkpoints" eval '[[ -n $(find '"$dir"' -name "*.safetensors" -newer '"$out"'/e2e.started 2>/dev/null) ]]'
+  check_ps_tls $ns $name
   local old v
   old=$(pods_of $ns $name parameter-server | awk 'NR == 1')
   v=$(ps_version $ns $name || true)

@@ -114,6 +114,13 @@ struct OperatorArgs {
     /// change it only when the operator runs outside the cluster.
     #[arg(long, env = "FORESIGHT_PS_URL_TEMPLATE", default_value = "http://{name}-ps.{namespace}.svc:8080")]
     ps_url: String,
+    /// Jobs started from now on talk to their parameter server over TLS: the operator issues
+    /// each job a CA and a certificate for its PS's Services (a Secret `<job>-ps-tls-<uid>`,
+    /// derived from the token key), the workers trust that CA, and so does the operator for its
+    /// own calls (the `http://` of --ps-url becomes `https://`). A job keeps the transport it
+    /// started with.
+    #[arg(long, env = "FORESIGHT_PS_TLS")]
+    ps_tls: bool,
     /// Seconds between reads of a running job's progress from its parameter server. Each read
     /// that finds the model moved writes the job's status: at 1,000 jobs, 60 s is about 17
     /// status writes a second. The PS's own metrics are live whatever this is.
@@ -362,7 +369,11 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
     });
     let settings = controller::Settings {
         watch,
-        defaults: ChildDefaults { ps_image: a.ps_image.clone(), worker_image: a.worker_image.clone() },
+        defaults: ChildDefaults {
+            ps_image: a.ps_image.clone(),
+            worker_image: a.worker_image.clone(),
+            ps_tls: a.ps_tls,
+        },
         token_key,
         previous_token_key,
         ps_url: a.ps_url.clone(),

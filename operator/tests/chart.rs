@@ -457,6 +457,11 @@ fn rbac_grants_exactly_the_operator_contract() {
     assert_eq!(find(&objs, "ClusterRole", "foresight")["rules"], rules);
     assert!(!env(deploy).contains_key("FORESIGHT_PS_NETWORK_POLICY"), "off by default");
 
+    // psTls.enabled: on by default; off, the operator is not told.
+    assert_eq!(env(deploy)["FORESIGHT_PS_TLS"], "true", "on by default");
+    let objs = objects(&template(&["--set", "psTls.enabled=false"]));
+    assert!(!env(find(&objs, "Deployment", "foresight")).contains_key("FORESIGHT_PS_TLS"));
+
     // rbac.create=false, serviceAccount.create=false: neither.
     let objs = objects(&template(&["--set", "rbac.create=false", "--set", "serviceAccount.create=false"]));
     let left = kinds(&objs);
@@ -522,7 +527,16 @@ fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
         .map(|e| (e["port"].as_str().unwrap(), e["path"].as_str().unwrap(), e["honorLabels"] == true))
         .collect();
     // job and namespace from Kubernetes, not from what the pods expose (tenants cannot spoof).
-    assert_eq!(endpoints, [("http", "/metrics", false), ("metrics", "/metrics", false)]);
+    assert_eq!(
+        endpoints,
+        [("http", "/metrics", false), ("metrics", "/metrics", false), ("https", "/metrics", false)]
+    );
+    // A PS serving TLS (psTls) is scraped over HTTPS; its per-job CA is not Prometheus's.
+    let https = &pm["spec"]["podMetricsEndpoints"][2];
+    assert_eq!(
+        (&https["scheme"], &https["tlsConfig"]),
+        (&json!("https"), &json!({"insecureSkipVerify": true}))
+    );
     assert_eq!(pm["spec"]["jobLabel"], "foresight.dev/job");
 
     // Every dashboard file, under the sidecar's label.

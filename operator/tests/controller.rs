@@ -911,17 +911,31 @@ fn a_parameter_server_a_quota_refuses_is_reported_as_such() {
 /// New default images (an operator upgraded by its chart) reach new jobs only: a running job
 /// keeps the images recorded in its status when it started, and one started before that record
 /// existed keeps the images its children run.
+/// New default images, and TLS turned on (`--ps-tls`, the chart's default), reach new jobs only:
+/// a running job keeps its images and its h2c, so its PS is not restarted by an upgrade.
 #[test]
 fn new_default_images_never_roll_a_running_job() {
     let cp = control_plane();
     let ns = cp.namespace("upgrade-images");
     let images = |v: &str| {
         let (ps, w) = (format!("example.com/ps:{v}"), format!("example.com/worker:{v}"));
-        ["--leader-elect=false", "--ps-image", &ps, "--worker-image", &w].map(String::from)
+        let mut flags =
+            ["--leader-elect=false", "--ps-image", &ps, "--worker-image", &w].map(String::from).to_vec();
+        flags.extend((v != "1").then(|| "--ps-tls".to_string()));
+        flags
     };
     let start = |v: &str| {
         let flags = images(v);
         Operator::start(cp, &ns, &flags.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let ps_env = |job: &str, name: &str| {
+        let d = cp.get_json(&ns, &format!("deployment/{job}-ps"))?;
+        let env = d["spec"]["template"]["spec"]["containers"][0]["env"].as_array()?.clone();
+        env.into_iter().find(|e| e["name"] == name).map(|e| e["value"].clone())
+    };
+    let tls_secret = |job: &str| {
+        let uid = cp.get_json(&ns, &format!("trainingjob/{job}"))?["metadata"]["uid"].as_str()?.to_string();
+        cp.get_json(&ns, &format!("secret/{job}-ps-tls-{}", &uid[..8]))
     };
     let ps_image = |job: &str| {
         cp.get_json(&ns, &format!("deployment/{job}-ps"))
@@ -946,7 +960,7 @@ fn new_default_images_never_roll_a_running_job() {
     });
     assert_eq!(
         st["defaultImages"],
-        json!({"parameterServer": "example.com/ps:1", "worker": "example.com/worker:1"})
+        json!({"parameterServer": "example.com/ps:1", "worker": "example.com/worker:1", "parameterServerTls": false})
     );
     drop(op);
 
@@ -958,6 +972,14 @@ fn new_default_images_never_roll_a_running_job() {
     assert_eq!(worker_image("old"), Some(json!("example.com/worker:1")));
     assert_eq!(ps_image("new"), Some(json!("example.com/ps:2")), "a new job takes the new defaults");
     assert_eq!(worker_image("new"), Some(json!("example.com/worker:2")));
+    // TLS: the old job keeps h2c, the new one gets its certificates.
+    assert_eq!(ps_env("old", "FORESIGHT_TLS_CERT"), None, "the running job's PS is not moved to TLS");
+    assert!(tls_secret("old").is_none());
+    assert_eq!(ps_env("new", "FORESIGHT_TLS_CERT"), Some(json!("/etc/foresight/tls/tls.crt")));
+    assert_eq!(status(cp, &ns, "new")["defaultImages"]["parameterServerTls"], true);
+    let secret = wait_for("the new job's TLS Secret", LONG, || tls_secret("new"));
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    check_certificate(&secret, &format!("new-ps.{ns}.svc"));
     drop(op);
 
     // A job without the record (started by an operator that did not keep it): the images its
@@ -983,8 +1005,10 @@ fn new_default_images_never_roll_a_running_job() {
         s["defaultImages"].is_object().then_some(s)
     });
     assert_eq!(st["defaultImages"]["parameterServer"], "example.com/ps:1", "{st:#}");
+    assert_eq!(st["defaultImages"]["parameterServerTls"], false, "{st:#}");
     assert_eq!(ps_image("old"), Some(json!("example.com/ps:1")));
     assert_eq!(worker_image("old"), Some(json!("example.com/worker:1")));
+    assert_eq!(ps_env("old", "FORESIGHT_TLS_CERT"), None);
 }
 
 #[test]
@@ -1686,4 +1710,28 @@ fn a_disruption_budget_keeps_evictions_from_the_ready_parameter_server_until_tur
     wait_for("the budget deleted", LONG, || cp.get_json(&ns, "pdb/guarded-ps").is_none().then_some(()));
     let allowed = evict();
     assert!(allowed.status.success(), "{}", String::from_utf8_lossy(&allowed.stderr));
+}
+
+/// The job's TLS Secret holds a certificate its CA signed for `host` (openssl's check).
+fn check_certificate(secret: &Value, host: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    for key in ["ca.crt", "tls.crt", "tls.key"] {
+        let pem = support::base64_decode(secret["data"][key].as_str().unwrap_or_else(|| panic!("no {key}")));
+        std::fs::write(dir.path().join(key), pem).unwrap();
+    }
+    let verify = |host: &str| {
+        Command::new("openssl")
+            .current_dir(dir.path())
+            .args(["verify", "-CAfile", "ca.crt", "-verify_hostname", host, "tls.crt"])
+            .output()
+            .expect("openssl")
+    };
+    let ok = verify(host);
+    assert!(
+        ok.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&ok.stdout),
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(!verify("another-ps.elsewhere.svc").status.success(), "the certificate holds another name");
 }

@@ -690,6 +690,11 @@ pub struct DefaultImages {
     pub parameter_server: String,
     /// The workers'.
     pub worker: String,
+    /// Whether the workers reach the PS over TLS with certificates the operator issued (the
+    /// operator's `--ps-tls` when the job started); absent for a job started before it, which
+    /// keeps h2c.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter_server_tls: Option<bool>,
 }
 
 /// The phase of a TrainingJob.

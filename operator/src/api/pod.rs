@@ -15,9 +15,10 @@ use serde::{Deserialize, Serialize};
 /// Prefix of the environment variables the operator sets.
 pub const RESERVED_ENV_PREFIX: &str = "FORESIGHT_";
 /// Names of the volumes the operator gives its pods.
-pub const RESERVED_VOLUMES: [&str; 4] = ["tmp", "dataset", "checkpoints", "output"];
+pub const RESERVED_VOLUMES: [&str; 6] = ["tmp", "dataset", "checkpoints", "output", "ps-tls", "ps-ca"];
 /// Where the operator mounts them (and `dataset.path`, the dataset's mount).
-pub const RESERVED_PATHS: [&str; 3] = ["/tmp", "/checkpoints", "/output"];
+pub const RESERVED_PATHS: [&str; 5] =
+    ["/tmp", "/checkpoints", "/output", "/etc/foresight/tls", "/etc/foresight/ps-ca"];
 /// The names of the operator's own containers.
 pub const RESERVED_CONTAINERS: [&str; 2] = ["worker", "parameter-server"];
 /// The label keys the operator sets on every pod: its selectors, the Services and the

@@ -12,10 +12,10 @@ use k8s_openapi::api::batch::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
-    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    KeyToPath, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -24,6 +24,7 @@ use kube::Resource;
 
 use super::kueue::{Admission, Admitted, FlavorPlacement};
 use super::ownership::Mark;
+use super::ps_tls::{CA_KEY, CERT_KEY, JobCertificates, PRIVATE_KEY_KEY};
 use crate::api::{DefaultImages, PodSettings, TrainingJob, ps_env, worker_env};
 
 mod guards;
@@ -99,17 +100,29 @@ pub struct ChildDefaults {
     pub ps_image: String,
     /// Image of the workers when the job names none.
     pub worker_image: String,
+    /// Whether workers reach the PS over TLS with certificates the operator issues
+    /// ([`super::ps_tls`]).
+    pub ps_tls: bool,
 }
 
 impl From<&DefaultImages> for ChildDefaults {
     fn from(d: &DefaultImages) -> Self {
-        Self { ps_image: d.parameter_server.clone(), worker_image: d.worker.clone() }
+        Self {
+            ps_image: d.parameter_server.clone(),
+            worker_image: d.worker.clone(),
+            // A job started by an operator before TLS keeps h2c: turning it on would restart its PS.
+            ps_tls: d.parameter_server_tls.unwrap_or(false),
+        }
     }
 }
 
 impl From<&ChildDefaults> for DefaultImages {
     fn from(d: &ChildDefaults) -> Self {
-        Self { parameter_server: d.ps_image.clone(), worker: d.worker_image.clone() }
+        Self {
+            parameter_server: d.ps_image.clone(),
+            worker: d.worker_image.clone(),
+            parameter_server_tls: Some(d.ps_tls),
+        }
     }
 }
 
@@ -118,6 +131,10 @@ impl From<&ChildDefaults> for DefaultImages {
 /// that was there before the job; a name nobody could know before the job existed settles it.
 pub fn secret_name(job: &str, uid: &str) -> String {
     format!("{job}-token-{}", uid.chars().take(8).collect::<String>())
+}
+/// The job's TLS Secret (its CA, the PS's certificate and key), named like the token Secret.
+pub fn tls_secret_name(job: &str, uid: &str) -> String {
+    format!("{job}-ps-tls-{}", uid.chars().take(8).collect::<String>())
 }
 pub fn ps_name(job: &str) -> String {
     format!("{job}-ps")
@@ -182,14 +199,27 @@ pub fn workers_name(job: &str) -> String {
     format!("{job}-workers")
 }
 
-/// The URL shard `shard` of the parameter server is reached at: its Service's cluster DNS name.
-pub fn ps_cluster_url(job: &str, namespace: &str, shard: usize) -> String {
-    format!("http://{}.{namespace}.svc:{PS_PORT}", ps_shard_name(job, shard))
+/// The URL shard `shard` of the parameter server is reached at: its Service's cluster DNS name,
+/// `https://` when it serves TLS.
+pub fn ps_cluster_url(job: &str, namespace: &str, shard: usize, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{}.{namespace}.svc:{PS_PORT}", ps_shard_name(job, shard))
 }
 
 /// The workers' `FORESIGHT_PS_URL`: every shard's URL, in shard order, separated by commas.
-pub fn ps_cluster_urls(job: &str, namespace: &str, shards: std::ops::Range<usize>) -> String {
-    shards.map(|i| ps_cluster_url(job, namespace, i)).collect::<Vec<_>>().join(",")
+pub fn ps_cluster_urls(job: &str, namespace: &str, shards: std::ops::Range<usize>, tls: bool) -> String {
+    shards.map(|i| ps_cluster_url(job, namespace, i, tls)).collect::<Vec<_>>().join(",")
+}
+
+/// Where the job's TLS Secret is mounted: the whole Secret in the PS's pods, the CA alone in the
+/// workers'.
+pub const TLS_DIR: &str = "/etc/foresight/tls";
+pub const PS_CA_DIR: &str = "/etc/foresight/ps-ca";
+
+/// The PS container port's name: `https` when it serves TLS, so that a scrape (the chart's
+/// PodMonitor) can tell which scheme a PS speaks.
+fn ps_port_name(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
 }
 
 /// Label of a sharded parameter server's pods (and its Services' selectors): which shard. An
@@ -267,6 +297,28 @@ impl<'a> Owner<'a> {
     /// The name of the job's token Secret.
     pub fn secret_name(&self) -> String {
         secret_name(&self.name, self.uid())
+    }
+
+    /// The name of the job's TLS Secret.
+    pub fn tls_secret_name(&self) -> String {
+        tls_secret_name(&self.name, self.uid())
+    }
+
+    /// The Services whose names the PS's certificate holds: one per shard.
+    pub fn ps_service_names(&self) -> Vec<String> {
+        self.ps_shards().map(|i| ps_shard_name(&self.name, i)).collect()
+    }
+
+    /// The Secret holding the job's CA and the PS's certificate and key.
+    pub fn tls_secret(&self, certs: &JobCertificates) -> Secret {
+        let data = [(CA_KEY, &certs.ca), (CERT_KEY, &certs.cert), (PRIVATE_KEY_KEY, &certs.key)]
+            .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())));
+        Secret {
+            metadata: self.meta(self.tls_secret_name(), COMPONENT_PS),
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(BTreeMap::from(data)),
+            ..Default::default()
+        }
     }
 
     /// The same owner under Kueue's `admission`.
@@ -394,8 +446,16 @@ impl<'a> Owner<'a> {
             env.extend(vars([("FORESIGHT_PS_SHARD", shard.to_string())]));
         }
         if shard == 0 && shards.len() > 1 {
-            let peers = ps_cluster_urls(&self.name, &self.namespace, 1..shards.end);
+            let peers = ps_cluster_urls(&self.name, &self.namespace, 1..shards.end, defaults.ps_tls);
             env.extend(vars([("FORESIGHT_PS_PEERS", peers)]));
+        }
+        if defaults.ps_tls {
+            // Its certificate and key; the CA for its calls to the other shards.
+            env.extend(vars([
+                ("FORESIGHT_TLS_CERT", format!("{TLS_DIR}/{CERT_KEY}")),
+                ("FORESIGHT_TLS_KEY", format!("{TLS_DIR}/{PRIVATE_KEY_KEY}")),
+                ("FORESIGHT_PS_CA_FILE", format!("{TLS_DIR}/{CA_KEY}")),
+            ]));
         }
         let checkpoints = match self.checkpoint_storage() {
             Some(_) => Volume {
@@ -410,6 +470,10 @@ impl<'a> Owner<'a> {
         };
         let mut volumes = vec![checkpoints, empty_dir("tmp")];
         let mut mounts = vec![mount("checkpoints", CHECKPOINT_DIR, false), mount("tmp", "/tmp", false)];
+        if defaults.ps_tls {
+            volumes.push(secret_volume("ps-tls", &self.tls_secret_name(), None));
+            mounts.push(mount("ps-tls", TLS_DIR, true));
+        }
         if let (0, ModelPlace::Output { claim, .. }) = (shard, self.model_place()) {
             volumes.push(Volume {
                 name: "output".into(),
@@ -421,10 +485,13 @@ impl<'a> Owner<'a> {
             });
             mounts.push(mount("output", OUTPUT_DIR, false));
         }
+        let port = ps_port_name(defaults.ps_tls);
         let probe = |path: &str, period: i32| Probe {
             http_get: Some(HTTPGetAction {
                 path: Some(path.into()),
-                port: IntOrString::String("http".into()),
+                port: IntOrString::String(port.into()),
+                // The kubelet does not check the certificate of an HTTPS probe.
+                scheme: defaults.ps_tls.then(|| "HTTPS".into()),
                 ..Default::default()
             }),
             period_seconds: Some(period),
@@ -435,7 +502,7 @@ impl<'a> Owner<'a> {
             image: Some(spec.parameter_server.image.clone().unwrap_or_else(|| defaults.ps_image.clone())),
             env: Some(env),
             ports: Some(vec![ContainerPort {
-                name: Some("http".into()),
+                name: Some(port.into()),
                 container_port: PS_PORT,
                 protocol: Some("TCP".into()),
                 ..Default::default()
@@ -486,17 +553,18 @@ impl<'a> Owner<'a> {
         }
     }
 
-    pub fn ps_service(&self, shard: usize) -> Service {
+    pub fn ps_service(&self, shard: usize, tls: bool) -> Service {
+        let port = ps_port_name(tls);
         Service {
             metadata: self.meta(ps_shard_name(&self.name, shard), COMPONENT_PS),
             spec: Some(ServiceSpec {
                 selector: Some(self.ps_pod_labels(shard)),
                 ports: Some(vec![ServicePort {
-                    name: Some("http".into()),
+                    name: Some(port.into()),
                     port: PS_PORT,
-                    target_port: Some(IntOrString::String("http".into())),
+                    target_port: Some(IntOrString::String(port.into())),
                     protocol: Some("TCP".into()),
-                    app_protocol: Some("kubernetes.io/h2c".into()),
+                    app_protocol: Some(if tls { "https" } else { "kubernetes.io/h2c" }.into()),
                     ..Default::default()
                 }]),
                 ..Default::default()
@@ -534,7 +602,7 @@ impl<'a> Owner<'a> {
             spec,
             &self.name,
             &self.namespace,
-            &ps_cluster_urls(&self.name, &self.namespace, self.ps_shards()),
+            &ps_cluster_urls(&self.name, &self.namespace, self.ps_shards(), defaults.ps_tls),
         ));
         env.push(EnvVar {
             name: "FORESIGHT_WORKER_INDEX".into(),
@@ -548,6 +616,9 @@ impl<'a> Owner<'a> {
             ..Default::default()
         });
         env.push(token_var(&self.secret_name(), "FORESIGHT_TOKEN", TOKEN_KEY));
+        if defaults.ps_tls {
+            env.extend(vars([("FORESIGHT_PS_CA_FILE", format!("{PS_CA_DIR}/{CA_KEY}"))]));
+        }
         env.extend(vars([
             ("FORESIGHT_METRICS_ADDR", format!("0.0.0.0:{WORKER_METRICS_PORT}")),
             ("FORESIGHT_LOG_FORMAT", "json".to_string()),
@@ -563,6 +634,11 @@ impl<'a> Owner<'a> {
         if let Some(v) = &spec.dataset.volume {
             volumes.push(Volume { name: "dataset".into(), ..v.clone() });
             mounts.push(mount("dataset", &spec.dataset.path, true));
+        }
+        if defaults.ps_tls {
+            // The CA alone: a worker pod never holds the PS's key.
+            volumes.push(secret_volume("ps-ca", &self.tls_secret_name(), Some(CA_KEY)));
+            mounts.push(mount("ps-ca", PS_CA_DIR, true));
         }
         let container = Container {
             name: "worker".into(),
@@ -763,6 +839,19 @@ fn claim(metadata: ObjectMeta, size: &str) -> PersistentVolumeClaim {
 
 fn empty_dir(name: &str) -> Volume {
     Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }
+}
+
+/// Secret `secret` as volume `name`: every key, or `only` that one.
+fn secret_volume(name: &str, secret: &str, only: Option<&str>) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items: only.map(|k| vec![KeyToPath { key: k.into(), path: k.into(), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {

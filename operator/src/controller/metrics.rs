@@ -33,7 +33,8 @@ pub const PHASES: [Phase; 7] = [
 pub const API_VERBS: [&str; 6] = ["watch", "get", "post", "patch", "put", "delete"];
 
 /// The `reason` values of `foresight_operator_reconcile_errors_total`.
-pub const ERROR_REASONS: [&str; 4] = ["kube_api", "conflict", "incomplete_object", "name_conflict"];
+pub const ERROR_REASONS: [&str; 5] =
+    ["kube_api", "conflict", "incomplete_object", "name_conflict", "certificates"];
 
 pub fn phase_name(p: Phase) -> &'static str {
     match p {

@@ -15,6 +15,7 @@ pub mod metrics;
 mod ownership;
 mod pod_index;
 mod pods;
+pub mod ps_tls;
 pub mod scope;
 pub mod status;
 pub mod token;
@@ -67,6 +68,8 @@ pub enum Error {
         "{kind} {name} exists and is not this job's ({holder}); the operator leaves it alone: delete or rename it, or give the TrainingJob another name"
     )]
     NotOurs { kind: String, name: String, holder: String },
+    #[error("the job's TLS certificates: {0}")]
+    Certificates(#[from] ps_tls::IssueError),
 }
 
 impl Error {
@@ -77,6 +80,7 @@ impl Error {
             Error::Kube(_) => "KubernetesAPIError".into(),
             Error::Incomplete => "IncompleteObject".into(),
             Error::NotOurs { .. } => "NameConflict".into(),
+            Error::Certificates(_) => "CertificateError".into(),
         }
     }
 
@@ -92,6 +96,7 @@ impl Error {
             Error::Kube(_) => "kube_api",
             Error::Incomplete => "incomplete_object",
             Error::NotOurs { .. } => "name_conflict",
+            Error::Certificates(_) => "certificates",
         }
     }
 }
@@ -172,9 +177,45 @@ impl Context {
         self.progress_read.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
 
-    fn ps_url(&self, name: &str, namespace: &str) -> String {
-        self.settings.ps_url.replace("{name}", name).replace("{namespace}", namespace)
+    /// How the operator reaches job `owner`'s PS (shard 0, which passes calls on): its URL, and
+    /// when the PS serves TLS, `https://` trusting the job's CA (of the current token key and of
+    /// the previous one: the key a job's certificates came from is not recorded).
+    fn ps_addr(&self, owner: &Owner<'_>, tls: bool) -> PsAddr {
+        let url =
+            self.settings.ps_url.replace("{name}", &owner.name).replace("{namespace}", &owner.namespace);
+        if !tls {
+            return PsAddr { url, tls: None };
+        }
+        let url = url.strip_prefix("http://").map_or(url.clone(), |rest| format!("https://{rest}"));
+        let keys = std::iter::once(&self.settings.token_key).chain(self.settings.previous_token_key.as_ref());
+        let trust = ps_tls::trust(keys, owner.uid(), created_s(owner.job));
+        if let Err(e) = &trust {
+            tracing::warn!(job = %owner.name, error = %e, "no CA to trust for the job's parameter server");
+        }
+        PsAddr { url, tls: trust.ok() }
     }
+}
+
+/// Where the operator calls a job's parameter server.
+struct PsAddr {
+    url: String,
+    /// The roots an `https://` URL is checked against.
+    tls: Option<foresight_ps::client::ClientTls>,
+}
+
+impl PsAddr {
+    fn client(
+        &self,
+        token: String,
+    ) -> Result<foresight_ps::client::PsClient, foresight_ps::client::ClientError> {
+        foresight_ps::client::PsClient::with_tls(&self.url, Some(token), self.tls.as_ref())
+    }
+}
+
+/// The job's creation time in Unix seconds (its certificates' validity starts there); 0 when
+/// it has none yet, as an object read from the API server always has.
+fn created_s(job: &TrainingJob) -> i64 {
+    job.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second())
 }
 
 /// Runs the operator until SIGTERM/SIGINT (Ok) or until it loses its lease (Err): serves the
@@ -459,8 +500,8 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     if admission::default_queue(ctx, job, &owner).await? {
         return Ok(Action::await_change());
     }
-    let token = apply_stable_children(ctx, &owner).await?;
     let defaults = job_defaults(ctx, &owner, &old);
+    let token = apply_stable_children(ctx, &owner, &defaults).await?;
     let admission = admission::admit(ctx, job, &owner, &defaults).await?;
     let owner = owner.with_admission(admission);
     let PodChildren { ps: ps_deployments, ready_shards, workers, failed_earlier, deferred } =
@@ -479,7 +520,7 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         let since = status::active_since(&old)?;
         Some(d as f64 - now.0.duration_since(since.0).as_secs_f64())
     });
-    let ps = ctx.ps_url(&owner.name, &owner.namespace);
+    let ps = ctx.ps_addr(&owner, defaults.ps_tls);
     // Only when a call to the PS is due: a PS not ready (scaled to 0 by Kueue, starting) would
     // cost a request, up to its timeout, on every reconcile.
     let token = if ps_ready || worker_job.complete {
@@ -550,10 +591,15 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
 /// Services and what guards the PS (its NetworkPolicy and PodDisruptionBudget, when asked
 /// for). Returns the control token, the operator's credential for its own calls to the PS
 /// (status, rescale, finalize).
-async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>) -> Result<String> {
+async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>, defaults: &ChildDefaults) -> Result<String> {
     let (workers_token, token) =
         (ctx.settings.token_key.job_token(owner.uid()), ctx.settings.token_key.control_token(owner.uid()));
     writes::create_once(ctx, &owner.secret(&workers_token, &token)).await?;
+    if defaults.ps_tls {
+        let names = ps_tls::server_names(owner.ps_service_names(), &owner.namespace);
+        let certs = ps_tls::issue(&ctx.settings.token_key, owner.uid(), created_s(owner.job), names)?;
+        writes::create_once(ctx, &owner.tls_secret(&certs)).await?;
+    }
     let own = owner.mark();
     for pvc in owner.pvcs() {
         let seen = ctx.caches.claim(&owner.namespace, &pvc.name_any());
@@ -564,7 +610,7 @@ async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>) -> Result<Strin
         writes::apply(ctx, pvc, seen, Mark::Labels { job: &owner.name }).await?;
     }
     for shard in owner.ps_shards() {
-        let service = owner.ps_service(shard);
+        let service = owner.ps_service(shard, defaults.ps_tls);
         let seen = ctx.caches.service(&owner.namespace, &service.name_any());
         writes::apply(ctx, service, seen, own).await?;
     }
@@ -737,7 +783,8 @@ async fn apply_worker_job(
 /// operator first handled it, so that new operator defaults (a chart upgrade) never roll a
 /// running job's pods. A job an operator before that record started keeps the images its
 /// children run (read from the caches, and only from children that are the job's); a new job
-/// takes the operator's defaults.
+/// takes the operator's defaults. The same for TLS between workers and PS: a running PS keeps
+/// the transport it has.
 fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobStatus) -> ChildDefaults {
     if let Some(d) = &old.default_images {
         return d.into();
@@ -746,13 +793,19 @@ fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobStatus) -> Ch
     let image = |spec: Option<PodSpec>| spec?.containers.into_iter().next()?.image;
     let spec = &owner.job.spec;
 
-    if spec.parameter_server.image.is_none() {
-        let running = ctx.caches.deployment(&owner.namespace, &children::ps_name(&owner.name));
-        if let Some(i) = image(
-            running.filter(|d| writes::ours(d, owner.mark()).is_ok()).and_then(|d| d.spec.template.spec),
-        ) {
-            defaults.ps_image = i;
-        }
+    let running_ps = ctx
+        .caches
+        .deployment(&owner.namespace, &children::ps_name(&owner.name))
+        .filter(|d| writes::ours(d, owner.mark()).is_ok())
+        .and_then(|d| d.spec.template.spec);
+    if let Some(pod) = &running_ps {
+        let env = pod.containers.first().and_then(|c| c.env.as_ref());
+        defaults.ps_tls = env.is_some_and(|env| env.iter().any(|e| e.name == "FORESIGHT_TLS_CERT"));
+    }
+    if spec.parameter_server.image.is_none()
+        && let Some(i) = image(running_ps)
+    {
+        defaults.ps_image = i;
     }
     if spec.workers.image.is_none() {
         let running = ctx.caches.job(&owner.namespace, &children::workers_name(&owner.name));
@@ -801,7 +854,7 @@ async fn observe_ps(
     ctx: &Context,
     job: &TrainingJob,
     old: &TrainingJobStatus,
-    url: &str,
+    ps: &PsAddr,
     token: &str,
 ) -> (Option<Progress>, Option<PsProcess>) {
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
@@ -814,8 +867,8 @@ async fn observe_ps(
     if !(ctx.progress_due(uid) || spec_changed || came_up) {
         return (None, None);
     }
-    let Some(status) = read_ps_status(url, token).await else { return (None, None) };
-    tell_ps_workers(ctx, job, url, token, &status).await;
+    let Some(status) = read_ps_status(ps, token).await else { return (None, None) };
+    tell_ps_workers(ctx, job, ps, token, &status).await;
     (Some(progress_of(&status)), ps_process_of(&status))
 }
 
@@ -823,14 +876,14 @@ async fn observe_ps(
 /// previous key's for a job created before it (its pods hold the tokens of its Secret, written
 /// once). Without a previous key, no request is made; with one, the PS is asked until it has
 /// answered once for this job, and the answer is kept.
-async fn accepted_control_token(ctx: &Context, url: &str, uid: &str, current: String) -> String {
+async fn accepted_control_token(ctx: &Context, ps: &PsAddr, uid: &str, current: String) -> String {
     let Some(previous) = &ctx.settings.previous_token_key else { return current };
     let known = ctx.previous_key.lock().unwrap_or_else(|e| e.into_inner()).get(uid).copied();
     let uses_previous = match known {
         Some(p) => p,
-        None => match token_accepted(url, current.clone()).await {
+        None => match token_accepted(ps, current.clone()).await {
             Some(true) => false,
-            Some(false) if token_accepted(url, previous.control_token(uid)).await == Some(true) => true,
+            Some(false) if token_accepted(ps, previous.control_token(uid)).await == Some(true) => true,
             // No answer, or neither token taken: ask again on a later reconcile.
             _ => return current,
         },
@@ -840,8 +893,8 @@ async fn accepted_control_token(ctx: &Context, url: &str, uid: &str, current: St
 }
 
 /// Whether the PS at `url` accepts `token` (`None`: it did not answer within 3 s).
-async fn token_accepted(url: &str, token: String) -> Option<bool> {
-    let client = foresight_ps::client::PsClient::new(url, Some(token)).ok()?;
+async fn token_accepted(ps: &PsAddr, token: String) -> Option<bool> {
+    let client = ps.client(token).ok()?;
     match tokio::time::timeout(Duration::from_secs(3), client.status()).await {
         Ok(Ok(_)) => Some(true),
         Ok(Err(e)) if e.reason() == Some("unauthorized") => Some(false),
@@ -850,12 +903,12 @@ async fn token_accepted(url: &str, token: String) -> Option<bool> {
 }
 
 /// The parameter server's `/v1/status`; `None` when it does not answer.
-async fn read_ps_status(url: &str, token: &str) -> Option<serde_json::Value> {
-    let client = foresight_ps::client::PsClient::new(url, Some(token.to_string())).ok()?;
+async fn read_ps_status(ps: &PsAddr, token: &str) -> Option<serde_json::Value> {
+    let client = ps.client(token.to_string()).ok()?;
     match tokio::time::timeout(Duration::from_secs(3), client.status()).await {
         Ok(Ok(v)) => Some(v),
         Ok(Err(e)) => {
-            tracing::debug!(%url, error = %e, "parameter server status");
+            tracing::debug!(url = %ps.url, error = %e, "parameter server status");
             None
         }
         Err(_) => None,
@@ -867,7 +920,7 @@ async fn read_ps_status(url: &str, token: &str) -> Option<serde_json::Value> {
 async fn tell_ps_workers(
     ctx: &Context,
     job: &TrainingJob,
-    url: &str,
+    ps: &PsAddr,
     token: &str,
     status: &serde_json::Value,
 ) {
@@ -876,7 +929,7 @@ async fn tell_ps_workers(
     if current == u64::from(desired) {
         return;
     }
-    let result = match foresight_ps::client::PsClient::new(url, Some(token.to_string())) {
+    let result = match ps.client(token.to_string()) {
         Ok(c) => match tokio::time::timeout(Duration::from_secs(3), c.set_workers(desired as usize)).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err("no answer within 3s".into()),
@@ -919,8 +972,8 @@ fn progress_of(v: &serde_json::Value) -> Progress {
 /// Asks the parameter server to write the final model (when no worker has recorded that the
 /// PS wrote it already); gives up `grace` after the workers finished (the job then fails for
 /// want of its model rather than keeping the PS forever).
-async fn finalize(url: &str, token: &str, workers: &Job, grace: Duration) -> Finalize {
-    let result = match foresight_ps::client::PsClient::new(url, Some(token.to_string())) {
+async fn finalize(ps: &PsAddr, token: &str, workers: &Job, grace: Duration) -> Finalize {
+    let result = match ps.client(token.to_string()) {
         Ok(client) => match tokio::time::timeout(Duration::from_secs(30), client.finalize()).await {
             Ok(Ok(m)) => return Finalize::Done { version: m.version, path: m.path, earlier: m.earlier },
             Ok(Err(e)) => e.to_string(),

@@ -41,8 +41,13 @@ impl TokenKey {
     }
 
     fn derive(&self, label: &str) -> String {
+        self.seed(label).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// 32 secret bytes for `label`: the seed of a job's TLS keys ([`super::ps_tls`]).
+    pub fn seed(&self, label: &str) -> [u8; 32] {
         let tag = hmac::sign(&self.0, label.as_bytes());
-        tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+        tag.as_ref().try_into().expect("HMAC-SHA256 tags are 32 bytes")
     }
 }
 

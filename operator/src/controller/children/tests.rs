@@ -24,7 +24,7 @@ spec:
 "#;
 
 fn defaults() -> ChildDefaults {
-    ChildDefaults { ps_image: "ps:1".into(), worker_image: "worker:1".into() }
+    ChildDefaults { ps_image: "ps:1".into(), worker_image: "worker:1".into(), ps_tls: false }
 }
 
 fn env<'a>(c: &'a Container, name: &str) -> &'a EnvVar {
@@ -37,7 +37,7 @@ fn every_child_is_owned_by_the_job_and_labelled() {
     let o = Owner::new(&j).unwrap();
     let metas = [
         o.secret("t", "c").metadata,
-        o.ps_service(0).metadata,
+        o.ps_service(0, false).metadata,
         o.ps_deployment(&defaults(), 3, 0).metadata,
         o.worker_job(&defaults()).metadata,
     ];
@@ -369,8 +369,10 @@ fn the_names_the_api_reserves_are_the_ones_the_operator_uses() {
     let mut j2 = job(BASE);
     j2.spec.output = Some(crate::api::OutputSpec { claim_name: Some("m".into()), ..Default::default() });
     let o2 = Owner::new(&j2).unwrap();
-    let ps = o2.ps_deployment(&defaults(), 3, 0).spec.template.spec.unwrap();
-    let w = o.worker_job(&defaults()).spec.unwrap().template.spec.unwrap();
+    // With TLS, which adds the certificate's volumes.
+    let tls = ChildDefaults { ps_tls: true, ..defaults() };
+    let ps = o2.ps_deployment(&tls, 3, 0).spec.template.spec.unwrap();
+    let w = o.worker_job(&tls).spec.unwrap().template.spec.unwrap();
     let mut names: Vec<String> = ps
         .volumes
         .iter()
@@ -385,10 +387,9 @@ fn the_names_the_api_reserves_are_the_ones_the_operator_uses() {
         crate::api::RESERVED_VOLUMES.iter().map(|v| v.to_string()).collect();
     reserved_volumes.sort();
     assert_eq!(names, reserved_volumes);
-    let paths: BTreeSet<String> = ps.containers[0]
-        .volume_mounts
-        .iter()
-        .flatten()
+    let paths: BTreeSet<String> = [&ps.containers[0], &w.containers[0]]
+        .into_iter()
+        .flat_map(|c| c.volume_mounts.iter().flatten())
         .map(|m| m.mount_path.clone())
         .filter(|p| p != &j.spec.dataset.path)
         .collect();
@@ -440,7 +441,7 @@ fn a_sharded_parameter_server_is_one_deployment_service_and_claim_per_shard() {
         let pod_labels = d.spec.template.metadata.as_ref().unwrap().labels.clone().unwrap();
         assert_eq!(pod_labels[LABEL_PS_SHARD], i.to_string());
         assert_eq!(d.spec.selector.match_labels.as_ref(), Some(&pod_labels));
-        let service = o.ps_service(i);
+        let service = o.ps_service(i, false);
         assert_eq!(service.metadata.name, d.metadata.name);
         assert_eq!(service.spec.unwrap().selector.as_ref(), Some(&pod_labels), "shard {i}'s pod alone");
         let pod = d.spec.template.spec.as_ref().unwrap();
@@ -480,4 +481,58 @@ fn a_sharded_parameter_server_is_one_deployment_service_and_claim_per_shard() {
         !c.env.iter().flatten().any(|e| e.name == "FORESIGHT_PS_SHARD"),
         "an unsharded PS's template is as earlier operators made it"
     );
+}
+
+/// With TLS the PS serves its job's certificate, the workers hold the CA alone and are told
+/// https://, and the probes and the Service speak HTTPS on the port named `https`.
+#[test]
+fn with_tls_the_ps_mounts_its_certificate_and_the_workers_only_the_ca() {
+    let j = job(&BASE.replace("  workers:", "  parameterServer: {replicas: 2}\n  workers:"));
+    let o = Owner::new(&j).unwrap();
+    let tls = ChildDefaults { ps_tls: true, ..defaults() };
+    let certs = JobCertificates { ca: "ca".into(), cert: "cert".into(), key: "key".into() };
+    let secret = o.tls_secret(&certs);
+    assert_eq!(secret.metadata.name.as_deref(), Some("mnist-ps-tls-uid-1"));
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    let keys: Vec<&String> = secret.data.as_ref().unwrap().keys().collect();
+    assert_eq!(keys, ["ca.crt", "tls.crt", "tls.key"]);
+
+    let ps = o.ps_deployment(&tls, 3, 0).spec.template.spec.unwrap();
+    let c = &ps.containers[0];
+    assert_eq!(env(c, "FORESIGHT_TLS_CERT").value.as_deref(), Some("/etc/foresight/tls/tls.crt"));
+    assert_eq!(env(c, "FORESIGHT_TLS_KEY").value.as_deref(), Some("/etc/foresight/tls/tls.key"));
+    assert_eq!(env(c, "FORESIGHT_PS_CA_FILE").value.as_deref(), Some("/etc/foresight/tls/ca.crt"));
+    assert_eq!(env(c, "FORESIGHT_PS_PEERS").value.as_deref(), Some("https://mnist-ps-1.team-a.svc:8080"));
+    let v = ps.volumes.as_ref().unwrap().iter().find(|v| v.name == "ps-tls").unwrap();
+    let source = v.secret.as_ref().unwrap();
+    assert_eq!((source.secret_name.as_deref(), source.items.as_ref()), (Some("mnist-ps-tls-uid-1"), None));
+    assert_eq!(c.ports.as_ref().unwrap()[0].name.as_deref(), Some("https"));
+    for probe in [&c.readiness_probe, &c.liveness_probe, &c.startup_probe] {
+        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!((get.scheme.as_deref(), &get.port), (Some("HTTPS"), &IntOrString::String("https".into())));
+    }
+    let svc = o.ps_service(1, true).spec.unwrap().ports.unwrap().remove(0);
+    assert_eq!((svc.name.as_deref(), svc.app_protocol.as_deref()), (Some("https"), Some("https")));
+    assert_eq!(svc.target_port, Some(IntOrString::String("https".into())));
+
+    let w = o.worker_job(&tls).spec.unwrap().template.spec.unwrap();
+    let c = &w.containers[0];
+    assert_eq!(
+        env(c, "FORESIGHT_PS_URL").value.as_deref(),
+        Some("https://mnist-ps.team-a.svc:8080,https://mnist-ps-1.team-a.svc:8080")
+    );
+    assert_eq!(env(c, "FORESIGHT_PS_CA_FILE").value.as_deref(), Some("/etc/foresight/ps-ca/ca.crt"));
+    let v = w.volumes.as_ref().unwrap().iter().find(|v| v.name == "ps-ca").unwrap();
+    let items = v.secret.as_ref().unwrap().items.as_ref().unwrap();
+    assert_eq!(
+        items.iter().map(|i| i.key.as_str()).collect::<Vec<_>>(),
+        ["ca.crt"],
+        "a worker holds the CA alone"
+    );
+    assert!(!w.volumes.as_ref().unwrap().iter().any(|v| v.name == "ps-tls"));
+
+    // Without TLS nothing of it.
+    let plain = o.ps_deployment(&defaults(), 3, 0).spec.template.spec.unwrap();
+    assert!(plain.containers[0].env.as_ref().unwrap().iter().all(|e| !e.name.starts_with("FORESIGHT_TLS")));
+    assert!(plain.volumes.as_ref().unwrap().iter().all(|v| v.name != "ps-tls"));
 }
