@@ -491,6 +491,28 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.optimizer.innerOptimizer.learningRate: Invalid value: |must be > 0",
         ),
         (
+            &[("spec.optimizer", json!({"algorithm": "sync", "adaptiveLocalSteps": {"max": 100}}))],
+            "optimizer.adaptiveLocalSteps",
+            "spec.optimizer.adaptiveLocalSteps: Invalid value: |adaptiveLocalSteps needs localSteps (where workers start) within [min, max]",
+        ),
+        (
+            &[(
+                "spec.optimizer",
+                json!({"algorithm": "sync", "localSteps": 10, "adaptiveLocalSteps": {"min": 1, "max": 100}}),
+            )],
+            "optimizer.adaptiveLocalSteps.min",
+            "spec.optimizer.adaptiveLocalSteps.min in body should be greater than or equal to 2",
+        ),
+        (
+            &[(
+                "spec.optimizer",
+                json!({"algorithm": "sync", "localSteps": 10,
+                       "adaptiveLocalSteps": {"max": 100, "communicationFraction": 0.0}}),
+            )],
+            "optimizer.adaptiveLocalSteps.communicationFraction",
+            "spec.optimizer.adaptiveLocalSteps.communicationFraction: Invalid value: |must be in (0, 1]",
+        ),
+        (
             &[("spec.optimizer.localSteps", json!(0))],
             "optimizer.localSteps",
             "spec.optimizer.localSteps in body should be greater than or equal to 1",

@@ -372,3 +372,32 @@ fn built_in_workers_train_with_local_steps_and_an_outer_nesterov_step() {
     let acc = summary["accuracy"].as_f64().unwrap();
     assert!(acc > 0.85, "the final model reached only {acc}");
 }
+
+/// `optimizer.adaptiveLocalSteps` through the whole chain (the spec, the PS's flags, the
+/// workers' reports, the PS's answers, the workers following them): with worker 3 slowed 3×,
+/// the PS tells it fewer local steps than any other worker, and every step every worker
+/// trained reaches the PS.
+#[test]
+fn adaptive_local_steps_give_a_slowed_worker_fewer_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let yaml = job(
+        tmp.path(),
+        "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k, holdout: 0.2}\n  \
+         training: {epochs: 3, batchSize: 32, learningRate: 0.7}\n  \
+         optimizer: {algorithm: sync, momentum: 0.9, nesterov: true, localSteps: 10, \
+         adaptiveLocalSteps: {min: 2, max: 100, communicationFraction: 0.05}, \
+         innerOptimizer: {algorithm: adamw, learningRate: 0.001}}\n  workers: {replicas: 4}\n",
+    );
+    let args = ["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"];
+    let o = foresight(&[&args[..], &["--slow-worker", "3=3"]].concat());
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "foresight run failed:\n{stdout}\n{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    // 32 steps an epoch per worker, 3 epochs, 4 workers.
+    assert_eq!(summary["trained_steps"], 384, "{summary}");
+    let told: Vec<u64> = (0..4).map(|w| summary["local_steps"][w.to_string()].as_u64().unwrap()).collect();
+    assert!(told[3] < told[..3].iter().copied().min().unwrap(), "worker 3, slowed 3×, was told {told:?}");
+    assert!(told.iter().all(|h| (2..=100).contains(h)), "{told:?}");
+}

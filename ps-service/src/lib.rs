@@ -1,6 +1,7 @@
 //! Foresight's parameter server: delay-compensated asynchronous SGD over HTTP/2.
 //!
 //! - [`optimizer`]: the update rules, pure maths over slices.
+//! - [`pace`]: the local steps each worker is advised to train, from the pace it reports.
 //! - [`store`]: the versioned, sharded model, per-worker backups, `sync` rounds, checkpoints.
 //! - [`wire`]: safetensors bodies and their validation, shared with clients.
 //! - [`server`]: the axum HTTP/2 service, auth, limits and metrics.
@@ -13,6 +14,7 @@ pub mod client;
 pub mod dir_lock;
 pub mod listen;
 pub mod optimizer;
+pub mod pace;
 pub mod server;
 pub mod store;
 pub mod wire;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use foresight_ps::optimizer::{Algorithm, Combine, Hyper, LrSchedule};
+use foresight_ps::pace::LocalStepsPolicy;
 use foresight_ps::server::{
     AppState, ConnectionLimits, Listener, PsConfig, SnapshotPolicy, TlsFiles, router, serve,
 };
@@ -103,6 +104,23 @@ struct Args {
     /// every worker to offer its copy, so that training continues from the freshest one.
     #[arg(long, env = "FORESIGHT_RESEED_HOLD", default_value_t = 10)]
     reseed_hold: u64,
+
+    /// Adaptive local steps (`optimizer.adaptiveLocalSteps`): advise each worker how many local
+    /// steps to train between exchanges, at most this many. Needs --local-steps and the two
+    /// below; absent: workers keep the local steps they were started with.
+    #[arg(long, env = "FORESIGHT_LOCAL_STEPS_MAX")]
+    local_steps_max: Option<u64>,
+    /// With --local-steps-max: the local steps advised to a worker before its pace is measured
+    /// (the workers' own setting, which they start with).
+    #[arg(long, env = "FORESIGHT_LOCAL_STEPS")]
+    local_steps: Option<u64>,
+    /// With --local-steps-max: the fewest local steps advised (at least 2; default 2).
+    #[arg(long, env = "FORESIGHT_LOCAL_STEPS_MIN", default_value_t = 2)]
+    local_steps_min: u64,
+    /// The share of a worker's time its exchanges may take, in (0, 1]: each round lasts the
+    /// slowest exchange divided by this.
+    #[arg(long, env = "FORESIGHT_COMMUNICATION_FRACTION", default_value_t = 0.1)]
+    communication_fraction: f64,
 
     /// Directory for checkpoints; the newest valid one is restored at start.
     #[arg(long, env = "FORESIGHT_CHECKPOINT_DIR")]
@@ -216,6 +234,17 @@ impl Args {
         h
     }
 
+    /// The adaptive local steps policy, when --local-steps-max asks for one.
+    fn local_steps_policy(&self) -> anyhow::Result<Option<LocalStepsPolicy>> {
+        let Some(max) = self.local_steps_max else { return Ok(None) };
+        let start = self.local_steps.ok_or_else(|| {
+            anyhow::anyhow!("--local-steps-max needs --local-steps (the steps to start with)")
+        })?;
+        LocalStepsPolicy::new(start, self.local_steps_min, max, self.communication_fraction)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("adaptive local steps: {e}"))
+    }
+
     /// The snapshot policy: both flags or neither; the directory is made now, so a bad path
     /// stops the start instead of failing every snapshot later.
     fn snapshots(&self) -> anyhow::Result<Option<SnapshotPolicy>> {
@@ -308,6 +337,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     config.peers = args.peers.clone();
     config.shard = args.shard;
+    config.local_steps = args.local_steps_policy()?;
     config.snapshots = args.snapshots()?;
     config.job = args.job_name.clone();
     config.namespace = args.namespace.clone();

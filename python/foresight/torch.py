@@ -190,7 +190,7 @@ class Optimizer(torch.optim.Optimizer):
         if self._inner is not None:
             with clock.phase("compute"):
                 self._inner.step()
-        if self._inner is not None and (self._native.step + 1) % job.local_steps:
+        if self._inner is not None and not self._native.push_due_next:
             with clock.phase("push"):
                 self._native.end_local_step(epoch)  # a local step: nothing is sent
         else:

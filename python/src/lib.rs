@@ -156,6 +156,21 @@ impl Worker {
         self.exchange.steps_unsent()
     }
 
+    /// Whether the step in progress ends with an exchange (with local steps: its
+    /// pseudo-gradient goes through `end_step`).
+    #[getter]
+    fn push_due_next(&self) -> bool {
+        self.exchange.push_due_next()
+    }
+
+    /// With local steps, how many this worker trains before its next exchange: the job's
+    /// `localSteps`, or what the parameter server advised (`adaptiveLocalSteps`). `None` when
+    /// every step's gradient is pushed.
+    #[getter]
+    fn local_steps(&self) -> Option<u64> {
+        self.exchange.local_steps()
+    }
+
     /// (gradients taken, gradients discarded as stale, staleness of the last one applied).
     #[getter]
     fn push_stats(&self) -> (u64, u64, Option<u64>) {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,6 +133,33 @@ def test_local_steps_send_one_pseudo_gradient_and_the_ps_takes_its_outer_step(ps
         expected = theta0[name] - outer_lr * (delta + mu * m)
         assert torch.allclose(p.detach(), expected, atol=1e-6), name
     assert ps.status()["version"] == 1
+
+
+def test_the_worker_trains_the_local_steps_the_ps_tells_it(ps_factory, job_env):
+    """optimizer.adaptiveLocalSteps: the PS answers each push with the worker's next H. Before
+    any exchange is measured it is the job's localSteps (3); once one is, a round of the
+    exchange's time over a tiny communication fraction is longer than 7 of these steps, so the PS
+    says the most allowed, 7, and the script's loop, unchanged, follows it."""
+    ps = ps_factory(
+        workers=1, algorithm="asgd", learning_rate=0.5,
+        local_steps=3, local_steps_min=2, local_steps_max=7, communication_fraction=1e-4,
+    )
+    job_env(ps, local_steps=3)
+    model = tiny_model()
+    opt = foresight.torch.Optimizer(model, inner=torch.optim.SGD(model.parameters(), lr=0.1))
+    versions, told = [], []
+    for _ in range(13):
+        one_step(model, opt)
+        versions.append(ps.status()["version"])
+        told.append(opt._native.local_steps)
+    # Pushes after steps 3 (told 3: nothing measured yet), 6 (told 7), then 13.
+    assert versions == [0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 3], versions
+    assert told[:3] == [3, 3, 3] and told[5:] == [7] * 8, told
+    metrics = urllib.request.urlopen(f"{ps.url}/metrics", timeout=5).read().decode()
+    told_gauge = re.search(r'^foresight_ps_local_steps\{[^}]*worker="0"[^}]*\} (\d+)$', metrics, re.M)
+    assert told_gauge and int(told_gauge.group(1)) == 7, metrics
+    trained = re.search(r"^foresight_ps_trained_steps_total\{[^}]*\} (\d+)$", metrics, re.M)
+    assert trained and int(trained.group(1)) == 13, metrics
 
 
 def test_local_steps_train_with_the_jobs_inner_optimizer_unless_the_script_passes_one(ps_factory, job_env):

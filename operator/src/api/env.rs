@@ -50,6 +50,14 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     if let Some(t) = o.sync_round_timeout_seconds {
         push(&mut env, "FORESIGHT_SYNC_ROUND_TIMEOUT", t);
     }
+    if let (Some(a), Some(h)) = (&o.adaptive_local_steps, o.local_steps) {
+        push(&mut env, "FORESIGHT_LOCAL_STEPS", h);
+        push(&mut env, "FORESIGHT_LOCAL_STEPS_MIN", a.min);
+        push(&mut env, "FORESIGHT_LOCAL_STEPS_MAX", a.max);
+        if let Some(f) = a.communication_fraction {
+            push(&mut env, "FORESIGHT_COMMUNICATION_FRACTION", f);
+        }
+    }
     if let Some(i) = spec.parameter_server.checkpoint.as_ref().and_then(|c| c.interval_seconds) {
         push(&mut env, "FORESIGHT_CHECKPOINT_INTERVAL", i);
     }

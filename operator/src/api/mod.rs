@@ -405,8 +405,30 @@ pub struct InnerOptimizerSpec {
     pub weight_decay: Option<f64>,
 }
 
+/// The parameter server chooses each worker's local steps between exchanges, within bounds:
+/// every round lasts long enough that the slowest worker's exchange (a push and a pull) takes
+/// at most `communicationFraction` of it, and each worker fills the round with as many steps
+/// as its own speed allows (a worker 3× slower trains a third of the steps).
+#[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[x_kube(validation = Rule::new("self.min <= self.max").message("min must not exceed max").field_path(".min"))]
+#[serde(rename_all = "camelCase")]
+pub struct AdaptiveLocalStepsSpec {
+    /// The fewest local steps a worker is told to train, ≥ 2 (default 2).
+    #[serde(default = "defaults::two")]
+    #[schemars(range(min = 2))]
+    pub min: u32,
+    /// The most, ≥ localSteps (which is where every worker starts).
+    #[schemars(range(min = 2))]
+    pub max: u32,
+    /// The share of a worker's time its exchanges may take, in (0, 1] (default 0.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("must be in (0, 1]"))]
+    pub communication_fraction: Option<f64>,
+}
+
 /// The update rule the parameter server applies, and how often workers talk to it.
 #[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.adaptiveLocalSteps) || (has(self.localSteps) && self.adaptiveLocalSteps.min <= self.localSteps && self.localSteps <= self.adaptiveLocalSteps.max)").message("adaptiveLocalSteps needs localSteps (where workers start) within [min, max]").field_path(".adaptiveLocalSteps"))]
 #[x_kube(validation = Rule::new("!has(self.lambda0) || self.algorithm in ['dc-asgd-c', 'dc-asgd-a']").message("lambda0 only applies to dc-asgd-c and dc-asgd-a").field_path(".lambda0"))]
 #[x_kube(validation = Rule::new("!has(self.meanSquareDecay) || self.algorithm == 'dc-asgd-a'").message("meanSquareDecay only applies to dc-asgd-a").field_path(".meanSquareDecay"))]
 #[x_kube(validation = Rule::new("!has(self.backupWorkers) || self.algorithm == 'sync'").message("backupWorkers only applies to sync").field_path(".backupWorkers"))]
@@ -459,6 +481,10 @@ pub struct OptimizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub local_steps: Option<u32>,
+    /// Let the parameter server choose each worker's local steps from its measured pace,
+    /// starting at localSteps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive_local_steps: Option<AdaptiveLocalStepsSpec>,
     /// The optimizer of the local steps (default: adamw, learning rate 0.001); localSteps above
     /// 1 only. A Python worker that passes its own (`inner=`) uses that instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -495,6 +521,7 @@ impl Default for OptimizerSpec {
             momentum: None,
             nesterov: None,
             local_steps: None,
+            adaptive_local_steps: None,
             inner_optimizer: None,
             gradient_dtype: None,
             backup_workers: None,
@@ -826,6 +853,9 @@ mod defaults {
     }
     pub fn one() -> u32 {
         1
+    }
+    pub fn two() -> u32 {
+        2
     }
     pub fn inner_learning_rate() -> f64 {
         0.001

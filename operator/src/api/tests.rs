@@ -117,6 +117,27 @@ fn every_rule_names_its_field() {
         ("optimizer.localSteps", |s| {
             (s.optimizer.local_steps, s.optimizer.pull_every, s.optimizer.push_every) = (Some(10), 2, 2)
         }),
+        ("optimizer.adaptiveLocalSteps", |s| s.optimizer.adaptive_local_steps = Some(adaptive(2, 100, None))),
+        ("optimizer.adaptiveLocalSteps", |s| {
+            (s.optimizer.local_steps, s.optimizer.adaptive_local_steps) =
+                (Some(10), Some(adaptive(20, 100, None)))
+        }),
+        ("optimizer.adaptiveLocalSteps", |s| {
+            (s.optimizer.local_steps, s.optimizer.adaptive_local_steps) =
+                (Some(200), Some(adaptive(2, 100, None)))
+        }),
+        ("optimizer.adaptiveLocalSteps.min", |s| {
+            (s.optimizer.local_steps, s.optimizer.adaptive_local_steps) =
+                (Some(10), Some(adaptive(1, 100, None)))
+        }),
+        ("optimizer.adaptiveLocalSteps.communicationFraction", |s| {
+            (s.optimizer.local_steps, s.optimizer.adaptive_local_steps) =
+                (Some(10), Some(adaptive(2, 100, Some(0.0))))
+        }),
+        ("optimizer.adaptiveLocalSteps.communicationFraction", |s| {
+            (s.optimizer.local_steps, s.optimizer.adaptive_local_steps) =
+                (Some(10), Some(adaptive(2, 100, Some(1.5))))
+        }),
         ("optimizer.weightDecay", |s| s.optimizer.weight_decay = Some(-0.1)),
         ("optimizer.backupWorkers", |s| s.optimizer.backup_workers = Some(1)),
         ("optimizer.backupWorkers", |s| {
@@ -170,6 +191,29 @@ fn every_rule_names_its_field() {
         assert!(errs.iter().any(|e| e.field == *field), "{field}: {errs:?}");
         assert!(errs.iter().all(|e| !e.message.is_empty()));
     }
+}
+
+fn adaptive(min: u32, max: u32, communication_fraction: Option<f64>) -> AdaptiveLocalStepsSpec {
+    AdaptiveLocalStepsSpec { min, max, communication_fraction }
+}
+
+/// The PS is told the bounds; the workers' environment is the same with or without them (they
+/// learn their steps from the PS), so adding them does not change the worker template.
+#[test]
+fn adaptive_local_steps_reach_the_ps_only() {
+    let mut spec = example().spec;
+    spec.optimizer.local_steps = Some(50);
+    let workers_before = worker_env(&spec, "j", "ns", "http://ps");
+    spec.optimizer.adaptive_local_steps = Some(adaptive(5, 500, Some(0.05)));
+    validate(&spec).unwrap();
+    assert_eq!(worker_env(&spec, "j", "ns", "http://ps"), workers_before);
+    let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
+    let got = ["FORESIGHT_LOCAL_STEPS", "FORESIGHT_LOCAL_STEPS_MIN", "FORESIGHT_LOCAL_STEPS_MAX"]
+        .map(|k| ps[k].as_str());
+    assert_eq!(got, ["50", "5", "500"]);
+    assert_eq!(ps["FORESIGHT_COMMUNICATION_FRACTION"], "0.05");
+    spec.optimizer.adaptive_local_steps = None;
+    assert!(ps_env(&spec, "j", "ns").iter().all(|(k, _)| !k.starts_with("FORESIGHT_LOCAL_STEPS")));
 }
 
 fn inner(learning_rate: f64) -> InnerOptimizerSpec {

@@ -141,6 +141,25 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
                 .into(),
         );
     }
+    if let Some(a) = &o.adaptive_local_steps {
+        let start = o.local_steps.unwrap_or(1);
+        check(a.min >= 2, "optimizer.adaptiveLocalSteps.min", format!("must be at least 2, got {}", a.min));
+        check(
+            a.min <= start && start <= a.max,
+            "optimizer.adaptiveLocalSteps",
+            format!(
+                "needs localSteps (where workers start) within [min, max]: {} ≤ {start} ≤ {} does not hold",
+                a.min, a.max
+            ),
+        );
+        if let Some(f) = a.communication_fraction {
+            check(
+                f > 0.0 && f <= 1.0,
+                "optimizer.adaptiveLocalSteps.communicationFraction",
+                format!("must be in (0, 1], got {f}"),
+            );
+        }
+    }
     if let Some(inner) = &o.inner_optimizer {
         check(
             o.local_steps.is_some_and(|h| h > 1),

@@ -594,11 +594,15 @@ async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
 async fn apply_stable_children(ctx: &Context, owner: &Owner<'_>, defaults: &ChildDefaults) -> Result<String> {
     let (workers_token, token) =
         (ctx.settings.token_key.job_token(owner.uid()), ctx.settings.token_key.control_token(owner.uid()));
-    writes::create_once(ctx, &owner.secret(&workers_token, &token)).await?;
+    let ns = &owner.namespace;
+    writes::create_once(ctx, ns, &owner.secret_name(), || Ok(owner.secret(&workers_token, &token))).await?;
     if defaults.ps_tls {
-        let names = ps_tls::server_names(owner.ps_service_names(), &owner.namespace);
-        let certs = ps_tls::issue(&ctx.settings.token_key, owner.uid(), created_s(owner.job), names)?;
-        writes::create_once(ctx, &owner.tls_secret(&certs)).await?;
+        writes::create_once(ctx, ns, &owner.tls_secret_name(), || {
+            let names = ps_tls::server_names(owner.ps_service_names(), ns);
+            let certs = ps_tls::issue(&ctx.settings.token_key, owner.uid(), created_s(owner.job), names)?;
+            Ok(owner.tls_secret(&certs))
+        })
+        .await?;
     }
     let own = owner.mark();
     for pvc in owner.pvcs() {

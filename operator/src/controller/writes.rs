@@ -99,17 +99,28 @@ fn result_of<K: Child>(obj: &K, intent: &[u8]) -> Fingerprint {
     Fingerprint::of(&[uid.as_bytes(), version.unwrap_or_default().as_bytes(), intent])
 }
 
-/// Creates `obj` once and never writes it again: an object of that name, whoever made it, is
-/// left as it is. For the token Secret, which the operator may create but not read or patch;
-/// its name carries the job's UID, so only an earlier reconcile can have made it.
-pub(super) async fn create_once<K: Child>(ctx: &Context, obj: &K) -> Result<()> {
-    let (key, created) = (key_of(obj), Fingerprint::of(&[b"created"]));
+/// Creates the object `make` builds, named `name` in `namespace`, once and never writes it
+/// again: an object of that name, whoever made it, is left as it is. For the job's Secrets,
+/// which the operator may create but not read or patch; their names carry the job's UID, so
+/// only an earlier reconcile can have made them. `make` runs only when the object is not known
+/// to exist (the PS's certificates take signatures to build).
+pub(super) async fn create_once<K: Child>(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    make: impl FnOnce() -> Result<K>,
+) -> Result<()> {
+    let (key, created) = (
+        (K::kind(&()).into_owned(), namespace.to_string(), name.to_string()),
+        Fingerprint::of(&[b"created"]),
+    );
     if ctx.applied.holds(&key, created) {
         return Ok(());
     }
-    let api: Api<K> =
-        Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
-    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, obj).await {
+    let obj = make()?;
+    debug_assert_eq!(key_of(&obj), key, "make builds the object named");
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    match api.create(&PostParams { field_manager: Some(MANAGER.into()), ..Default::default() }, &obj).await {
         Ok(_) => {}
         Err(e) if is_status(&e, 409) => {}
         Err(e) => return Err(e.into()),

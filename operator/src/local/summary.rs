@@ -138,6 +138,12 @@ pub struct Summary {
     pub ps_received_bytes: Option<u64>,
     /// Model bytes the (first shard's) PS sent to workers (`foresight_ps_sent_bytes_total`).
     pub ps_sent_bytes: Option<u64>,
+    /// Workers' training steps the (first shard's) PS took pushes of
+    /// (`foresight_ps_trained_steps_total`).
+    pub trained_steps: Option<u64>,
+    /// Each worker's steps per exchange at the end (`foresight_ps_local_steps`): with
+    /// `adaptiveLocalSteps`, what the PS last told it.
+    pub local_steps: BTreeMap<usize, u64>,
     pub model: Option<PathBuf>,
     pub per_worker: Vec<WorkerEvent>,
     /// Held-out accuracy after each epoch: (seconds since start, worker, accuracy).
@@ -163,6 +169,7 @@ impl Summary {
     ) -> Self {
         let mut histogram = Vec::new();
         let mut rejected = BTreeMap::new();
+        let mut local_steps = BTreeMap::new();
         // Staleness and refusals: the first shard's (each shard applies every push).
         for (key, value) in samples(metrics) {
             if key.starts_with("foresight_ps_gradient_staleness_bucket") {
@@ -173,6 +180,10 @@ impl Summary {
                 && let Some(reason) = label(key, "reason")
             {
                 rejected.insert(reason, value as u64);
+            } else if key.starts_with("foresight_ps_local_steps{")
+                && let Some(worker) = label(key, "worker").and_then(|w| w.parse().ok())
+            {
+                local_steps.insert(worker, value as u64);
             }
         }
         Self {
@@ -191,6 +202,8 @@ impl Summary {
             ps_cpu_seconds: None,
             ps_received_bytes: counter(metrics, "foresight_ps_received_bytes_total"),
             ps_sent_bytes: counter(metrics, "foresight_ps_sent_bytes_total"),
+            trained_steps: counter(metrics, "foresight_ps_trained_steps_total"),
+            local_steps,
             model,
             per_worker: done,
             evaluations: history.accuracy.clone(),
@@ -237,6 +250,30 @@ mod tests {
         assert_eq!(counter(text, "foresight_ps_received_bytes_total"), Some(1234));
         assert_eq!(counter(text, "foresight_ps_sent_bytes_total"), Some(99));
         assert_eq!(counter(text, "foresight_ps_missing_total"), None);
+    }
+
+    #[test]
+    fn each_worker_s_local_steps_are_read_from_the_gauge() {
+        let metrics = "# HELP foresight_ps_local_steps x\n\
+                       foresight_ps_local_steps{job=\"j\",worker=\"1\"} 17\n\
+                       foresight_ps_local_steps{job=\"j\",worker=\"0\"} 50\n\
+                       foresight_ps_trained_steps_total 670\n";
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/mnist-diloco.yaml");
+        let job: crate::api::TrainingJob =
+            serde_yaml::from_str(&std::fs::read_to_string(example).unwrap()).unwrap();
+        let s = Summary::build(
+            "j",
+            &job.spec,
+            1.0,
+            Vec::new(),
+            &serde_json::json!({}),
+            metrics,
+            None,
+            None,
+            &Default::default(),
+        );
+        assert_eq!(s.local_steps, BTreeMap::from([(0, 50), (1, 17)]));
+        assert_eq!(s.trained_steps, Some(670));
     }
 
     #[test]

@@ -17,10 +17,10 @@
 //! pushed by [`Exchange::finish`] (their mean, or the pseudo-gradient the worker put in
 //! [`Exchange::grad_mut`]): the last steps of a job are never trained for nothing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::session::{Pushed, Session};
-use super::{ClientError, GradDtype, Joined, Model};
+use super::{ClientError, GradDtype, Joined, Model, Pace};
 use crate::server::Report;
 use crate::wire::Layout;
 use crate::wire::final_model::{FinalModel, termination_message_file};
@@ -168,6 +168,43 @@ pub struct Exchange {
     final_model: Option<FinalModel>,
     /// A pulled model's values the caller gave back ([`Self::recycle`]): the next pull's copy.
     recycled: Vec<f32>,
+    /// With local steps: how many to train before the next exchange. The job's `localSteps`,
+    /// or what the PS advised in its answer to the last push (`adaptiveLocalSteps`).
+    local_steps: u64,
+    /// What the next push reports of this worker's pace.
+    clock: PaceClock,
+}
+
+/// Times this worker's steps and exchanges for the pace its pushes report.
+#[derive(Debug, Default)]
+struct PaceClock {
+    /// When the steps since the last exchange began (the end of the last pull or push).
+    steps_began: Option<Instant>,
+    /// The last push's wall time, until the pull after it completes the exchange.
+    push: Option<Duration>,
+    /// The last whole exchange: a push and the pull after it, less the time the PS held the
+    /// pull waiting for a `sync` round.
+    exchange: Option<Duration>,
+}
+
+impl PaceClock {
+    fn pace(&self, steps: u64) -> Option<Pace> {
+        let began = self.steps_began?;
+        let steps = steps.max(1);
+        Some(Pace { steps, step: began.elapsed().div_f64(steps as f64), exchange: self.exchange })
+    }
+
+    fn pushed(&mut self, took: Duration) {
+        self.push = Some(took);
+        self.steps_began = Some(Instant::now());
+    }
+
+    fn pulled(&mut self, took: Duration, held: Duration) {
+        if let Some(push) = self.push.take() {
+            self.exchange = Some(push + took.saturating_sub(held));
+        }
+        self.steps_began = Some(Instant::now());
+    }
 }
 
 impl Exchange {
@@ -186,7 +223,15 @@ impl Exchange {
             stats: PushStats::default(),
             final_model: None,
             recycled: Vec::new(),
+            local_steps: cadence.push_every,
+            clock: PaceClock::default(),
         }
+    }
+
+    /// With local steps, how many the worker trains before its next exchange (the job's
+    /// `localSteps`, or what the PS advised); `None` when every step's gradient is pushed.
+    pub fn local_steps(&self) -> Option<u64> {
+        self.cadence.local().map(|_| self.local_steps)
     }
 
     /// Steps of this worker in the model so far (the resume step included).
@@ -210,7 +255,17 @@ impl Exchange {
 
     /// Whether the step in progress ends with a push.
     pub fn push_due_next(&self) -> bool {
-        (self.step + 1).is_multiple_of(self.cadence.push_every)
+        self.push_due_after(self.step + 1, self.unsent + 1)
+    }
+
+    /// Whether a push is due once `step` has ended, `unsent` steps after the last push. Local
+    /// steps count from the last exchange (their number may change from one to the next);
+    /// pushes of gradients fall on multiples of `push_every`.
+    fn push_due_after(&self, step: u64, unsent: u64) -> bool {
+        match self.cadence.kind {
+            Pushes::PseudoGradient => unsent >= self.local_steps,
+            Pushes::MeanGradient => step.is_multiple_of(self.cadence.push_every),
+        }
     }
 
     /// The next step's gradient is added into this (flat, in layout order).
@@ -219,7 +274,11 @@ impl Exchange {
     }
 
     fn pull_due(&self) -> bool {
-        self.version.is_none() || self.step.is_multiple_of(self.cadence.pull_every) || self.in_round.is_some()
+        let cadence_says = match self.cadence.kind {
+            Pushes::PseudoGradient => self.unsent == 0,
+            Pushes::MeanGradient => self.step.is_multiple_of(self.cadence.pull_every),
+        };
+        self.version.is_none() || cadence_says || self.in_round.is_some()
     }
 
     /// The model to train the next step on, when a pull is due; `None` to keep the local one.
@@ -252,7 +311,13 @@ impl Exchange {
 
     fn model(&self, version: u64, values: Vec<f32>) -> Model {
         // Made from every shard's slice: no one PS process served it.
-        Model { version, incarnation: None, layout: self.session.layout().clone(), values }
+        Model {
+            version,
+            incarnation: None,
+            layout: self.session.layout().clone(),
+            values,
+            held: Duration::ZERO,
+        }
     }
 
     /// Pulls the model into `out` and answers its version. Under `sync`, first waits for the
@@ -261,13 +326,16 @@ impl Exchange {
     fn pull_after_round(&mut self, out: &mut [f32]) -> Result<u64, ClientError> {
         loop {
             let after_round = self.in_round.is_some();
-            if let Some(version) = self.session.pull_into(self.step, after_round, ROUND_WAIT, out)? {
+            let pulling = Instant::now();
+            if let Some(p) = self.session.pull_into(self.step, after_round, ROUND_WAIT, out)? {
+                self.clock.pulled(pulling.elapsed(), p.held);
                 self.in_round = None;
-                self.version = Some(version);
-                return Ok(version);
+                self.version = Some(p.version);
+                return Ok(p.version);
             }
             let Some(r) = &self.in_round else { continue };
-            match self.session.push(r.step, r.epoch, &r.grad, self.cadence.dtype)? {
+            // The same push again: its pace was reported the first time.
+            match self.session.push(r.step, r.epoch, &r.grad, self.cadence.dtype, None)? {
                 Pushed::InRound { .. } => {
                     tracing::info!(version = r.version, "still waiting for the sync round")
                 }
@@ -282,7 +350,7 @@ impl Exchange {
         self.step += 1;
         self.unsent += 1;
         self.epoch = epoch;
-        if !self.step.is_multiple_of(self.cadence.push_every) {
+        if !self.push_due_after(self.step, self.unsent) {
             return Ok(StepEnd::Continue);
         }
         self.push_unsent()
@@ -312,7 +380,21 @@ impl Exchange {
         if self.version.is_none() {
             return Err(ClientError::NotPulled);
         }
-        match self.session.push(self.step, epoch, &self.grad, self.cadence.dtype)? {
+        let pace = self.clock.pace(self.unsent);
+        let pushing = Instant::now();
+        let pushed = self.session.push(self.step, epoch, &self.grad, self.cadence.dtype, pace)?;
+        self.clock.pushed(pushing.elapsed());
+        if let (Some(_), Some(h)) = (self.cadence.local(), self.session.advised_local_steps()) {
+            if h != self.local_steps {
+                tracing::info!(
+                    from = self.local_steps,
+                    to = h,
+                    "the parameter server changed this worker's local steps"
+                );
+            }
+            self.local_steps = h;
+        }
+        match pushed {
             Pushed::Applied(reply) => {
                 self.stats.pushes += 1;
                 self.stats.last_staleness = Some(reply.staleness);
@@ -369,7 +451,7 @@ impl Exchange {
     pub fn pull_now(&mut self) -> Result<Model, ClientError> {
         let mut values = self.buffer();
         let pulled = self.session.pull_into(self.step, false, Duration::ZERO, &mut values)?;
-        Ok(self.model(pulled.ok_or(ClientError::MissingVersion)?, values))
+        Ok(self.model(pulled.ok_or(ClientError::MissingVersion)?.version, values))
     }
 
     /// Gives back a pulled model's values once the caller has loaded them: the next pull is

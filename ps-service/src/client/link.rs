@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use super::session::{Pushed, Retry};
-use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PushId, encode_gradient};
+use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, Pace, PsClient, PushId, encode_gradient};
 use crate::server::Report;
 use crate::wire::final_model::FinalModel;
 use crate::wire::{self, Layout};
@@ -30,6 +30,8 @@ pub(super) struct Link {
     round: Option<u64>,
     /// Int8 pushes: what rounding left out, carried into the next push.
     feedback: ErrorFeedback,
+    /// The local steps the shard advised in its last answer to a push (adaptive local steps).
+    advised: Option<u64>,
 }
 
 /// Error feedback for int8 pushes (Seide et al. 2014; Karimireddy et al. 2019): each push sends
@@ -83,11 +85,16 @@ impl Link {
             spare: Vec::new(),
             round: None,
             feedback: ErrorFeedback::default(),
+            advised: None,
         }
     }
 
     pub(super) fn generation(&self) -> u64 {
         self.generation
+    }
+
+    pub(super) fn advised(&self) -> Option<u64> {
+        self.advised
     }
 
     /// Registers this worker's initial slice; false when another worker's came first.
@@ -202,6 +209,7 @@ impl Link {
         epoch: Option<f64>,
         grad: &[f32],
         dtype: GradDtype,
+        pace: Option<Pace>,
     ) -> Result<Pushed, ClientError> {
         let copy = self.copy.as_ref().ok_or(ClientError::NotPulled)?;
         let (version, incarnation) = (copy.version, copy.incarnation);
@@ -220,9 +228,12 @@ impl Link {
         let sent = self
             .retry("pushing a gradient", |c| {
                 let b = body.clone();
-                async move { c.push_encoded(id, epoch, b).await }
+                async move { c.push_paced(id, epoch, pace, b).await }
             })
             .await;
+        if let Ok(reply) = &sent {
+            self.advised = reply.local_steps;
+        }
         let pushed = match sent {
             Ok(reply) if reply.applied => Pushed::Applied(reply),
             Ok(reply) => Pushed::InRound { version: reply.version },

@@ -18,11 +18,12 @@ pub mod shard;
 mod tls;
 
 pub use exchange::{Cadence, Exchange, PushStats, StepEnd, cadence_problem};
-pub use session::{Pushed, Retry, Session};
+pub use session::{Pulled, Pushed, Retry, Session};
 pub use tls::{ClientTls, install_crypto_provider};
 
 const VERSION_HEADER: &str = "x-foresight-version";
 const INCARNATION_HEADER: &str = "x-foresight-incarnation";
+const HELD_HEADER: &str = "x-foresight-held-ms";
 
 /// Element type a gradient is sent in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +125,9 @@ pub struct Model {
     pub incarnation: Option<u64>,
     pub layout: Layout,
     pub values: Vec<f32>,
+    /// How long the PS held the pull waiting for the version asked for (a `sync` round): not
+    /// time spent moving the model.
+    pub held: Duration,
 }
 
 /// A model a worker expects to pull: its layout, and that layout's F32 header computed once.
@@ -189,6 +193,22 @@ pub struct PushReply {
     pub applied: bool,
     pub replayed: bool,
     pub learning_rate: f32,
+    /// `optimizer.adaptiveLocalSteps`: the local steps to train before the next exchange.
+    #[serde(default)]
+    pub local_steps: Option<u64>,
+}
+
+/// What a push reports of the worker's pace, from which the PS chooses its local steps
+/// (`optimizer.adaptiveLocalSteps`, [`crate::pace`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pace {
+    /// Steps the push covers.
+    pub steps: u64,
+    /// Mean wall time of one of them.
+    pub step: Duration,
+    /// Wall time of the worker's previous exchange (its push and the pull after it); `None`
+    /// before the first.
+    pub exchange: Option<Duration>,
 }
 
 /// Who pushes, computed on which version, and the seq that makes retries idempotent.
@@ -372,11 +392,9 @@ impl PsClient {
             return Ok(None);
         }
         let version = Self::version_of(&resp)?;
-        let incarnation = resp
-            .headers()
-            .get(INCARNATION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| u64::from_str_radix(v, 16).ok());
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
+        let incarnation = header(INCARNATION_HEADER).and_then(|v| u64::from_str_radix(v, 16).ok());
+        let held = Duration::from_millis(header(HELD_HEADER).and_then(|v| v.parse().ok()).unwrap_or(0));
         let (layout, values) = match expected {
             Some(e) => read_model(resp, e, reuse).await?,
             None => {
@@ -384,7 +402,7 @@ impl PsClient {
                 (layout, values)
             }
         };
-        Ok(Some(Model { version, incarnation, layout, values }))
+        Ok(Some(Model { version, incarnation, layout, values, held }))
     }
 
     /// Pushes a gradient. Reusing `id` for a retry is safe: the PS applies a (worker,
@@ -407,6 +425,17 @@ impl PsClient {
         epoch: Option<f64>,
         body: impl Into<bytes::Bytes>,
     ) -> Result<PushReply, ClientError> {
+        self.push_paced(id, epoch, None, body).await
+    }
+
+    /// [`Self::push_encoded`], reporting the worker's pace with it.
+    pub async fn push_paced(
+        &self,
+        id: PushId,
+        epoch: Option<f64>,
+        pace: Option<Pace>,
+        body: impl Into<bytes::Bytes>,
+    ) -> Result<PushReply, ClientError> {
         let body = body.into();
         let PushId { worker, generation, version, incarnation, seq } = id;
         let mut path = format!("/v1/gradients?worker={worker}&version={version}&seq={seq}");
@@ -418,6 +447,12 @@ impl PsClient {
         }
         if let Some(e) = epoch {
             path += &format!("&epoch={e}");
+        }
+        if let Some(p) = pace {
+            path += &format!("&steps={}&step_ms={}", p.steps, p.step.as_secs_f64() * 1e3);
+            if let Some(c) = p.exchange {
+                path += &format!("&exchange_ms={}", c.as_secs_f64() * 1e3);
+            }
         }
         let resp = self.req(reqwest::Method::POST, &path).body(body).send().await?;
         Ok(Self::check(resp).await?.json().await?)

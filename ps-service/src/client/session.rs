@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use tokio::runtime::Handle;
 
 use super::link::Link;
-use super::{ClientError, GradDtype, Joined, Model, PsClient, PushReply};
+use super::{ClientError, GradDtype, Joined, Model, Pace, PsClient, PushReply};
 use crate::server::Report;
 use crate::wire::Layout;
 use crate::wire::final_model::FinalModel;
@@ -73,6 +73,15 @@ impl Pushed {
         }
         Pushed::Applied(reply)
     }
+}
+
+/// A pull of the whole model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pulled {
+    /// The lowest of the shards' versions.
+    pub version: u64,
+    /// The longest any shard held it waiting for a `sync` round.
+    pub held: Duration,
 }
 
 pub struct Session {
@@ -145,8 +154,7 @@ impl Session {
         &self.layout
     }
 
-    /// Pulls the model from every shard into `out` (the layout's length) and answers its
-    /// version, the lowest of the shards'. After a `sync` push (`after_round`), waits up to
+    /// Pulls the model from every shard into `out` (the layout's length). After a `sync` push (`after_round`), waits up to
     /// `wait` for the rounds to close and answers `None` (keeping nothing) when one has not.
     ///
     /// The links keep their slices (a shard that loses its model is offered them), so `out` gets
@@ -157,36 +165,47 @@ impl Session {
         after_round: bool,
         wait: Duration,
         out: &mut [f32],
-    ) -> Result<Option<u64>, ClientError> {
+    ) -> Result<Option<Pulled>, ClientError> {
         assert_eq!(out.len(), self.layout.len(), "a buffer of the model's length");
         let all = self.rt.block_on(join_all(self.links.iter_mut().map(|l| l.pull(step, after_round, wait))));
         let Some(slices) = all.into_iter().collect::<Result<Option<Vec<Model>>, _>>()? else {
             return Ok(None);
         };
         let version = slices.iter().map(|m| m.version).min().unwrap_or(0);
+        let held = slices.iter().map(|m| m.held).max().unwrap_or_default();
         for (i, m) in slices.iter().enumerate() {
             out[self.map.range(i)].copy_from_slice(&m.values);
         }
         for (l, m) in self.links.iter_mut().zip(slices) {
             l.keep(m);
         }
-        Ok(Some(version))
+        Ok(Some(Pulled { version, held }))
     }
 
     /// Pushes the gradient of `step` to every shard, each slice computed on the slice last
-    /// pulled from it; `Pushed::combine` says what the step came to.
+    /// pulled from it, with the worker's `pace`; `Pushed::combine` says what the step came to.
     pub fn push(
         &mut self,
         step: u64,
         epoch: Option<f64>,
         grad: &[f32],
         dtype: GradDtype,
+        pace: Option<Pace>,
     ) -> Result<Pushed, ClientError> {
         let map = &self.map;
         let all = self.rt.block_on(join_all(
-            self.links.iter_mut().enumerate().map(|(i, l)| l.push(step, epoch, &grad[map.range(i)], dtype)),
+            self.links
+                .iter_mut()
+                .enumerate()
+                .map(|(i, l)| l.push(step, epoch, &grad[map.range(i)], dtype, pace)),
         ));
         Ok(Pushed::combine(all.into_iter().collect::<Result<_, _>>()?))
+    }
+
+    /// The local steps the PS advised in its last answer to a push (`optimizer.adaptiveLocalSteps`;
+    /// the first shard's: every shard chooses from the same reports).
+    pub fn advised_local_steps(&self) -> Option<u64> {
+        self.links[0].advised()
     }
 
     /// Tells every shard this worker trained all its steps (its `sync` rounds stop waiting for

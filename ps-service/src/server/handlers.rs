@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::body::{Gradient, read_gradient, read_limited};
 use super::guarded_body::{BodyGuard, guard_request_body};
 use super::{ApiError, AppState, auth};
+use crate::pace::PaceReport;
 use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
 use crate::wire;
 use crate::wire::final_model::FinalModel;
@@ -23,6 +24,9 @@ use crate::wire::final_model::FinalModel;
 pub const VERSION_HEADER: &str = "x-foresight-version";
 /// This PS process (`/v1/status` `process.incarnation`), on every model a pull sends.
 pub const INCARNATION_HEADER: &str = "x-foresight-incarnation";
+/// How long a pull was held waiting for the version it asked for (a `sync` round), in
+/// milliseconds: the client leaves it out of the exchange's time it reports.
+pub const HELD_HEADER: &str = "x-foresight-held-ms";
 
 pub fn router(state: Arc<AppState>) -> Router {
     let guard = BodyGuard { idle: state.config.body_idle_timeout };
@@ -191,6 +195,7 @@ async fn pull(
         return Err(ApiError::lost_model());
     }
     state.saw(worker);
+    let holding = Instant::now();
     if let Some(min) = min_version {
         let wait = Duration::from_millis(wait_ms).min(state.config.max_long_poll);
         let mut rx = state.version_tx.subscribe();
@@ -203,6 +208,7 @@ async fn pull(
             );
         }
     }
+    let held = holding.elapsed().as_millis() as u64;
     let started = Instant::now();
     // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
     let look_only = method == axum::http::Method::HEAD;
@@ -220,6 +226,7 @@ async fn pull(
         (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
         (header::HeaderName::from_static(VERSION_HEADER), HeaderValue::from(version)),
         (header::HeaderName::from_static(INCARNATION_HEADER), incarnation),
+        (header::HeaderName::from_static(HELD_HEADER), HeaderValue::from(held)),
     ];
     Ok((headers, Body::from(bytes::Bytes::from_owner(SnapshotBody(snap)))).into_response())
 }
@@ -240,6 +247,9 @@ struct PushResponse {
     applied: bool,
     replayed: bool,
     learning_rate: f32,
+    /// `optimizer.adaptiveLocalSteps`: the local steps to train before the next exchange.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    local_steps: Option<u64>,
 }
 
 async fn push(
@@ -276,6 +286,7 @@ async fn push_inner(
     if epoch.is_some_and(|e| !(e.is_finite() && (0.0..=MAX_EPOCH).contains(&e))) {
         return Err(ApiError::bad_request(format!("epoch must be a number in [0, {MAX_EPOCH:e}]")));
     }
+    let pace = pace_report(&q)?;
     worker_in_range(state, worker)?;
     let store = registered(state)?;
     if let Some(pulled_from) = q.get::<String>("incarnation")? {
@@ -296,7 +307,7 @@ async fn push_inner(
     // needs no gradient: answered now, the body is never buffered (the guard drains it).
     let p = Push { worker, generation, version, seq, epoch };
     if let Some(answer) = store.answer_before_body(p) {
-        return Ok(push_response(state, &store, answer?, Duration::ZERO));
+        return Ok(push_response(state, &store, answer?, Duration::ZERO, (worker, pace)));
     }
     // Held until the buffers are back in their pools: K bodies at most in memory at once.
     let _slot = state.admit_push().await?;
@@ -334,7 +345,37 @@ async fn push_inner(
     state.bodies.give(buf);
     state.grads.give(grad);
     let (o, apply_time) = result?;
-    Ok(push_response(state, &store, o, apply_time))
+    Ok(push_response(state, &store, o, apply_time, (worker, pace)))
+}
+
+/// The pace a push reports (`steps`, `step_ms`, `exchange_ms`): how many steps it covers, how
+/// long one took, and how long the worker's previous exchange took.
+fn pace_report(q: &Params) -> Result<Option<PaceReport>, ApiError> {
+    const MAX_MS: f64 = 1e9;
+    let ms = |key: &str| -> Result<Option<f64>, ApiError> {
+        match q.get::<f64>(key)? {
+            Some(v) if !(v.is_finite() && (0.0..=MAX_MS).contains(&v)) => Err(ApiError::bad_request(
+                format!("{key} must be a number of milliseconds in [0, {MAX_MS:e}]"),
+            )),
+            v => Ok(v),
+        }
+    };
+    let (step_ms, exchange_ms) = (ms("step_ms")?, ms("exchange_ms")?);
+    let Some(steps) = q.get::<u64>("steps")? else {
+        if step_ms.is_some() || exchange_ms.is_some() {
+            return Err(ApiError::bad_request("step_ms and exchange_ms go with steps"));
+        }
+        return Ok(None);
+    };
+    if !(1..=MAX_VERSION).contains(&steps) {
+        return Err(ApiError::bad_request(format!("steps must be in [1, {MAX_VERSION}]")));
+    }
+    let step_ms = step_ms.ok_or_else(|| ApiError::bad_request("steps goes with step_ms"))?;
+    Ok(Some(PaceReport {
+        steps,
+        step_seconds: step_ms / 1e3,
+        exchange_seconds: exchange_ms.map(|c| c / 1e3),
+    }))
 }
 
 /// Records a push's outcome in the metrics and answers it.
@@ -343,8 +384,15 @@ fn push_response(
     store: &Store,
     o: crate::store::PushOutcome,
     apply_time: Duration,
+    (worker, pace): (usize, Option<PaceReport>),
 ) -> Response {
     let m = &state.metrics;
+    // A replay's steps were counted the first time.
+    let pace = pace.filter(|_| !o.replayed);
+    if let Some(p) = pace {
+        m.trained_steps.inc_by(p.steps);
+    }
+    let local_steps = state.pace_push(worker, pace);
     if !o.replayed {
         m.staleness.observe(o.staleness as f64);
         if store.hyper().max_staleness == Some(o.staleness) {
@@ -366,6 +414,7 @@ fn push_response(
         applied: o.applied,
         replayed: o.replayed,
         learning_rate: o.lr,
+        local_steps,
     };
     ([(VERSION_HEADER, HeaderValue::from(o.version))], Json(body)).into_response()
 }

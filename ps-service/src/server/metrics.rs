@@ -1,8 +1,8 @@
 //! The PS's Prometheus metrics (names are a contract: DESIGN.md §5).
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Staleness buckets: exact at small τ, then roughly ×1.5 up to the hundreds.
@@ -41,6 +41,9 @@ pub struct Metrics {
     pub joins: IntCounter,
     pub reseeds: IntCounter,
     pub rounds_closed_short: IntCounter,
+    /// Workers' steps the accepted pushes covered, and each worker's steps per exchange.
+    pub trained_steps: IntCounter,
+    pub local_steps: IntGaugeVec,
     /// Running means behind the compensation-ratio and λ gauges.
     compensation: parking_lot::Mutex<Option<(f64, f64)>>,
 }
@@ -86,6 +89,15 @@ impl Metrics {
         )
         .expect("valid");
         registry.register(Box::new(rejected.clone())).expect("unique");
+        let local_steps = IntGaugeVec::new(
+            Opts::new(
+                "foresight_ps_local_steps",
+                "Steps each worker trains per exchange: what the parameter server last told it (optimizer.adaptiveLocalSteps), else the steps its last push covered.",
+            ),
+            &["worker"],
+        )
+        .expect("valid");
+        registry.register(Box::new(local_steps.clone())).expect("unique");
         // process_resident_memory_bytes, process_cpu_seconds_total, open fds... (Linux only).
         registry
             .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
@@ -164,6 +176,11 @@ impl Metrics {
                 "foresight_ps_sync_rounds_closed_short_total",
                 "sync rounds closed without the gradient of every worker still training (backup workers, a silent worker, or the round timeout).",
             ),
+            trained_steps: counter(
+                "foresight_ps_trained_steps_total",
+                "Workers' training steps the accepted pushes covered (a push of H local steps counts H): bytes per step is the received and sent bytes over this.",
+            ),
+            local_steps,
             registry,
             compensation: parking_lot::Mutex::new(None),
         }

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::optimizer::Hyper;
+use crate::pace::{LocalStepsPolicy, Pace, PaceReport};
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
 use crate::store::{CheckpointData, Store};
 use crate::wire::final_model::FinalModel;
@@ -78,6 +79,8 @@ pub struct PsConfig {
     pub peer_tls: Option<crate::client::ClientTls>,
     /// This process's shard of a sharded PS (0 when unsharded): the `shard` label of its series.
     pub shard: usize,
+    /// `optimizer.adaptiveLocalSteps`: the PS advises each worker its local steps ([`crate::pace`]).
+    pub local_steps: Option<LocalStepsPolicy>,
 }
 
 impl PsConfig {
@@ -110,6 +113,7 @@ impl PsConfig {
             peers: Vec::new(),
             peer_tls: None,
             shard: 0,
+            local_steps: None,
         }
     }
 }
@@ -123,6 +127,8 @@ pub struct AppState {
     pub metrics: metrics::Metrics,
     version_tx: watch::Sender<u64>,
     reports: Mutex<Vec<Option<Report>>>,
+    /// Each worker's pace, from its pushes: what the local steps advised are chosen from.
+    pace: Mutex<Pace>,
     presence: presence::Presences,
     checkpoints: Option<CheckpointDir>,
     last_checkpoint: Mutex<Instant>,
@@ -239,6 +245,7 @@ impl AppState {
             metrics,
             version_tx,
             reports: Mutex::new(vec![None; workers]),
+            pace: Mutex::new(Pace::default()),
             presence: presence::Presences::new(workers),
             checkpoints,
             last_checkpoint: Mutex::new(Instant::now()),
@@ -513,10 +520,30 @@ impl AppState {
         }
         let old = self.workers.swap(n, std::sync::atomic::Ordering::AcqRel);
         self.metrics.workers_expected.set(n as i64);
+        // A worker scaled away no longer sets the others' rounds.
+        self.pace.lock().retain_below(n);
+        for gone in n..old {
+            let _ = self.metrics.local_steps.remove_label_values(&[&gone.to_string()]);
+        }
         if old != n {
             tracing::info!(from = old, to = n, "the job's worker count changed");
         }
         Ok(())
+    }
+
+    /// Folds the pace an accepted push reported into what the PS knows of `worker`, and answers
+    /// the local steps it should train next when the job lets the PS choose them. The
+    /// `foresight_ps_local_steps` gauge shows that advice, or else the steps the push covered.
+    fn pace_push(&self, worker: usize, report: Option<PaceReport>) -> Option<u64> {
+        let mut pace = self.pace.lock();
+        if let Some(r) = report {
+            pace.record(worker, r);
+        }
+        let advice = self.config.local_steps.as_ref().map(|policy| pace.advise(worker, policy));
+        if let Some(h) = advice.or(report.map(|r| r.steps)) {
+            self.metrics.local_steps.with_label_values(&[&worker.to_string()]).set(h as i64);
+        }
+        advice
     }
 
     /// A request from `worker`: it counts in `sync` rounds again if it had fallen silent.

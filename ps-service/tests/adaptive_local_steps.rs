@@ -1,0 +1,174 @@
+//! Adaptive local steps (`optimizer.adaptiveLocalSteps`) over the real client and a real
+//! HTTP/2 server: workers report their pace with each push, the PS answers how many local
+//! steps each should train next, and the workers' client follows.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use foresight_ps::client::{Cadence, GradDtype, Pace, PsClient, PushId, StepEnd};
+use foresight_ps::optimizer::Algorithm;
+use foresight_ps::pace::LocalStepsPolicy;
+use support::*;
+
+fn adaptive(workers: usize, start: u64, min: u64, max: u64, fraction: f64) -> foresight_ps::server::PsConfig {
+    let mut cfg = config(Algorithm::Asgd, workers);
+    cfg.local_steps = Some(LocalStepsPolicy::new(start, min, max, fraction).unwrap());
+    cfg
+}
+
+fn pace(steps: u64, step_ms: u64, exchange_ms: Option<u64>) -> Option<Pace> {
+    Some(Pace {
+        steps,
+        step: Duration::from_millis(step_ms),
+        exchange: exchange_ms.map(Duration::from_millis),
+    })
+}
+
+/// The protocol alone: a worker 3× slower than the other is told a third of the steps, both
+/// rounds lasting the slowest exchange over the fraction; a push without a report is told the
+/// same; a refused report changes nothing.
+#[test]
+fn the_ps_advises_each_worker_the_steps_that_fill_one_round() {
+    let rt = runtime();
+    let ps = rt.block_on(start(adaptive(2, 20, 2, 500, 0.1)));
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    rt.block_on(async {
+        c.register(&l, &init(&l)).await.unwrap();
+        let push = |m: usize, seq: u64, p: Option<Pace>| {
+            let (c, l) = (c.clone(), l.clone());
+            async move {
+                let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
+                let body = foresight_ps::client::encode_gradient(&l, &grad(&l, seq as usize), GradDtype::F32);
+                c.push_paced(PushId::unjoined(m, model.version, seq), None, p, body).await
+            }
+        };
+        // Nothing measured: the starting steps.
+        let first = push(0, 1, pace(20, 10, None)).await.unwrap();
+        assert_eq!(first.local_steps, Some(20), "no exchange measured yet");
+        // 10 ms and 30 ms steps, 50 ms exchanges at 10 %: a round of 0.5 s.
+        assert_eq!(push(0, 2, pace(20, 10, Some(50))).await.unwrap().local_steps, Some(50));
+        assert_eq!(push(1, 1, pace(20, 30, Some(50))).await.unwrap().local_steps, Some(17));
+        // A push that reports nothing is answered from what is known.
+        assert_eq!(push(0, 3, None).await.unwrap().local_steps, Some(50));
+
+        // Refused reports: answered 400, and the advice and the step count do not move.
+        let before = scrape(&ps.url).await;
+        for bad in [
+            "steps=5&step_ms=-1",
+            "steps=5&step_ms=NaN",
+            "steps=0&step_ms=10",
+            "step_ms=10",
+            "steps=5",
+            "steps=5&step_ms=10&exchange_ms=1e12",
+        ] {
+            let model = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+            let body = foresight_ps::client::encode_gradient(&l, &grad(&l, 9), GradDtype::F32);
+            let url = format!("{}/v1/gradients?worker=0&version={}&seq=9&{bad}", ps.url, model.version);
+            let resp = reqwest::Client::builder()
+                .http2_prior_knowledge()
+                .build()
+                .unwrap()
+                .post(url)
+                .bearer_auth(TOKEN)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 400, "{bad}");
+            let text = resp.text().await.unwrap();
+            assert!(text.contains("bad_request"), "{bad}: {text}");
+        }
+        let after = scrape(&ps.url).await;
+        for name in ["foresight_ps_trained_steps_total", "foresight_ps_updates_total"] {
+            assert_eq!(metric(&before, name, &[]), metric(&after, name, &[]), "{name} moved");
+        }
+        assert_eq!(metric(&after, "foresight_ps_trained_steps_total", &[]), 60.0, "three reports of 20");
+        assert_eq!(metric(&after, "foresight_ps_local_steps", &["worker=\"0\""]), 50.0);
+        assert_eq!(metric(&after, "foresight_ps_local_steps", &["worker=\"1\""]), 17.0);
+        assert_eq!(push(0, 10, None).await.unwrap().local_steps, Some(50), "the advice did not move");
+    });
+}
+
+/// A PS without the policy advises nothing (the workers keep their own local steps); it
+/// exports the steps each worker's pushes cover.
+#[test]
+fn without_the_policy_no_advice_is_given() {
+    let rt = runtime();
+    let ps = rt.block_on(start(config(Algorithm::Asgd, 1)));
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    let reply = rt.block_on(async {
+        c.register(&l, &init(&l)).await.unwrap();
+        let model = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
+        let body = foresight_ps::client::encode_gradient(&l, &grad(&l, 1), GradDtype::F32);
+        c.push_paced(PushId::unjoined(0, model.version, 1), None, pace(4, 10, Some(50)), body).await.unwrap()
+    });
+    assert_eq!(reply.local_steps, None);
+    let m = rt.block_on(scrape(&ps.url));
+    assert_eq!(metric(&m, "foresight_ps_trained_steps_total", &[]), 4.0, "steps are counted anyway");
+    assert_eq!(metric(&m, "foresight_ps_local_steps", &["worker=\"0\""]), 4.0, "the steps the push covered");
+}
+
+/// One worker's loop: `step` of wall time per local step, pseudo-gradients of a fixed size;
+/// returns the steps between its consecutive pushes and the local steps it was told before each.
+fn train(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    m: usize,
+    step: Duration,
+    run_for: Duration,
+) -> Vec<(u64, u64)> {
+    let cadence = Cadence::local_steps(8, GradDtype::F32).unwrap();
+    let mut w = worker(rt, &[url.to_string()], cadence, m, Duration::from_secs(30));
+    let mut blocks = Vec::new();
+    let (mut told, mut steps) = (w.local_steps().unwrap(), 0);
+    let started = Instant::now();
+    while started.elapsed() < run_for || steps > 0 {
+        w.pull_if_due().unwrap();
+        std::thread::sleep(step);
+        steps += 1;
+        if w.push_due_next() {
+            w.grad_mut().iter_mut().for_each(|g| *g = 1e-4);
+            blocks.push((steps, told));
+            steps = 0;
+        }
+        assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
+        if steps == 0 {
+            told = w.local_steps().unwrap();
+        }
+    }
+    blocks
+}
+
+/// Two workers, one 3× slower: each trains exactly the steps the PS told it, the slower one
+/// about a third of the faster one's, so their rounds take about the same time.
+#[test]
+fn workers_follow_the_advice_and_a_slower_one_trains_fewer_steps() {
+    let rt = runtime();
+    // A small fraction: loopback exchanges of this model take a millisecond or two, so rounds
+    // of 0.1–0.3 s, and advice well inside the bounds.
+    let ps = rt.block_on(start(adaptive(2, 8, 2, 2000, 0.01)));
+    let url = ps.url.clone();
+    let slow = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            train(&runtime(), &url, 1, Duration::from_millis(6), Duration::from_secs(3))
+        })
+    };
+    let fast = train(&rt, &url, 0, Duration::from_millis(2), Duration::from_secs(3));
+    let slow = slow.join().unwrap();
+    for (who, blocks) in [("fast", &fast), ("slow", &slow)] {
+        assert!(blocks.len() >= 4, "{who}: only {} exchanges: {blocks:?}", blocks.len());
+        for &(trained, told) in blocks.iter() {
+            assert_eq!(trained, told, "{who} trained other than it was told: {blocks:?}");
+        }
+    }
+    eprintln!("steps trained and told per exchange: fast {fast:?}, slow {slow:?}");
+    let last = |b: &[(u64, u64)]| b.last().unwrap().1 as f64;
+    let (f, s) = (last(&fast), last(&slow));
+    assert!(f > 8.0, "the fast worker's steps did not grow from 8: {fast:?}");
+    let ratio = f / s;
+    assert!((2.0..=4.5).contains(&ratio), "a 3× slower worker told {s} steps against {f}: {fast:?} {slow:?}");
+}
