@@ -345,26 +345,35 @@ fn updates_applied(addr: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// `foresight run` of 4 built-in workers, 3 epochs of MNIST-5k, training 10 local steps with the
+/// job's inner AdamW between exchanges (with `optimizer` fields added) and DiLoCo's sync
+/// Nesterov outer step; its summary.
+fn run_diloco(optimizer: &str, flags: &[&str]) -> serde_json::Value {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let yaml = job(
+        tmp.path(),
+        &format!(
+            "spec:\n  model: {{name: mlp}}\n  dataset: {{format: csv, path: data/mnist5k, holdout: 0.2}}\n  \
+             training: {{epochs: 3, batchSize: 32, learningRate: 0.7}}\n  \
+             optimizer: {{algorithm: sync, momentum: 0.9, nesterov: true, localSteps: 10, {optimizer}\
+             innerOptimizer: {{algorithm: adamw, learningRate: 0.001}}}}\n  workers: {{replicas: 4}}\n"
+        ),
+    );
+    let args = ["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"];
+    let o = foresight(&[&args[..], flags].concat());
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "foresight run failed:\n{stdout}\n{stderr}");
+    serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap()
+}
+
 /// The built-in worker with local steps (DiLoCo-style): 4 workers each train 10 steps with the
 /// job's inner AdamW between exchanges and push one pseudo-gradient; the PS averages each round
 /// and takes a Nesterov outer step. One update per 10 steps of every worker (and one for the
 /// steps left at the end), and a model that learned.
 #[test]
 fn built_in_workers_train_with_local_steps_and_an_outer_nesterov_step() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let yaml = job(
-        tmp.path(),
-        "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k, holdout: 0.2}\n  \
-         training: {epochs: 3, batchSize: 32, learningRate: 0.7}\n  \
-         optimizer: {algorithm: sync, momentum: 0.9, nesterov: true, localSteps: 10, \
-         innerOptimizer: {algorithm: adamw, learningRate: 0.001}}\n  workers: {replicas: 4}\n",
-    );
-    let o = foresight(&["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"]);
-    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "foresight run failed:\n{stdout}\n{stderr}");
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let summary = run_diloco("", &[]);
     // 4000 training examples over 4 workers in batches of 32: 32 steps an epoch, 96 in all, so
     // 9 exchanges of 10 steps per worker and a 10th, at the end, of the last 6.
     assert_eq!(summary["updates"], 10, "{summary}");
@@ -379,22 +388,10 @@ fn built_in_workers_train_with_local_steps_and_an_outer_nesterov_step() {
 /// trained reaches the PS.
 #[test]
 fn adaptive_local_steps_give_a_slowed_worker_fewer_steps() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let yaml = job(
-        tmp.path(),
-        "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k, holdout: 0.2}\n  \
-         training: {epochs: 3, batchSize: 32, learningRate: 0.7}\n  \
-         optimizer: {algorithm: sync, momentum: 0.9, nesterov: true, localSteps: 10, \
-         adaptiveLocalSteps: {min: 2, max: 100, communicationFraction: 0.05}, \
-         innerOptimizer: {algorithm: adamw, learningRate: 0.001}}\n  workers: {replicas: 4}\n",
+    let summary = run_diloco(
+        "adaptiveLocalSteps: {min: 2, max: 100, communicationFraction: 0.05}, ",
+        &["--slow-worker", "3=3"],
     );
-    let args = ["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"];
-    let o = foresight(&[&args[..], &["--slow-worker", "3=3"]].concat());
-    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "foresight run failed:\n{stdout}\n{stderr}");
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     // 32 steps an epoch per worker, 3 epochs, 4 workers.
     assert_eq!(summary["trained_steps"], 384, "{summary}");
     let told: Vec<u64> = (0..4).map(|w| summary["local_steps"][w.to_string()].as_u64().unwrap()).collect();
