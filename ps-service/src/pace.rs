@@ -15,8 +15,10 @@
 //!   no staler than the others'.
 //!
 //! Measurements are smoothed (an exponential moving average) so that one slow exchange does
-//! not swing H, and a worker not yet measured is advised the job's starting H. Nothing here is
-//! checkpointed: a restarted PS advises the starting H until the first reports arrive.
+//! not swing H, and a worker not yet measured is advised the job's starting H. A worker that
+//! finished or fell silent is forgotten, so a dead worker's slow link does not keep setting the
+//! others' rounds. Nothing here is checkpointed: a restarted PS advises the starting H until the
+//! first reports arrive.
 
 use std::collections::BTreeMap;
 
@@ -88,6 +90,12 @@ impl Pace {
         if let Some(c) = r.exchange_seconds {
             p.exchange_seconds = Some(smooth(p.exchange_seconds, c));
         }
+    }
+
+    /// Forgets `worker` (it finished, or fell silent): its link no longer sets the others'
+    /// rounds. Its next report, if any, starts afresh.
+    pub fn forget(&mut self, worker: usize) {
+        self.workers.remove(&worker);
     }
 
     /// Forgets the workers at `count` and above (the job was scaled down).
@@ -170,6 +178,11 @@ mod tests {
         assert_eq!(pace.advise(0, &policy()), 100);
         // Once it is scaled away, the others' rounds shrink back.
         pace.retain_below(1);
+        assert_eq!(pace.advise(0, &policy()), 50);
+        // So do those that finished or fell silent.
+        pace.record(2, report(0.010, 0.300));
+        assert_eq!(pace.advise(0, &policy()), 300);
+        pace.forget(2);
         assert_eq!(pace.advise(0, &policy()), 50);
     }
 

@@ -91,6 +91,37 @@ fn the_ps_advises_each_worker_the_steps_that_fill_one_round() {
     });
 }
 
+/// A worker that falls silent (dead, or its link down) no longer sets the others' rounds: the PS
+/// forgets its pace when it marks it silent.
+#[test]
+fn a_silent_worker_s_slow_link_stops_setting_the_round() {
+    let rt = runtime();
+    let mut cfg = adaptive(2, 20, 2, 500, 0.1);
+    cfg.worker_silence_timeout = Duration::from_millis(300);
+    let ps = rt.block_on(start(cfg));
+    rt.block_on(async { ps.state.spawn_presence_watch() });
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout();
+    rt.block_on(async {
+        c.register(&l, &init(&l)).await.unwrap();
+        let push = |m: usize, seq: u64, p: Option<Pace>| {
+            let (c, l) = (c.clone(), l.clone());
+            async move {
+                let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
+                let body = foresight_ps::client::encode_gradient(&l, &grad(&l, seq as usize), GradDtype::F32);
+                c.push_paced(PushId::unjoined(m, model.version, seq), None, p, body).await.unwrap()
+            }
+        };
+        assert_eq!(push(0, 1, pace(20, 10, Some(50))).await.local_steps, Some(50));
+        // Worker 1's exchanges take 200 ms: everyone's rounds last 2 s.
+        assert_eq!(push(1, 1, pace(20, 10, Some(200))).await.local_steps, Some(200));
+        assert_eq!(push(0, 2, pace(20, 10, Some(50))).await.local_steps, Some(200));
+        // Both fall silent; worker 0 comes back, worker 1 does not.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(push(0, 3, pace(20, 10, Some(50))).await.local_steps, Some(50));
+    });
+}
+
 /// A PS without the policy advises nothing (the workers keep their own local steps); it
 /// exports the steps each worker's pushes cover.
 #[test]

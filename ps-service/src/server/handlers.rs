@@ -473,6 +473,7 @@ async fn leave(
         .await
         .expect("leave task panicked")?;
     tracing::info!(worker, generation, "worker finished its steps");
+    state.forget_pace(worker);
     if let Some(o) = closed {
         tracing::info!(
             version = o.version,

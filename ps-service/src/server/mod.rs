@@ -531,6 +531,11 @@ impl AppState {
         Ok(())
     }
 
+    /// `worker` finished or fell silent: its pace no longer counts in the others' rounds.
+    fn forget_pace(&self, worker: usize) {
+        self.pace.lock().forget(worker);
+    }
+
     /// Folds the pace an accepted push reported into what the PS knows of `worker`, and answers
     /// the local steps it should train next when the job lets the PS choose them. The
     /// `foresight_ps_local_steps` gauge shows that advice, or else the steps the push covered.
@@ -570,6 +575,7 @@ impl AppState {
                 let Some(store) = state.store() else { continue };
                 for worker in state.presence.newly_silent(state.workers(), timeout) {
                     tracing::info!(worker, silent_for = ?timeout, "nothing heard from a worker: rounds stop waiting for it");
+                    state.forget_pace(worker);
                     if let Some(o) = store.set_silent(worker, true) {
                         tracing::warn!(
                             version = o.version,
