@@ -347,8 +347,8 @@ fn updates_applied(addr: &str) -> f64 {
 
 /// `foresight run` of 4 built-in workers, 3 epochs of MNIST-5k, training 10 local steps with the
 /// job's inner AdamW between exchanges (with `optimizer` fields added) and DiLoCo's sync
-/// Nesterov outer step; its summary.
-fn run_diloco(optimizer: &str, flags: &[&str]) -> serde_json::Value {
+/// Nesterov outer step (with `spec` fields added); its summary.
+fn run_diloco(optimizer: &str, spec: &str, flags: &[&str]) -> serde_json::Value {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let yaml = job(
@@ -357,7 +357,7 @@ fn run_diloco(optimizer: &str, flags: &[&str]) -> serde_json::Value {
             "spec:\n  model: {{name: mlp}}\n  dataset: {{format: csv, path: data/mnist5k, holdout: 0.2}}\n  \
              training: {{epochs: 3, batchSize: 32, learningRate: 0.7}}\n  \
              optimizer: {{algorithm: sync, momentum: 0.9, nesterov: true, localSteps: 10, {optimizer}\
-             innerOptimizer: {{algorithm: adamw, learningRate: 0.001}}}}\n  workers: {{replicas: 4}}\n"
+             innerOptimizer: {{algorithm: adamw, learningRate: 0.001}}}}\n  workers: {{replicas: 4}}\n{spec}"
         ),
     );
     let args = ["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"];
@@ -373,7 +373,7 @@ fn run_diloco(optimizer: &str, flags: &[&str]) -> serde_json::Value {
 /// steps left at the end), and a model that learned.
 #[test]
 fn built_in_workers_train_with_local_steps_and_an_outer_nesterov_step() {
-    let summary = run_diloco("", &[]);
+    let summary = run_diloco("", "", &[]);
     // 4000 training examples over 4 workers in batches of 32: 32 steps an epoch, 96 in all, so
     // 9 exchanges of 10 steps per worker and a 10th, at the end, of the last 6.
     assert_eq!(summary["updates"], 10, "{summary}");
@@ -383,13 +383,14 @@ fn built_in_workers_train_with_local_steps_and_an_outer_nesterov_step() {
 }
 
 /// `optimizer.adaptiveLocalSteps` through the whole chain (the spec, the PS's flags, the
-/// workers' reports, the PS's answers, the workers following them): with worker 3 slowed 3×,
-/// the PS tells it fewer local steps than any other worker, and every step every worker
-/// trained reaches the PS.
+/// workers' reports, the PS's answers, the workers following them), on a PS of two shards: with
+/// worker 3 slowed 3×, the PS tells it fewer local steps than any other worker, and every step
+/// every worker trained reaches the PS.
 #[test]
 fn adaptive_local_steps_give_a_slowed_worker_fewer_steps() {
     let summary = run_diloco(
         "adaptiveLocalSteps: {min: 2, max: 100, communicationFraction: 0.05}, ",
+        "  parameterServer: {replicas: 2}\n",
         &["--slow-worker", "3=3"],
     );
     // 32 steps an epoch per worker, 3 epochs, 4 workers.
