@@ -189,6 +189,8 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.95, help="held-out accuracy --time-to-target measures")
     ap.add_argument("--link-mbit", type=float, default=None,
                     help="--time-to-target over a link of this many Mbit/s (root: scripts/slowlink.py)")
+    ap.add_argument("--link-rtt-ms", type=float, default=None,
+                    help="with --link-mbit: a round trip of this many ms on the link as well (scripts/slowlink.py's relay)")
     ap.add_argument("--simulate", action="store_true", help="run the simulator study instead")
     ap.add_argument("--adaptive", action="store_true", help="run the adaptive local steps study instead")
     ap.add_argument("--adaptive-min", type=int, default=5)
@@ -205,7 +207,7 @@ def main() -> None:
     if args.time_to_target or args.adaptive:
         study = adaptive_study if args.adaptive else time_to_target_study
         if args.link_mbit:
-            with slow_link(args.link_mbit) as args.netns:
+            with slow_link(args.link_mbit, args.link_rtt_ms) as args.netns:
                 study(args, ints(args.seeds), at, started)
         else:
             study(args, ints(args.seeds), at, started)
@@ -303,10 +305,9 @@ def time_to_target_study(args, seeds: list[int], at: dt.datetime, started: float
     wall = time.monotonic() - started
     pair = {(r["when"], r["rule"], r["seed"], r["slow"] is not None): r for r in rows}
     secs = lambda t: "not reached" if t is None else f"{t:.1f}"  # noqa: E731
-    link_arg = f" --link-mbit {args.link_mbit:g}" if args.link_mbit else ""
     lines = [
         f"Command: `scripts/low-communication.py --time-to-target --target {target} --straggler {factor:g} "
-        f"--straggler-h {h} --seeds {args.seeds} --async-lr {args.async_lr}{link_arg}{bin_arg(args.bin)}` — "
+        f"--straggler-h {h} --seeds {args.seeds} --async-lr {args.async_lr}{link_arg(args)}{bin_arg(args.bin)}` — "
         f"{wall / 60:.1f} min wall, {at:%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores.",
         "",
         f"Seconds from the start of `foresight run` until the PS's model first reached {100 * target:.0f} % "
@@ -339,7 +340,7 @@ def time_to_target_study(args, seeds: list[int], at: dt.datetime, started: float
     ]
     lines += [f"| {when} | {rule} | {mean_reached(when, rule, False)} | {mean_reached(when, rule, True)} |"
               for when, rule, _, _ in configs]
-    replace_section(args.doc, LINK_START if args.link_mbit else TIME_START, "\n".join(lines))
+    replace_section(args.doc, link_section(args, LINK_START) if args.link_mbit else TIME_START, "\n".join(lines))
 
 
 def adaptive_study(args, seeds: list[int], at: dt.datetime, started: float) -> None:
@@ -377,11 +378,10 @@ def adaptive_study(args, seeds: list[int], at: dt.datetime, started: float) -> N
                 })
     wall = time.monotonic() - started
     secs = lambda t: "not reached" if t is None else f"{t:.1f}"  # noqa: E731
-    link_arg = f" --link-mbit {args.link_mbit:g}" if args.link_mbit else ""
     lines = [
         f"Command: `scripts/low-communication.py --adaptive --target {target} --straggler {factor:g} "
         f"--straggler-h {h} --adaptive-min {lo} --adaptive-max {hi} --seeds {args.seeds} --async-lr {args.async_lr}"
-        f"{link_arg}{bin_arg(args.bin)}` — {wall / 60:.1f} min wall, {at:%Y-%m-%d %H:%M} UTC, "
+        f"{link_arg(args)}{bin_arg(args.bin)}` — {wall / 60:.1f} min wall, {at:%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores.",
         "",
         f"Seconds until the PS's model first reached {100 * target:.0f} % held-out accuracy (at a snapshot), the "
@@ -399,7 +399,7 @@ def adaptive_study(args, seeds: list[int], at: dt.datetime, started: float) -> N
             f"| {r['when']} | {r['rule']} | {r['seed']} | {'slowed' if r['slow'] else 'as the others'} | "
             f"{secs(r['reached'])} | {r['accuracy']:.3f} | {r['wall']:.1f} | {per_step} | {r['told']} |"
         )
-    start = ADAPTIVE_LINK_START if args.link_mbit else ADAPTIVE_START
+    start = link_section(args, ADAPTIVE_LINK_START) if args.link_mbit else ADAPTIVE_START
     if hi != 200:  # a study of another bound keeps a section of its own
         start = start.replace(": start", f" --adaptive-max {hi}: start")
     replace_section(args.doc, start, "\n".join(lines))
@@ -539,6 +539,18 @@ def simulated_study(args, hs: list[int], at: dt.datetime, started: float) -> Non
             cells += [reach, f"{statistics.mean(r['curve'][-1]['time'] for r in of):,.0f}"]
         lines.append(f"| {when} | {rule} | " + " | ".join(cells) + " |")
     replace_section(args.doc, SIMULATE_START, "\n".join(lines))
+
+
+def link_arg(args) -> str:
+    """The link's flags, as the command line gave them."""
+    if not args.link_mbit:
+        return ""
+    return f" --link-mbit {args.link_mbit:g}" + (f" --link-rtt-ms {args.link_rtt_ms:g}" if args.link_rtt_ms else "")
+
+
+def link_section(args, start: str) -> str:
+    """A study over a link with latency keeps a section of its own."""
+    return start.replace(": start", " --link-rtt-ms: start") if args.link_rtt_ms else start
 
 
 def replace_section(doc: Path, start: str, body: str) -> None:

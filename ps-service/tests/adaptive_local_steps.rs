@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use foresight_ps::client::{Cadence, GradDtype, Pace, PsClient, PushId, StepEnd};
+use foresight_ps::client::{Cadence, ClientError, GradDtype, Pace, PsClient, PushId, PushReply, StepEnd};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::pace::LocalStepsPolicy;
 use support::*;
@@ -25,6 +25,14 @@ fn pace(steps: u64, step_ms: u64, exchange_ms: Option<u64>) -> Option<Pace> {
     })
 }
 
+/// Worker `m` pulls, then pushes gradient `seq` computed on that model, reporting `pace`.
+async fn push_paced(c: &PsClient, m: usize, seq: u64, pace: Option<Pace>) -> Result<PushReply, ClientError> {
+    let l = layout();
+    let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
+    let body = foresight_ps::client::encode_gradient(&l, &grad(&l, seq as usize), GradDtype::F32);
+    c.push_paced(PushId::unjoined(m, model.version, seq), None, pace, body).await
+}
+
 /// The protocol alone: a worker 3× slower than the other is told a third of the steps, both
 /// rounds lasting the slowest exchange over the fraction; a push without a report is told the
 /// same; a refused report changes nothing.
@@ -36,14 +44,7 @@ fn the_ps_advises_each_worker_the_steps_that_fill_one_round() {
     let l = layout();
     rt.block_on(async {
         c.register(&l, &init(&l)).await.unwrap();
-        let push = |m: usize, seq: u64, p: Option<Pace>| {
-            let (c, l) = (c.clone(), l.clone());
-            async move {
-                let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
-                let body = foresight_ps::client::encode_gradient(&l, &grad(&l, seq as usize), GradDtype::F32);
-                c.push_paced(PushId::unjoined(m, model.version, seq), None, p, body).await
-            }
-        };
+        let push = |m, seq, p| push_paced(&c, m, seq, p);
         // Nothing measured: the starting steps.
         let first = push(0, 1, pace(20, 10, None)).await.unwrap();
         assert_eq!(first.local_steps, Some(20), "no exchange measured yet");
@@ -104,14 +105,8 @@ fn a_silent_worker_s_slow_link_stops_setting_the_round() {
     let l = layout();
     rt.block_on(async {
         c.register(&l, &init(&l)).await.unwrap();
-        let push = |m: usize, seq: u64, p: Option<Pace>| {
-            let (c, l) = (c.clone(), l.clone());
-            async move {
-                let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
-                let body = foresight_ps::client::encode_gradient(&l, &grad(&l, seq as usize), GradDtype::F32);
-                c.push_paced(PushId::unjoined(m, model.version, seq), None, p, body).await.unwrap()
-            }
-        };
+        let c = &c;
+        let push = |m, seq, p| async move { push_paced(c, m, seq, p).await.unwrap() };
         assert_eq!(push(0, 1, pace(20, 10, Some(50))).await.local_steps, Some(50));
         // Worker 1's exchanges take 200 ms: everyone's rounds last 2 s.
         assert_eq!(push(1, 1, pace(20, 10, Some(200))).await.local_steps, Some(200));
