@@ -665,6 +665,21 @@ EOF
   python3 -c 'import sys; sys.exit(float(sys.argv[1]) < 0.9)' "$acc" || fail "the Python job's final model reached $acc (< 0.9)"
 }
 
+# NS POD V: reads the version and seconds of POD's checkpoint restore (the chart's PS logs JSON
+# lines) into the caller's `restored` and `seconds`, and fails unless that version is at least V,
+# the version seen before its predecessor was deleted (none: 0): the old PS writes one more
+# checkpoint on SIGTERM, and the new one restores only once the old one has exited (the
+# checkpoint directory's lock), so nothing seen before the delete is lost.
+restored_no_older() {
+  local line seen=${3:-0}
+  line=$(kc -n "$1" logs "$2" | grep -m1 'restored checkpoint')
+  read -r restored seconds < <(python3 -c 'import json, sys
+f = json.loads(sys.argv[1])["fields"]
+print(f["version"], round(f["seconds"], 2))' "$line" 2>/dev/null || true)
+  [[ -n $restored && -n $seconds ]] || fail "cannot read the restore's version and time from: $line"
+  ((restored >= ${seen%.*})) || fail "the new PS restored version $restored, older than $seen seen before the delete"
+}
+
 case_ps_kill() {
   local ns=e2e-ps-kill name=ps-kill
   kc create namespace $ns
@@ -685,7 +700,9 @@ case_ps_kill() {
   local new
   new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | awk 'NR == 1')
   wait_for 300 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
-  log "new PS $new: $(kc -n $ns logs "$new" | grep -m1 'restored checkpoint' | sed 's/\x1b\[[0-9;]*m//g')"
+  local restored seconds
+  restored_no_older $ns "$new" "$v"
+  log "new PS $new restored version $restored (≥ $v, seen before the delete) in $seconds s"
   # The operator saw a new PS process: a condition saying what it restored, a Warning event.
   wait_for 300 "the ParameterServerRestarted condition" eval \
     '[[ $(condition '$ns' '$name' ParameterServerRestarted reason) == RestoredCheckpoint ]]'
@@ -769,18 +786,10 @@ EOF
   ((params >= 100000000)) || fail "the model has $params parameters, not ≥ 10^8"
   kc -n $ns delete "$old" --wait=false
   wait_for 300 "a new PS pod" eval '[[ -n $(pods_of '$ns' '$name' parameter-server | grep -v "^'"$old"'$") ]]'
-  local new line restored seconds
+  local new restored seconds
   new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | awk 'NR == 1')
   wait_for 600 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
-  # (The chart's PS logs JSON lines.)
-  line=$(kc -n $ns logs "$new" | grep -m1 'restored checkpoint')
-  read -r restored seconds < <(python3 -c 'import json, sys
-f = json.loads(sys.argv[1])["fields"]
-print(f["version"], round(f["seconds"], 2))' "$line" 2>/dev/null || true)
-  [[ -n $restored && -n $seconds ]] || fail "cannot read the restore's version and time from: $line"
-  # The old PS writes one more checkpoint on SIGTERM, and the new one restores only once the old
-  # one has exited (the checkpoint directory's lock): nothing seen before the delete is lost.
-  ((restored >= ${v%.*})) || fail "the new PS restored version $restored, older than $v seen before the delete"
+  restored_no_older $ns "$new" "$v"
   wait_for 600 "the new PS $new Ready" eval '[[ $(field '$ns' '"$new"' "{.status.conditions[?(@.type==\"Ready\")].status}") == True ]]'
   local started ready restarts
   started=$(field $ns "$new" '{.status.startTime}')
