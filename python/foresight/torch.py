@@ -171,6 +171,13 @@ class Optimizer(torch.optim.Optimizer):
         """Where the parameters are now (a Trainer may move the model after this was created)."""
         return self._params[0].device
 
+    @property
+    def local_steps(self) -> int | None:
+        """With local steps, how many this worker trains before its next exchange: the job's
+        ``optimizer.localSteps``, or what the parameter server told it last
+        (``optimizer.adaptiveLocalSteps``). ``None`` when every step's gradient is sent."""
+        return self._native.local_steps
+
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         """Ends the step: sends its gradient (every pushEvery steps, their mean) and takes the

@@ -151,7 +151,7 @@ def test_the_worker_trains_the_local_steps_the_ps_tells_it(ps_factory, job_env):
     for _ in range(13):
         one_step(model, opt)
         versions.append(ps.status()["version"])
-        told.append(opt._native.local_steps)
+        told.append(opt.local_steps)
     # Pushes after steps 3 (told 3: nothing measured yet), 6 (told 7), then 13.
     assert versions == [0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 3], versions
     assert told[:3] == [3, 3, 3] and told[5:] == [7] * 8, told
