@@ -106,8 +106,8 @@ struct Args {
     reseed_hold: u64,
 
     /// Adaptive local steps (`optimizer.adaptiveLocalSteps`): advise each worker how many local
-    /// steps to train between exchanges, at most this many. Needs --local-steps and the two
-    /// below; absent: workers keep the local steps they were started with.
+    /// steps to train between exchanges, at most this many. Needs --local-steps (where workers
+    /// start); absent: workers keep the local steps they were started with.
     #[arg(long, env = "FORESIGHT_LOCAL_STEPS_MAX")]
     local_steps_max: Option<u64>,
     /// With --local-steps-max: the local steps advised to a worker before its pace is measured

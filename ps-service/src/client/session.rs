@@ -154,8 +154,9 @@ impl Session {
         &self.layout
     }
 
-    /// Pulls the model from every shard into `out` (the layout's length). After a `sync` push (`after_round`), waits up to
-    /// `wait` for the rounds to close and answers `None` (keeping nothing) when one has not.
+    /// Pulls the model from every shard into `out` (the layout's length). After a `sync` push
+    /// (`after_round`), waits up to `wait` for the rounds to close and answers `None` (keeping
+    /// nothing) when one has not.
     ///
     /// The links keep their slices (a shard that loses its model is offered them), so `out` gets
     /// a copy: the caller's own buffer (the Python package's flat model), already faulted in.
