@@ -6,9 +6,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use foresight_ps::client::{Cadence, ClientError, GradDtype, Pace, PsClient, PushId, PushReply, StepEnd};
+use foresight_ps::client::{Cadence, ClientError, GradDtype, PsClient, PushId, PushReply, StepEnd};
 use foresight_ps::optimizer::Algorithm;
-use foresight_ps::pace::LocalStepsPolicy;
+use foresight_ps::pace::{LocalStepsPolicy, PaceReport};
 use support::*;
 
 fn adaptive(workers: usize, start: u64, min: u64, max: u64, fraction: f64) -> foresight_ps::server::PsConfig {
@@ -17,16 +17,21 @@ fn adaptive(workers: usize, start: u64, min: u64, max: u64, fraction: f64) -> fo
     cfg
 }
 
-fn pace(steps: u64, step_ms: u64, exchange_ms: Option<u64>) -> Option<Pace> {
-    Some(Pace {
+fn pace(steps: u64, step_ms: u64, exchange_ms: Option<u64>) -> Option<PaceReport> {
+    Some(PaceReport {
         steps,
-        step: Duration::from_millis(step_ms),
-        exchange: exchange_ms.map(Duration::from_millis),
+        step_seconds: step_ms as f64 / 1e3,
+        exchange_seconds: exchange_ms.map(|c| c as f64 / 1e3),
     })
 }
 
 /// Worker `m` pulls, then pushes gradient `seq` computed on that model, reporting `pace`.
-async fn push_paced(c: &PsClient, m: usize, seq: u64, pace: Option<Pace>) -> Result<PushReply, ClientError> {
+async fn push_paced(
+    c: &PsClient,
+    m: usize,
+    seq: u64,
+    pace: Option<PaceReport>,
+) -> Result<PushReply, ClientError> {
     let l = layout();
     let model = c.pull(m, None, Duration::ZERO).await.unwrap().unwrap();
     let body = foresight_ps::client::encode_gradient(&l, &grad(&l, seq as usize), GradDtype::F32);

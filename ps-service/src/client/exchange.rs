@@ -20,7 +20,8 @@
 use std::time::{Duration, Instant};
 
 use super::session::{Pushed, Session};
-use super::{ClientError, GradDtype, Joined, Model, Pace};
+use super::{ClientError, GradDtype, Joined, Model};
+use crate::pace::PaceReport;
 use crate::server::Report;
 use crate::wire::Layout;
 use crate::wire::final_model::{FinalModel, termination_message_file};
@@ -188,10 +189,14 @@ struct PaceClock {
 }
 
 impl PaceClock {
-    fn pace(&self, steps: u64) -> Option<Pace> {
+    fn pace(&self, steps: u64) -> Option<PaceReport> {
         let began = self.steps_began?;
         let steps = steps.max(1);
-        Some(Pace { steps, step: began.elapsed().div_f64(steps as f64), exchange: self.exchange })
+        Some(PaceReport {
+            steps,
+            step_seconds: began.elapsed().as_secs_f64() / steps as f64,
+            exchange_seconds: self.exchange.map(|c| c.as_secs_f64()),
+        })
     }
 
     fn pushed(&mut self, took: Duration) {

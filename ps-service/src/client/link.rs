@@ -7,7 +7,8 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use super::session::{Pushed, Retry};
-use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, Pace, PsClient, PushId, encode_gradient};
+use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PushId, encode_gradient};
+use crate::pace::PaceReport;
 use crate::server::Report;
 use crate::wire::final_model::FinalModel;
 use crate::wire::{self, Layout};
@@ -209,7 +210,7 @@ impl Link {
         epoch: Option<f64>,
         grad: &[f32],
         dtype: GradDtype,
-        pace: Option<Pace>,
+        pace: Option<PaceReport>,
     ) -> Result<Pushed, ClientError> {
         let copy = self.copy.as_ref().ok_or(ClientError::NotPulled)?;
         let (version, incarnation) = (copy.version, copy.incarnation);

@@ -6,6 +6,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
+use crate::pace::PaceReport;
 use crate::server::Report;
 use crate::wire::final_model::FinalModel;
 use crate::wire::in_place::InPlace;
@@ -196,19 +197,6 @@ pub struct PushReply {
     /// `optimizer.adaptiveLocalSteps`: the local steps to train before the next exchange.
     #[serde(default)]
     pub local_steps: Option<u64>,
-}
-
-/// What a push reports of the worker's pace, from which the PS chooses its local steps
-/// (`optimizer.adaptiveLocalSteps`, [`crate::pace`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Pace {
-    /// Steps the push covers.
-    pub steps: u64,
-    /// Mean wall time of one of them.
-    pub step: Duration,
-    /// Wall time of the worker's previous exchange (its push and the pull after it); `None`
-    /// before the first.
-    pub exchange: Option<Duration>,
 }
 
 /// Who pushes, computed on which version, and the seq that makes retries idempotent.
@@ -433,7 +421,7 @@ impl PsClient {
         &self,
         id: PushId,
         epoch: Option<f64>,
-        pace: Option<Pace>,
+        pace: Option<PaceReport>,
         body: impl Into<bytes::Bytes>,
     ) -> Result<PushReply, ClientError> {
         let body = body.into();
@@ -449,9 +437,9 @@ impl PsClient {
             path += &format!("&epoch={e}");
         }
         if let Some(p) = pace {
-            path += &format!("&steps={}&step_ms={}", p.steps, p.step.as_secs_f64() * 1e3);
-            if let Some(c) = p.exchange {
-                path += &format!("&exchange_ms={}", c.as_secs_f64() * 1e3);
+            path += &format!("&steps={}&step_ms={}", p.steps, p.step_seconds * 1e3);
+            if let Some(c) = p.exchange_seconds {
+                path += &format!("&exchange_ms={}", c * 1e3);
             }
         }
         let resp = self.req(reqwest::Method::POST, &path).body(body).send().await?;

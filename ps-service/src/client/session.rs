@@ -24,7 +24,8 @@ use rand::{Rng, SeedableRng};
 use tokio::runtime::Handle;
 
 use super::link::Link;
-use super::{ClientError, GradDtype, Joined, Model, Pace, PsClient, PushReply};
+use super::{ClientError, GradDtype, Joined, Model, PsClient, PushReply};
+use crate::pace::PaceReport;
 use crate::server::Report;
 use crate::wire::Layout;
 use crate::wire::final_model::FinalModel;
@@ -191,7 +192,7 @@ impl Session {
         epoch: Option<f64>,
         grad: &[f32],
         dtype: GradDtype,
-        pace: Option<Pace>,
+        pace: Option<PaceReport>,
     ) -> Result<Pushed, ClientError> {
         let map = &self.map;
         let all = self.rt.block_on(join_all(
