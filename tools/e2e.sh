@@ -65,7 +65,8 @@
 # <repo>/target/release), DATA_DIR (MNIST-5k, default <repo>/data/mnist5k), E2E_OUT (default
 # <repo>/out/e2e), E2E_CASES (default "main unsched badpath suspend worker-kill ps-kill python kueue"),
 # E2E_DASHBOARD_PNG (draw the dashboard figure from the main case's Prometheus data there),
-# KEEP_CLUSTER=1 leaves the cluster up (and a later run reuses it).
+# KEEP_CLUSTER=1 leaves the cluster up (and a later run reuses it), E2E_LOCK_WAIT (seconds to
+# wait for another e2e on this machine to end, default 3600).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -87,6 +88,17 @@ fail() {
   exit 1
 }
 
+# One e2e per machine at a time: every run uses the same node address, cluster directory and
+# host state, so a second run would reuse the first one's cluster ("already up") and lose it
+# when the first takes it down. The lock goes with this process (also when it is killed); the
+# cluster's daemons and background children do not inherit it (`cluster` closes it for them).
+cluster_dir=${FORESIGHT_CLUSTER_DIR:-${FORESIGHT_CACHE:-$HOME/.cache/foresight}/cluster}
+mkdir -p "$(dirname "$cluster_dir")"
+exec {lock_fd}>"$cluster_dir.e2e.lock"
+if ! flock -n "$lock_fd"; then
+  log "another e2e is running on this machine ($cluster_dir.e2e.lock): waiting for it to end"
+  flock -w "${E2E_LOCK_WAIT:-3600}" "$lock_fd" || fail "the other e2e still holds $cluster_dir.e2e.lock"
+fi
 rm -rf "$out"
 mkdir -p "$out"
 for b in foresight foresight-ps foresight-worker; do
@@ -98,9 +110,9 @@ NODE_BIN=$("$repo/tools/build-node.sh" | tail -n1)
 HELM=$("$repo/tools/build-helm-tools.sh" | tail -n1)/helm
 KUEUE_BIN=$("$repo/tools/build-kueue.sh" | tail -n1)
 export CONTROL_PLANE_BIN=$CP_BIN NODE_BIN
-export KUBECONFIG=${FORESIGHT_CLUSTER_DIR:-${FORESIGHT_CACHE:-$HOME/.cache/foresight}/cluster}/admin.kubeconfig
+export KUBECONFIG=$cluster_dir/admin.kubeconfig
 kc() { "$CP_BIN/kubectl" "$@"; }
-cluster() { "$repo/tools/cluster.sh" "$@"; }
+cluster() { "$repo/tools/cluster.sh" "$@" {lock_fd}>&-; }
 
 # wait_for TIMEOUT_S WHAT COMMAND...: polls COMMAND until it succeeds; fails after TIMEOUT_S.
 wait_for() {
@@ -965,7 +977,7 @@ cluster import "$(archive_of worker)" >"$out/import-worker.log" 2>&1 &
 import_pid=$!
 
 t=$SECONDS
-prom_url=$("$repo/tools/cluster-prometheus.sh" start "$out/prometheus")
+prom_url=$("$repo/tools/cluster-prometheus.sh" start "$out/prometheus" {lock_fd}>&-)
 log "Prometheus discovering the cluster's pods at $prom_url ($((SECONDS - t))s)"
 # Kueue's manager on the host (its webhooks on loopback, which the API server reaches), before the
 # operator: with kueue.enabled the operator requires Kueue's API at start. It lives as long as
@@ -977,7 +989,7 @@ for x in s: x.bind(("127.0.0.1", 0))
 print(*(x.getsockname()[1] for x in s))')
 mkdir -p "$out/kueue"
 coproc KUEUE { BIN=$KUEUE_BIN KUBECTL=$CP_BIN/kubectl WORK=$out/kueue WEBHOOK_PORT=${kueue_ports[0]} \
-  HEALTH_PORT=${kueue_ports[1]} METRICS_PORT=${kueue_ports[2]} bash "$repo/tools/kueue.sh"; }
+  HEALTH_PORT=${kueue_ports[1]} METRICS_PORT=${kueue_ports[2]} bash "$repo/tools/kueue.sh" {lock_fd}>&-; }
 read -r kueue_ready <&"${KUEUE[0]}" || true
 [[ $kueue_ready == READY ]] || fail "Kueue did not start: ${kueue_ready:-no answer} (log: $out/kueue/kueue.log)"
 log "Kueue's manager ready in $((SECONDS - t))s"
