@@ -470,6 +470,16 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.optimizer.nesterov: Invalid value: |nesterov needs a momentum > 0",
         ),
         (
+            &[("spec.optimizer", json!({"algorithm": "asgd", "momentumDelay": 4}))],
+            "optimizer.momentumDelay",
+            "spec.optimizer.momentumDelay: Invalid value: |momentumDelay needs a momentum > 0",
+        ),
+        (
+            &[("spec.optimizer", json!({"algorithm": "sync", "momentum": 0.9, "momentumDelay": 4}))],
+            "optimizer.momentumDelay",
+            "spec.optimizer.momentumDelay: Invalid value: |momentumDelay only applies to the asynchronous rules",
+        ),
+        (
             &[(
                 "spec.optimizer",
                 json!({"algorithm": "sync", "localSteps": 10, "pullEvery": 2, "pushEvery": 2}),

@@ -82,6 +82,11 @@ struct Args {
     /// Nesterov momentum instead of heavy ball (needs --momentum > 0): DiLoCo's outer step.
     #[arg(long, env = "FORESIGHT_NESTEROV")]
     nesterov: bool,
+    /// Delayed Nesterov for asynchronous outer steps: the momentum steps once per this many
+    /// updates, on their mean, each update applying its own 1/N share at once (needs
+    /// --momentum > 0, not sync). The number of workers is the usual choice; 1 steps every update.
+    #[arg(long, env = "FORESIGHT_MOMENTUM_DELAY", default_value_t = 1)]
+    momentum_delay: u32,
     /// Refuse gradients staler than this many versions (bounded staleness).
     #[arg(long, env = "FORESIGHT_MAX_STALENESS")]
     max_staleness: Option<u64>,
@@ -228,6 +233,7 @@ impl Args {
         h.weight_decay = self.weight_decay;
         h.momentum = self.momentum;
         h.nesterov = self.nesterov;
+        h.momentum_delay = self.momentum_delay;
         h.max_staleness = self.max_staleness;
         h.combine = self.combine;
         h.backup_workers = self.backup_workers;

@@ -41,6 +41,9 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     if o.nesterov == Some(true) {
         push(&mut env, "FORESIGHT_NESTEROV", true);
     }
+    if let Some(n) = o.momentum_delay.filter(|&n| n > 1) {
+        push(&mut env, "FORESIGHT_MOMENTUM_DELAY", n);
+    }
     if let Some(w) = o.weight_decay {
         push(&mut env, "FORESIGHT_WEIGHT_DECAY", w);
     }

@@ -436,6 +436,8 @@ pub struct AdaptiveLocalStepsSpec {
 #[x_kube(validation = Rule::new("self.pushEvery < 1 || self.pullEvery % self.pushEvery == 0").message("pullEvery must be a multiple of pushEvery: the steps accumulated into one push must all be computed on the model pulled before them").field_path(".pullEvery"))]
 #[x_kube(validation = Rule::new("self.algorithm != 'sync' || self.pullEvery == self.pushEvery").message("under sync pullEvery must equal pushEvery: each round's model is pulled before the next gradient is computed").field_path(".pullEvery"))]
 #[x_kube(validation = Rule::new("!has(self.nesterov) || !self.nesterov || (has(self.momentum) && self.momentum > 0.0)").message("nesterov needs a momentum > 0").field_path(".nesterov"))]
+#[x_kube(validation = Rule::new("!has(self.momentumDelay) || self.momentumDelay == 1 || (has(self.momentum) && self.momentum > 0.0)").message("momentumDelay needs a momentum > 0").field_path(".momentumDelay"))]
+#[x_kube(validation = Rule::new("!has(self.momentumDelay) || self.momentumDelay == 1 || self.algorithm != 'sync'").message("momentumDelay only applies to the asynchronous rules: a sync round already averages the workers' updates").field_path(".momentumDelay"))]
 #[x_kube(validation = Rule::new("!has(self.innerOptimizer) || (has(self.localSteps) && self.localSteps > 1)").message("innerOptimizer trains local steps: it needs localSteps above 1").field_path(".innerOptimizer"))]
 #[x_kube(validation = Rule::new("!has(self.localSteps) || self.localSteps == 1 || (self.pullEvery == 1 && self.pushEvery == 1)").message("localSteps replaces pullEvery and pushEvery (a worker pulls and pushes once per localSteps steps): leave them at 1").field_path(".localSteps"))]
 #[serde(rename_all = "camelCase")]
@@ -473,6 +475,14 @@ pub struct OptimizerSpec {
     /// outer optimizer is momentum 0.9 with nesterov and a learningRate of 0.7.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nesterov: Option<bool>,
+    /// Delayed Nesterov for an asynchronous outer step (Liu et al. 2024): the momentum steps
+    /// once per this many updates, on their mean, while each update applies its own share at
+    /// once, so stale pseudo-gradients are not compounded through the momentum. The number of
+    /// workers is the usual choice; 1 or absent: the momentum steps with every update. Needs
+    /// momentum > 0; not sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub momentum_delay: Option<u32>,
     /// Low-communication training (DiLoCo): each worker trains this many steps with its own
     /// inner optimizer between exchanges, then pushes its pseudo-gradient θ_pulled − θ_local
     /// once; the parameter server applies the rule to it as the outer step (so
@@ -520,6 +530,7 @@ impl Default for OptimizerSpec {
             push_every: 1,
             momentum: None,
             nesterov: None,
+            momentum_delay: None,
             local_steps: None,
             adaptive_local_steps: None,
             inner_optimizer: None,

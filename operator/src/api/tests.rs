@@ -109,6 +109,16 @@ fn every_rule_names_its_field() {
         }),
         ("optimizer.momentum", |s| s.optimizer.momentum = Some(1.0)),
         ("optimizer.nesterov", |s| s.optimizer.nesterov = Some(true)),
+        ("optimizer.momentumDelay", |s| s.optimizer.momentum_delay = Some(0)),
+        ("optimizer.momentumDelay", |s| s.optimizer.momentum_delay = Some(4)),
+        ("optimizer.momentumDelay", |s| {
+            s.optimizer = OptimizerSpec {
+                algorithm: Algorithm::Sync,
+                momentum: Some(0.9),
+                momentum_delay: Some(4),
+                ..Default::default()
+            }
+        }),
         ("optimizer.localSteps", |s| s.optimizer.local_steps = Some(0)),
         ("optimizer.innerOptimizer", |s| s.optimizer.inner_optimizer = Some(inner(0.001))),
         ("optimizer.innerOptimizer.learningRate", |s| {
@@ -249,6 +259,10 @@ fn environment_carries_the_job() {
     let w: std::collections::HashMap<_, _> = worker_env(&spec, "j", "ns", "http://ps").into_iter().collect();
     let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
     assert_eq!((w["FORESIGHT_LOCAL_STEPS"].as_str(), ps["FORESIGHT_NESTEROV"].as_str()), ("50", "true"));
+    assert!(!ps.contains_key("FORESIGHT_MOMENTUM_DELAY"));
+    spec.optimizer.momentum_delay = Some(4);
+    let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
+    assert_eq!(ps["FORESIGHT_MOMENTUM_DELAY"], "4");
     assert_eq!(w["FORESIGHT_GRAD_DTYPE"], "int8");
     assert!(!w.contains_key("FORESIGHT_WORKER_INDEX"), "the index comes from the pod or the runner");
 }

@@ -131,6 +131,22 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     if o.nesterov == Some(true) {
         check(o.momentum.is_some_and(|m| m > 0.0), "optimizer.nesterov", "needs a momentum > 0".into());
     }
+    if let Some(n) = o.momentum_delay {
+        check(n >= 1, "optimizer.momentumDelay", "must be at least 1".into());
+        if n > 1 {
+            check(
+                o.momentum.is_some_and(|m| m > 0.0),
+                "optimizer.momentumDelay",
+                "needs a momentum > 0".into(),
+            );
+            check(
+                o.algorithm != Algorithm::Sync,
+                "optimizer.momentumDelay",
+                "only applies to the asynchronous rules: a sync round already averages the workers' updates"
+                    .into(),
+            );
+        }
+    }
     if let Some(h) = o.local_steps {
         check(h >= 1, "optimizer.localSteps", "must be at least 1".into());
         check(

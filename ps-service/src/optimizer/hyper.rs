@@ -141,6 +141,11 @@ pub struct Hyper {
     /// of m. DiLoCo's outer optimizer (Douillard et al. 2023) is this with μ = 0.9.
     #[serde(default)]
     pub nesterov: bool,
+    /// Delayed Nesterov (Liu et al. 2024, for asynchronous outer steps): the momentum takes one
+    /// step per `momentum_delay` updates, on their mean, while each update applies its own share
+    /// at once ([`crate::optimizer::apply_delayed`]). 1: the momentum steps with every update.
+    #[serde(default = "every_update")]
+    pub momentum_delay: u32,
     /// Refuse gradients staler than this many versions.
     pub max_staleness: Option<u64>,
     pub combine: Combine,
@@ -168,6 +173,7 @@ impl Hyper {
             weight_decay: 0.0,
             momentum: 0.0,
             nesterov: false,
+            momentum_delay: 1,
             max_staleness: None,
             combine: Combine::Mean,
             backup_workers: 0,
@@ -211,11 +217,23 @@ impl Hyper {
             format!("momentum must be in [0, 1), got {}", self.momentum)
         })?;
         check(!self.nesterov || self.momentum > 0.0, || "nesterov needs a momentum > 0".to_string())?;
+        check(self.momentum_delay >= 1, || "momentum delay must be at least 1 update".to_string())?;
+        check(self.momentum_delay == 1 || self.momentum > 0.0, || {
+            format!("a momentum delay of {} updates needs a momentum > 0", self.momentum_delay)
+        })?;
+        // A sync round already averages the workers' gradients into one update.
+        check(self.momentum_delay == 1 || self.algorithm != Algorithm::Sync, || {
+            "a momentum delay only applies to the asynchronous rules, not sync".to_string()
+        })?;
         check(self.backup_workers == 0 || self.algorithm == Algorithm::Sync, || {
             format!("backupWorkers only applies to sync, not {}", self.algorithm)
         })?;
         Ok(())
     }
+}
+
+fn every_update() -> u32 {
+    1
 }
 
 fn check(ok: bool, msg: impl FnOnce() -> String) -> Result<(), HyperError> {
@@ -273,5 +291,23 @@ mod tests {
         assert!(h.validate().unwrap_err().0.contains("learning rate"));
         h.lr.base = f32::NAN;
         assert!(h.validate().is_err());
+    }
+
+    #[test]
+    fn a_momentum_delay_needs_momentum_and_an_asynchronous_rule() {
+        let mut h = Hyper::new(Algorithm::Asgd, 0.5);
+        h.momentum_delay = 4;
+        assert!(h.validate().unwrap_err().0.contains("needs a momentum > 0"));
+        h.momentum = 0.9;
+        h.validate().unwrap();
+        h.momentum_delay = 0;
+        assert!(h.validate().unwrap_err().0.contains("at least 1"));
+        let mut h = Hyper::new(Algorithm::Sync, 0.7);
+        (h.momentum, h.momentum_delay) = (0.9, 4);
+        assert!(h.validate().unwrap_err().0.contains("not sync"));
+        // Checkpoints written before the field existed decode as "every update".
+        let mut json: serde_json::Value = serde_json::to_value(Hyper::new(Algorithm::Asgd, 0.1)).unwrap();
+        json.as_object_mut().unwrap().remove("momentum_delay");
+        assert_eq!(serde_json::from_value::<Hyper>(json).unwrap().momentum_delay, 1);
     }
 }

@@ -336,6 +336,27 @@ fn remainder<const KIND: u8, const MOM: bool>(
     }
 }
 
+/// Delayed Nesterov's momentum step ([`super::apply_delayed`]), once per `n` updates:
+/// m ← μ·m + pending/n; w ← w − η·μ·m (Nesterov) or w − η·μ·m_old (heavy ball); pending ← 0.
+/// Not a hot loop (one update in n), so written plainly.
+pub(crate) fn delayed_momentum(
+    w: &mut [f32],
+    m: &mut [f32],
+    pending: &mut [f32],
+    lr: f32,
+    mu: f32,
+    n: f32,
+    nesterov: bool,
+) {
+    assert!(w.len() == m.len() && w.len() == pending.len(), "momentum state and parameters differ in length");
+    for ((w, m), p) in w.iter_mut().zip(m.iter_mut()).zip(pending.iter_mut()) {
+        let old = *m;
+        *m = flush(mu * old + *p / n, FLUSH_FLOOR);
+        *w -= lr * mu * if nesterov { *m } else { old };
+        *p = 0.0;
+    }
+}
+
 /// Adds `g` into `acc` (the `sync` round's running sum).
 pub(crate) fn accumulate(acc: &mut [f32], g: &[f32]) {
     assert_eq!(acc.len(), g.len());

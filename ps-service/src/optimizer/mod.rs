@@ -7,7 +7,8 @@
 //! | `dc-asgd-c` | w ← w − η·(g + λ0·g⊙g⊙(w − w_bak(m)))                               |
 //! | `dc-asgd-a` | same with λ_t = λ0/√(MeanSquare+ε), MeanSquare ← μ·MeanSquare+(1−μ)·g² |
 //!
-//! Weight decay adds wd·w to the step, momentum folds the step through a heavy-ball buffer.
+//! Weight decay adds wd·w to the step, momentum folds the step through a heavy-ball buffer
+//! (or Nesterov's), at every update or, with a momentum delay, once per N ([`apply_delayed`]).
 //!
 //! Numerical safeguards of the delay-compensated rules ([`Safeguards`], docs/convergence.md):
 //! the per-element gain λ·g² is clamped at (1 − momentum)/η, so the compensation never moves a
@@ -102,6 +103,58 @@ pub fn apply(
     mean_square: &mut [f32],
     momentum: &mut [f32],
 ) -> UpdateStats {
+    let s = scalars(hyper, step, step.lr, hyper.momentum);
+    let mom = if hyper.momentum > 0.0 { Some(momentum) } else { None };
+    kernels::run(s, w, g, pass(hyper, backup, mean_square), mom)
+}
+
+/// Delayed Nesterov's state, and where an update stands in it.
+pub struct Delayed<'a> {
+    pub momentum: &'a mut [f32],
+    /// Σ of the gradients applied since the momentum last stepped (as long as `w`).
+    pub pending: &'a mut [f32],
+    /// This update is the `momentum_delay`-th since the momentum last stepped: it steps now.
+    pub milestone: bool,
+}
+
+/// Applies one gradient under Delayed Nesterov (Liu et al. 2024, "Asynchronous Local-SGD
+/// Training for Language Modeling"), for `hyper.momentum_delay` = N > 1.
+///
+/// Momentum applied at every asynchronous update compounds stale pseudo-gradients (each one
+/// keeps pushing through the buffer long after it was computed). Here each update moves `w` by
+/// its own share, η·d/N with d the rule's step (delay compensation and weight decay included),
+/// and adds g to `pending`; every N-th update the momentum steps once on the mean of the N,
+/// m ← μ·m + Σg/N, and `w` takes the momentum's part of the step: η·μ·m (Nesterov) or η·μ·m_old
+/// (heavy ball). N updates at a constant η thus move `w` as one synchronous step on their mean.
+pub fn apply_delayed(
+    hyper: &Hyper,
+    step: Step,
+    w: &mut [f32],
+    g: &[f32],
+    backup: Option<&[f32]>,
+    mean_square: &mut [f32],
+    delayed: Delayed<'_>,
+) -> UpdateStats {
+    let n = hyper.momentum_delay as f32;
+    let s = scalars(hyper, step, step.lr / n, 0.0);
+    let stats = kernels::run(s, w, g, pass(hyper, backup, mean_square), None);
+    kernels::accumulate(delayed.pending, g);
+    if delayed.milestone {
+        kernels::delayed_momentum(
+            w,
+            delayed.momentum,
+            delayed.pending,
+            step.lr,
+            hyper.momentum,
+            n,
+            hyper.nesterov,
+        );
+    }
+    stats
+}
+
+/// The kernel's scalars for `hyper` at `step`, stepping by `lr` with momentum `momentum`.
+fn scalars(hyper: &Hyper, step: Step, lr: f32, momentum: f32) -> Scalars {
     let guard = hyper.safeguards;
     // The bias correction λ0/√(ms/b + ε) with b = 1 − μ^t, computed as λ0·√b / √(ms + ε·b): the
     // kernel's per-element work stays what it is without it (b = 1 gives the same bits).
@@ -112,26 +165,28 @@ pub fn apply(
         }
         _ => 1.0,
     };
-    let s = Scalars {
-        lr: step.lr,
+    Scalars {
+        lr,
         weight_decay: hyper.weight_decay,
-        momentum: hyper.momentum,
+        momentum,
         nesterov: hyper.nesterov,
         lambda0: (f64::from(hyper.lambda0) * b.sqrt()) as f32,
         decay: hyper.mean_square_decay,
         epsilon: (f64::from(hyper.epsilon) * b) as f32,
         // With momentum μ a constant compensation builds up to 1/(1 − μ) times itself in the
         // buffer: (1 − μ)/η bounds the step it makes, not only its first term.
-        max_gain: if guard.gain_clamp { (1.0 - hyper.momentum) / step.lr } else { f32::INFINITY },
-    };
+        max_gain: if guard.gain_clamp { (1.0 - momentum) / lr } else { f32::INFINITY },
+    }
+}
+
+/// Which kernel pass `hyper`'s rule takes.
+fn pass<'a>(hyper: &Hyper, backup: Option<&'a [f32]>, mean_square: &'a mut [f32]) -> Pass<'a> {
     let need_backup = || backup.expect("delay-compensated rules need the worker's backup");
-    let pass = match hyper.algorithm {
+    match hyper.algorithm {
         Algorithm::Sync | Algorithm::Asgd => Pass::Sgd,
         Algorithm::DcAsgdC => Pass::DcConstant { bak: need_backup() },
         Algorithm::DcAsgdA => Pass::DcAdaptive { bak: need_backup(), mean_square },
-    };
-    let mom = if hyper.momentum > 0.0 { Some(momentum) } else { None };
-    kernels::run(s, w, g, pass, mom)
+    }
 }
 
 /// Turns the sum of a `sync` round's `contributions` gradients into the gradient to apply.

@@ -394,3 +394,74 @@ fn tiny_gradients_leave_no_subnormal_state() {
     assert_eq!((stats.grad_sq, stats.compensation_sq), (0.0, 0.0));
     assert!(st.momentum.iter().all(|m| *m == 0.0 || m.is_normal()), "{:?}", st.momentum);
 }
+
+/// Delayed Nesterov: the N updates of one cycle, each with its own gradient.
+fn delayed_cycle(h: &Hyper, w: &mut [f32], grads: &[Vec<f32>], momentum: &mut [f32]) {
+    let mut pending = vec![0.0; w.len()];
+    for (i, g) in grads.iter().enumerate() {
+        let milestone = i + 1 == grads.len();
+        let d = Delayed { momentum: &mut *momentum, pending: &mut pending, milestone };
+        apply_delayed(h, Step::at(h.lr.base, 1), w, g, None, &mut [], d);
+    }
+    assert!(pending.iter().all(|&p| p == 0.0), "the milestone empties the pending sum");
+}
+
+#[test]
+fn delayed_nesterov_hand_computed() {
+    let mut h = hyper(Algorithm::Asgd, 0.5);
+    (h.momentum, h.nesterov, h.momentum_delay) = (0.5, true, 2);
+    let (mut w, mut m) = (vec![1.0f32], vec![2.0f32]);
+    let mut pending = vec![0.0f32];
+    // First update of the cycle: w − η·g/2 = 1 − 0.5·4/2; momentum untouched.
+    let d = Delayed { momentum: &mut m, pending: &mut pending, milestone: false };
+    apply_delayed(&h, Step::at(0.5, 1), &mut w, &[4.0], None, &mut [], d);
+    assert_eq!((w[0], m[0], pending[0]), (0.0, 2.0, 4.0));
+    // Second: w − 0.5·2/2 = −0.5; m = 0.5·2 + (4 + 2)/2 = 4; w − η·μ·m = −0.5 − 1 = −1.5.
+    let d = Delayed { momentum: &mut m, pending: &mut pending, milestone: true };
+    apply_delayed(&h, Step::at(0.5, 1), &mut w, &[2.0], None, &mut [], d);
+    assert_eq!((w[0], m[0], pending[0]), (-1.5, 4.0, 0.0));
+}
+
+proptest! {
+    /// N updates of a cycle at a constant η move w as one momentum step on their mean (what a
+    /// synchronous round of the same N gradients does), for Nesterov and heavy ball alike.
+    #[test]
+    fn a_delayed_cycle_is_one_synchronous_step_on_the_mean(
+        w0 in prop::collection::vec(-2.0f32..2.0, 1..20),
+        seed in prop::collection::vec(-1.0f32..1.0, 4 * 20),
+        m0 in -1.0f32..1.0,
+        nesterov: bool,
+        n in 2usize..=4,
+    ) {
+        let len = w0.len();
+        let grads: Vec<Vec<f32>> = (0..n).map(|i| seed[i * len..(i + 1) * len].to_vec()).collect();
+        let mut h = hyper(Algorithm::Asgd, 0.3);
+        (h.momentum, h.nesterov, h.momentum_delay) = (0.9, nesterov, n as u32);
+        let (mut w, mut m) = (w0.clone(), vec![m0; len]);
+        delayed_cycle(&h, &mut w, &grads, &mut m);
+
+        let mut mean: Vec<f32> = vec![0.0; len];
+        grads.iter().for_each(|g| accumulate(&mut mean, g));
+        mean.iter_mut().for_each(|x| *x /= n as f32);
+        let mut every = h.clone();
+        every.momentum_delay = 1;
+        let (mut expect, mut expect_m) = (w0.clone(), vec![m0; len]);
+        apply(&every, Step::at(0.3, 1), &mut expect, &mean, None, &mut [], &mut expect_m);
+        prop_assert!(close(&w, &expect, 1e-5), "{w:?} vs {expect:?}");
+        prop_assert!(close(&m, &expect_m, 1e-5), "{m:?} vs {expect_m:?}");
+    }
+}
+
+/// The delay compensation still corrects each update's own step: dc-asgd-a under a momentum
+/// delay moves w by its compensated gradient's share, and the momentum sees the raw gradient.
+#[test]
+fn delayed_nesterov_keeps_the_compensation_in_each_updates_own_step() {
+    let mut h = hyper(Algorithm::DcAsgdC, 0.1);
+    (h.lambda0, h.momentum, h.nesterov, h.momentum_delay) = (0.5, 0.9, true, 2);
+    let (mut w, mut m, mut pending) = (vec![1.0f32, 2.0], vec![0.0f32; 2], vec![0.0f32; 2]);
+    let d = Delayed { momentum: &mut m, pending: &mut pending, milestone: false };
+    apply_delayed(&h, Step::at(0.1, 1), &mut w, &[2.0, -1.0], Some(&[0.5, 3.0]), &mut [], d);
+    // dc_asgd_c_hand_computed's step (0.3, −0.15 at η = 0.1) at η/2.
+    assert!(close(&w, &[0.85, 2.075], 1e-7), "{w:?}");
+    assert_eq!((m, pending), (vec![0.0, 0.0], vec![2.0, -1.0]));
+}

@@ -262,6 +262,10 @@ struct ShardData {
     next_op: u64,
     w: Vec<f32>,
     state: OptimizerState,
+    /// Delayed Nesterov's sum of the gradients since the momentum last stepped (empty without a
+    /// momentum delay). Not checkpointed: a restored PS loses the momentum's share of fewer than
+    /// `momentum_delay` updates, never their own steps.
+    pending: Vec<f32>,
 }
 
 struct Shard {
@@ -483,7 +487,9 @@ impl Store {
                     momentum: slice(&data.state.momentum),
                 };
                 let w = data.params[range.clone()].to_vec();
-                Shard { range, data: Mutex::new(ShardData { next_op: 0, w, state }), turn: Condvar::new() }
+                let pending = if hyper.momentum_delay > 1 { vec![0.0; range.len()] } else { Vec::new() };
+                let data = ShardData { next_op: 0, w, state, pending };
+                Shard { range, data: Mutex::new(data), turn: Condvar::new() }
             })
             .collect::<Vec<_>>();
         let groups = walk_groups(shards.len(), walkers(n));
@@ -777,6 +783,7 @@ impl Store {
             d.w.copy_from_slice(&values[shard.range.clone()]);
             d.state.mean_square.fill(0.0);
             d.state.momentum.fill(0.0);
+            d.pending.fill(0.0);
         });
         round.version = version;
         round.sum.fill(0.0);
@@ -804,7 +811,8 @@ impl Store {
             match self.admit(p, None)? {
                 Admission::Replay(outcome) => return Ok(outcome),
                 Admission::Ticket(t) => {
-                    let stats = self.apply_op(t.op, t.step, grad, t.backup.as_deref().map(Snapshot::params));
+                    let backup = t.backup.as_deref().map(Snapshot::params);
+                    let stats = self.apply_op(t.op, t.version, t.step, grad, backup);
                     self.notify(t.version);
                     Ok(PushOutcome {
                         version: t.version,
@@ -1085,7 +1093,7 @@ impl Store {
             (op, version, self.hyper.lr.at(seq.epoch))
         };
         // sync keeps no MeanSquare.
-        let stats = self.apply_op(op, Step::at(lr, 0), &round.sum, None);
+        let stats = self.apply_op(op, version, Step::at(lr, 0), &round.sum, None);
         round.sum.fill(0.0);
         round.contributed.fill(None);
         round.count = 0;
@@ -1095,21 +1103,46 @@ impl Store {
         PushOutcome { version, staleness: 0, applied: true, replayed: false, stats, lr }
     }
 
-    fn apply_op(&self, op: u64, step: Step, grad: &[f32], backup: Option<&[f32]>) -> UpdateStats {
+    /// Applies update `op`, which makes model `version`, shard group by shard group.
+    fn apply_op(
+        &self,
+        op: u64,
+        version: u64,
+        step: Step,
+        grad: &[f32],
+        backup: Option<&[f32]>,
+    ) -> UpdateStats {
+        let delay = u64::from(self.hyper.momentum_delay);
         let states = vec![UpdateStats::default(); self.groups.len()];
         let per_group = self.walk_grouped(op, states, |stats, shard, d| {
             let r = shard.range.clone();
             let st = &mut d.state;
             let bak = backup.map(|b| &b[r.clone()]);
-            let s = optimizer::apply(
-                &self.hyper,
-                step,
-                &mut d.w,
-                &grad[r],
-                bak,
-                &mut st.mean_square,
-                &mut st.momentum,
-            );
+            let s = if delay > 1 {
+                // Versions count updates, so every shard (and a restored PS) agrees on the cycle.
+                let milestone = version.is_multiple_of(delay);
+                let delayed =
+                    optimizer::Delayed { momentum: &mut st.momentum, pending: &mut d.pending, milestone };
+                optimizer::apply_delayed(
+                    &self.hyper,
+                    step,
+                    &mut d.w,
+                    &grad[r],
+                    bak,
+                    &mut st.mean_square,
+                    delayed,
+                )
+            } else {
+                optimizer::apply(
+                    &self.hyper,
+                    step,
+                    &mut d.w,
+                    &grad[r],
+                    bak,
+                    &mut st.mean_square,
+                    &mut st.momentum,
+                )
+            };
             stats.merge(s);
         });
         per_group.into_iter().fold(UpdateStats::default(), |mut all, s| {

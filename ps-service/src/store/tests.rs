@@ -777,3 +777,34 @@ proptest! {
         }
     }
 }
+
+/// Under a momentum delay of N the store's asynchronous updates, with shards of 3 elements,
+/// end each cycle of N where a `sync` store's one round of the same gradients does (Nesterov on
+/// their mean); between milestones the momentum is untouched, and a checkpoint carries it.
+#[test]
+fn delayed_nesterov_cycles_match_sync_rounds_in_the_store() {
+    let (n, len) = (4usize, 7usize);
+    let w0: Vec<f32> = (0..len).map(|i| i as f32 * 0.1 - 0.3).collect();
+    let mut delayed = Hyper::new(Algorithm::Asgd, 0.7);
+    (delayed.momentum, delayed.nesterov, delayed.momentum_delay) = (0.9, true, n as u32);
+    let mut sync = Hyper::new(Algorithm::Sync, 0.7);
+    (sync.momentum, sync.nesterov) = (0.9, true);
+    let a = Store::with_shard_len(layout(len), w0.clone(), delayed, n, 3);
+    let s = Store::with_shard_len(layout(len), w0, sync, n, 3);
+    for round in 0..3u64 {
+        for k in 0..n {
+            let g: Vec<f32> = (0..len).map(|i| ((i * 7 + k * 3 + round as usize) % 5) as f32 - 2.0).collect();
+            a.push(push(k, a.version(), round + 1), &g).unwrap();
+            s.push(push(k, s.version(), round + 1), &g).unwrap();
+            let momentum = a.checkpoint().state.momentum;
+            if k + 1 < n {
+                assert_eq!(momentum, s.checkpoint().state.momentum, "the momentum waits for the N-th update");
+            }
+        }
+        let (got, want) = (a.snapshot_now().params().to_vec(), s.snapshot_now().params().to_vec());
+        assert!(
+            got.iter().zip(&want).all(|(x, y)| (x - y).abs() < 1e-5),
+            "round {round}: {got:?} vs {want:?}"
+        );
+    }
+}

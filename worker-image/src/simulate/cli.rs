@@ -77,6 +77,10 @@ pub struct SimulateArgs {
     /// Nesterov's momentum instead of heavy ball (DiLoCo's outer step: --momentum 0.9 --nesterov).
     #[arg(long)]
     nesterov: bool,
+    /// Delayed Nesterov for the asynchronous rules (sync's rounds ignore it): the momentum steps
+    /// once per this many updates, on their mean (needs --momentum > 0).
+    #[arg(long, default_value_t = 1)]
+    momentum_delay: u32,
     /// Inner steps per push (DiLoCo-style local steps): each virtual worker trains its copy H
     /// steps with --inner-optimizer and pushes θ_pulled − θ_local; 1: every step, one gradient.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
@@ -143,6 +147,9 @@ fn hyper(args: &SimulateArgs, algorithm: Algorithm) -> Hyper {
     }
     h.mean_square_decay = args.mean_square_decay;
     (h.momentum, h.nesterov) = (args.momentum, args.nesterov);
+    if algorithm != Algorithm::Sync {
+        h.momentum_delay = args.momentum_delay;
+    }
     h.safeguards.gain_clamp = !args.no_gain_clamp;
     h.safeguards.bias_correction = !args.no_bias_correction;
     h

@@ -85,6 +85,11 @@ pub struct Outcome {
     pub mean_lambda: f64,
     /// Share of the updated elements whose compensation gain λ·g² was clamped at 1/η.
     pub clamped_fraction: f64,
+    /// The rule's base learning rate and momentum (the outer step's, with local steps).
+    pub learning_rate: f32,
+    pub momentum: f32,
+    pub nesterov: bool,
+    pub momentum_delay: u32,
     /// The safeguards the run had on ([`Hyper::safeguards`]).
     pub gain_clamp: bool,
     pub bias_correction: bool,
@@ -296,6 +301,10 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         staleness: status.staleness,
         mean_lambda: run.mean_lambda_sum / status.version.max(1) as f64,
         clamped_fraction: run.clamped as f64 / run.elements.max(1) as f64,
+        learning_rate: cfg.hyper.lr.base,
+        momentum: cfg.hyper.momentum,
+        nesterov: cfg.hyper.nesterov,
+        momentum_delay: cfg.hyper.momentum_delay,
         gain_clamp: cfg.hyper.safeguards.gain_clamp,
         bias_correction: cfg.hyper.safeguards.bias_correction,
         curve,
