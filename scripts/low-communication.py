@@ -42,7 +42,9 @@ chosen for about 20–30 snapshots a run), beside the final model's accuracy and
 With --simulate it runs the same question in the simulator instead (`foresight-worker simulate
 --local-steps H`: its plain-Rust MLP on MNIST-5k, 4 virtual workers, 12 epochs, the inner AdamW at
 lr 1e-3 and the outer rules as above), deterministically and for many seeds (--sim-seeds): every
-step, sync, asgd and dc-asgd-a at each H of --sim-h, with the workers taking turns
+step, sync, asgd and dc-asgd-a at each H of --sim-h, and asynchronous outer steps with DiLoCo's
+Nesterov momentum (0.9) at every update (lr 0.7/4 and --dn-lr/4) and delayed (--momentum-delay 4:
+Delayed Nesterov, at lr 0.7 and at --dn-lr), with the workers taking turns
 (round-robin:4) and with worker 3 three times slower (straggler:4:3, the staleness following
 from the timing); the held-out error of the final model, and the time (in batch steps of a worker
 at full speed, compute only) until the model first reaches --sim-target accuracy and until the
@@ -200,6 +202,7 @@ def main() -> None:
     ap.add_argument("--lm-epochs", type=int, default=2)
     ap.add_argument("--sim-h", default="10,50")
     ap.add_argument("--sim-seeds", type=int, default=10)
+    ap.add_argument("--dn-lr", type=float, default=0.25, help="outer lr of the simulator's Delayed Nesterov rows")
     ap.add_argument("--sim-target", type=float, default=0.9, help="held-out accuracy the time-to-target columns use")
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -497,14 +500,17 @@ def simulated_study(args, hs: list[int], at: dt.datetime, started: float) -> Non
         for rule in ("asgd", "dc-asgd-a"):
             table[(f"H = {h}", rule)] = simulate(args, f"{rule}-H{h}", [
                 "--algorithms", rule, *both, "--learning-rate", str(args.async_lr), *local])
-        # DiLoCo's outer momentum on an asynchronous step: at every update, at the lr that gives
-        # each update the share it has under the delay (0.7 / 4), and delayed (Liu et al. 2024).
+        # DiLoCo's outer momentum on an asynchronous step: at every update, at the lrs that give
+        # each update the share it has under the delay (lr / 4), and delayed (Liu et al. 2024).
         nesterov = ["--momentum", "0.9", "--nesterov", *both, *local]
-        table[(f"H = {h}", "asgd + Nesterov")] = simulate(args, f"asgd-nesterov-H{h}", [
-            "--algorithms", "asgd", "--learning-rate", str(0.7 / SIM_WORKERS), *nesterov])
-        for rule in ("asgd", "dc-asgd-a"):
-            table[(f"H = {h}", f"{rule} + Delayed Nesterov")] = simulate(args, f"{rule}-delayed-H{h}", [
-                "--algorithms", rule, "--learning-rate", "0.7", "--momentum-delay", str(SIM_WORKERS), *nesterov])
+        for lr in (0.7 / SIM_WORKERS, args.dn_lr / SIM_WORKERS):
+            table[(f"H = {h}", f"asgd + Nesterov, lr {lr:g}")] = simulate(args, f"asgd-nesterov-lr{lr:g}-H{h}", [
+                "--algorithms", "asgd", "--learning-rate", str(lr), *nesterov])
+        # Delayed: at sync's outer lr, and at --dn-lr (a lower one, as asynchronous steps take).
+        delayed = ["--momentum-delay", str(SIM_WORKERS), *nesterov]
+        for rule, lr in (("asgd", 0.7), ("asgd", args.dn_lr), ("dc-asgd-a", args.dn_lr)):
+            table[(f"H = {h}", f"{rule} + Delayed Nesterov, lr {lr:g}")] = simulate(
+                args, f"{rule}-delayed-lr{lr:g}-H{h}", ["--algorithms", rule, "--learning-rate", str(lr), *delayed])
     wall = time.monotonic() - started
 
     def err(runs, delay):
@@ -513,7 +519,7 @@ def simulated_study(args, hs: list[int], at: dt.datetime, started: float) -> Non
 
     lines = [
         f"Command: `scripts/low-communication.py --simulate --sim-h {args.sim_h} --sim-seeds {args.sim_seeds} "
-        f"--sim-target {args.sim_target} "
+        f"--sim-target {args.sim_target} --dn-lr {args.dn_lr:g} "
         f"--async-lr {args.async_lr}{bin_arg(args.bin)}` — {wall / 60:.1f} min wall, {at:%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores. Deterministic: the same command gives the same table.",
         "",

@@ -349,14 +349,25 @@ fn updates_applied(addr: &str) -> f64 {
 /// job's inner AdamW between exchanges (with `optimizer` fields added) and DiLoCo's sync
 /// Nesterov outer step (with `spec` fields added); its summary.
 fn run_diloco(optimizer: &str, spec: &str, flags: &[&str]) -> serde_json::Value {
+    run_local_steps("algorithm: sync, momentum: 0.9, nesterov: true", 0.7, optimizer, spec, flags).1
+}
+
+/// As [`run_diloco`] with the outer step `rule` at learning rate `lr`; the run's directory too.
+fn run_local_steps(
+    rule: &str,
+    lr: f64,
+    optimizer: &str,
+    spec: &str,
+    flags: &[&str],
+) -> (tempfile::TempDir, serde_json::Value) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let yaml = job(
         tmp.path(),
         &format!(
             "spec:\n  model: {{name: mlp}}\n  dataset: {{format: csv, path: data/mnist5k, holdout: 0.2}}\n  \
-             training: {{epochs: 3, batchSize: 32, learningRate: 0.7}}\n  \
-             optimizer: {{algorithm: sync, momentum: 0.9, nesterov: true, localSteps: 10, {optimizer}\
+             training: {{epochs: 3, batchSize: 32, learningRate: {lr}}}\n  \
+             optimizer: {{{rule}, localSteps: 10, {optimizer}\
              innerOptimizer: {{algorithm: adamw, learningRate: 0.001}}}}\n  workers: {{replicas: 4}}\n{spec}"
         ),
     );
@@ -364,7 +375,29 @@ fn run_diloco(optimizer: &str, spec: &str, flags: &[&str]) -> serde_json::Value 
     let o = foresight(&[&args[..], flags].concat());
     let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "foresight run failed:\n{stdout}\n{stderr}");
-    serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap()
+    let summary = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    (tmp, summary)
+}
+
+/// `optimizer.momentumDelay` through the chain (the spec, the PS's environment, its rule): an
+/// asynchronous outer step with Delayed Nesterov trains, and the final model records the rule
+/// it was trained with.
+#[test]
+fn an_asynchronous_outer_step_trains_with_delayed_nesterov() {
+    let rule = "algorithm: asgd, momentum: 0.9, nesterov: true, momentumDelay: 4";
+    let (tmp, summary) = run_local_steps(rule, 0.25, "", "", &[]);
+    let acc = summary["accuracy"].as_f64().unwrap();
+    assert!(acc > 0.85, "the final model reached only {acc}: {summary}");
+    let file = std::fs::read(tmp.path().join("out/model-final.safetensors")).unwrap();
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    let hyper: serde_json::Value =
+        serde_json::from_str(header["__metadata__"]["hyperparameters"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (hyper["momentum_delay"].as_u64(), hyper["nesterov"].as_bool()),
+        (Some(4), Some(true)),
+        "{hyper}"
+    );
 }
 
 /// The built-in worker with local steps (DiLoCo-style): 4 workers each train 10 steps with the
