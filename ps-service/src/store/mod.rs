@@ -1118,30 +1118,15 @@ impl Store {
             let r = shard.range.clone();
             let st = &mut d.state;
             let bak = backup.map(|b| &b[r.clone()]);
+            let (w, g, ms) = (&mut d.w, &grad[r], &mut st.mean_square);
             let s = if delay > 1 {
                 // Versions count updates, so every shard (and a restored PS) agrees on the cycle.
                 let milestone = version.is_multiple_of(delay);
                 let delayed =
                     optimizer::Delayed { momentum: &mut st.momentum, pending: &mut d.pending, milestone };
-                optimizer::apply_delayed(
-                    &self.hyper,
-                    step,
-                    &mut d.w,
-                    &grad[r],
-                    bak,
-                    &mut st.mean_square,
-                    delayed,
-                )
+                optimizer::apply_delayed(&self.hyper, step, w, g, bak, ms, delayed)
             } else {
-                optimizer::apply(
-                    &self.hyper,
-                    step,
-                    &mut d.w,
-                    &grad[r],
-                    bak,
-                    &mut st.mean_square,
-                    &mut st.momentum,
-                )
+                optimizer::apply(&self.hyper, step, w, g, bak, ms, &mut st.momentum)
             };
             stats.merge(s);
         });
