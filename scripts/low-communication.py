@@ -71,8 +71,10 @@ one with --link-mbit).
 With --lm it runs the transformer language model instead (examples/python/charlm.py, byte-level,
 470,784 parameters, 4 workers, --lm-epochs epochs): every step under dc-asgd-a as
 examples/python/charlm.yaml has it, and DiLoCo (sync, Nesterov 0.9 at outer lr 0.7, the job's
-inner AdamW at 1e-3) at each H of --lm-h, in F32 and in int8; the final model's held-out loss
-(nats per byte) and accuracy, and the bytes pushed, against every step's; rewrites its own section.
+inner AdamW at 1e-3) at each H of --lm-h, pushing F32, int8, and int8 with the model pulled in
+bf16 (optimizer.pullDtype); the final model's held-out loss (nats per byte) and accuracy, the bytes
+pushed, and the bytes the PS received and sent (its own counters), against every step's; rewrites
+its own section.
 """
 
 import argparse
@@ -168,6 +170,7 @@ def run(args, name: str, text: str, dtype: str = "f32", slow: float | None = Non
         # What the PS itself counted: every request body (the pushes, the model's registration
         # in F32, progress reports).
         "received": summary.get("ps_received_bytes"),
+        "sent": summary.get("ps_sent_bytes"),
         "updates": summary["updates"],
         "wall": time.monotonic() - started,
         "curve": [(p["seconds"], p["accuracy"]) for p in summary.get("curve", [])],
@@ -416,9 +419,9 @@ def adaptive_study(args, seeds: list[int], at: dt.datetime, started: float) -> N
     replace_section(args.doc, start, "\n".join(lines))
 
 
-def lm_spec(seed: int, epochs: int, h: int | None = None, dtype: str = "f32") -> str:
+def lm_spec(seed: int, epochs: int, h: int | None = None, dtype: str = "f32", pulls: str = "f32") -> str:
     """examples/python/charlm.yaml with the run's seed and epochs; with `h`, DiLoCo's sync outer step
-    over h local steps of AdamW, pseudo-gradients in `dtype`."""
+    over h local steps of AdamW, pseudo-gradients in `dtype`, the model pulled in `pulls`."""
     text = (ROOT / "examples/python/charlm.yaml").read_text()
     text = text.replace("seed: 1", f"seed: {seed}").replace("epochs: 3", f"epochs: {epochs}")
     if h is None:
@@ -427,21 +430,24 @@ def lm_spec(seed: int, epochs: int, h: int | None = None, dtype: str = "f32") ->
         "  optimizer:\n    algorithm: sync\n    momentum: 0.9\n    nesterov: true\n"
         f"    localSteps: {h}\n    innerOptimizer: {{algorithm: adamw, learningRate: 0.001}}\n"
         + (f"    gradientDtype: {dtype}\n" if dtype != "f32" else "")
+        + (f"    pullDtype: {pulls}\n" if pulls != "f32" else "")
     )
     text = text.replace("  optimizer:\n    algorithm: dc-asgd-a\n", diloco)
     return re.sub(r"^    learningRate: [0-9.]+$", "    learningRate: 0.7", text, flags=re.M)
 
 
 def lm_study(args, seeds: list[int], hs: list[int], at: dt.datetime, started: float) -> None:
-    """The transformer language model: every step against DiLoCo at each H, F32 and int8."""
-    plan = [("every step, dc-asgd-a", None, "f32")]
-    plan += [(f"sync, H={h}{'' if d == 'f32' else ', ' + d}", h, d) for h in hs for d in ("f32", "int8")]
+    """The transformer language model: every step against DiLoCo at each H, pushes in F32 and
+    int8, and int8 with the model pulled in bf16."""
+    wires = (("f32", "f32", ""), ("int8", "f32", ", int8"), ("int8", "bf16", ", int8, bf16 pulls"))
+    plan = [("every step, dc-asgd-a", None, "f32", "f32")]
+    plan += [(f"sync, H={h}{label}", h, d, p) for h in hs for d, p, label in wires]
     rows = []
     for seed in seeds:
-        for label, h, dtype in plan:
+        for label, h, dtype, pulls in plan:
             name = f"lm-{label.replace(', ', '-').replace('=', '').replace(' ', '-')}-seed{seed}"
             summary_path = args.out / name / "run" / "summary.json"
-            r = run(args, name, lm_spec(seed, args.lm_epochs, h, dtype), dtype)
+            r = run(args, name, lm_spec(seed, args.lm_epochs, h, dtype, pulls), dtype)
             r["loss"] = json.loads(summary_path.read_text())["loss"]
             rows.append({"label": label, "seed": seed, **r})
     wall = time.monotonic() - started
@@ -452,18 +458,21 @@ def lm_study(args, seeds: list[int], hs: list[int], at: dt.datetime, started: fl
         f"{platform.machine()}, {os.cpu_count()} cores.",
         "",
         "| run | seed | final model held-out loss (nats/byte) | against every step | next-byte accuracy | "
-        "pushes | MB pushed | bytes pushed against every step | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "pushes | MB pushed | bytes pushed against every step | MB moved (PS measured, in + out) "
+        "| bytes moved against every step | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    moved = lambda r: (r["received"] or 0) + (r["sent"] or 0)  # noqa: E731
     for r in rows:
         b = base[r["seed"]]
         lines.append(
             f"| {r['label']} | {r['seed']} | {r['loss']:.3f} | {100 * (r['loss'] / b['loss'] - 1):+.1f} % | "
             f"{r['accuracy']:.3f} | {r['pushes']} | {r['bytes'] / 1e6:.1f} | "
-            f"{b['bytes'] / r['bytes']:.0f}× fewer | {r['wall']:.0f} |"
+            f"{b['bytes'] / r['bytes']:.0f}× fewer | {moved(r) / 1e6:.1f} | {moved(b) / moved(r):.0f}× fewer | "
+            f"{r['wall']:.0f} |"
             if r is not b else
             f"| {r['label']} | {r['seed']} | {r['loss']:.3f} | — | {r['accuracy']:.3f} | {r['pushes']} | "
-            f"{r['bytes'] / 1e6:.1f} | 1 | {r['wall']:.0f} |"
+            f"{r['bytes'] / 1e6:.1f} | 1 | {moved(r) / 1e6:.1f} | 1 | {r['wall']:.0f} |"
         )
     replace_section(args.doc, LM_START, "\n".join(lines))
 

@@ -400,6 +400,21 @@ fn an_asynchronous_outer_step_trains_with_delayed_nesterov() {
     );
 }
 
+/// `optimizer.pullDtype: bf16` through the chain (the spec, the workers' environment, their
+/// pulls): the same DiLoCo job trains as well, and the PS sends half the model bytes it sends
+/// when the model is pulled in F32 (the same rounds, so the same number of pulls).
+#[test]
+fn a_job_that_pulls_in_bf16_trains_on_half_the_pulled_bytes() {
+    let full = run_diloco("", "", &[]);
+    let half = run_diloco("pullDtype: bf16, ", "", &[]);
+    let acc = half["accuracy"].as_f64().unwrap();
+    assert!(acc > 0.85, "the final model reached only {acc}: {half}");
+    assert_eq!(half["updates"], full["updates"], "the same rounds: {half}");
+    let sent = |s: &serde_json::Value| s["ps_sent_bytes"].as_f64().unwrap();
+    let ratio = sent(&half) / sent(&full);
+    assert!((0.45..0.55).contains(&ratio), "bf16 pulls sent {ratio} of F32's bytes: {half} against {full}");
+}
+
 /// The built-in worker with local steps (DiLoCo-style): 4 workers each train 10 steps with the
 /// job's inner AdamW between exchanges and push one pseudo-gradient; the PS averages each round
 /// and takes a Nesterov outer step. One update per 10 steps of every worker (and one for the

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use foresight_ps::client::{ClientError, GradDtype, PsClient, PushId};
+use foresight_ps::client::{ClientError, ExpectedModel, GradDtype, PsClient, PullDtype, PushId};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::wire::{self, Layout, TensorSpec};
 use reqwest::StatusCode;
@@ -493,6 +493,41 @@ async fn other_endpoints_validate_their_input() {
             StatusCode::UNAUTHORIZED
         );
     }
+}
+
+/// A model pulled as bf16 is the PS's float32 model rounded to bf16, in half the bytes, and the
+/// client widens it in place; a pull in a dtype the PS does not send is refused before it
+/// becomes the worker's pull (its backup under dc-asgd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_pulled_as_bf16_is_the_float32_model_rounded_in_half_the_bytes() {
+    let ps = start(config(Algorithm::DcAsgdA, 2)).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    let id = PushId { worker: 1, generation: None, version: 0, incarnation: None, seq: 1 };
+    c.push(id, None, &l, &grad(&l, 3), GradDtype::F32).await.unwrap();
+    let full = c.pull(1, None, Duration::ZERO).await.unwrap().unwrap();
+    let bf16 = ExpectedModel::pulled_as(l.clone(), PullDtype::Bf16);
+    let half = c.pull_expecting(1, None, Duration::ZERO, Some(&bf16), Vec::new()).await.unwrap().unwrap();
+    assert_eq!((half.version, half.layout.clone()), (1, l.clone()));
+    let rounded: Vec<f32> = full.values.iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect();
+    assert_eq!(half.values, rounded);
+    assert_ne!(half.values, full.values, "the values are rounded, not sent whole");
+
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let get = |query: &str| http.get(format!("{}/v1/model?{query}", ps.url)).bearer_auth(TOKEN).send();
+    let body = get("worker=1&dtype=bf16").await.unwrap().bytes().await.unwrap();
+    assert_eq!(body.len(), wire::header(&l, wire::WireDtype::Bf16, &BTreeMap::new()).len() + 2 * l.len());
+    let body = get("worker=1&dtype=f32").await.unwrap().bytes().await.unwrap();
+    assert_eq!(wire::decode_model(&body).unwrap().1, full.values);
+    for bad in ["int8", "F32", "bf16,f32", ""] {
+        let r = get(&format!("worker=0&dtype={bad}")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "dtype={bad}");
+        assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "bad_request");
+    }
+    assert!(
+        c.status().await.unwrap()["workers"][0]["pulled_version"].is_null(),
+        "a refused pull is not the worker's pull"
+    );
 }
 
 /// Foresight's own F32 bodies are decoded while they stream in; what that path refuses must

@@ -56,6 +56,9 @@ __all__ = [
 #: The types a gradient may travel in (``$FORESIGHT_GRAD_DTYPE``, ``Optimizer(grad_dtype=)``).
 GRAD_DTYPES = ("f32", "bf16", "int8")
 
+#: The types the model may be pulled in (``$FORESIGHT_PULL_DTYPE``, ``Optimizer(pull_dtype=)``).
+PULL_DTYPES = ("f32", "bf16")
+
 #: The exit status a worker ends with after a failure no retry can fix; the operator's
 #: podFailurePolicy and `foresight run` fail the job at once instead of restarting it.
 EXIT_PERMANENT = 3
@@ -126,6 +129,9 @@ class Job:
     grad_dtype: str
     deadline_seconds: float
     report_every: int
+    #: ``$FORESIGHT_PULL_DTYPE``: the type the model is pulled in: f32, or bf16 (half the
+    #: bytes; the worker computes on the model rounded to bf16, the PS keeps float32).
+    pull_dtype: str = "f32"
     #: ``optimizer.localSteps``: steps trained with the worker's own inner optimizer between
     #: exchanges (1: every step's gradient is pushed).
     local_steps: int = 1
@@ -164,6 +170,9 @@ class Job:
         dtype = os.environ.get("FORESIGHT_GRAD_DTYPE", "f32")
         if dtype not in GRAD_DTYPES:
             raise ConfigError(f"$FORESIGHT_GRAD_DTYPE={dtype!r}: expected f32, bf16 or int8")
+        pull_dtype = os.environ.get("FORESIGHT_PULL_DTYPE", "f32")
+        if pull_dtype not in PULL_DTYPES:
+            raise ConfigError(f"$FORESIGHT_PULL_DTYPE={pull_dtype!r}: expected f32 or bf16")
         return cls(
             ps_url=os.environ["FORESIGHT_PS_URL"],
             worker=_env_int("FORESIGHT_WORKER_INDEX", None, 0),
@@ -177,6 +186,7 @@ class Job:
             inner_learning_rate=_env_float("FORESIGHT_INNER_LEARNING_RATE", 0.001, 0.0, exclusive=True),
             inner_weight_decay=_env_float("FORESIGHT_INNER_WEIGHT_DECAY", 0.0, 0.0),
             grad_dtype=dtype,
+            pull_dtype=pull_dtype,
             deadline_seconds=float(_env_int("FORESIGHT_PS_DEADLINE_SECONDS", 300, 0)),
             report_every=_env_int("FORESIGHT_REPORT_EVERY", 20, 1),
             torch_threads=_env_int("FORESIGHT_TORCH_THREADS", 0, 0),

@@ -16,6 +16,7 @@ class Worker:
         seed: int,
         local_steps: int = 1,
         ps_ca_file: str | None = None,
+        pull_dtype: str = "f32",
     ) -> None: ...
     @property
     def workers(self) -> int: ...

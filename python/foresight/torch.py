@@ -86,6 +86,10 @@ class Optimizer(torch.optim.Optimizer):
     ``$FORESIGHT_GRAD_DTYPE``) is the type gradients travel in; the parameter server keeps float32.
     ``"int8"`` sends a scale per 1,024 values and carries each push's rounding error into the
     next (error feedback): a quarter of float32's bytes, for local steps over a slow link.
+    ``pull_dtype`` (``"f32"`` or ``"bf16"``, default the job's ``$FORESIGHT_PULL_DTYPE``) is the
+    type the model is pulled in: ``"bf16"`` halves every pull, and the worker computes on the
+    model rounded to bf16, as mixed-precision training computes on a bf16 copy of float32 master
+    weights.
     ``steps_per_epoch`` drives the job's learning-rate schedule (``foresight.batches`` sets it).
 
     With the job's ``optimizer.localSteps`` above 1, the local steps are trained by ``inner``, an
@@ -99,6 +103,7 @@ class Optimizer(torch.optim.Optimizer):
         model: torch.nn.Module,
         *,
         grad_dtype: str | None = None,
+        pull_dtype: str | None = None,
         steps_per_epoch: int | None = None,
         inner: torch.optim.Optimizer | None = None,
     ) -> None:
@@ -122,6 +127,8 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError(f"the model's parameters are on several devices ({sorted(map(str, devices))})")
         if grad_dtype is not None and grad_dtype not in foresight.GRAD_DTYPES:
             raise ValueError(f"grad_dtype={grad_dtype!r}: expected 'f32', 'bf16' or 'int8'")
+        if pull_dtype is not None and pull_dtype not in foresight.PULL_DTYPES:
+            raise ValueError(f"pull_dtype={pull_dtype!r}: expected 'f32' or 'bf16'")
         super().__init__([p for _, p in named], {"lr": 0.0})
         self.model = model
         self._params = [p for _, p in named]
@@ -149,6 +156,7 @@ class Optimizer(torch.optim.Optimizer):
             job.seed,
             job.local_steps,
             job.ps_ca_file,
+            pull_dtype or job.pull_dtype,
         )
         self._inner = inner if inner is not None or job.local_steps == 1 else self._job_inner(job)
         job.native = self._native

@@ -10,7 +10,8 @@
 use std::time::Duration;
 
 use foresight_ps::client::{
-    Cadence, ClientError, ClientTls, Exchange, GradDtype, Joined, PsClient, Retry, Session, StepEnd, shard,
+    Cadence, ClientError, ClientTls, Exchange, GradDtype, Joined, PsClient, PullDtype, Retry, Session,
+    StepEnd, shard,
 };
 use foresight_ps::server::Report;
 use foresight_ps::wire::{Layout, TensorSpec};
@@ -71,7 +72,7 @@ struct Worker {
 impl Worker {
     /// Registers the model from the `init_addr` values (when this worker is the first) and joins.
     #[new]
-    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1, ps_ca_file=None))]
+    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1, ps_ca_file=None, pull_dtype="f32"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -88,6 +89,7 @@ impl Worker {
         seed: u64,
         local_steps: u64,
         ps_ca_file: Option<std::path::PathBuf>,
+        pull_dtype: &str,
     ) -> PyResult<Self> {
         let dtype = match grad_dtype {
             "f32" => GradDtype::F32,
@@ -99,8 +101,11 @@ impl Worker {
                 )));
             }
         };
+        let pulls: PullDtype =
+            pull_dtype.parse().map_err(|e: ClientError| PyValueError::new_err(e.to_string()))?;
         let cadence = Cadence::for_job(pull_every, push_every, local_steps, dtype)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .pulling(pulls);
         if !(deadline_seconds.is_finite() && deadline_seconds >= 0.0) {
             return Err(PyValueError::new_err("deadline_seconds must be a non-negative number"));
         }

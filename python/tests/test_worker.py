@@ -108,6 +108,27 @@ def test_a_step_changes_the_model_by_the_rule_exactly(ps_factory, job_env, dtype
         assert not torch.equal(p.detach(), before[name]), name
 
 
+def test_a_model_pulled_in_bf16_is_the_ps_float32_model_rounded(ps_factory, job_env):
+    """pull_dtype="bf16": the worker computes on the PS's model rounded to bf16, and the PS keeps
+    and steps its float32 model (w ← w − η·g on the unrounded weights)."""
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
+    job_env(ps)
+    with pytest.raises(ValueError, match="pull_dtype"):
+        foresight.torch.Optimizer(tiny_model(), pull_dtype="int8")
+    model = tiny_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rounded = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+    opt = foresight.torch.Optimizer(model, pull_dtype="bf16")
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), rounded(before[name])), name
+        assert not torch.equal(p.detach(), before[name]), f"{name}: the pull rounded nothing"
+    grads = one_step(model, opt)
+    assert ps.status()["version"] == 1
+    for name, p in model.named_parameters():
+        expected = before[name] - torch.tensor(LR, dtype=torch.float32) * grads[name]
+        assert torch.equal(p.detach(), rounded(expected)), name
+
+
 def test_local_steps_send_one_pseudo_gradient_and_the_ps_takes_its_outer_step(ps_factory, job_env):
     """optimizer.localSteps: 3 with the user's SGD as the inner optimizer and DiLoCo's outer
     step on the PS (Nesterov, lr 0.7, momentum 0.9): nothing is sent for two steps, then

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use foresight_ps::client::{Cadence, GradDtype};
+use foresight_ps::client::{Cadence, GradDtype, PullDtype};
 
 /// Train on a shard of the data against a Foresight parameter server.
 #[derive(Parser, Debug)]
@@ -92,6 +92,10 @@ struct Args {
     /// Gradient wire type (with local steps: the pseudo-gradient's).
     #[arg(long, env = "FORESIGHT_GRAD_DTYPE", value_enum, default_value_t = WireType::F32)]
     grad_dtype: WireType,
+    /// The type the model is pulled in: bf16 halves every pull, the model computed on rounded
+    /// to bf16 (the PS keeps float32).
+    #[arg(long, env = "FORESIGHT_PULL_DTYPE", value_enum, default_value_t = PullType::F32)]
+    pull_dtype: PullType,
 
     /// Give up after the PS has been unreachable this many seconds.
     #[arg(long, env = "FORESIGHT_PS_DEADLINE_SECONDS", default_value_t = 300)]
@@ -125,6 +129,12 @@ enum WireType {
     Bf16,
     /// int8 with a scale per 1,024 values and error feedback: a quarter of F32's bytes.
     Int8,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PullType {
+    F32,
+    Bf16,
 }
 
 fn parse_format(s: &str) -> Result<data::Format, String> {
@@ -228,7 +238,11 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
         WireType::Bf16 => GradDtype::Bf16,
         WireType::Int8 => GradDtype::Int8,
     };
-    let cadence = Cadence::for_job(args.pull_every, args.push_every, args.local_steps, dtype)?;
+    let pulls = match args.pull_dtype {
+        PullType::F32 => PullDtype::F32,
+        PullType::Bf16 => PullDtype::Bf16,
+    };
+    let cadence = Cadence::for_job(args.pull_every, args.push_every, args.local_steps, dtype)?.pulling(pulls);
     // Local steps train with the worker's own optimizer between exchanges.
     let inner = match cadence.local() {
         Some(_) => {

@@ -102,6 +102,9 @@ pub fn worker_env(spec: &TrainingJobSpec, job: &str, namespace: &str, ps_url: &s
     if let Some(d) = spec.optimizer.gradient_dtype {
         push(&mut env, "FORESIGHT_GRAD_DTYPE", d.as_str());
     }
+    if let Some(d) = spec.optimizer.pull_dtype {
+        push(&mut env, "FORESIGHT_PULL_DTYPE", d.as_str());
+    }
     if let Some(inner) = &spec.optimizer.inner_optimizer {
         push(&mut env, "FORESIGHT_INNER_OPTIMIZER", inner.algorithm.as_str());
         push(&mut env, "FORESIGHT_INNER_LEARNING_RATE", inner.learning_rate);

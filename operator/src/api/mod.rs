@@ -387,6 +387,24 @@ impl GradientDtype {
     }
 }
 
+/// The type workers pull the model in.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PullDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl PullDtype {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
 /// The built-in worker's inner optimizer for local steps, and the Python package's when the
 /// script passes none of its own (`Optimizer(model, inner=...)` overrides it).
 #[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
@@ -504,6 +522,11 @@ pub struct OptimizerSpec {
     /// carrying the rounding error of the ones before). The parameter server keeps float32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gradient_dtype: Option<GradientDtype>,
+    /// The type workers pull the model in: f32 (the default) or bf16 (half the bytes of every
+    /// pull; workers compute on the model rounded to bf16, as mixed-precision training computes
+    /// on a bf16 copy of float32 master weights). The parameter server keeps float32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_dtype: Option<PullDtype>,
     /// L2 weight decay, ≥ 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
@@ -535,6 +558,7 @@ impl Default for OptimizerSpec {
             adaptive_local_steps: None,
             inner_optimizer: None,
             gradient_dtype: None,
+            pull_dtype: None,
             backup_workers: None,
             sync_round_timeout_seconds: None,
             weight_decay: None,

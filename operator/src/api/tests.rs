@@ -253,9 +253,11 @@ fn environment_carries_the_job() {
     assert!(!w.contains_key("FORESIGHT_WORKERS"), "a worker learns the count from the PS");
     assert!(!w.contains_key("FORESIGHT_LOCAL_STEPS") && !ps.contains_key("FORESIGHT_NESTEROV"));
     assert!(!w.contains_key("FORESIGHT_GRAD_DTYPE"), "absent: the worker's default, f32");
+    assert!(!w.contains_key("FORESIGHT_PULL_DTYPE"), "absent: the worker's default, f32");
     (spec.optimizer.local_steps, spec.optimizer.momentum, spec.optimizer.nesterov) =
         (Some(50), Some(0.9), Some(true));
     spec.optimizer.gradient_dtype = serde_json::from_value(serde_json::json!("int8")).unwrap();
+    spec.optimizer.pull_dtype = serde_json::from_value(serde_json::json!("bf16")).unwrap();
     let w: std::collections::HashMap<_, _> = worker_env(&spec, "j", "ns", "http://ps").into_iter().collect();
     let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
     assert_eq!((w["FORESIGHT_LOCAL_STEPS"].as_str(), ps["FORESIGHT_NESTEROV"].as_str()), ("50", "true"));
@@ -263,7 +265,7 @@ fn environment_carries_the_job() {
     spec.optimizer.momentum_delay = Some(4);
     let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
     assert_eq!(ps["FORESIGHT_MOMENTUM_DELAY"], "4");
-    assert_eq!(w["FORESIGHT_GRAD_DTYPE"], "int8");
+    assert_eq!((w["FORESIGHT_GRAD_DTYPE"].as_str(), w["FORESIGHT_PULL_DTYPE"].as_str()), ("int8", "bf16"));
     assert!(!w.contains_key("FORESIGHT_WORKER_INDEX"), "the index comes from the pod or the runner");
 }
 

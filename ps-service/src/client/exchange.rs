@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use super::session::{Pushed, Session};
-use super::{ClientError, GradDtype, Joined, Model};
+use super::{ClientError, GradDtype, Joined, Model, PullDtype};
 use crate::pace::PaceReport;
 use crate::server::Report;
 use crate::wire::Layout;
@@ -33,6 +33,8 @@ pub struct Cadence {
     pull_every: u64,
     push_every: u64,
     dtype: GradDtype,
+    /// The type the model is pulled in.
+    pull_dtype: PullDtype,
     /// What is pushed: the mean of the steps' gradients, or a pseudo-gradient as it is.
     kind: Pushes,
 }
@@ -49,7 +51,7 @@ enum Pushes {
 impl Cadence {
     pub fn new(pull_every: u64, push_every: u64, dtype: GradDtype) -> Result<Self, ClientError> {
         cadence_problem(pull_every, push_every, false).map_or(Ok(()), |p| Err(ClientError::Config(p)))?;
-        Ok(Self { pull_every, push_every, dtype, kind: Pushes::MeanGradient })
+        Ok(Self { pull_every, push_every, dtype, pull_dtype: PullDtype::F32, kind: Pushes::MeanGradient })
     }
 
     /// `h` local steps per exchange: pull before the first, push the pseudo-gradient the
@@ -58,7 +60,13 @@ impl Cadence {
         if h == 0 {
             return Err(ClientError::Config("localSteps must be at least 1".into()));
         }
-        Ok(Self { pull_every: h, push_every: h, dtype, kind: Pushes::PseudoGradient })
+        Ok(Self {
+            pull_every: h,
+            push_every: h,
+            dtype,
+            pull_dtype: PullDtype::F32,
+            kind: Pushes::PseudoGradient,
+        })
     }
 
     /// A job's cadence from its settings: `local_steps > 1` trains that many local steps per
@@ -82,7 +90,18 @@ impl Cadence {
 
     /// Every step, F32 gradients.
     pub fn every_step() -> Self {
-        Self { pull_every: 1, push_every: 1, dtype: GradDtype::F32, kind: Pushes::MeanGradient }
+        Self {
+            pull_every: 1,
+            push_every: 1,
+            dtype: GradDtype::F32,
+            pull_dtype: PullDtype::F32,
+            kind: Pushes::MeanGradient,
+        }
+    }
+
+    /// The same cadence, pulling the model in `dtype`.
+    pub fn pulling(self, dtype: PullDtype) -> Self {
+        Self { pull_dtype: dtype, ..self }
     }
 
     /// The local steps between exchanges; `None` when every step's gradient is pushed.
@@ -214,8 +233,9 @@ impl PaceClock {
 
 impl Exchange {
     /// Starts after `joined.resume_step` steps (those already in the model).
-    pub fn new(session: Session, joined: &Joined, cadence: Cadence) -> Self {
+    pub fn new(mut session: Session, joined: &Joined, cadence: Cadence) -> Self {
         let grad = vec![0.0; session.layout().len()];
+        session.pull_as(cadence.pull_dtype);
         Self {
             session,
             cadence,

@@ -7,7 +7,9 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use super::session::{Pushed, Retry};
-use super::{ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PushId, encode_gradient};
+use super::{
+    ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PushId, encode_gradient,
+};
 use crate::pace::PaceReport;
 use crate::server::Report;
 use crate::wire::final_model::FinalModel;
@@ -88,6 +90,11 @@ impl Link {
             feedback: ErrorFeedback::default(),
             advised: None,
         }
+    }
+
+    /// Pulls from now on in `dtype`.
+    pub(super) fn pull_as(&mut self, dtype: PullDtype) {
+        self.slice = ExpectedModel::pulled_as(self.slice.layout.clone(), dtype);
     }
 
     pub(super) fn generation(&self) -> u64 {

@@ -135,18 +135,65 @@ pub struct Model {
 #[derive(Clone, Debug)]
 pub struct ExpectedModel {
     pub layout: Layout,
+    dtype: PullDtype,
     header: Vec<u8>,
 }
 
 impl ExpectedModel {
+    /// A model pulled as F32.
     pub fn new(layout: Layout) -> Self {
-        let header = wire::header(&layout, wire::WireDtype::F32, &Default::default());
-        Self { layout, header }
+        Self::pulled_as(layout, PullDtype::F32)
+    }
+
+    /// A model pulled in `dtype`.
+    pub fn pulled_as(layout: Layout, dtype: PullDtype) -> Self {
+        let header = wire::header(&layout, dtype.wire(), &Default::default());
+        Self { layout, dtype, header }
     }
 }
 
-/// Reads a model body, into place when it is `expected`'s F32 encoding; anything else is
-/// collected and decoded as any model body.
+/// Element type a model is pulled in; the PS keeps float32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PullDtype {
+    #[default]
+    F32,
+    /// Half the bytes: the worker computes on the model rounded to bf16, as mixed-precision
+    /// training computes on a bf16 copy of float32 master weights.
+    Bf16,
+}
+
+impl PullDtype {
+    fn wire(self) -> wire::WireDtype {
+        match self {
+            Self::F32 => wire::WireDtype::F32,
+            Self::Bf16 => wire::WireDtype::Bf16,
+        }
+    }
+
+    /// The name the PS's `dtype` query parameter and the job's settings use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for PullDtype {
+    type Err = ClientError;
+
+    fn from_str(s: &str) -> Result<Self, ClientError> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(ClientError::Config(format!("pull dtype {other:?}: expected f32 or bf16"))),
+        }
+    }
+}
+
+/// Reads a model body, into place when it is `expected`'s encoding in its dtype; anything else
+/// is collected and decoded as any (F32) model body, which is what a PS that predates
+/// bf16 pulls answers.
 async fn read_model(
     mut resp: reqwest::Response,
     expected: &ExpectedModel,
@@ -155,7 +202,7 @@ async fn read_model(
     // Old contents need no clearing: the direct path writes every value before it succeeds.
     values.resize(expected.layout.len(), 0.0);
     let mut spill = Vec::new();
-    let mut reader = InPlace::new(&expected.header, &mut values, &mut spill);
+    let mut reader = InPlace::new(&expected.header, expected.dtype.wire(), &mut values, &mut spill);
     let mut non_finite = None;
     while let Some(chunk) = resp.chunk().await? {
         let (from, fresh) = reader.feed(&chunk);
@@ -358,8 +405,8 @@ impl PsClient {
         self.pull_expecting(worker, min_version, wait, None, Vec::new()).await
     }
 
-    /// [`PsClient::pull`] of a model whose layout the caller knows: when the PS sends that
-    /// layout's F32 encoding (it always does), the values are copied into place as the body
+    /// [`PsClient::pull`] of a model whose layout the caller knows, in its dtype: when the PS
+    /// sends that layout's encoding (it always does), the values are widened into place as the body
     /// arrives instead of after it (see [`wire::in_place`]), into `reuse` when it has the
     /// layout's length. A buffer from an earlier pull is overwritten as it is: at 100M
     /// parameters a fresh one is 400 MB of pages zeroed and faulted in by the kernel per pull.
@@ -372,6 +419,9 @@ impl PsClient {
         reuse: Vec<f32>,
     ) -> Result<Option<Model>, ClientError> {
         let mut path = format!("/v1/model?worker={worker}");
+        if let Some(d) = expected.map(|e| e.dtype).filter(|d| *d != PullDtype::F32) {
+            path += &format!("&dtype={}", d.as_str());
+        }
         if let Some(v) = min_version {
             path += &format!("&min_version={v}&wait_ms={}", wait.as_millis());
         }

@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use tokio::runtime::Handle;
 
 use super::link::Link;
-use super::{ClientError, GradDtype, Joined, Model, PsClient, PushReply};
+use super::{ClientError, GradDtype, Joined, Model, PsClient, PullDtype, PushReply};
 use crate::pace::PaceReport;
 use crate::server::Report;
 use crate::wire::Layout;
@@ -153,6 +153,13 @@ impl Session {
     /// The layout of this worker's model.
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Pulls the model from every shard in `dtype` from now on.
+    pub fn pull_as(&mut self, dtype: PullDtype) {
+        for l in &mut self.links {
+            l.pull_as(dtype);
+        }
     }
 
     /// Pulls the model from every shard into `out` (the layout's length). After a `sync` push

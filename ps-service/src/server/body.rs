@@ -121,7 +121,7 @@ pub async fn read_gradient(
     buf: &mut Vec<u8>,
 ) -> Result<(Gradient, usize), ApiError> {
     declared_length(headers, limit)?;
-    let mut reader = InPlace::new(header, grad, buf);
+    let mut reader = InPlace::new(header, wire::WireDtype::F32, grad, buf);
     let (mut total, mut bad) = (0usize, None);
     let mut body = body;
     while let Some(frame) = body.frame().await {

@@ -18,8 +18,8 @@ use super::guarded_body::{BodyGuard, guard_request_body};
 use super::{ApiError, AppState, auth};
 use crate::pace::PaceReport;
 use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
-use crate::wire;
 use crate::wire::final_model::FinalModel;
+use crate::wire::{self, WireDtype};
 
 pub const VERSION_HEADER: &str = "x-foresight-version";
 /// This PS process (`/v1/status` `process.incarnation`), on every model a pull sends.
@@ -189,6 +189,7 @@ async fn pull(
     let worker: usize = q.require("worker")?;
     let min_version: Option<u64> = q.get("min_version")?;
     let wait_ms: u64 = q.get("wait_ms")?.unwrap_or(0);
+    let dtype = pulled_dtype(&q)?;
     worker_in_range(&state, worker)?;
     let store = registered(&state)?;
     if state.must_offer(worker) {
@@ -212,15 +213,19 @@ async fn pull(
     let started = Instant::now();
     // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
     let look_only = method == axum::http::Method::HEAD;
-    let snap =
-        tokio::task::spawn_blocking(
-            move || if look_only { Ok(store.snapshot_now()) } else { store.pull(worker) },
-        )
-        .await
-        .expect("pull task panicked")?;
+    let (version, body) = tokio::task::spawn_blocking(move || {
+        let snap = if look_only { store.snapshot_now() } else { store.pull(worker)? };
+        let version = snap.version();
+        let body = match dtype {
+            WireDtype::Bf16 => bytes::Bytes::from(wire::encode_bf16(store.layout(), snap.params())),
+            _ => bytes::Bytes::from_owner(SnapshotBody(snap)),
+        };
+        Ok::<_, ApiError>((version, body))
+    })
+    .await
+    .expect("pull task panicked")?;
     state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
-    state.metrics.sent_bytes.inc_by(snap.bytes().len() as u64);
-    let version = snap.version();
+    state.metrics.sent_bytes.inc_by(body.len() as u64);
     let incarnation = HeaderValue::from_str(&state.process.incarnation).expect("hex digits");
     let headers = [
         (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
@@ -228,7 +233,20 @@ async fn pull(
         (header::HeaderName::from_static(INCARNATION_HEADER), incarnation),
         (header::HeaderName::from_static(HELD_HEADER), HeaderValue::from(held)),
     ];
-    Ok((headers, Body::from(bytes::Bytes::from_owner(SnapshotBody(snap)))).into_response())
+    Ok((headers, Body::from(body)).into_response())
+}
+
+/// The element type a pull asks for (`dtype=f32|bf16`, default f32). The PS keeps float32
+/// either way; bf16 halves the bytes of every pull, the worker computing on the rounded model
+/// as mixed-precision training computes on a bf16 copy of float32 master weights.
+fn pulled_dtype(q: &Params) -> Result<WireDtype, ApiError> {
+    match q.get::<String>("dtype")?.as_deref() {
+        None | Some("f32") => Ok(WireDtype::F32),
+        Some("bf16") => Ok(WireDtype::Bf16),
+        Some(other) => {
+            Err(ApiError::bad_request(format!("dtype {other:?}: a model is pulled as f32 or bf16")))
+        }
+    }
 }
 
 /// Lets the response body borrow the shared snapshot instead of copying it.

@@ -1,9 +1,11 @@
-//! A body decoded as it arrives. When it begins with the layout's own F32 header — what
-//! Foresight's client and PS always send — the tensor bytes are copied straight into the f32
-//! buffer frame by frame, so decoding overlaps the transfer and no body-sized byte buffer is
-//! filled and then copied again. Anything else (another dtype, another tensor order, a
-//! truncated or overlong body) is collected whole for the general decoder, which says what is
-//! wrong with it.
+//! A body decoded as it arrives. When it begins with the layout's own header in the expected
+//! element type — what Foresight's client and PS always send — the tensor values are widened
+//! into the f32 buffer frame by frame (F32 is one copy), so decoding overlaps the transfer and
+//! no body-sized byte buffer is filled and then copied again. Anything else (another dtype,
+//! another tensor order, a truncated or overlong body) is collected whole for the general
+//! decoder, which says what is wrong with it.
+
+use super::WireDtype;
 
 /// Where the body is going.
 enum Mode {
@@ -16,20 +18,25 @@ enum Mode {
 }
 
 /// Reads one body into `out` (the layout's length), or into `spill` when it is not the
-/// layout's F32 encoding. Pure: it does no I/O, its caller feeds it the frames.
+/// layout's encoding in the expected dtype. Pure: it does no I/O, its caller feeds it the
+/// frames.
 pub struct InPlace<'a> {
     header: &'a [u8],
+    dtype: WireDtype,
     out: &'a mut [f32],
     spill: &'a mut Vec<u8>,
     mode: Mode,
-    /// Bytes of `out` written.
+    /// Body bytes after the header taken in place.
     filled: usize,
+    /// A 2-byte element's first byte, when a frame ended inside it.
+    half_read: Option<u8>,
 }
 
 impl<'a> InPlace<'a> {
-    pub fn new(header: &'a [u8], out: &'a mut [f32], spill: &'a mut Vec<u8>) -> Self {
+    /// `header` is the layout's header in `dtype` ([`super::header`]).
+    pub fn new(header: &'a [u8], dtype: WireDtype, out: &'a mut [f32], spill: &'a mut Vec<u8>) -> Self {
         spill.clear();
-        Self { header, out, spill, mode: Mode::Header, filled: 0 }
+        Self { header, dtype, out, spill, mode: Mode::Header, filled: 0, half_read: None }
     }
 
     /// Takes the next piece of the body. Returns the elements of `out` it completed and the
@@ -55,18 +62,44 @@ impl<'a> InPlace<'a> {
                 (0, &[])
             }
             Mode::Direct => {
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(self.out);
-                if self.filled + data.len() > bytes.len() {
+                let size = self.dtype.size();
+                if self.filled + data.len() > self.out.len() * size {
                     // Longer than the tensors: the general decoder says what is wrong.
                     self.collect_what_came();
                     self.spill.extend_from_slice(data);
                     return (0, &[]);
                 }
-                bytes[self.filled..self.filled + data.len()].copy_from_slice(data);
-                let from = self.filled / 4;
+                let from = self.filled / size;
+                self.take(data);
                 self.filled += data.len();
-                (from, &self.out[from..self.filled / 4])
+                (from, &self.out[from..self.filled / size])
             }
+        }
+    }
+
+    /// Widens `data`, the body bytes after the first `filled`, into `out`.
+    fn take(&mut self, mut data: &[u8]) {
+        let widen: fn([u8; 2]) -> f32 = match self.dtype {
+            WireDtype::F32 => {
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(self.out);
+                bytes[self.filled..self.filled + data.len()].copy_from_slice(data);
+                return;
+            }
+            WireDtype::Bf16 => |b| half::bf16::from_le_bytes(b).to_f32(),
+            WireDtype::F16 => |b| half::f16::from_le_bytes(b).to_f32(),
+        };
+        let mut at = self.filled / 2;
+        if let (Some(first), Some((&second, rest))) = (self.half_read, data.split_first()) {
+            self.out[at] = widen([first, second]);
+            self.half_read = None;
+            (at, data) = (at + 1, rest);
+        }
+        let pairs = data.chunks_exact(2);
+        if let [last] = pairs.remainder() {
+            self.half_read = Some(*last);
+        }
+        for (o, b) in self.out[at..].iter_mut().zip(pairs) {
+            *o = widen([b[0], b[1]]);
         }
     }
 
@@ -74,7 +107,7 @@ impl<'a> InPlace<'a> {
     /// false when the whole body is in `spill` for the general decoder.
     pub fn finish(mut self) -> bool {
         if let Mode::Direct = self.mode {
-            if self.filled == self.out.len() * 4 {
+            if self.filled == self.out.len() * self.dtype.size() {
                 return true;
             }
             self.collect_what_came();
@@ -82,10 +115,24 @@ impl<'a> InPlace<'a> {
         false
     }
 
-    /// Direct mode given up: the header and the bytes copied so far go to `spill`.
+    /// Direct mode given up: the header and the bytes taken so far go to `spill`. Narrowing a
+    /// widened 2-byte value gives its bytes back (a NaN's payload aside, refused either way).
     fn collect_what_came(&mut self) {
         self.spill.extend_from_slice(self.header);
-        self.spill.extend_from_slice(&bytemuck::cast_slice::<f32, u8>(self.out)[..self.filled]);
+        let whole = &self.out[..self.filled / self.dtype.size()];
+        match self.dtype {
+            // Copied as bytes: a truncated body can end inside an element.
+            WireDtype::F32 => {
+                self.spill.extend_from_slice(&bytemuck::cast_slice::<f32, u8>(self.out)[..self.filled])
+            }
+            WireDtype::Bf16 => {
+                self.spill.extend(whole.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()))
+            }
+            WireDtype::F16 => {
+                self.spill.extend(whole.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()))
+            }
+        }
+        self.spill.extend(self.half_read.take());
         self.mode = Mode::Collect;
     }
 }
@@ -104,11 +151,16 @@ mod tests {
 
     /// Feeds `body` in pieces of `step` bytes; what landed in place, or what was collected.
     fn read(body: &[u8], step: usize) -> Result<Vec<f32>, Vec<u8>> {
+        read_as(WireDtype::F32, body, step)
+    }
+
+    /// [`read`], expecting the layout's encoding in `dtype`.
+    fn read_as(dtype: WireDtype, body: &[u8], step: usize) -> Result<Vec<f32>, Vec<u8>> {
         let l = layout();
-        let head = header(&l, WireDtype::F32, &BTreeMap::new());
+        let head = header(&l, dtype, &BTreeMap::new());
         let (mut out, mut spill) = (vec![0f32; l.len()], vec![1u8; 3]);
         let mut seen = 0;
-        let mut reader = InPlace::new(&head, &mut out, &mut spill);
+        let mut reader = InPlace::new(&head, dtype, &mut out, &mut spill);
         for piece in body.chunks(step) {
             let (from, fresh) = reader.feed(piece);
             assert!(fresh.is_empty() || from == seen, "pieces are handed back in order");
@@ -150,6 +202,41 @@ mod tests {
         for (what, body) in cases {
             for step in [1, 5, 4096] {
                 assert_eq!(read(&body, step), Err(body.clone()), "{what}, pieces of {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_layouts_bf16_encoding_is_widened_in_place_across_split_elements() {
+        let l = layout();
+        // Exactly representable in bf16, so the widened values are the originals.
+        let values: Vec<f32> = (0..l.len()).map(|i| i as f32 * 0.25 - 2.0).collect();
+        let body = encode_bf16(&l, &values);
+        for step in [1, 3, 5, 64, body.len()] {
+            assert_eq!(read_as(WireDtype::Bf16, &body, step), Ok(values.clone()), "pieces of {step}");
+        }
+    }
+
+    #[test]
+    fn a_bf16_body_that_is_not_the_layouts_is_collected_byte_for_byte() {
+        let l = layout();
+        let values = vec![0.5f32; l.len()];
+        let body = encode_bf16(&l, &values);
+        let mut longer = body.clone();
+        longer.push(7);
+        let cases = [
+            ("f32", encode_f32(&l, &values, &BTreeMap::new())),
+            ("truncated inside an element", body[..body.len() - 1].to_vec()),
+            ("truncated at an element", body[..body.len() - 2].to_vec()),
+            ("one byte too long", longer),
+        ];
+        for (what, body) in cases {
+            for step in [1, 3, 4096] {
+                assert_eq!(
+                    read_as(WireDtype::Bf16, &body, step),
+                    Err(body.clone()),
+                    "{what}, pieces of {step}"
+                );
             }
         }
     }
