@@ -72,7 +72,7 @@ With --lm it runs the transformer language model instead (examples/python/charlm
 470,784 parameters, 4 workers, --lm-epochs epochs): every step under dc-asgd-a as
 examples/python/charlm.yaml has it, and DiLoCo (sync, Nesterov 0.9 at outer lr 0.7, the job's
 inner AdamW at 1e-3) at each H of --lm-h, pushing F32, int8, and int8 with the model pulled in
-bf16 (optimizer.pullDtype); the final model's held-out loss (nats per byte) and accuracy, the bytes
+bf16 and in int8 (optimizer.pullDtype); the final model's held-out loss (nats per byte) and accuracy, the bytes
 pushed, and the bytes the PS received and sent (its own counters), against every step's; rewrites
 its own section.
 """
@@ -438,8 +438,9 @@ def lm_spec(seed: int, epochs: int, h: int | None = None, dtype: str = "f32", pu
 
 def lm_study(args, seeds: list[int], hs: list[int], at: dt.datetime, started: float) -> None:
     """The transformer language model: every step against DiLoCo at each H, pushes in F32 and
-    int8, and int8 with the model pulled in bf16."""
-    wires = (("f32", "f32", ""), ("int8", "f32", ", int8"), ("int8", "bf16", ", int8, bf16 pulls"))
+    int8, and int8 with the model pulled in bf16 and in int8."""
+    wires = (("f32", "f32", ""), ("int8", "f32", ", int8"), ("int8", "bf16", ", int8, bf16 pulls"),
+             ("int8", "int8", ", int8, int8 pulls"))
     plan = [("every step, dc-asgd-a", None, "f32", "f32")]
     plan += [(f"sync, H={h}{label}", h, d, p) for h in hs for d, p, label in wires]
     rows = []

@@ -34,7 +34,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use bytes::Bytes;
-use foresight_ps::client::{ExpectedModel, PsClient, PushId};
+use foresight_ps::client::{ExpectedModel, PsClient, PullDtype, PushId};
 use foresight_ps::optimizer::{Algorithm, Hyper};
 use foresight_ps::server::{AppState, Listener, PsConfig, router, serve};
 use foresight_ps::store::{Push, Store};
@@ -558,16 +558,18 @@ enum Stage {
     PsPull,
     Decode,
     Apply,
+    PsPullBf16,
 }
 
 impl Stage {
-    const ALL: [Stage; 8] = [
+    const ALL: [Stage; 9] = [
         Stage::RawTcp,
         Stage::H2Drain,
         Stage::H2Collect,
         Stage::H2StreamApply,
         Stage::PsPush,
         Stage::PsPull,
+        Stage::PsPullBf16,
         Stage::Decode,
         Stage::Apply,
     ];
@@ -580,6 +582,7 @@ impl Stage {
             Stage::H2StreamApply => "prototype: decode as frames arrive + Store::push",
             Stage::PsPush => "PS push + apply (asgd) over HTTP/2",
             Stage::PsPull => "PS pull of a new version, decoded to f32",
+            Stage::PsPullBf16 => "PS pull of a new version as bf16, widened to f32",
             Stage::Decode => "in-process: wire::decode_gradient",
             Stage::Apply => "in-process: Store::push (asgd apply)",
         }
@@ -625,11 +628,12 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         let client = PsClient::new(&ps_url, None)?;
         client.register(&lay, &vec![0.5; n]).await?;
         let expected = ExpectedModel::new(lay.clone());
+        let expected_bf16 = ExpectedModel::pulled_as(lay.clone(), PullDtype::Bf16);
         // In-process stages: the same work the push handler does after the body has arrived.
         let store = Store::new(lay.clone(), vec![0.5; n], Hyper::new(Algorithm::Asgd, LR), 1);
         let mut decoded = vec![0f32; n];
         // The last pull's values: the next pull is read into them.
-        let mut pulled = Vec::new();
+        let (mut pulled, mut pulled_bf16) = (Vec::new(), Vec::new());
         let mut seq = 0u64;
         let mut times = vec![Vec::new(); Stage::ALL.len()];
         // Round 0 warms every path (connections, buffers, page faults) and is not recorded.
@@ -665,6 +669,15 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
                             .context("no model")?;
                         ensure!(model.values.len() == n, "pulled {} values", model.values.len());
                         pulled = model.values;
+                    }
+                    Stage::PsPullBf16 => {
+                        let reuse = std::mem::take(&mut pulled_bf16);
+                        let model = client
+                            .pull_expecting(0, None, Duration::ZERO, Some(&expected_bf16), reuse)
+                            .await?
+                            .context("no model")?;
+                        ensure!(model.values.len() == n, "pulled {} values", model.values.len());
+                        pulled_bf16 = model.values;
                     }
                     Stage::Decode => {
                         tokio::task::block_in_place(|| wire::decode_gradient(&body, &lay, &mut decoded))?
@@ -711,10 +724,11 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         let (push, pull) = (ratio(Stage::PsPush), ratio(Stage::PsPull));
         let met = |r: f64| if r >= 0.8 { "met" } else { "NOT met" };
         println!(
-            "  => against raw TCP: push + apply {push:.3} ({}), pull {pull:.3} ({}) (target >= 0.8); prototype receive path {:.3}",
+            "  => against raw TCP: push + apply {push:.3} ({}), pull {pull:.3} ({}) (target >= 0.8); prototype receive path {:.3}; pull as bf16 {:.3} (raw TCP of the f32 bytes over the bf16 pull's time)",
             met(push),
             met(pull),
-            ratio(Stage::H2StreamApply)
+            ratio(Stage::H2StreamApply),
+            ratio(Stage::PsPullBf16)
         );
         let m = |st: Stage| median(&times[at(st)]) * 1e3;
         println!(

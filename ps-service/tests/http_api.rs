@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use foresight_ps::client::{ClientError, ExpectedModel, GradDtype, PsClient, PullDtype, PushId};
+use foresight_ps::client::{Base, ClientError, ExpectedModel, GradDtype, PsClient, PullDtype, PushId};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::wire::{self, Layout, TensorSpec};
 use reqwest::StatusCode;
@@ -519,7 +519,7 @@ async fn a_model_pulled_as_bf16_is_the_float32_model_rounded_in_half_the_bytes()
     assert_eq!(body.len(), wire::header(&l, wire::WireDtype::Bf16, &BTreeMap::new()).len() + 2 * l.len());
     let body = get("worker=1&dtype=f32").await.unwrap().bytes().await.unwrap();
     assert_eq!(wire::decode_model(&body).unwrap().1, full.values);
-    for bad in ["int8", "F32", "bf16,f32", ""] {
+    for bad in ["fp8", "F32", "bf16,f32", ""] {
         let r = get(&format!("worker=0&dtype={bad}")).await.unwrap();
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "dtype={bad}");
         assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "bad_request");
@@ -528,6 +528,57 @@ async fn a_model_pulled_as_bf16_is_the_float32_model_rounded_in_half_the_bytes()
         c.status().await.unwrap()["workers"][0]["pulled_version"].is_null(),
         "a refused pull is not the worker's pull"
     );
+}
+
+/// A model pulled as int8 is first the whole F32 model, then the int8 difference from the copy
+/// the worker holds (a quarter of the bytes), which stays close to the PS's model pull after
+/// pull; a copy the PS no longer tracks gets the whole model again, and a malformed `base` is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_pulled_as_int8_is_the_difference_from_the_workers_copy() {
+    let ps = start(config(Algorithm::Asgd, 2)).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    let int8 = ExpectedModel::pulled_as(l.clone(), PullDtype::Int8);
+    let pull = |base: Option<(u64, Vec<f32>)>| {
+        let (c, int8) = (&c, &int8);
+        async move {
+            let base = base.as_ref().map(|(tag, v)| Base { tag: *tag, values: v });
+            c.pull_against(1, None, Duration::ZERO, Some(int8), Vec::new(), base).await.unwrap().unwrap()
+        }
+    };
+    let first = pull(None).await;
+    assert_eq!(first.values, init(&l), "the first pull is the whole model");
+    let mut held = (first.copy.expect("a copy's tag"), first.values);
+    let sent = || ps.state.metrics.sent_bytes.get();
+    let whole = wire::encode_f32(&l, &init(&l), &BTreeMap::new()).len() as u64;
+    let int8_body = wire::int8::encode(&l, &mut init(&l)).len() as u64;
+    for seq in 1..=20u64 {
+        let id = PushId { worker: 0, generation: None, version: seq - 1, incarnation: None, seq };
+        c.push(id, None, &l, &grad(&l, seq as usize), GradDtype::F32).await.unwrap();
+        let exact = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap().values;
+        let before = sent();
+        let m = pull(Some(held.clone())).await;
+        let bytes = sent() - before;
+        assert_eq!(bytes, int8_body, "pull {seq}: the whole model is {whole} bytes");
+        assert_eq!(m.version, seq);
+        // Within one pull's rounding of the model (a step is 0.01 a value at most here), however
+        // many pulls came before: what one leaves out, the next sends.
+        let err = m.values.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(err < 1e-4, "pull {seq}: {err}");
+        held = (m.copy.expect("a copy's tag"), m.values);
+    }
+    // A copy the PS does not track (here: a tag it replaced) gets the whole model.
+    let stale = (held.0 ^ 1, held.1.clone());
+    let m = pull(Some(stale)).await;
+    assert_eq!(m.values, c.pull(0, None, Duration::ZERO).await.unwrap().unwrap().values);
+
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let get = |query: &str| http.get(format!("{}/v1/model?{query}", ps.url)).bearer_auth(TOKEN).send();
+    for bad in ["dtype=int8&base=12", "dtype=int8&base=zzzzzzzzzzzzzzzz", "dtype=f32&base=0123456789abcdef"] {
+        let r = get(&format!("worker=1&{bad}")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
 }
 
 /// Foresight's own F32 bodies are decoded while they stream in; what that path refuses must

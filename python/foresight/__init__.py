@@ -57,7 +57,7 @@ __all__ = [
 GRAD_DTYPES = ("f32", "bf16", "int8")
 
 #: The types the model may be pulled in (``$FORESIGHT_PULL_DTYPE``, ``Optimizer(pull_dtype=)``).
-PULL_DTYPES = ("f32", "bf16")
+PULL_DTYPES = ("f32", "bf16", "int8")
 
 #: The exit status a worker ends with after a failure no retry can fix; the operator's
 #: podFailurePolicy and `foresight run` fail the job at once instead of restarting it.
@@ -129,8 +129,9 @@ class Job:
     grad_dtype: str
     deadline_seconds: float
     report_every: int
-    #: ``$FORESIGHT_PULL_DTYPE``: the type the model is pulled in: f32, or bf16 (half the
-    #: bytes; the worker computes on the model rounded to bf16, the PS keeps float32).
+    #: ``$FORESIGHT_PULL_DTYPE``: the type the model is pulled in: f32, bf16 (half the bytes;
+    #: the worker computes on the model rounded to bf16) or int8 (a quarter: the difference from
+    #: the worker's copy, which the PS tracks). The PS keeps float32.
     pull_dtype: str = "f32"
     #: ``optimizer.localSteps``: steps trained with the worker's own inner optimizer between
     #: exchanges (1: every step's gradient is pushed).
@@ -172,7 +173,7 @@ class Job:
             raise ConfigError(f"$FORESIGHT_GRAD_DTYPE={dtype!r}: expected f32, bf16 or int8")
         pull_dtype = os.environ.get("FORESIGHT_PULL_DTYPE", "f32")
         if pull_dtype not in PULL_DTYPES:
-            raise ConfigError(f"$FORESIGHT_PULL_DTYPE={pull_dtype!r}: expected f32 or bf16")
+            raise ConfigError(f"$FORESIGHT_PULL_DTYPE={pull_dtype!r}: expected f32, bf16 or int8")
         return cls(
             ps_url=os.environ["FORESIGHT_PS_URL"],
             worker=_env_int("FORESIGHT_WORKER_INDEX", None, 0),

@@ -86,10 +86,12 @@ class Optimizer(torch.optim.Optimizer):
     ``$FORESIGHT_GRAD_DTYPE``) is the type gradients travel in; the parameter server keeps float32.
     ``"int8"`` sends a scale per 1,024 values and carries each push's rounding error into the
     next (error feedback): a quarter of float32's bytes, for local steps over a slow link.
-    ``pull_dtype`` (``"f32"`` or ``"bf16"``, default the job's ``$FORESIGHT_PULL_DTYPE``) is the
-    type the model is pulled in: ``"bf16"`` halves every pull, and the worker computes on the
-    model rounded to bf16, as mixed-precision training computes on a bf16 copy of float32 master
-    weights.
+    ``pull_dtype`` (``"f32"``, ``"bf16"`` or ``"int8"``, default the job's
+    ``$FORESIGHT_PULL_DTYPE``) is the type the model is pulled in: ``"bf16"`` halves every pull,
+    and the worker computes on the model rounded to bf16, as mixed-precision training computes on
+    a bf16 copy of float32 master weights; ``"int8"`` sends the difference from the worker's copy
+    (which the parameter server tracks), a quarter of the bytes, each pull's rounding carried into
+    the next.
     ``steps_per_epoch`` drives the job's learning-rate schedule (``foresight.batches`` sets it).
 
     With the job's ``optimizer.localSteps`` above 1, the local steps are trained by ``inner``, an
@@ -128,7 +130,7 @@ class Optimizer(torch.optim.Optimizer):
         if grad_dtype is not None and grad_dtype not in foresight.GRAD_DTYPES:
             raise ValueError(f"grad_dtype={grad_dtype!r}: expected 'f32', 'bf16' or 'int8'")
         if pull_dtype is not None and pull_dtype not in foresight.PULL_DTYPES:
-            raise ValueError(f"pull_dtype={pull_dtype!r}: expected 'f32' or 'bf16'")
+            raise ValueError(f"pull_dtype={pull_dtype!r}: expected 'f32', 'bf16' or 'int8'")
         super().__init__([p for _, p in named], {"lr": 0.0})
         self.model = model
         self._params = [p for _, p in named]

@@ -114,7 +114,7 @@ def test_a_model_pulled_in_bf16_is_the_ps_float32_model_rounded(ps_factory, job_
     ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
     job_env(ps)
     with pytest.raises(ValueError, match="pull_dtype"):
-        foresight.torch.Optimizer(tiny_model(), pull_dtype="int8")
+        foresight.torch.Optimizer(tiny_model(), pull_dtype="fp8")
     model = tiny_model()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     rounded = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
@@ -127,6 +127,26 @@ def test_a_model_pulled_in_bf16_is_the_ps_float32_model_rounded(ps_factory, job_
     for name, p in model.named_parameters():
         expected = before[name] - torch.tensor(LR, dtype=torch.float32) * grads[name]
         assert torch.equal(p.detach(), rounded(expected)), name
+
+
+def test_a_model_pulled_in_int8_is_the_difference_from_the_workers_copy(ps_factory, job_env):
+    """pull_dtype="int8": the first pull is the whole model in float32; the next is the int8
+    difference from the worker's copy, so the worker holds the PS's new model to within half a
+    scale step of the difference."""
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
+    job_env(ps)
+    model = tiny_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = foresight.torch.Optimizer(model, pull_dtype="int8")
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[name]), name
+    grads = one_step(model, opt)
+    assert ps.status()["version"] == 1
+    for name, p in model.named_parameters():
+        step = torch.tensor(LR, dtype=torch.float32) * grads[name]
+        expected = before[name] - step
+        bound = int8_step_bound(step) * (1 + 1e-4) + 1e-7
+        assert ((p.detach() - expected).abs() <= bound).all(), name
 
 
 def test_local_steps_send_one_pseudo_gradient_and_the_ps_takes_its_outer_step(ps_factory, job_env):

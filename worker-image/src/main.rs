@@ -92,8 +92,9 @@ struct Args {
     /// Gradient wire type (with local steps: the pseudo-gradient's).
     #[arg(long, env = "FORESIGHT_GRAD_DTYPE", value_enum, default_value_t = WireType::F32)]
     grad_dtype: WireType,
-    /// The type the model is pulled in: bf16 halves every pull, the model computed on rounded
-    /// to bf16 (the PS keeps float32).
+    /// The type the model is pulled in: bf16 halves every pull (the model computed on rounded
+    /// to bf16), int8 sends the difference from this worker's copy (a quarter of the bytes;
+    /// the PS keeps float32 either way).
     #[arg(long, env = "FORESIGHT_PULL_DTYPE", value_enum, default_value_t = PullType::F32)]
     pull_dtype: PullType,
 
@@ -135,6 +136,8 @@ enum WireType {
 enum PullType {
     F32,
     Bf16,
+    /// The int8 difference from this worker's copy, which the PS tracks.
+    Int8,
 }
 
 fn parse_format(s: &str) -> Result<data::Format, String> {
@@ -241,6 +244,7 @@ fn configure(args: &Args) -> anyhow::Result<train::TrainConfig> {
     let pulls = match args.pull_dtype {
         PullType::F32 => PullDtype::F32,
         PullType::Bf16 => PullDtype::Bf16,
+        PullType::Int8 => PullDtype::Int8,
     };
     let cadence = Cadence::for_job(args.pull_every, args.push_every, args.local_steps, dtype)?.pulling(pulls);
     // Local steps train with the worker's own optimizer between exchanges.

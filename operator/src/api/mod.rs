@@ -394,6 +394,7 @@ pub enum PullDtype {
     #[default]
     F32,
     Bf16,
+    Int8,
 }
 
 impl PullDtype {
@@ -401,6 +402,7 @@ impl PullDtype {
         match self {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
         }
     }
 }
@@ -522,9 +524,11 @@ pub struct OptimizerSpec {
     /// carrying the rounding error of the ones before). The parameter server keeps float32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gradient_dtype: Option<GradientDtype>,
-    /// The type workers pull the model in: f32 (the default) or bf16 (half the bytes of every
+    /// The type workers pull the model in: f32 (the default), bf16 (half the bytes of every
     /// pull; workers compute on the model rounded to bf16, as mixed-precision training computes
-    /// on a bf16 copy of float32 master weights). The parameter server keeps float32.
+    /// on a bf16 copy of float32 master weights) or int8 (a quarter: the difference from each
+    /// worker's copy, which the parameter server keeps, one model-sized copy per worker; the
+    /// rounding of one pull goes into the next). The parameter server keeps float32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull_dtype: Option<PullDtype>,
     /// L2 weight decay, ≥ 0.

@@ -342,6 +342,7 @@ impl Exchange {
             layout: self.session.layout().clone(),
             values,
             held: Duration::ZERO,
+            copy: None,
         }
     }
 

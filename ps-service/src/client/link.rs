@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::session::{Pushed, Retry};
 use super::{
-    ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PushId, encode_gradient,
+    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PushId, encode_gradient,
 };
 use crate::pace::PaceReport;
 use crate::server::Report;
@@ -170,11 +170,13 @@ impl Link {
             // The fields borrowed apart: the slice is read while the retry state changes. The
             // spare goes to the first try (a failed one drops it; a retry reads into a new one).
             let (slice, spare) = (&self.slice, Cell::new(std::mem::take(&mut self.spare)));
+            // An int8 pull is the difference from the copy kept last, when the PS still tracks it.
+            let base = self.copy.as_ref().and_then(|c| c.copy.map(|tag| Base { tag, values: &c.values }));
             let pulled = self
                 .retry
                 .run(&self.client, "pulling the model", ClientError::is_transient, |c| {
                     let reuse = spare.take();
-                    async move { c.pull_expecting(worker, min_version, wait, Some(slice), reuse).await }
+                    async move { c.pull_against(worker, min_version, wait, Some(slice), reuse, base).await }
                 })
                 .await;
             match pulled {

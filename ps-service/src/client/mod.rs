@@ -7,7 +7,9 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use crate::pace::PaceReport;
-use crate::server::Report;
+use crate::server::{
+    COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, Report, VERSION_HEADER,
+};
 use crate::wire::final_model::FinalModel;
 use crate::wire::in_place::InPlace;
 use crate::wire::{self, Layout, WireError};
@@ -21,10 +23,6 @@ mod tls;
 pub use exchange::{Cadence, Exchange, PushStats, StepEnd, cadence_problem};
 pub use session::{Pulled, Pushed, Retry, Session};
 pub use tls::{ClientTls, install_crypto_provider};
-
-const VERSION_HEADER: &str = "x-foresight-version";
-const INCARNATION_HEADER: &str = "x-foresight-incarnation";
-const HELD_HEADER: &str = "x-foresight-held-ms";
 
 /// Element type a gradient is sent in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +70,8 @@ pub enum ClientError {
     NotPulled,
     #[error("{0}")]
     Config(String),
+    #[error("the parameter server sent the difference from a copy of the model this worker does not hold")]
+    UnknownCopy,
 }
 
 /// Refusals of the parameter server that the same request will meet again, whoever sends it.
@@ -129,6 +129,16 @@ pub struct Model {
     /// How long the PS held the pull waiting for the version asked for (a `sync` round): not
     /// time spent moving the model.
     pub held: Duration,
+    /// Pulled as int8: the PS's tag for this copy (`x-foresight-copy`), which the next int8
+    /// pull names to be sent only the difference from it.
+    pub copy: Option<u64>,
+}
+
+/// The copy of the model a worker holds, for an int8 pull to be the difference from.
+#[derive(Clone, Copy)]
+pub struct Base<'a> {
+    pub tag: u64,
+    pub values: &'a [f32],
 }
 
 /// A model a worker expects to pull: its layout, and that layout's F32 header computed once.
@@ -160,12 +170,18 @@ pub enum PullDtype {
     /// Half the bytes: the worker computes on the model rounded to bf16, as mixed-precision
     /// training computes on a bf16 copy of float32 master weights.
     Bf16,
+    /// A quarter of the bytes: the int8 difference between the model and the copy the worker
+    /// holds, which the PS tracks (the first pull, and any after the PS lost track, is F32).
+    /// What a pull's rounding leaves out is in the next pull's difference, so the worker's copy
+    /// stays within one pull's rounding of the model.
+    Int8,
 }
 
 impl PullDtype {
+    /// The encoding a whole model arrives in (an int8 pull's whole answer is F32).
     fn wire(self) -> wire::WireDtype {
         match self {
-            Self::F32 => wire::WireDtype::F32,
+            Self::F32 | Self::Int8 => wire::WireDtype::F32,
             Self::Bf16 => wire::WireDtype::Bf16,
         }
     }
@@ -175,6 +191,7 @@ impl PullDtype {
         match self {
             Self::F32 => "f32",
             Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
         }
     }
 }
@@ -186,7 +203,8 @@ impl std::str::FromStr for PullDtype {
         match s {
             "f32" => Ok(Self::F32),
             "bf16" => Ok(Self::Bf16),
-            other => Err(ClientError::Config(format!("pull dtype {other:?}: expected f32 or bf16"))),
+            "int8" => Ok(Self::Int8),
+            other => Err(ClientError::Config(format!("pull dtype {other:?}: expected f32, bf16 or int8"))),
         }
     }
 }
@@ -218,6 +236,21 @@ async fn read_model(
         Some(i) => Err(wire::unusable_at(&expected.layout, &values, i).into()),
         None => Ok((expected.layout.clone(), values)),
     }
+}
+
+/// Reads an int8 pull's difference from `base`: the model is `base` plus the decoded body, the
+/// same additions the PS made to its record of this worker's copy.
+async fn read_delta(
+    resp: reqwest::Response,
+    expected: &ExpectedModel,
+    base: &[f32],
+    mut values: Vec<f32>,
+) -> Result<(Layout, Vec<f32>), ClientError> {
+    let body = resp.bytes().await?;
+    values.resize(expected.layout.len(), 0.0);
+    wire::decode_gradient(&body, &expected.layout, &mut values)?;
+    wire::int8::apply_delta(&mut values, base);
+    Ok((expected.layout.clone(), values))
 }
 
 /// What the PS hands a worker process that joins (`POST /v1/join`).
@@ -418,9 +451,28 @@ impl PsClient {
         expected: Option<&ExpectedModel>,
         reuse: Vec<f32>,
     ) -> Result<Option<Model>, ClientError> {
+        self.pull_against(worker, min_version, wait, expected, reuse, None).await
+    }
+
+    /// [`Self::pull_expecting`] holding `base`: a model expected as int8 then comes as the
+    /// difference from it when the PS still tracks that copy, and is `base` plus the difference.
+    pub async fn pull_against(
+        &self,
+        worker: usize,
+        min_version: Option<u64>,
+        wait: Duration,
+        expected: Option<&ExpectedModel>,
+        reuse: Vec<f32>,
+        base: Option<Base<'_>>,
+    ) -> Result<Option<Model>, ClientError> {
         let mut path = format!("/v1/model?worker={worker}");
-        if let Some(d) = expected.map(|e| e.dtype).filter(|d| *d != PullDtype::F32) {
-            path += &format!("&dtype={}", d.as_str());
+        let dtype = expected.map_or(PullDtype::F32, |e| e.dtype);
+        if dtype != PullDtype::F32 {
+            path += &format!("&dtype={}", dtype.as_str());
+        }
+        let base = base.filter(|_| dtype == PullDtype::Int8);
+        if let Some(b) = base {
+            path += &format!("&base={:016x}", b.tag);
         }
         if let Some(v) = min_version {
             path += &format!("&min_version={v}&wait_ms={}", wait.as_millis());
@@ -431,16 +483,23 @@ impl PsClient {
         }
         let version = Self::version_of(&resp)?;
         let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
-        let incarnation = header(INCARNATION_HEADER).and_then(|v| u64::from_str_radix(v, 16).ok());
+        let hex = |name: &str| header(name).and_then(|v| u64::from_str_radix(v, 16).ok());
+        let (incarnation, copy, delta_from) =
+            (hex(INCARNATION_HEADER), hex(COPY_HEADER), hex(DELTA_FROM_HEADER));
         let held = Duration::from_millis(header(HELD_HEADER).and_then(|v| v.parse().ok()).unwrap_or(0));
-        let (layout, values) = match expected {
-            Some(e) => read_model(resp, e, reuse).await?,
-            None => {
+        let (layout, values) = match (expected, delta_from) {
+            (Some(e), Some(from)) => {
+                let base = base.filter(|b| b.tag == from).ok_or(ClientError::UnknownCopy)?;
+                read_delta(resp, e, base.values, reuse).await?
+            }
+            (None, Some(_)) => return Err(ClientError::UnknownCopy),
+            (Some(e), None) => read_model(resp, e, reuse).await?,
+            (None, None) => {
                 let (layout, values, _) = wire::decode_model(&resp.bytes().await?)?;
                 (layout, values)
             }
         };
-        Ok(Some(Model { version, incarnation, layout, values, held }))
+        Ok(Some(Model { version, incarnation, layout, values, held, copy }))
     }
 
     /// Pushes a gradient. Reusing `id` for a retry is safe: the PS applies a (worker,

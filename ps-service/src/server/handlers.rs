@@ -15,11 +15,12 @@ use serde::{Deserialize, Serialize};
 
 use super::body::{Gradient, read_gradient, read_limited};
 use super::guarded_body::{BodyGuard, guard_request_body};
+use super::replicas::Answer;
 use super::{ApiError, AppState, auth};
 use crate::pace::PaceReport;
 use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
+use crate::wire;
 use crate::wire::final_model::FinalModel;
-use crate::wire::{self, WireDtype};
 
 pub const VERSION_HEADER: &str = "x-foresight-version";
 /// This PS process (`/v1/status` `process.incarnation`), on every model a pull sends.
@@ -27,6 +28,12 @@ pub const INCARNATION_HEADER: &str = "x-foresight-incarnation";
 /// How long a pull was held waiting for the version it asked for (a `sync` round), in
 /// milliseconds: the client leaves it out of the exchange's time it reports.
 pub const HELD_HEADER: &str = "x-foresight-held-ms";
+/// On an int8 pull's answer: the tag of the copy the worker holds once it took this answer;
+/// the next int8 pull names it as `base`.
+pub const COPY_HEADER: &str = "x-foresight-copy";
+/// On an int8 pull's answer that is a difference: the tag of the copy it is the difference
+/// from. Absent: the body is the whole model in F32.
+pub const DELTA_FROM_HEADER: &str = "x-foresight-delta-from";
 
 pub fn router(state: Arc<AppState>) -> Router {
     let guard = BodyGuard { idle: state.config.body_idle_timeout };
@@ -189,7 +196,7 @@ async fn pull(
     let worker: usize = q.require("worker")?;
     let min_version: Option<u64> = q.get("min_version")?;
     let wait_ms: u64 = q.get("wait_ms")?.unwrap_or(0);
-    let dtype = pulled_dtype(&q)?;
+    let how = pull_as(&q)?;
     worker_in_range(&state, worker)?;
     let store = registered(&state)?;
     if state.must_offer(worker) {
@@ -213,40 +220,83 @@ async fn pull(
     let started = Instant::now();
     // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
     let look_only = method == axum::http::Method::HEAD;
-    let (version, body) = tokio::task::spawn_blocking(move || {
+    let replicas = state.clone();
+    let (version, body, copy) = tokio::task::spawn_blocking(move || {
         let snap = if look_only { store.snapshot_now() } else { store.pull(worker)? };
         let version = snap.version();
-        let body = match dtype {
-            WireDtype::Bf16 => bytes::Bytes::from(wire::encode_bf16(store.layout(), snap.params())),
-            _ => bytes::Bytes::from_owner(SnapshotBody(snap)),
+        let (body, copy) = match how {
+            PullAs::Bf16 => (bytes::Bytes::from(wire::encode_bf16(store.layout(), snap.params())), None),
+            PullAs::Int8 { base } if !look_only => {
+                match replicas.replicas.answer(worker, base, store.layout(), snap.params()) {
+                    Answer::Whole { tag } => {
+                        (bytes::Bytes::from_owner(SnapshotBody(snap)), Some((tag, None)))
+                    }
+                    Answer::Delta { tag, from, body } => (bytes::Bytes::from(body), Some((tag, Some(from)))),
+                }
+            }
+            _ => (bytes::Bytes::from_owner(SnapshotBody(snap)), None),
         };
-        Ok::<_, ApiError>((version, body))
+        Ok::<_, ApiError>((version, body, copy))
     })
     .await
     .expect("pull task panicked")?;
     state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
     state.metrics.sent_bytes.inc_by(body.len() as u64);
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    headers.insert(VERSION_HEADER, HeaderValue::from(version));
     let incarnation = HeaderValue::from_str(&state.process.incarnation).expect("hex digits");
-    let headers = [
-        (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream")),
-        (header::HeaderName::from_static(VERSION_HEADER), HeaderValue::from(version)),
-        (header::HeaderName::from_static(INCARNATION_HEADER), incarnation),
-        (header::HeaderName::from_static(HELD_HEADER), HeaderValue::from(held)),
-    ];
+    headers.insert(INCARNATION_HEADER, incarnation);
+    headers.insert(HELD_HEADER, HeaderValue::from(held));
+    if let Some((tag, from)) = copy {
+        headers.insert(COPY_HEADER, tag_value(tag));
+        if let Some(from) = from {
+            headers.insert(DELTA_FROM_HEADER, tag_value(from));
+        }
+    }
     Ok((headers, Body::from(body)).into_response())
 }
 
-/// The element type a pull asks for (`dtype=f32|bf16`, default f32). The PS keeps float32
-/// either way; bf16 halves the bytes of every pull, the worker computing on the rounded model
-/// as mixed-precision training computes on a bf16 copy of float32 master weights.
-fn pulled_dtype(q: &Params) -> Result<WireDtype, ApiError> {
-    match q.get::<String>("dtype")?.as_deref() {
-        None | Some("f32") => Ok(WireDtype::F32),
-        Some("bf16") => Ok(WireDtype::Bf16),
+fn tag_value(tag: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("{tag:016x}")).expect("hex digits")
+}
+
+/// How a pull asks for the model: `dtype=f32` (the default), `bf16` (the PS's float32 model
+/// rounded, half the bytes), or `int8` with `base=<copy>`: the difference from the copy the
+/// worker holds, as the PS tracks it ([`super::replicas`]), a quarter of the bytes.
+#[derive(Clone, Copy)]
+enum PullAs {
+    F32,
+    Bf16,
+    Int8 { base: Option<u64> },
+}
+
+fn pull_as(q: &Params) -> Result<PullAs, ApiError> {
+    let base = q.get::<String>("base")?.map(|b| parse_tag(&b)).transpose()?;
+    let how = match q.get::<String>("dtype")?.as_deref() {
+        None | Some("f32") => PullAs::F32,
+        Some("bf16") => PullAs::Bf16,
+        Some("int8") => return Ok(PullAs::Int8 { base }),
         Some(other) => {
-            Err(ApiError::bad_request(format!("dtype {other:?}: a model is pulled as f32 or bf16")))
+            return Err(ApiError::bad_request(format!(
+                "dtype {other:?}: a model is pulled as f32, bf16 or int8"
+            )));
         }
+    };
+    match base {
+        Some(_) => Err(ApiError::bad_request(
+            "base names the copy an int8 pull is the difference from: only with dtype=int8",
+        )),
+        None => Ok(how),
     }
+}
+
+/// A copy's tag: the 16 hex digits of `x-foresight-copy`.
+fn parse_tag(s: &str) -> Result<u64, ApiError> {
+    let ok = s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    ok.then(|| u64::from_str_radix(s, 16).ok()).flatten().ok_or_else(|| {
+        ApiError::bad_request(format!("base {s:?}: expected the 16 hex digits of a copy's tag"))
+    })
 }
 
 /// Lets the response body borrow the shared snapshot instead of copying it.
@@ -491,6 +541,7 @@ async fn leave(
         .await
         .expect("leave task panicked")?;
     tracing::info!(worker, generation, "worker finished its steps");
+    // Its copy stays: a worker pulls the final model after it left.
     state.forget_pace(worker);
     if let Some(o) = closed {
         tracing::info!(

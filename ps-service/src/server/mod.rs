@@ -11,6 +11,7 @@ mod guarded_body;
 mod handlers;
 pub mod metrics;
 mod presence;
+mod replicas;
 mod serve;
 mod snapshots;
 
@@ -30,7 +31,9 @@ use crate::wire::shards;
 
 pub use admission::cgroup_memory_limit;
 pub use error::ApiError;
-pub use handlers::{Report, router};
+pub use handlers::{
+    COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, Report, VERSION_HEADER, router,
+};
 pub use serve::{ConnectionLimits, Listener, TlsFiles, serve};
 pub use snapshots::{SNAPSHOT_INDEX, SnapshotPolicy, SnapshotRecord};
 
@@ -149,6 +152,8 @@ pub struct AppState {
     seeding: Mutex<Seeding>,
     /// The job's worker count M: `--workers` at start, then whatever `PUT /v1/workers` set.
     workers: std::sync::atomic::AtomicUsize,
+    /// The copies workers pulling int8 hold, to send each only its difference.
+    replicas: replicas::Replicas,
     /// Which process this is and how it began: the operator compares `incarnation` between
     /// reads of `/v1/status` to see a restart (a crashed container or a replaced pod alike).
     pub process: ProcessInfo,
@@ -239,6 +244,7 @@ impl AppState {
         metrics.workers_expected.set(workers as i64);
         let (version_tx, _) = watch::channel(0);
         let restored_version = restored.as_ref().map(|(_, _, data, _)| data.version);
+        let incarnation = rand::random::<u64>();
         let state = Arc::new(Self {
             config,
             store: OnceLock::new(),
@@ -257,8 +263,9 @@ impl AppState {
             push_slots: OnceLock::new(),
             seeding: Mutex::new(Seeding::Idle),
             workers: std::sync::atomic::AtomicUsize::new(workers),
+            replicas: replicas::Replicas::new(incarnation),
             process: ProcessInfo {
-                incarnation: format!("{:016x}", rand::random::<u64>()),
+                incarnation: format!("{incarnation:016x}"),
                 started_at_ms: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
@@ -520,8 +527,9 @@ impl AppState {
         }
         let old = self.workers.swap(n, std::sync::atomic::Ordering::AcqRel);
         self.metrics.workers_expected.set(n as i64);
-        // A worker scaled away no longer sets the others' rounds.
+        // A worker scaled away no longer sets the others' rounds, nor holds a copy here.
         self.pace.lock().retain_below(n);
+        self.replicas.retain_below(n);
         for gone in n..old {
             let _ = self.metrics.local_steps.remove_label_values(&[&gone.to_string()]);
         }
@@ -532,8 +540,16 @@ impl AppState {
     }
 
     /// `worker` finished or fell silent: its pace no longer counts in the others' rounds.
+    /// A worker that finished its steps sets no more rounds.
     fn forget_pace(&self, worker: usize) {
         self.pace.lock().forget(worker);
+    }
+
+    /// A worker gone silent sets no more rounds, and its copy is freed (if it comes back, its
+    /// next int8 pull is the whole model).
+    fn forget_worker(&self, worker: usize) {
+        self.forget_pace(worker);
+        self.replicas.forget(worker);
     }
 
     /// Folds the pace an accepted push reported into what the PS knows of `worker`, and answers
@@ -575,7 +591,7 @@ impl AppState {
                 let Some(store) = state.store() else { continue };
                 for worker in state.presence.newly_silent(state.workers(), timeout) {
                     tracing::info!(worker, silent_for = ?timeout, "nothing heard from a worker: rounds stop waiting for it");
-                    state.forget_pace(worker);
+                    state.forget_worker(worker);
                     if let Some(o) = store.set_silent(worker, true) {
                         tracing::warn!(
                             version = o.version,

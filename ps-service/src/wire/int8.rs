@@ -48,6 +48,29 @@ pub fn encode(layout: &Layout, values: &mut [f32]) -> Vec<u8> {
     out
 }
 
+/// A model pulled as int8 against the copy the worker holds (`replica`, which the PS keeps for
+/// it): the body is `current − replica` in [`encode`]'s format, and `replica` becomes what the
+/// worker will hold after adding the decoded body, bit for bit (the same decoder, the same f32
+/// additions). So each pull's rounding stays in `current − replica` for the next one: error
+/// feedback without the worker's help, and the worker's copy is never further from the model
+/// than one pull's rounding. `None` when the difference is not a usable gradient (beyond ±1e12),
+/// and `replica` is then unchanged.
+pub fn encode_delta(layout: &Layout, current: &[f32], replica: &mut [f32]) -> Option<Vec<u8>> {
+    assert_eq!((current.len(), replica.len()), (layout.len(), layout.len()));
+    let mut delta: Vec<f32> = current.iter().zip(replica.iter()).map(|(c, r)| c - r).collect();
+    let body = encode(layout, &mut delta);
+    super::decode_gradient(&body, layout, &mut delta).ok()?;
+    apply_delta(replica, &delta);
+    Some(body)
+}
+
+/// `copy += delta`: what the worker and the PS both do with a decoded pull against a copy.
+pub fn apply_delta(copy: &mut [f32], delta: &[f32]) {
+    for (c, d) in copy.iter_mut().zip(delta) {
+        *c += d;
+    }
+}
+
 /// One tensor's int8 values and scales; `values` are left with `values − decoded`.
 fn quantize(values: &mut [f32]) -> (Vec<i8>, Vec<f32>) {
     let mut q = Vec::with_capacity(values.len());

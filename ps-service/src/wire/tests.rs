@@ -439,3 +439,16 @@ fn int8_tensors_mix_with_f32_ones_and_every_inconsistent_scale_is_refused() {
         Layout::model(vec![TensorSpec { name: "int8.scale.w".into(), shape: vec![1] }]).unwrap_err();
     assert!(reserved.to_string().contains("reserved for int8"), "{reserved}");
 }
+
+#[test]
+fn bf16_rounding_is_halfs_bit_for_bit() {
+    // Every exponent and sign, and each rounding case of the dropped half (below, exactly at
+    // and above a half, with an even and an odd last kept bit), NaNs and infinities included.
+    let highs = (0..=u16::MAX).step_by(7).chain([0x7f80, 0xff80, 0x7f7f, 0xff7f, 0x7fc0, 0x0000, 0x8000]);
+    for high in highs {
+        for low in [0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
+            let v = f32::from_bits((u32::from(high) << 16) | low);
+            assert_eq!(bf16_bits(v), half::bf16::from_f32(v).to_bits(), "{:#010x}", v.to_bits());
+        }
+    }
+}
