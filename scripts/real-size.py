@@ -194,6 +194,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20, help="pushes per worker")
     ap.add_argument("--algorithm", default="dc-asgd-a")
+    ap.add_argument("--pull-dtype", default="f32", choices=["f32", "bf16", "int8"],
+                    help="the type the simulated workers pull the model in (int8: the PS keeps each one's copy)")
     ap.add_argument("--memory-limit", type=int, help="each PS's --memory-limit in bytes (bounds its push slots)")
     ap.add_argument("--out", type=Path, default=Path("out/real-size"))
     args = ap.parse_args()
@@ -214,7 +216,7 @@ def main() -> None:
     env = {**os.environ, "FORESIGHT_TOKEN": token}
     loadgen = subprocess.run(
         [str(args.bin / "foresight-loadgen"), "--ps", ",".join(urls), "--workers", str(args.workers),
-         "--params", str(args.params), "--steps", str(args.steps)],
+         "--params", str(args.params), "--steps", str(args.steps), "--pull-dtype", args.pull_dtype],
         env=env, capture_output=True, text=True,
     )
     if loadgen.returncode != 0:
@@ -259,6 +261,7 @@ def main() -> None:
         "shards": args.shards,
         "workers": args.workers,
         "algorithm": args.algorithm,
+        "pull_dtype": args.pull_dtype,
         "steps_per_worker": args.steps,
         "memory_limit": args.memory_limit,
         "seconds": {

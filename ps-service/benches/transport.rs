@@ -11,7 +11,8 @@
 //!    over a raw loopback `TcpStream`, with an HTTP/2 sink on the PS's `serve` that only receives
 //!    (drains, or collects like the PS), a prototype of a receive path that decodes frames as they
 //!    arrive (a proposal, not the PS), and the decode and apply stages timed in-process, all
-//!    interleaved round-robin; ratios are medians of per-round ratios.
+//!    interleaved round-robin; ratios are medians of per-round ratios. Pulls of each new
+//!    version too: F32, bf16, and int8 differences from the puller's copy.
 //!
 //! Sections 1 and 2 run each PS in a child process (this binary re-executed), which reads its
 //! own `/proc/self/status` and reports VmRSS and VmHWM against a baseline taken before the
@@ -34,7 +35,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use bytes::Bytes;
-use foresight_ps::client::{ExpectedModel, PsClient, PullDtype, PushId};
+use foresight_ps::client::{Base, ExpectedModel, PsClient, PullDtype, PushId};
 use foresight_ps::optimizer::{Algorithm, Hyper};
 use foresight_ps::server::{AppState, Listener, PsConfig, router, serve};
 use foresight_ps::store::{Push, Store};
@@ -559,10 +560,11 @@ enum Stage {
     Decode,
     Apply,
     PsPullBf16,
+    PsPullInt8,
 }
 
 impl Stage {
-    const ALL: [Stage; 9] = [
+    const ALL: [Stage; 10] = [
         Stage::RawTcp,
         Stage::H2Drain,
         Stage::H2Collect,
@@ -570,6 +572,7 @@ impl Stage {
         Stage::PsPush,
         Stage::PsPull,
         Stage::PsPullBf16,
+        Stage::PsPullInt8,
         Stage::Decode,
         Stage::Apply,
     ];
@@ -583,6 +586,7 @@ impl Stage {
             Stage::PsPush => "PS push + apply (asgd) over HTTP/2",
             Stage::PsPull => "PS pull of a new version, decoded to f32",
             Stage::PsPullBf16 => "PS pull of a new version as bf16, widened to f32",
+            Stage::PsPullInt8 => "PS pull of a new version as int8 difference, added",
             Stage::Decode => "in-process: wire::decode_gradient",
             Stage::Apply => "in-process: Store::push (asgd apply)",
         }
@@ -629,11 +633,14 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         client.register(&lay, &vec![0.5; n]).await?;
         let expected = ExpectedModel::new(lay.clone());
         let expected_bf16 = ExpectedModel::pulled_as(lay.clone(), PullDtype::Bf16);
+        let expected_int8 = ExpectedModel::pulled_as(lay.clone(), PullDtype::Int8);
         // In-process stages: the same work the push handler does after the body has arrived.
         let store = Store::new(lay.clone(), vec![0.5; n], Hyper::new(Algorithm::Asgd, LR), 1);
         let mut decoded = vec![0f32; n];
         // The last pull's values: the next pull is read into them.
         let (mut pulled, mut pulled_bf16) = (Vec::new(), Vec::new());
+        // The int8 puller's copy (its tag, its values) and the buffer its next pull is read into.
+        let (mut held_int8, mut spare_int8): (Option<(u64, Vec<f32>)>, Vec<f32>) = (None, Vec::new());
         let mut seq = 0u64;
         let mut times = vec![Vec::new(); Stage::ALL.len()];
         // Round 0 warms every path (connections, buffers, page faults) and is not recorded.
@@ -678,6 +685,19 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
                             .context("no model")?;
                         ensure!(model.values.len() == n, "pulled {} values", model.values.len());
                         pulled_bf16 = model.values;
+                    }
+                    Stage::PsPullInt8 => {
+                        let base = held_int8.as_ref().map(|(tag, v)| Base { tag: *tag, values: v });
+                        let reuse = std::mem::take(&mut spare_int8);
+                        let model = client
+                            .pull_against(0, None, Duration::ZERO, Some(&expected_int8), reuse, base)
+                            .await?
+                            .context("no model")?;
+                        ensure!(model.values.len() == n, "pulled {} values", model.values.len());
+                        let tag = model.copy.context("no copy tag")?;
+                        if let Some((_, old)) = held_int8.replace((tag, model.values)) {
+                            spare_int8 = old;
+                        }
                     }
                     Stage::Decode => {
                         tokio::task::block_in_place(|| wire::decode_gradient(&body, &lay, &mut decoded))?
@@ -724,11 +744,12 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         let (push, pull) = (ratio(Stage::PsPush), ratio(Stage::PsPull));
         let met = |r: f64| if r >= 0.8 { "met" } else { "NOT met" };
         println!(
-            "  => against raw TCP: push + apply {push:.3} ({}), pull {pull:.3} ({}) (target >= 0.8); prototype receive path {:.3}; pull as bf16 {:.3} (raw TCP of the f32 bytes over the bf16 pull's time)",
+            "  => against raw TCP: push + apply {push:.3} ({}), pull {pull:.3} ({}) (target >= 0.8); prototype receive path {:.3}; pull as bf16 {:.3}, as int8 difference {:.3} (raw TCP of the f32 bytes over the pull's time)",
             met(push),
             met(pull),
             ratio(Stage::H2StreamApply),
-            ratio(Stage::PsPullBf16)
+            ratio(Stage::PsPullBf16),
+            ratio(Stage::PsPullInt8)
         );
         let m = |st: Stage| median(&times[at(st)]) * 1e3;
         println!(

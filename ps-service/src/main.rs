@@ -179,6 +179,10 @@ struct Args {
     /// others wait, then get 503 `busy` with Retry-After.
     #[arg(long, env = "FORESIGHT_PUSH_SLOTS", value_parser = clap::value_parser!(u64).range(1..=1024))]
     push_slots: Option<u64>,
+    /// The type the job's workers pull the model in (the workers' own setting): with int8 this
+    /// PS keeps a copy of the model per worker, which the memory limit's plan counts.
+    #[arg(long, env = "FORESIGHT_PULL_DTYPE", value_enum, default_value_t = PullType::F32)]
+    pull_dtype: PullType,
     /// Longest a pull may wait for a version (long-poll), in seconds.
     #[arg(long, env = "FORESIGHT_MAX_LONG_POLL", default_value_t = 60)]
     max_long_poll: u64,
@@ -206,6 +210,14 @@ struct Args {
 enum LogFormat {
     Text,
     Json,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PullType {
+    F32,
+    Bf16,
+    /// Differences from each worker's copy, which this PS keeps.
+    Int8,
 }
 
 fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
@@ -354,6 +366,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.reseed_hold = Duration::from_secs(args.reseed_hold);
     config.memory_limit = args.memory_limit.or_else(foresight_ps::server::cgroup_memory_limit);
     config.push_slots = args.push_slots.map(|k| k as usize);
+    config.worker_copies = matches!(args.pull_dtype, PullType::Int8);
 
     // Held until the process exits: a replaced PS's last checkpoint is written before this one
     // restores (see dir_lock).

@@ -581,6 +581,25 @@ async fn a_model_pulled_as_int8_is_the_difference_from_the_workers_copy() {
     }
 }
 
+/// Workers that pull int8 cost the PS a copy of the model each: under a memory limit, a PS told
+/// so (`--pull-dtype int8`) plans for them and buffers fewer push bodies at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_plan_counts_the_copies_of_workers_that_pull_int8() {
+    let model_bytes = 4.0 * layout().len() as f64;
+    let mut slots = Vec::new();
+    for worker_copies in [false, true] {
+        let mut c = config(Algorithm::Asgd, 4);
+        // 16 copies planned: the model, 4 backups and a pull cache, 4 snapshots being sent
+        // (10), and room for the pushes, or for the workers' copies and 2 pushes.
+        c.memory_limit = Some((16.0 * model_bytes / 0.9).ceil() as u64);
+        c.worker_copies = worker_copies;
+        let ps = start(c).await;
+        client(&ps).register(&layout(), &init(&layout())).await.unwrap();
+        slots.push(ps.state.metrics.push_slots.get());
+    }
+    assert_eq!(slots, [4, 2]);
+}
+
 /// Foresight's own F32 bodies are decoded while they stream in; what that path refuses must
 /// read exactly as the general decoder's refusals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

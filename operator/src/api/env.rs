@@ -44,6 +44,10 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     if let Some(n) = o.momentum_delay.filter(|&n| n > 1) {
         push(&mut env, "FORESIGHT_MOMENTUM_DELAY", n);
     }
+    // int8 pulls cost the PS a copy of the model per worker: its memory plan counts them.
+    if o.pull_dtype == Some(super::PullDtype::Int8) {
+        push(&mut env, "FORESIGHT_PULL_DTYPE", "int8");
+    }
     if let Some(w) = o.weight_decay {
         push(&mut env, "FORESIGHT_WEIGHT_DECAY", w);
     }

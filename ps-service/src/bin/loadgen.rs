@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use foresight_ps::client::{ClientError, GradDtype, PsClient, PushId, PushReply};
+use foresight_ps::client::{
+    Base, ClientError, ExpectedModel, GradDtype, Model, PsClient, PullDtype, PushId, PushReply,
+};
 use foresight_ps::server::Report;
 use foresight_ps::wire::shards::ShardMap;
 use foresight_ps::wire::{Layout, TensorSpec};
@@ -51,6 +53,10 @@ struct Args {
     /// Gradient wire type.
     #[arg(long, value_enum, default_value_t = Dtype::F32)]
     dtype: Dtype,
+    /// The type the model is pulled in (int8: the difference from each worker's copy, which
+    /// the PS tracks).
+    #[arg(long, value_enum, default_value_t = PullType::F32)]
+    pull_dtype: PullType,
     /// Call /v1/finalize at the end.
     #[arg(long)]
     finalize: bool,
@@ -61,6 +67,13 @@ struct Args {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Dtype {
+    F32,
+    Bf16,
+    Int8,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PullType {
     F32,
     Bf16,
     Int8,
@@ -101,7 +114,13 @@ impl Problem {
 struct Shards {
     clients: Vec<PsClient>,
     map: ShardMap,
+    /// Each shard's slice as pulled (its layout, in the job's pull type).
+    expected: Vec<ExpectedModel>,
+    pull_dtype: PullDtype,
 }
+
+/// What a worker holds of each shard's slice, for int8 pulls to be differences from.
+type Copies = Vec<Option<Model>>;
 
 /// A model pulled from every shard: each shard's version, and the whole vector.
 struct Pulled {
@@ -120,14 +139,22 @@ impl Shards {
         Ok(all.await.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().any(|r| r))
     }
 
-    /// `None` when a `sync` long-poll ran out on some shard.
+    /// `None` when a `sync` long-poll ran out on some shard. `held` is what this worker holds
+    /// of each shard, and becomes what it pulled.
     async fn pull(
         &self,
         m: usize,
         min: Option<&[u64]>,
         wait: Duration,
+        held: &mut Copies,
     ) -> Result<Option<Pulled>, ClientError> {
-        let all = join_all(self.clients.iter().enumerate().map(|(i, c)| c.pull(m, min.map(|v| v[i]), wait)));
+        held.resize_with(self.clients.len(), || None);
+        let all = join_all(self.clients.iter().zip(&self.expected).zip(held.iter()).enumerate().map(
+            |(i, ((c, e), h))| {
+                let base = h.as_ref().and_then(|h| h.copy.map(|tag| Base { tag, values: &h.values }));
+                c.pull_against(m, min.map(|v| v[i]), wait, Some(e), Vec::new(), base)
+            },
+        ));
         let Some(slices) = all.await.into_iter().collect::<Result<Option<Vec<_>>, _>>()? else {
             return Ok(None);
         };
@@ -135,7 +162,12 @@ impl Shards {
         for s in &slices {
             values.extend_from_slice(&s.values);
         }
-        Ok(Some(Pulled { versions: slices.iter().map(|s| s.version).collect(), values }))
+        let versions = slices.iter().map(|s| s.version).collect();
+        // Kept only for int8 pulls: other pulls need no copy, and the memory is the client's.
+        if self.pull_dtype == PullDtype::Int8 {
+            *held = slices.into_iter().map(Some).collect();
+        }
+        Ok(Some(Pulled { versions, values }))
     }
 
     /// Pushes every shard its slice of `grad`, each computed on its version; a shard at its push
@@ -193,7 +225,14 @@ async fn main() -> anyhow::Result<()> {
     let client = clients[0].clone();
     let layout = Layout::new(vec![TensorSpec { name: "quadratic.weight".into(), shape: vec![args.params] }])?;
     let map = ShardMap::new(&layout, clients.len())?;
-    let shards = Arc::new(Shards { clients, map });
+    let pull_dtype = match args.pull_dtype {
+        PullType::F32 => PullDtype::F32,
+        PullType::Bf16 => PullDtype::Bf16,
+        PullType::Int8 => PullDtype::Int8,
+    };
+    let expected =
+        (0..map.count()).map(|i| ExpectedModel::pulled_as(map.layout(i).clone(), pull_dtype)).collect();
+    let shards = Arc::new(Shards { clients, map, expected, pull_dtype });
     let registering = Instant::now();
     let registered = shards.register(&vec![0.0; args.params]).await.context("registering the model")?;
     println!(
@@ -255,7 +294,8 @@ async fn main() -> anyhow::Result<()> {
     );
     let status = client.status().await?;
     println!("ps status: version {} staleness {}", status["version"], status["staleness"]);
-    let model = shards.pull(0, None, Duration::ZERO).await?.context("pull returned nothing")?;
+    let model =
+        shards.pull(0, None, Duration::ZERO, &mut Copies::new()).await?.context("pull returned nothing")?;
     println!(
         "final loss {:.6} (initial {:.6})",
         problem.loss(&model.values),
@@ -282,11 +322,12 @@ async fn run_worker(
     let mut grad = vec![0.0; problem.optimum.len()];
     let mut stats = WorkerStats::default();
     let mut min_versions: Option<Vec<u64>> = None;
+    let mut held = Copies::new();
     for seq in 1..=steps {
         let pulling = Instant::now();
         let model = loop {
             // Under `sync` the next version exists only once every worker has pushed: long-poll.
-            if let Some(model) = shards.pull(m, min_versions.as_deref(), wait).await? {
+            if let Some(model) = shards.pull(m, min_versions.as_deref(), wait, &mut held).await? {
                 break model;
             }
         };

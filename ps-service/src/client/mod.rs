@@ -141,7 +141,8 @@ pub struct Base<'a> {
     pub values: &'a [f32],
 }
 
-/// A model a worker expects to pull: its layout, and that layout's F32 header computed once.
+/// A model a worker expects to pull: its layout, the type it is pulled in, and that layout's
+/// header in that type, computed once.
 #[derive(Clone, Debug)]
 pub struct ExpectedModel {
     pub layout: Layout,

@@ -75,6 +75,9 @@ pub struct PsConfig {
     pub memory_limit: Option<u64>,
     /// That count set explicitly instead.
     pub push_slots: Option<usize>,
+    /// The workers pull int8 differences: the PS keeps a copy of the model per worker
+    /// ([`replicas`]), which the memory limit's plan counts.
+    pub worker_copies: bool,
     /// Shard 0 of a sharded PS: the other shards' URLs, in shard order. Its finalize finalizes
     /// them too and writes the whole model's final file from every shard's slice.
     pub peers: Vec<String>,
@@ -113,6 +116,7 @@ impl PsConfig {
             reseed_hold: Duration::from_secs(10),
             memory_limit: None,
             push_slots: None,
+            worker_copies: false,
             peers: Vec::new(),
             peer_tls: None,
             shard: 0,
@@ -291,9 +295,10 @@ impl AppState {
     /// the worker count of this moment; `None`: unbounded).
     fn push_slot_count(&self, store: &Store) -> Option<usize> {
         let state = crate::optimizer::OptimizerState::new(store.hyper(), 1);
-        let state_copies = state.mean_square.len() + state.momentum.len();
-        let model_bytes = 4 * store.layout().len() as u64;
         let (limit, workers) = (self.config.memory_limit, self.workers());
+        let worker_copies = if self.config.worker_copies { workers } else { 0 };
+        let state_copies = state.mean_square.len() + state.momentum.len() + worker_copies;
+        let model_bytes = 4 * store.layout().len() as u64;
         let count = self
             .config
             .push_slots

@@ -29,6 +29,19 @@ pub fn chunks(numel: usize) -> usize {
 /// what the rounding left out (`values − decoded`), for the sender's error feedback.
 pub fn encode(layout: &Layout, values: &mut [f32]) -> Vec<u8> {
     assert_eq!(values.len(), layout.len());
+    let mut out = body_header(layout);
+    for (_, r) in layout.iter() {
+        let mut scales = Vec::with_capacity(chunks(r.len()));
+        for chunk in values[r].chunks_mut(CHUNK) {
+            scales.push(quantize(chunk, &mut out));
+        }
+        out.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
+    }
+    out
+}
+
+/// The header of an int8 body of `layout`, with room reserved for its data.
+fn body_header(layout: &Layout) -> Vec<u8> {
     let mut entries = Vec::with_capacity(layout.tensors().len() * 2);
     let mut at = 0;
     for (t, r) in layout.iter() {
@@ -40,53 +53,63 @@ pub fn encode(layout: &Layout, values: &mut [f32]) -> Vec<u8> {
     }
     let mut out = super::header_of(&entries, &BTreeMap::new());
     out.reserve(at);
-    for (_, r) in layout.iter() {
-        let (q, scales) = quantize(&mut values[r]);
-        out.extend(q.iter().map(|&b| b as u8));
-        out.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
-    }
     out
 }
 
 /// A model pulled as int8 against the copy the worker holds (`replica`, which the PS keeps for
 /// it): the body is `current − replica` in [`encode`]'s format, and `replica` becomes what the
-/// worker will hold after adding the decoded body, bit for bit (the same decoder, the same f32
-/// additions). So each pull's rounding stays in `current − replica` for the next one: error
-/// feedback without the worker's help, and the worker's copy is never further from the model
-/// than one pull's rounding. `None` when the difference is not a usable gradient (beyond ±1e12),
-/// and `replica` is then unchanged.
+/// worker will hold after adding the decoded body, bit for bit (each element `q × scale` added
+/// in f32, as [`widen`] and [`apply_delta`] do on the worker). So each pull's rounding stays in
+/// `current − replica` for the next one: error feedback without the worker's help, and the
+/// worker's copy is never further from the model than one pull's rounding. Chunk by chunk: no
+/// model-sized buffer but the body. `None` when a difference is beyond what a gradient body may
+/// carry (±[`super::MAX_GRADIENT`]: the worker would refuse it); `replica` is then unchanged.
 pub fn encode_delta(layout: &Layout, current: &[f32], replica: &mut [f32]) -> Option<Vec<u8>> {
     assert_eq!((current.len(), replica.len()), (layout.len(), layout.len()));
-    let mut delta: Vec<f32> = current.iter().zip(replica.iter()).map(|(c, r)| c - r).collect();
-    let body = encode(layout, &mut delta);
-    super::decode_gradient(&body, layout, &mut delta).ok()?;
-    apply_delta(replica, &delta);
-    Some(body)
+    let usable = current.iter().zip(replica.iter()).all(|(c, r)| super::usable_gradient(c - r));
+    if !usable {
+        return None;
+    }
+    let mut out = body_header(layout);
+    let mut diff = [0f32; CHUNK];
+    for (_, r) in layout.iter() {
+        let mut scales = Vec::with_capacity(chunks(r.len()));
+        for (cur, rep) in current[r.clone()].chunks(CHUNK).zip(replica[r].chunks_mut(CHUNK)) {
+            let d = &mut diff[..cur.len()];
+            for ((d, c), r) in d.iter_mut().zip(cur).zip(rep.iter()) {
+                *d = c - r;
+            }
+            let at = out.len();
+            let scale = quantize(d, &mut out);
+            for (r, &q) in rep.iter_mut().zip(&out[at..]) {
+                *r += f32::from(q as i8) * scale;
+            }
+            scales.push(scale);
+        }
+        out.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
+    }
+    Some(out)
 }
 
-/// `copy += delta`: what the worker and the PS both do with a decoded pull against a copy.
+/// `copy += delta`: what the worker does with a decoded pull against its copy.
 pub fn apply_delta(copy: &mut [f32], delta: &[f32]) {
     for (c, d) in copy.iter_mut().zip(delta) {
         *c += d;
     }
 }
 
-/// One tensor's int8 values and scales; `values` are left with `values − decoded`.
-fn quantize(values: &mut [f32]) -> (Vec<i8>, Vec<f32>) {
-    let mut q = Vec::with_capacity(values.len());
-    let mut scales = Vec::with_capacity(chunks(values.len()));
-    for chunk in values.chunks_mut(CHUNK) {
-        let max = chunk.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let scale = max / 127.0;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        for x in chunk {
-            let v = (*x * inv).round().clamp(-127.0, 127.0) as i8;
-            q.push(v);
-            *x -= f32::from(v) * scale;
-        }
-        scales.push(scale);
+/// One chunk's int8 values, appended to `out`, and its scale; `chunk` is left with
+/// `chunk − decoded`.
+fn quantize(chunk: &mut [f32], out: &mut Vec<u8>) -> f32 {
+    let max = chunk.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let scale = max / 127.0;
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    for x in chunk {
+        let v = (*x * inv).round().clamp(-127.0, 127.0) as i8;
+        out.push(v as u8);
+        *x -= f32::from(v) * scale;
     }
-    (q, scales)
+    scale
 }
 
 /// Widens one int8 tensor into `out` with its scales (little-endian F32 bytes, one per chunk).
