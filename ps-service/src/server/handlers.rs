@@ -220,41 +220,62 @@ async fn pull(
     let started = Instant::now();
     // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
     let look_only = method == axum::http::Method::HEAD;
-    let replicas = state.clone();
-    let (version, body, copy) = tokio::task::spawn_blocking(move || {
-        let snap = if look_only { store.snapshot_now() } else { store.pull(worker)? };
-        let version = snap.version();
-        let (body, copy) = match how {
-            PullAs::Bf16 => (bytes::Bytes::from(wire::encode_bf16(store.layout(), snap.params())), None),
-            PullAs::Int8 { base } if !look_only => {
-                match replicas.replicas.answer(worker, base, store.layout(), snap.params()) {
-                    Answer::Whole { tag } => {
-                        (bytes::Bytes::from_owner(SnapshotBody(snap)), Some((tag, None)))
-                    }
-                    Answer::Delta { tag, from, body } => (bytes::Bytes::from(body), Some((tag, Some(from)))),
-                }
-            }
-            _ => (bytes::Bytes::from_owner(SnapshotBody(snap)), None),
-        };
-        Ok::<_, ApiError>((version, body, copy))
-    })
-    .await
-    .expect("pull task panicked")?;
+    let answering = state.clone();
+    let pulled = tokio::task::spawn_blocking(move || answer_pull(&answering, &store, worker, how, look_only))
+        .await
+        .expect("pull task panicked")?;
     state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
-    state.metrics.sent_bytes.inc_by(body.len() as u64);
+    state.metrics.sent_bytes.inc_by(pulled.body.len() as u64);
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    headers.insert(VERSION_HEADER, HeaderValue::from(version));
+    headers.insert(VERSION_HEADER, HeaderValue::from(pulled.version));
     let incarnation = HeaderValue::from_str(&state.process.incarnation).expect("hex digits");
     headers.insert(INCARNATION_HEADER, incarnation);
     headers.insert(HELD_HEADER, HeaderValue::from(held));
-    if let Some((tag, from)) = copy {
+    if let Some(tag) = pulled.copy {
         headers.insert(COPY_HEADER, tag_value(tag));
-        if let Some(from) = from {
-            headers.insert(DELTA_FROM_HEADER, tag_value(from));
-        }
     }
-    Ok((headers, Body::from(body)).into_response())
+    if let Some(from) = pulled.delta_from {
+        headers.insert(DELTA_FROM_HEADER, tag_value(from));
+    }
+    Ok((headers, Body::from(pulled.body)).into_response())
+}
+
+/// A pull's answer.
+struct Pulled {
+    version: u64,
+    body: bytes::Bytes,
+    /// int8 pulls: the tag of the copy the worker holds once it took this answer.
+    copy: Option<u64>,
+    /// int8 pulls answered with a difference: the tag of the copy it is the difference from.
+    delta_from: Option<u64>,
+}
+
+/// The model for `worker` as `how` asks: its snapshot (which becomes the worker's w_bak unless
+/// the pull only looks), sent whole, rounded to bf16, or as the difference from its copy.
+fn answer_pull(
+    state: &AppState,
+    store: &Store,
+    worker: usize,
+    how: PullAs,
+    look_only: bool,
+) -> Result<Pulled, ApiError> {
+    let snap = if look_only { store.snapshot_now() } else { store.pull(worker)? };
+    let version = snap.version();
+    let whole = |snap| bytes::Bytes::from_owner(SnapshotBody(snap));
+    let pulled = |body, copy, delta_from| Pulled { version, body, copy, delta_from };
+    Ok(match how {
+        PullAs::Bf16 => {
+            pulled(bytes::Bytes::from(wire::encode_bf16(store.layout(), snap.params())), None, None)
+        }
+        PullAs::Int8 { base } if !look_only => {
+            match state.replicas.answer(worker, base, store.layout(), snap.params()) {
+                Answer::Whole { tag } => pulled(whole(snap), Some(tag), None),
+                Answer::Delta { tag, from, body } => pulled(bytes::Bytes::from(body), Some(tag), Some(from)),
+            }
+        }
+        _ => pulled(whole(snap), None, None),
+    })
 }
 
 fn tag_value(tag: u64) -> HeaderValue {
