@@ -590,14 +590,15 @@ async fn the_memory_plan_counts_the_copies_of_workers_that_pull_int8() {
     for worker_copies in [false, true] {
         let mut c = config(Algorithm::Asgd, 4);
         // 16 copies planned: the model, 4 backups and a pull cache, 4 snapshots being sent
-        // (10), and room for the pushes, or for the workers' copies and 2 pushes.
+        // (10), and room for the pushes, or for the workers' 4 copies, their int8 bodies in
+        // flight (4 quarters) and 1 push.
         c.memory_limit = Some((16.0 * model_bytes / 0.9).ceil() as u64);
         c.worker_copies = worker_copies;
         let ps = start(c).await;
         client(&ps).register(&layout(), &init(&layout())).await.unwrap();
         slots.push(ps.state.metrics.push_slots.get());
     }
-    assert_eq!(slots, [4, 2]);
+    assert_eq!(slots, [4, 1]);
 }
 
 /// Foresight's own F32 bodies are decoded while they stream in; what that path refuses must

@@ -296,7 +296,8 @@ impl AppState {
     fn push_slot_count(&self, store: &Store) -> Option<usize> {
         let state = crate::optimizer::OptimizerState::new(store.hyper(), 1);
         let (limit, workers) = (self.config.memory_limit, self.workers());
-        let worker_copies = if self.config.worker_copies { workers } else { 0 };
+        // Each worker's copy, and the int8 body (a quarter of a copy) each may be sent at once.
+        let worker_copies = if self.config.worker_copies { workers + workers.div_ceil(4) } else { 0 };
         let state_copies = state.mean_square.len() + state.momentum.len() + worker_copies;
         let model_bytes = 4 * store.layout().len() as u64;
         let count = self
