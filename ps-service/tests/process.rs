@@ -5,9 +5,10 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use foresight_ps::client::{Cadence, GradDtype, PsClient, PushId, StepEnd};
+use foresight_ps::client::{Cadence, GradDtype, PsClient, PullDtype, PushId, StepEnd};
 use foresight_ps::server::TlsFiles;
 use foresight_ps::store::checkpoint;
+use foresight_ps::wire;
 use support::*;
 
 async fn train(c: &PsClient, workers: usize, steps: u64, seq0: u64) {
@@ -512,4 +513,51 @@ fn a_copy_fresher_than_a_model_registered_after_a_loss_replaces_it() {
     let err = rt.block_on(b.push(on_registered, None, &l, &grad(&l, 4), GradDtype::F32)).unwrap_err();
     assert_eq!(err.reason(), Some("pull_required"), "a gradient on the replaced model: {err}");
     assert_eq!(rt.block_on(b.status()).unwrap()["version"], 20, "the refused push changed nothing");
+}
+
+/// A worker pulling int8 while its PS is stopped (SIGTERM: checkpoint) and started again: the new
+/// process does not know the copy the worker holds, so its first pull is the whole model and the
+/// ones after it are int8 differences again, and training goes on. Counted from the PS's own
+/// metrics: every process sends exactly one whole model, then one int8 body per pull.
+#[test]
+fn int8_pulls_start_again_from_the_whole_model_after_a_ps_restart() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let port = free_port();
+    let args = ["--algorithm", "asgd", "--workers", "1", "--checkpoint-interval", "0", "--checkpoint-dir"];
+    let args = [&args[..], &[ckpt.to_str().unwrap()]].concat();
+    let mut ps = PsProcess::spawn(port, &args);
+    rt.block_on(ps.wait_ready());
+    let cadence = Cadence::every_step().pulling(PullDtype::Int8);
+    let mut w = worker(&rt, std::slice::from_ref(&ps.url), cadence, 0, Duration::from_secs(30));
+    let l = layout();
+    let whole = wire::encode_f32(&l, &init(&l), &Default::default()).len() as f64;
+    let int8 = wire::int8::encode(&l, &mut init(&l)).len() as f64;
+    let sent = |url: &str| {
+        let m = rt.block_on(scrape(url));
+        (metric(&m, "foresight_ps_sent_bytes_total", &[]), metric(&m, "foresight_ps_pull_seconds_count", &[]))
+    };
+    for _ in 0..10 {
+        assert_eq!(step(&mut w, 0), StepEnd::Continue);
+    }
+    let (bytes, pulls) = sent(&ps.url);
+    assert!(pulls >= 10.0, "{pulls} pulls");
+    assert_eq!(bytes, whole + (pulls - 1.0) * int8, "{pulls} pulls: one whole model, then differences");
+
+    ps.signal("TERM");
+    assert!(ps.wait_exit().success());
+    let ps = PsProcess::spawn(port, &args);
+    rt.block_on(ps.wait_ready());
+    for _ in 0..10 {
+        assert_eq!(step(&mut w, 0), StepEnd::Continue);
+    }
+    let (bytes, pulls) = sent(&ps.url);
+    assert!(pulls >= 10.0, "{pulls} pulls after the restart");
+    assert_eq!(bytes, whole + (pulls - 1.0) * int8, "after the restart, {pulls} pulls");
+    assert_eq!(rt.block_on(status_of(&ps.url))["version"], 20, "10 updates before the restart, 10 after");
+}
+
+async fn status_of(url: &str) -> serde_json::Value {
+    PsClient::new(url, Some(TOKEN.into())).unwrap().status().await.unwrap()
 }
