@@ -576,6 +576,16 @@ def simulated_study(args, hs: list[int], at: dt.datetime, started: float) -> Non
         for rule, lr in (("asgd", 0.7), ("asgd", args.dn_lr), ("dc-asgd-a", args.dn_lr)):
             table[(f"H = {h}", f"{rule} + Delayed Nesterov, lr {lr:g}")] = simulate(
                 args, f"{rule}-delayed-lr{lr:g}-H{h}", ["--algorithms", rule, "--learning-rate", str(lr), *delayed])
+    # The model pulled in bf16 and in int8 (optimizer.pullDtype), for sync and asgd: a table of its own.
+    pulled = {}
+    for h in hs:
+        local = ["--local-steps", str(h), "--inner-optimizer", "adamw", "--inner-lr", "1e-3"]
+        for rule, outer_flags in (("sync", ["--learning-rate", "0.7", "--momentum", "0.9", "--nesterov"]),
+                                  ("asgd", ["--learning-rate", str(args.async_lr)])):
+            pulled[(h, rule, "f32")] = table[(f"H = {h}", rule)]
+            for pulls in ("bf16", "int8"):
+                pulled[(h, rule, pulls)] = simulate(args, f"{rule}-H{h}-{pulls}-pulls", [
+                    "--algorithms", rule, *both, *outer_flags, *local, "--pull-dtype", pulls])
     wall = time.monotonic() - started
 
     def err(runs, delay):
@@ -628,6 +638,26 @@ def simulated_study(args, hs: list[int], at: dt.datetime, started: float) -> Non
             reach = f"{statistics.mean(hit):,.0f} ({len(hit)} of {len(of)})" if hit else f"— (0 of {len(of)})"
             cells += [reach, f"{statistics.mean(r['curve'][-1]['time'] for r in of):,.0f}"]
         lines.append(f"| {when} | {rule} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The model pulled in bf16 and in int8 (`--pull-dtype`, the virtual workers computing on what each "
+        "leaves them holding): held-out error (%) of the PS's final model, the pulled bytes against F32 pulls, "
+        "and paired by seed against F32 pulls (pp; negative: better).",
+        "",
+        "| local steps | rule | model pulled in | " + " | ".join(f"{d} ({w})" for d, w in SIM_DELAYS.items())
+        + " | pulled bytes against F32 | − F32 pulls, " + " | − F32 pulls, ".join(SIM_DELAYS) + " |",
+        "|---|---|---|" + "---|" * (2 * len(SIM_DELAYS) + 1),
+    ]
+    for (h, rule, pulls), runs in pulled.items():
+        base = pulled[(h, rule, "f32")]
+        cells = [err(runs, d)[1] for d in SIM_DELAYS]
+        ratio = statistics.mean(r["pulled_bytes"] / b["pulled_bytes"] for r, b in zip(runs, base))
+        paired = []
+        for d in SIM_DELAYS:
+            diffs = [a - b for a, b in zip(err(runs, d)[0], err(base, d)[0])]
+            paired.append("—" if pulls == "f32" else f"{statistics.mean(diffs):+.2f}")
+        lines.append(f"| H = {h} | {rule} | {pulls} | " + " | ".join(cells) + f" | {ratio:.2f} | "
+                     + " | ".join(paired) + " |")
     replace_section(args.doc, SIMULATE_START, "\n".join(lines))
 
 

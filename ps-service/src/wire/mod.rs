@@ -470,6 +470,11 @@ pub fn encode_bf16(layout: &Layout, values: &[f32]) -> Vec<u8> {
     out
 }
 
+/// `v` rounded to bf16 (to nearest, ties to even) and widened back: what a bf16 body carries.
+pub fn bf16_round_trip(v: f32) -> f32 {
+    f32::from_bits(u32::from(bf16_bits(v)) << 16)
+}
+
 /// `half::bf16::from_f32(v).to_bits()` without its branches, so that the loop over a model
 /// vectorises: a pull of 100M parameters in bf16 is rounded per pull.
 #[inline]

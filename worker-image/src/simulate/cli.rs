@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
+use foresight_ps::client::PullDtype;
 use foresight_ps::optimizer::{Algorithm, Hyper, LrSchedule};
 
 use super::local::LocalSteps;
@@ -91,12 +92,23 @@ pub struct SimulateArgs {
     /// The inner optimizer's learning rate.
     #[arg(long, default_value_t = 1e-3)]
     inner_lr: f32,
+    /// The type the virtual workers pull the model in (int8: the difference from each one's
+    /// copy, tracked as the parameter server tracks it).
+    #[arg(long, value_enum, default_value_t = PullType::F32)]
+    pull_dtype: PullType,
     /// Points on each run's accuracy curve.
     #[arg(long, default_value_t = 10)]
     evals: usize,
     /// Runs at once (each run is single-threaded and deterministic whatever this is).
     #[arg(long, default_value_t = 1)]
     jobs: usize,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum PullType {
+    F32,
+    Bf16,
+    Int8,
 }
 
 /// `round-robin:8`, `uniform:15`, `geometric:3`, `trace:out/demo/summary.json`.
@@ -196,6 +208,11 @@ fn configs(args: &SimulateArgs) -> anyhow::Result<Vec<SimConfig>> {
                         rule: args.inner_optimizer,
                         lr: args.inner_lr,
                     }),
+                    pulls: match args.pull_dtype {
+                        PullType::F32 => PullDtype::F32,
+                        PullType::Bf16 => PullDtype::Bf16,
+                        PullType::Int8 => PullDtype::Int8,
+                    },
                 });
             }
         }

@@ -10,8 +10,10 @@
 pub mod cli;
 pub mod local;
 pub mod mlp;
+pub mod pulls;
 pub mod schedule;
 
+use foresight_ps::client::PullDtype;
 use foresight_ps::optimizer::{Algorithm, Hyper};
 use foresight_ps::store::{Push, StalenessSummary, Store, StoreError};
 use foresight_ps::wire::{Layout, TensorSpec};
@@ -22,6 +24,7 @@ use serde::Serialize;
 
 use local::{Inner, LocalSteps};
 use mlp::{Mlp, Score};
+use pulls::Puller;
 use schedule::{Delay, Plan};
 
 /// Training and held-out examples as flat rows of `inputs` values.
@@ -50,6 +53,8 @@ pub struct SimConfig {
     pub evals: usize,
     /// `Some`: each push is the pseudo-gradient of this many inner steps, not one gradient.
     pub local: Option<LocalSteps>,
+    /// The type the workers pull the model in.
+    pub pulls: PullDtype,
 }
 
 /// The PS model's held-out score after `updates` updates.
@@ -90,6 +95,9 @@ pub struct Outcome {
     pub momentum: f32,
     pub nesterov: bool,
     pub momentum_delay: u32,
+    /// The type the workers pulled the model in, and the bytes of every pull's body.
+    pub pull_dtype: String,
+    pub pulled_bytes: u64,
     /// The safeguards the run had on ([`Hyper::safeguards`]).
     pub gain_clamp: bool,
     pub bias_correction: bool,
@@ -161,6 +169,8 @@ struct Run<'a> {
     local: Option<LocalSteps>,
     /// Each slot's inner optimizer (local steps).
     inner: Vec<Inner>,
+    /// What each slot holds after a pull.
+    puller: Puller,
     mean_lambda_sum: f64,
     clamped: u64,
     elements: u64,
@@ -171,18 +181,19 @@ impl Run<'_> {
     /// local steps the pseudo-gradient of the next H. (version, gradient, epoch).
     fn compute(&mut self, slot: usize) -> Result<(u64, Vec<f32>, f64), SimError> {
         let snap = self.store.pull(slot)?;
+        let held = self.puller.pull(slot, self.store.layout(), snap.params());
         let mut grad = vec![0.0; self.net.len()];
         let (x, y) = (&self.data.train_x, &self.data.train_y);
         let Some(local) = self.local else {
-            self.net.gradient(snap.params(), x, y, &self.batches.next(), &mut grad);
+            self.net.gradient(&held, x, y, &self.batches.next(), &mut grad);
             return Ok((snap.version(), grad, self.batches.epoch()));
         };
-        let mut w = snap.params().to_vec();
+        let mut w = held.clone();
         for _ in 0..local.steps {
             self.net.gradient(&w, x, y, &self.batches.next(), &mut grad);
             self.inner[slot].step(local.rule, local.lr, &mut w, &grad);
         }
-        let pseudo = snap.params().iter().zip(&w).map(|(pulled, trained)| pulled - trained).collect();
+        let pseudo = held.iter().zip(&w).map(|(pulled, trained)| pulled - trained).collect();
         Ok((snap.version(), pseudo, self.batches.epoch()))
     }
 
@@ -252,6 +263,7 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         seqs: vec![0; workers],
         local: cfg.local,
         inner: vec![Inner::default(); workers],
+        puller: Puller::new(cfg.pulls, workers),
         mean_lambda_sum: 0.0,
         clamped: 0,
         elements: 0,
@@ -305,6 +317,8 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         momentum: cfg.hyper.momentum,
         nesterov: cfg.hyper.nesterov,
         momentum_delay: cfg.hyper.momentum_delay,
+        pull_dtype: cfg.pulls.as_str().into(),
+        pulled_bytes: run.puller.bytes,
         gain_clamp: cfg.hyper.safeguards.gain_clamp,
         bias_correction: cfg.hyper.safeguards.bias_correction,
         curve,

@@ -31,6 +31,7 @@ fn config(algorithm: Algorithm, delay: Delay, seed: u64) -> SimConfig {
         seed,
         evals: 4,
         local: None,
+        pulls: PullDtype::F32,
     }
 }
 
@@ -185,4 +186,34 @@ fn timed_runs_put_the_time_on_the_curve() {
     assert!(a.curve.last().unwrap().time.unwrap() < last.time.unwrap() * 0.6, "{:?}", a.curve.last());
     let drawn = simulate(&config(Algorithm::Asgd, Delay::Uniform { max: 3 }, 2), &data).unwrap();
     assert!(drawn.curve.iter().all(|p| p.time.is_none()), "a drawn delay has no clock");
+}
+
+/// `--pull-dtype`: the virtual workers compute on what each pull type leaves them holding; the
+/// runs stay deterministic, int8 pulls send about a quarter of F32's bytes (the first pull of
+/// each worker whole), and the models learn as well.
+#[test]
+fn pull_types_change_what_workers_compute_on_and_the_bytes_they_pull() {
+    let data = blobs(400, 3);
+    let run = |pulls| {
+        let mut c = config(Algorithm::Asgd, Delay::RoundRobin { workers: 4 }, 7);
+        // Wide enough that the bodies' headers are a small part of them.
+        (c.pulls, c.hidden) = (pulls, 256);
+        simulate(&c, &data).unwrap()
+    };
+    let (f32s, bf16s, int8s) = (run(PullDtype::F32), run(PullDtype::Bf16), run(PullDtype::Int8));
+    assert_eq!(int8s.digest, run(PullDtype::Int8).digest, "deterministic");
+    assert_ne!(int8s.digest, f32s.digest, "computed on another model");
+    assert_ne!(bf16s.digest, f32s.digest, "computed on another model");
+    let ratio = |o: &Outcome| o.pulled_bytes as f64 / f32s.pulled_bytes as f64;
+    assert!((0.45..0.6).contains(&ratio(&bf16s)), "bf16: {}", ratio(&bf16s));
+    assert!((0.2..0.45).contains(&ratio(&int8s)), "int8: {}", ratio(&int8s));
+    for o in [&bf16s, &int8s] {
+        assert!(
+            (o.accuracy - f32s.accuracy).abs() < 0.05,
+            "{}: {} against {}",
+            o.pull_dtype,
+            o.accuracy,
+            f32s.accuracy
+        );
+    }
 }
