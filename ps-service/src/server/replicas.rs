@@ -56,7 +56,7 @@ impl Replicas {
         Answer::Whole { tag }
     }
 
-    /// A worker that left or was scaled away: its copy is freed.
+    /// A worker gone silent: its copy is freed (its next pull is the whole model).
     pub fn forget(&self, worker: usize) {
         self.by_worker.lock().remove(&worker);
     }

@@ -62,14 +62,12 @@ fn body_header(layout: &Layout) -> Vec<u8> {
 /// in f32, as [`widen`] and [`apply_delta`] do on the worker). So each pull's rounding stays in
 /// `current − replica` for the next one: error feedback without the worker's help, and the
 /// worker's copy is never further from the model than one pull's rounding. Chunk by chunk: no
-/// model-sized buffer but the body. `None` when a difference is beyond what a gradient body may
-/// carry (±[`super::MAX_GRADIENT`]: the worker would refuse it); `replica` is then unchanged.
+/// model-sized buffer but the body, each chunk checked while it is in cache. `None` when a
+/// difference is beyond what a gradient body may carry (±[`super::MAX_GRADIENT`]: the worker
+/// would refuse it); `replica` is then partly updated, and the caller sends the whole model and
+/// makes that the copy instead.
 pub fn encode_delta(layout: &Layout, current: &[f32], replica: &mut [f32]) -> Option<Vec<u8>> {
     assert_eq!((current.len(), replica.len()), (layout.len(), layout.len()));
-    let usable = current.iter().zip(replica.iter()).all(|(c, r)| super::usable_gradient(c - r));
-    if !usable {
-        return None;
-    }
     let mut out = body_header(layout);
     let mut diff = [0f32; CHUNK];
     for (_, r) in layout.iter() {
@@ -78,6 +76,9 @@ pub fn encode_delta(layout: &Layout, current: &[f32], replica: &mut [f32]) -> Op
             let d = &mut diff[..cur.len()];
             for ((d, c), r) in d.iter_mut().zip(cur).zip(rep.iter()) {
                 *d = c - r;
+            }
+            if super::first_unusable(d).is_some() {
+                return None;
             }
             let at = out.len();
             let scale = quantize(d, &mut out);
