@@ -11,6 +11,7 @@
 //!   others).
 
 pub mod client;
+pub mod cores;
 pub mod dir_lock;
 pub mod listen;
 pub mod optimizer;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
+use foresight_ps::client::PullDtype;
 use foresight_ps::optimizer::{Algorithm, Combine, Hyper, LrSchedule};
 use foresight_ps::pace::LocalStepsPolicy;
 use foresight_ps::server::{
@@ -179,8 +180,9 @@ struct Args {
     /// others wait, then get 503 `busy` with Retry-After.
     #[arg(long, env = "FORESIGHT_PUSH_SLOTS", value_parser = clap::value_parser!(u64).range(1..=1024))]
     push_slots: Option<u64>,
-    /// The type the job's workers pull the model in (the workers' own setting): with int8 this
-    /// PS keeps a copy of the model per worker, which the memory limit's plan counts.
+    /// The type the job's workers pull the model in (the workers' own setting): bf16 and int8
+    /// bodies are encoded per pull and with int8 this PS keeps a copy of the model per worker,
+    /// which the memory limit's plan counts.
     #[arg(long, env = "FORESIGHT_PULL_DTYPE", value_enum, default_value_t = PullType::F32)]
     pull_dtype: PullType,
     /// Longest a pull may wait for a version (long-poll), in seconds.
@@ -366,7 +368,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.reseed_hold = Duration::from_secs(args.reseed_hold);
     config.memory_limit = args.memory_limit.or_else(foresight_ps::server::cgroup_memory_limit);
     config.push_slots = args.push_slots.map(|k| k as usize);
-    config.worker_copies = matches!(args.pull_dtype, PullType::Int8);
+    config.pulled_as = match args.pull_dtype {
+        PullType::F32 => PullDtype::F32,
+        PullType::Bf16 => PullDtype::Bf16,
+        PullType::Int8 => PullDtype::Int8,
+    };
 
     // Held until the process exits: a replaced PS's last checkpoint is written before this one
     // restores (see dir_lock).

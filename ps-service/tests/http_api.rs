@@ -581,24 +581,26 @@ async fn a_model_pulled_as_int8_is_the_difference_from_the_workers_copy() {
     }
 }
 
-/// Workers that pull int8 cost the PS a copy of the model each: under a memory limit, a PS told
-/// so (`--pull-dtype int8`) plans for them and buffers fewer push bodies at once.
+/// Workers that pull bf16 or int8 cost the PS a body encoded per pull each, and with int8 a
+/// copy of the model each: under a memory limit, a PS told so (`--pull-dtype`) plans for them
+/// and buffers fewer push bodies at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_memory_plan_counts_the_copies_of_workers_that_pull_int8() {
+async fn the_memory_plan_counts_what_workers_pulling_bf16_or_int8_cost() {
     let model_bytes = 4.0 * layout().len() as f64;
     let mut slots = Vec::new();
-    for worker_copies in [false, true] {
+    for pulled_as in [PullDtype::F32, PullDtype::Bf16, PullDtype::Int8] {
         let mut c = config(Algorithm::Asgd, 4);
-        // 16 copies planned: the model, 4 backups and a pull cache, 4 snapshots being sent
-        // (10), and room for the pushes, or for the workers' 4 copies, their int8 bodies in
-        // flight (4 quarters) and 1 push.
-        c.memory_limit = Some((16.0 * model_bytes / 0.9).ceil() as u64);
-        c.worker_copies = worker_copies;
+        // 15 copies planned: the model, 4 backups and a pull cache, 4 snapshots being sent
+        // (10), and room for 5 pushes (capped at the 4 workers); with bf16 pulls, for their 4
+        // bodies in flight (4 halves) and 3 pushes; with int8, for the workers' 4 copies, their
+        // bodies in flight (4 quarters) and the 1 push always allowed.
+        c.memory_limit = Some((15.0 * model_bytes / 0.9).ceil() as u64);
+        c.pulled_as = pulled_as;
         let ps = start(c).await;
         client(&ps).register(&layout(), &init(&layout())).await.unwrap();
         slots.push(ps.state.metrics.push_slots.get());
     }
-    assert_eq!(slots, [4, 1]);
+    assert_eq!(slots, [4, 3, 1]);
 }
 
 /// Foresight's own F32 bodies are decoded while they stream in; what that path refuses must

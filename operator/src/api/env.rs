@@ -44,9 +44,10 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     if let Some(n) = o.momentum_delay.filter(|&n| n > 1) {
         push(&mut env, "FORESIGHT_MOMENTUM_DELAY", n);
     }
-    // int8 pulls cost the PS a copy of the model per worker: its memory plan counts them.
-    if o.pull_dtype == Some(super::PullDtype::Int8) {
-        push(&mut env, "FORESIGHT_PULL_DTYPE", "int8");
+    // bf16 and int8 pulls cost the PS a body encoded per pull, int8 also a copy of the model per
+    // worker: its memory plan counts them.
+    if let Some(d) = o.pull_dtype.filter(|d| *d != super::PullDtype::F32) {
+        push(&mut env, "FORESIGHT_PULL_DTYPE", d.as_str());
     }
     if let Some(w) = o.weight_decay {
         push(&mut env, "FORESIGHT_WEIGHT_DECAY", w);

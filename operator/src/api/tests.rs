@@ -266,7 +266,7 @@ fn environment_carries_the_job() {
     let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
     assert_eq!(ps["FORESIGHT_MOMENTUM_DELAY"], "4");
     assert_eq!((w["FORESIGHT_GRAD_DTYPE"].as_str(), w["FORESIGHT_PULL_DTYPE"].as_str()), ("int8", "bf16"));
-    assert!(!ps.contains_key("FORESIGHT_PULL_DTYPE"), "bf16 pulls cost the PS nothing to plan for");
+    assert_eq!(ps["FORESIGHT_PULL_DTYPE"], "bf16", "the PS plans a body per pull in flight");
     spec.optimizer.pull_dtype = serde_json::from_value(serde_json::json!("int8")).unwrap();
     let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
     assert_eq!(ps["FORESIGHT_PULL_DTYPE"], "int8", "the PS plans a copy per worker");

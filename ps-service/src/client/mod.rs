@@ -224,10 +224,8 @@ async fn read_model(
     let mut reader = InPlace::new(&expected.header, expected.dtype.wire(), &mut values, &mut spill);
     let mut non_finite = None;
     while let Some(chunk) = resp.chunk().await? {
-        let (from, fresh) = reader.feed(&chunk);
-        if non_finite.is_none() {
-            non_finite = wire::first_non_finite(fresh).map(|i| from + i);
-        }
+        let found = reader.feed_checked(&chunk, wire::first_non_finite);
+        non_finite = non_finite.or(found);
     }
     if !reader.finish() {
         let (layout, values, _) = wire::decode_model(&spill)?;

@@ -20,9 +20,9 @@ pub const RETRY_AFTER_SECONDS: u64 = 1;
 const PLANNED_SHARE: f64 = 0.9;
 
 /// Model-sized copies the PS holds whatever the pushes: the model itself, `state_copies` of
-/// optimizer state (MeanSquare, momentum; with int8 pulls also each worker's copy and the int8
-/// bodies being sent), one snapshot per worker as its backup plus the pull cache, and one older
-/// snapshot per worker still being sent to it.
+/// optimizer state (MeanSquare, momentum; with bf16 or int8 pulls also the bodies being sent,
+/// with int8 each worker's copy), one snapshot per worker as its backup plus the pull cache,
+/// and one older snapshot per worker still being sent to it.
 pub fn resident_copies(workers: usize, state_copies: usize) -> usize {
     1 + state_copies + (workers + 1) + workers
 }

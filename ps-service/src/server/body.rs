@@ -3,6 +3,8 @@
 //! Gradients are tens to hundreds of MB; a fresh buffer per push page-faults on every page.
 //! Buffers go back to a small pool when a request is done.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
@@ -51,6 +53,30 @@ impl<T> Pool<T> {
         if items.len() < self.cap {
             items.push(v);
         }
+    }
+}
+
+/// A pooled buffer lent out as a response body ([`bytes::Bytes::from_owner`]): back in its pool
+/// once hyper has sent (or dropped) the response. A pull encoded per request (bf16, int8) then
+/// writes into pages that are already mapped instead of faulting in a fresh body-sized buffer.
+pub fn lend(pool: &Arc<Pool<u8>>, buf: Vec<u8>) -> bytes::Bytes {
+    bytes::Bytes::from_owner(Lent { buf, pool: pool.clone() })
+}
+
+struct Lent {
+    buf: Vec<u8>,
+    pool: Arc<Pool<u8>>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
     }
 }
 
@@ -131,10 +157,8 @@ pub async fn read_gradient(
         if total > limit {
             return Err(ApiError::too_large(limit));
         }
-        let (from, fresh) = reader.feed(&chunk);
-        if bad.is_none() {
-            bad = wire::first_unusable(fresh).map(|i| from + i);
-        }
+        let found = reader.feed_checked(&chunk, wire::first_unusable);
+        bad = bad.or(found);
     }
     let how = if reader.finish() { Gradient::Direct { first_unusable: bad } } else { Gradient::Collected };
     Ok((how, total))
@@ -143,6 +167,22 @@ pub async fn read_gradient(
 #[cfg(test)]
 mod tests {
     use super::Pool;
+
+    #[test]
+    fn a_lent_body_comes_back_to_its_pool_when_its_last_holder_drops_it() {
+        let pool = std::sync::Arc::new(Pool::<u8>::new(2));
+        let mut buf = pool.take();
+        buf.extend_from_slice(&[1, 2, 3]);
+        let at = buf.as_ptr();
+        let body = super::lend(&pool, buf);
+        let part = body.slice(1..);
+        drop(body);
+        assert_eq!(&part[..], [2, 3]);
+        assert_eq!(pool.items.lock().len(), 0, "still held by a slice of the body");
+        drop(part);
+        let back = pool.take();
+        assert_eq!((back.as_ptr(), back.len(), back.capacity() >= 3), (at, 0, true));
+    }
 
     #[test]
     fn buffers_come_back_without_a_fill_only_at_the_length_asked() {

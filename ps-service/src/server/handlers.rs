@@ -13,7 +13,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router, middleware};
 use serde::{Deserialize, Serialize};
 
-use super::body::{Gradient, read_gradient, read_limited};
+use super::body::{Gradient, lend, read_gradient, read_limited};
 use super::guarded_body::{BodyGuard, guard_request_body};
 use super::replicas::Answer;
 use super::{ApiError, AppState, auth};
@@ -264,14 +264,19 @@ fn answer_pull(
     let version = snap.version();
     let whole = |snap| bytes::Bytes::from_owner(SnapshotBody(snap));
     let pulled = |body, copy, delta_from| Pulled { version, body, copy, delta_from };
+    let pool = &state.pull_bodies;
     Ok(match how {
         PullAs::Bf16 => {
-            pulled(bytes::Bytes::from(wire::encode_bf16(store.layout(), snap.params())), None, None)
+            let body = wire::encode_bf16_into(store.layout(), snap.params(), pool.take());
+            pulled(lend(pool, body), None, None)
         }
         PullAs::Int8 { base } if !look_only => {
-            match state.replicas.answer(worker, base, store.layout(), snap.params()) {
-                Answer::Whole { tag } => pulled(whole(snap), Some(tag), None),
-                Answer::Delta { tag, from, body } => pulled(bytes::Bytes::from(body), Some(tag), Some(from)),
+            match state.replicas.answer(worker, base, (store.layout(), snap.params()), pool.take()) {
+                Answer::Whole { tag, unused } => {
+                    pool.give(unused);
+                    pulled(whole(snap), Some(tag), None)
+                }
+                Answer::Delta { tag, from, body } => pulled(lend(pool, body), Some(tag), Some(from)),
             }
         }
         _ => pulled(whole(snap), None, None),

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::client::PullDtype;
 use crate::optimizer::Hyper;
 use crate::pace::{LocalStepsPolicy, Pace, PaceReport};
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
@@ -75,9 +76,10 @@ pub struct PsConfig {
     pub memory_limit: Option<u64>,
     /// That count set explicitly instead.
     pub push_slots: Option<usize>,
-    /// The workers pull int8 differences: the PS keeps a copy of the model per worker
-    /// ([`replicas`]), which the memory limit's plan counts.
-    pub worker_copies: bool,
+    /// What the workers pull the model as: bf16 and int8 bodies are encoded per pull, and
+    /// with int8 the PS keeps a copy of the model per worker ([`replicas`]); the memory limit's
+    /// plan counts both.
+    pub pulled_as: PullDtype,
     /// Shard 0 of a sharded PS: the other shards' URLs, in shard order. Its finalize finalizes
     /// them too and writes the whole model's final file from every shard's slice.
     pub peers: Vec<String>,
@@ -116,7 +118,7 @@ impl PsConfig {
             reseed_hold: Duration::from_secs(10),
             memory_limit: None,
             push_slots: None,
-            worker_copies: false,
+            pulled_as: PullDtype::F32,
             peers: Vec::new(),
             peer_tls: None,
             shard: 0,
@@ -151,6 +153,8 @@ pub struct AppState {
     registering: tokio::sync::Mutex<()>,
     bodies: body::Pool<u8>,
     grads: body::Pool<f32>,
+    /// Bodies of pulls encoded per request (bf16, int8 differences), lent to hyper while sent.
+    pull_bodies: Arc<body::Pool<u8>>,
     /// Admission control of push bodies, sized once the model is known.
     push_slots: OnceLock<admission::PushSlots>,
     seeding: Mutex<Seeding>,
@@ -264,6 +268,7 @@ impl AppState {
             registering: tokio::sync::Mutex::new(()),
             bodies: body::Pool::new(8),
             grads: body::Pool::new(8),
+            pull_bodies: Arc::new(body::Pool::new(8)),
             push_slots: OnceLock::new(),
             seeding: Mutex::new(Seeding::Idle),
             workers: std::sync::atomic::AtomicUsize::new(workers),
@@ -296,9 +301,14 @@ impl AppState {
     fn push_slot_count(&self, store: &Store) -> Option<usize> {
         let state = crate::optimizer::OptimizerState::new(store.hyper(), 1);
         let (limit, workers) = (self.config.memory_limit, self.workers());
-        // Each worker's copy, and the int8 body (a quarter of a copy) each may be sent at once.
-        let worker_copies = if self.config.worker_copies { workers + workers.div_ceil(4) } else { 0 };
-        let state_copies = state.mean_square.len() + state.momentum.len() + worker_copies;
+        // The body each worker may be sent at once when pulls are encoded per request (bf16: half
+        // a copy, int8: a quarter), and with int8 each worker's copy.
+        let pull_copies = match self.config.pulled_as {
+            PullDtype::F32 => 0,
+            PullDtype::Bf16 => workers.div_ceil(2),
+            PullDtype::Int8 => workers + workers.div_ceil(4),
+        };
+        let state_copies = state.mean_square.len() + state.momentum.len() + pull_copies;
         let model_bytes = 4 * store.layout().len() as u64;
         let count = self
             .config

@@ -16,8 +16,9 @@ use crate::wire::{self, Layout};
 
 /// What a worker is sent.
 pub enum Answer {
-    /// The whole model (the caller sends its F32 snapshot), now this worker's tracked copy.
-    Whole { tag: u64 },
+    /// The whole model (the caller sends its F32 snapshot), now this worker's tracked copy;
+    /// the body buffer the caller lent comes back unused.
+    Whole { tag: u64, unused: Vec<u8> },
     /// The int8 difference from the copy tagged `from`.
     Delta { tag: u64, from: u64, body: Vec<u8> },
 }
@@ -38,14 +39,21 @@ impl Replicas {
         Self { next_tag: AtomicU64::new(seed), by_worker: Mutex::new(HashMap::new()) }
     }
 
-    /// Worker `worker`, holding the copy tagged `base` (if any), pulls `current`.
-    pub fn answer(&self, worker: usize, base: Option<u64>, layout: &Layout, current: &[f32]) -> Answer {
+    /// Worker `worker`, holding the copy tagged `base` (if any), pulls `current`; a difference
+    /// is encoded into `body`, a recycled buffer.
+    pub fn answer(
+        &self,
+        worker: usize,
+        base: Option<u64>,
+        (layout, current): (&Layout, &[f32]),
+        mut body: Vec<u8>,
+    ) -> Answer {
         let slot = self.by_worker.lock().entry(worker).or_insert_with(Self::empty).clone();
         // Held while the difference is encoded: one pull per worker at a time.
         let mut copy = slot.lock();
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         if let Some(from) = base.filter(|b| *b == copy.tag && copy.values.len() == current.len())
-            && let Some(body) = wire::int8::encode_delta(layout, current, &mut copy.values)
+            && wire::int8::encode_delta(layout, current, &mut copy.values, &mut body)
         {
             copy.tag = tag;
             return Answer::Delta { tag, from, body };
@@ -53,7 +61,7 @@ impl Replicas {
         copy.values.clear();
         copy.values.extend_from_slice(current);
         copy.tag = tag;
-        Answer::Whole { tag }
+        Answer::Whole { tag, unused: body }
     }
 
     /// A worker gone silent: its copy is freed (its next pull is the whole model).
@@ -90,7 +98,7 @@ mod tests {
     /// What a worker does with an answer: the whole model, or its copy plus the decoded body.
     fn receive(copy: &mut Vec<f32>, answer: &Answer, l: &Layout, current: &[f32]) -> u64 {
         match answer {
-            Answer::Whole { tag } => {
+            Answer::Whole { tag, .. } => {
                 *copy = current.to_vec();
                 *tag
             }
@@ -111,7 +119,7 @@ mod tests {
         let mut model: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
         let (mut copy, mut tag) = (Vec::new(), None);
         for step in 0..200 {
-            let answer = r.answer(0, tag, &l, &model);
+            let answer = r.answer(0, tag, (&l, &model), Vec::new());
             assert_eq!(matches!(answer, Answer::Delta { .. }), step > 0, "step {step}");
             tag = Some(receive(&mut copy, &answer, &l, &model));
             let tracked = r.by_worker.lock()[&0].lock().values.clone();
@@ -131,13 +139,22 @@ mod tests {
         let l = layout(10);
         let r = Replicas::new(5);
         let model = vec![0.5f32; 10];
-        let Answer::Whole { tag: first } = r.answer(1, None, &l, &model) else { panic!("no copy yet") };
-        assert!(matches!(r.answer(1, Some(first), &l, &model), Answer::Delta { from, .. } if from == first));
+        let Answer::Whole { tag: first, .. } = r.answer(1, None, (&l, &model), vec![1]) else {
+            panic!("no copy yet")
+        };
+        assert!(
+            matches!(r.answer(1, Some(first), (&l, &model), Vec::new()), Answer::Delta { from, .. } if from == first)
+        );
         // The copy tagged `first` was replaced by the answer just given: a retry naming it (its
         // answer lost, or overtaken) cannot be answered with a difference.
-        let Answer::Whole { tag } = r.answer(1, Some(first), &l, &model) else { panic!("stale base") };
-        assert!(matches!(r.answer(1, Some(tag ^ 1), &l, &model), Answer::Whole { .. }));
-        assert!(matches!(r.answer(2, Some(tag), &l, &model), Answer::Whole { .. }), "another worker's tag");
+        let Answer::Whole { tag, .. } = r.answer(1, Some(first), (&l, &model), Vec::new()) else {
+            panic!("stale base")
+        };
+        assert!(matches!(r.answer(1, Some(tag ^ 1), (&l, &model), Vec::new()), Answer::Whole { .. }));
+        assert!(
+            matches!(r.answer(2, Some(tag), (&l, &model), Vec::new()), Answer::Whole { .. }),
+            "another worker's tag"
+        );
         assert_eq!(r.tracked(), 2);
         r.retain_below(2);
         r.forget(0);

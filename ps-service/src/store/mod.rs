@@ -37,12 +37,6 @@ pub use staleness::{StalenessCounts, StalenessSummary};
 /// Elements per shard: 256 KiB of f32, so a shard's slices stay in L2 while a kernel runs.
 pub const DEFAULT_SHARD_LEN: usize = 1 << 16;
 
-/// Models at least this long (4 MiB of f32) are applied and copied by several threads at once;
-/// below it a thread's start costs more than it saves.
-pub const PARALLEL_MIN_LEN: usize = 1 << 20;
-/// The most threads one operation walks the shards with.
-const MAX_WALKERS: usize = 8;
-
 /// The most workers a job may have (the TrainingJob CRD's bound).
 pub const MAX_WORKERS: usize = 1024;
 
@@ -288,16 +282,6 @@ fn enter(shard: &Shard, op: u64, mut f: impl FnMut(&Shard, &mut ShardData)) {
     shard.turn.notify_all();
 }
 
-/// How many threads a model of `len` elements is walked with: as many as the cores this
-/// process may use (cgroup quotas counted), at most [`MAX_WALKERS`], one below
-/// [`PARALLEL_MIN_LEN`].
-fn walkers(len: usize) -> usize {
-    if len < PARALLEL_MIN_LEN {
-        return 1;
-    }
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WALKERS)
-}
-
 /// `shards` shard indices cut into at most `threads` contiguous groups, never fewer than one.
 fn walk_groups(shards: usize, threads: usize) -> Vec<Range<usize>> {
     let g = threads.min(shards).max(1);
@@ -492,7 +476,7 @@ impl Store {
                 Shard { range, data: Mutex::new(data), turn: Condvar::new() }
             })
             .collect::<Vec<_>>();
-        let groups = walk_groups(shards.len(), walkers(n));
+        let groups = walk_groups(shards.len(), crate::cores::threads_for(n));
         let header = wire::header(&layout, WireDtype::F32, &BTreeMap::new());
         let round = SyncRound {
             version: data.version,

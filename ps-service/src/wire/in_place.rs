@@ -7,6 +7,9 @@
 
 use super::WireDtype;
 
+/// Bytes [`InPlace::feed_checked`] takes at a time: a quarter of a typical L2.
+const PIECE: usize = 1 << 18;
+
 /// Where the body is going.
 enum Mode {
     /// The first bytes are compared with the expected header.
@@ -77,17 +80,45 @@ impl<'a> InPlace<'a> {
         }
     }
 
+    /// [`Self::feed`] a cache-sized piece at a time, each piece's values handed to `first_bad`
+    /// while they are still in cache: a frame can be megabytes, and checking it only after the
+    /// whole frame was copied read it back from memory (at 25M parameters, about a fifth of a
+    /// push's time). Returns the flat index of the first value `first_bad` refused, if any.
+    pub fn feed_checked(
+        &mut self,
+        data: &[u8],
+        first_bad: impl Fn(&[f32]) -> Option<usize>,
+    ) -> Option<usize> {
+        let mut bad = None;
+        for piece in data.chunks(PIECE) {
+            let (from, fresh) = self.feed(piece);
+            if bad.is_none() {
+                bad = first_bad(fresh).map(|i| from + i);
+            }
+        }
+        bad
+    }
+
     /// Widens `data`, the body bytes after the first `filled`, into `out`.
-    fn take(&mut self, mut data: &[u8]) {
-        let widen: fn([u8; 2]) -> f32 = match self.dtype {
+    fn take(&mut self, data: &[u8]) {
+        match self.dtype {
             WireDtype::F32 => {
                 let bytes: &mut [u8] = bytemuck::cast_slice_mut(self.out);
                 bytes[self.filled..self.filled + data.len()].copy_from_slice(data);
-                return;
             }
-            WireDtype::Bf16 => |b| half::bf16::from_le_bytes(b).to_f32(),
-            WireDtype::F16 => |b| half::f16::from_le_bytes(b).to_f32(),
-        };
+            // A bf16 is the high half of an f32. Unlike `half`'s conversion this does not quiet
+            // NaNs, which are refused either way, and it vectorises.
+            WireDtype::Bf16 => {
+                self.take_pairs(data, |b| f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16))
+            }
+            WireDtype::F16 => self.take_pairs(data, |b| half::f16::from_le_bytes(b).to_f32()),
+        }
+    }
+
+    /// Widens the 2-byte values of `data` with `widen`, a generic parameter so that the loop is
+    /// compiled for each type: through a function pointer, a 25M-parameter bf16 pull took 70 ms
+    /// to widen here.
+    fn take_pairs(&mut self, mut data: &[u8], widen: impl Fn([u8; 2]) -> f32) {
         let mut at = self.filled / 2;
         if let (Some(first), Some((&second, rest))) = (self.half_read, data.split_first()) {
             self.out[at] = widen([first, second]);

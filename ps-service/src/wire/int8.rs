@@ -29,19 +29,57 @@ pub fn chunks(numel: usize) -> usize {
 /// what the rounding left out (`values − decoded`), for the sender's error feedback.
 pub fn encode(layout: &Layout, values: &mut [f32]) -> Vec<u8> {
     assert_eq!(values.len(), layout.len());
-    let mut out = body_header(layout);
-    for (_, r) in layout.iter() {
-        let mut scales = Vec::with_capacity(chunks(r.len()));
-        for chunk in values[r].chunks_mut(CHUNK) {
-            scales.push(quantize(chunk, &mut out));
+    let mut out = Vec::new();
+    let head = body(layout, &mut out);
+    let pieces = pieces(layout, &mut out[head..]);
+    in_runs_of(pieces, values, |run, values| {
+        for (p, v) in run.into_iter().zip(values) {
+            let scale = quantize(v, p.q);
+            p.scale.copy_from_slice(&scale.to_le_bytes());
         }
-        out.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
-    }
+        true
+    });
     out
 }
 
-/// The header of an int8 body of `layout`, with room reserved for its data.
-fn body_header(layout: &Layout) -> Vec<u8> {
+/// A model pulled as int8 against the copy the worker holds (`replica`, which the PS keeps for
+/// it): the body is `current − replica` in [`encode`]'s format, and `replica` becomes what the
+/// worker will hold after adding the decoded body, bit for bit (each element `q × scale` added
+/// in f32, as [`widen`] and [`apply_delta`] do on the worker). So each pull's rounding stays in
+/// `current − replica` for the next one: error feedback without the worker's help, and the
+/// worker's copy is never further from the model than one pull's rounding. Chunk by chunk, the
+/// chunks shared among the cores: no model-sized buffer but the body (`out`, a recycled buffer,
+/// cleared first), each chunk checked while it is in cache. False when a difference is beyond
+/// what a gradient body may carry (±[`super::MAX_GRADIENT`]: the worker would refuse it);
+/// `replica` is then partly updated, and the caller sends the whole model and makes that the
+/// copy instead.
+pub fn encode_delta(layout: &Layout, current: &[f32], replica: &mut [f32], out: &mut Vec<u8>) -> bool {
+    assert_eq!((current.len(), replica.len()), (layout.len(), layout.len()));
+    let head = body(layout, out);
+    let pieces = pieces(layout, &mut out[head..]);
+    in_runs_of(pieces, replica, |run, replicas| {
+        let mut diff = [0f32; CHUNK];
+        for (p, rep) in run.into_iter().zip(replicas) {
+            let d = &mut diff[..rep.len()];
+            for ((d, c), r) in d.iter_mut().zip(&current[p.at..]).zip(rep.iter()) {
+                *d = c - r;
+            }
+            if super::first_unusable(d).is_some() {
+                return false;
+            }
+            let scale = quantize(d, p.q);
+            for (r, &q) in rep.iter_mut().zip(p.q.iter()) {
+                *r += f32::from(q as i8) * scale;
+            }
+            p.scale.copy_from_slice(&scale.to_le_bytes());
+        }
+        true
+    })
+}
+
+/// `out` made an int8 body of `layout`, its header written and its data zeroed; returns where
+/// the data starts.
+fn body(layout: &Layout, out: &mut Vec<u8>) -> usize {
     let mut entries = Vec::with_capacity(layout.tensors().len() * 2);
     let mut at = 0;
     for (t, r) in layout.iter() {
@@ -51,45 +89,64 @@ fn body_header(layout: &Layout) -> Vec<u8> {
         entries.push((format!("{SCALE_PREFIX}{}", t.name), "F32", vec![n], at..at + 4 * n));
         at += 4 * n;
     }
-    let mut out = super::header_of(&entries, &BTreeMap::new());
-    out.reserve(at);
-    out
+    out.clear();
+    out.extend_from_slice(&super::header_of(&entries, &BTreeMap::new()));
+    let head = out.len();
+    out.resize(head + at, 0);
+    head
 }
 
-/// A model pulled as int8 against the copy the worker holds (`replica`, which the PS keeps for
-/// it): the body is `current − replica` in [`encode`]'s format, and `replica` becomes what the
-/// worker will hold after adding the decoded body, bit for bit (each element `q × scale` added
-/// in f32, as [`widen`] and [`apply_delta`] do on the worker). So each pull's rounding stays in
-/// `current − replica` for the next one: error feedback without the worker's help, and the
-/// worker's copy is never further from the model than one pull's rounding. Chunk by chunk: no
-/// model-sized buffer but the body, each chunk checked while it is in cache. `None` when a
-/// difference is beyond what a gradient body may carry (±[`super::MAX_GRADIENT`]: the worker
-/// would refuse it); `replica` is then partly updated, and the caller sends the whole model and
-/// makes that the copy instead.
-pub fn encode_delta(layout: &Layout, current: &[f32], replica: &mut [f32]) -> Option<Vec<u8>> {
-    assert_eq!((current.len(), replica.len()), (layout.len(), layout.len()));
-    let mut out = body_header(layout);
-    let mut diff = [0f32; CHUNK];
+/// One chunk of a tensor in an int8 body: where its values start in the flat vector, and the
+/// body bytes of its int8 values and of its scale.
+struct Piece<'a> {
+    at: usize,
+    q: &'a mut [u8],
+    scale: &'a mut [u8],
+}
+
+/// `data` (an int8 body of `layout` after its header) cut into its chunks, in layout order.
+fn pieces<'a>(layout: &Layout, mut data: &'a mut [u8]) -> Vec<Piece<'a>> {
+    let mut pieces = Vec::with_capacity(layout.len().div_ceil(CHUNK) + layout.tensors().len());
     for (_, r) in layout.iter() {
-        let mut scales = Vec::with_capacity(chunks(r.len()));
-        for (cur, rep) in current[r.clone()].chunks(CHUNK).zip(replica[r].chunks_mut(CHUNK)) {
-            let d = &mut diff[..cur.len()];
-            for ((d, c), r) in d.iter_mut().zip(cur).zip(rep.iter()) {
-                *d = c - r;
-            }
-            if super::first_unusable(d).is_some() {
-                return None;
-            }
-            let at = out.len();
-            let scale = quantize(d, &mut out);
-            for (r, &q) in rep.iter_mut().zip(&out[at..]) {
-                *r += f32::from(q as i8) * scale;
-            }
-            scales.push(scale);
+        let (values, rest) = std::mem::take(&mut data).split_at_mut(r.len());
+        let (scales, rest) = rest.split_at_mut(4 * chunks(r.len()));
+        data = rest;
+        let starts = r.clone().step_by(CHUNK);
+        for ((at, q), scale) in starts.zip(values.chunks_mut(CHUNK)).zip(scales.chunks_exact_mut(4)) {
+            pieces.push(Piece { at, q, scale });
         }
-        out.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
     }
-    Some(out)
+    pieces
+}
+
+/// Runs `f` over `pieces` in contiguous runs, one per core a model of this size may use, each
+/// with the pieces' own chunks of `values` (the layout's flat vector, in layout order). True
+/// when every run's `f` was.
+fn in_runs_of(
+    pieces: Vec<Piece<'_>>,
+    values: &mut [f32],
+    f: impl Fn(Vec<Piece<'_>>, Vec<&mut [f32]>) -> bool + Sync,
+) -> bool {
+    let threads = crate::cores::threads_for(values.len());
+    let mut rest = values;
+    let paired: Vec<_> = pieces
+        .into_iter()
+        .map(|p| {
+            let (mine, after) = std::mem::take(&mut rest).split_at_mut(p.q.len());
+            rest = after;
+            (p, mine)
+        })
+        .collect();
+    let answers = crate::cores::in_runs(
+        paired,
+        threads,
+        |(p, _)| p.q.len(),
+        |run| {
+            let (pieces, values): (Vec<_>, Vec<_>) = run.into_iter().unzip();
+            f(pieces, values)
+        },
+    );
+    answers.into_iter().all(|ok| ok)
 }
 
 /// `copy += delta`: what the worker does with a decoded pull against its copy.
@@ -99,15 +156,15 @@ pub fn apply_delta(copy: &mut [f32], delta: &[f32]) {
     }
 }
 
-/// One chunk's int8 values, appended to `out`, and its scale; `chunk` is left with
+/// One chunk's int8 values, written to `q`, and its scale; `chunk` is left with
 /// `chunk − decoded`.
-fn quantize(chunk: &mut [f32], out: &mut Vec<u8>) -> f32 {
+fn quantize(chunk: &mut [f32], q: &mut [u8]) -> f32 {
     let max = chunk.iter().fold(0f32, |m, x| m.max(x.abs()));
     let scale = max / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-    for x in chunk {
+    for (x, q) in chunk.iter_mut().zip(q) {
         let v = (*x * inv).round().clamp(-127.0, 127.0) as i8;
-        out.push(v as u8);
+        *q = v as u8;
         *x -= f32::from(v) * scale;
     }
     scale

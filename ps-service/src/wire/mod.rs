@@ -460,13 +460,33 @@ pub fn encode_f32(layout: &Layout, values: &[f32], metadata: &BTreeMap<String, S
 /// Encodes a flat f32 vector as BF16 (round to nearest even), halving a gradient's or a pulled
 /// model's bytes.
 pub fn encode_bf16(layout: &Layout, values: &[f32]) -> Vec<u8> {
+    encode_bf16_into(layout, values, Vec::new())
+}
+
+/// [`encode_bf16`] into `out`, a recycled buffer (cleared first): a PS rounds every bf16 pull,
+/// and a fresh body-sized buffer each time had all its pages faulted in again.
+pub fn encode_bf16_into(layout: &Layout, values: &[f32], mut out: Vec<u8>) -> Vec<u8> {
     assert_eq!(values.len(), layout.len());
-    let mut out = header(layout, WireDtype::Bf16, &BTreeMap::new());
+    out.clear();
+    out.extend_from_slice(&header(layout, WireDtype::Bf16, &BTreeMap::new()));
     let at = out.len();
     out.resize(at + values.len() * 2, 0);
-    for (o, v) in out[at..].chunks_exact_mut(2).zip(values) {
-        o.copy_from_slice(&bf16_bits(*v).to_le_bytes());
-    }
+    // Rounded per pull, so shared among the cores like the store's apply.
+    const PIECE: usize = 1 << 16;
+    let pieces: Vec<_> = out[at..].chunks_mut(2 * PIECE).zip(values.chunks(PIECE)).collect();
+    let threads = crate::cores::threads_for(values.len());
+    crate::cores::in_runs(
+        pieces,
+        threads,
+        |(_, v)| v.len(),
+        |run| {
+            for (out, values) in run {
+                for (o, v) in out.chunks_exact_mut(2).zip(values) {
+                    o.copy_from_slice(&bf16_bits(*v).to_le_bytes());
+                }
+            }
+        },
+    );
     out
 }
 

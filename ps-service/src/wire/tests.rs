@@ -38,6 +38,22 @@ fn bf16_gradient_is_widened() {
 }
 
 #[test]
+fn a_model_large_enough_for_several_threads_is_rounded_to_bf16_value_by_value() {
+    let l = Layout::model(vec![
+        TensorSpec { name: "a".into(), shape: vec![1 << 20] },
+        TensorSpec { name: "b".into(), shape: vec![70_001] },
+    ])
+    .unwrap();
+    assert!(l.len() >= crate::cores::PARALLEL_MIN_LEN);
+    let values: Vec<f32> = (0..l.len()).map(|i| (i as f32 * 0.731).sin() * (1 + i % 97) as f32).collect();
+    let mut out = vec![f32::NAN; l.len()];
+    decode_gradient(&encode_bf16(&l, &values), &l, &mut out).unwrap();
+    for (i, (o, v)) in out.iter().zip(&values).enumerate() {
+        assert_eq!(o.to_bits(), bf16_round_trip(*v).to_bits(), "element {i}");
+    }
+}
+
+#[test]
 fn f16_gradient_is_accepted() {
     let l = layout();
     let mut tensors = Vec::new();
@@ -289,22 +305,40 @@ fn int8_values(n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| match i / int8::CHUNK {
             1 => 0.0,
-            c => ((i * 7919) % 2001) as f32 / 1000.0 - 1.0 * 10f32.powi(c as i32 - 2),
+            c => ((i * 7919) % 2001) as f32 / 1000.0 - 1.0 * 10f32.powi((c % 5) as i32 - 2),
         })
         .collect()
 }
 
+/// The chunks of [`int8_layout`], and a model large enough to be encoded by several threads
+/// ([`crate::cores::PARALLEL_MIN_LEN`]) with tensors that do not end on a chunk.
+fn int8_layouts() -> [Layout; 2] {
+    let large = Layout::model(vec![
+        TensorSpec { name: "w".into(), shape: vec![1031, int8::CHUNK + 3] },
+        TensorSpec { name: "b".into(), shape: vec![int8::CHUNK / 2 + 7] },
+        TensorSpec { name: "s".into(), shape: vec![1] },
+    ])
+    .unwrap();
+    assert!(large.len() >= crate::cores::PARALLEL_MIN_LEN);
+    [int8_layout(), large]
+}
+
 #[test]
 fn an_int8_gradient_decodes_to_within_half_a_step_and_its_residual_is_exactly_what_was_left_out() {
-    let l = int8_layout();
+    for l in int8_layouts() {
+        int8_round_trip(&l);
+    }
+}
+
+fn int8_round_trip(l: &Layout) {
     let x = int8_values(l.len());
     let mut residual = x.clone();
-    let body = int8::encode(&l, &mut residual);
+    let body = int8::encode(l, &mut residual);
     // A quarter of F32's bytes, plus a scale per chunk and the header.
     let scales: usize = l.tensors().iter().map(|t| int8::chunks(t.numel())).sum();
     assert_eq!(body.len() - header_len(&body), l.len() + 4 * scales);
     let mut out = vec![f32::NAN; l.len()];
-    decode_gradient(&body, &l, &mut out).unwrap();
+    decode_gradient(&body, l, &mut out).unwrap();
     for (t, r) in l.iter() {
         for (c, range) in r.clone().step_by(int8::CHUNK).map(|s| (s, s..(s + int8::CHUNK).min(r.end))) {
             let step = x[range.clone()].iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
@@ -322,6 +356,33 @@ fn an_int8_gradient_decodes_to_within_half_a_step_and_its_residual_is_exactly_wh
     }
     // The chunk of zeros stays exactly zero.
     assert!(out[int8::CHUNK..2 * int8::CHUNK].iter().all(|v| *v == 0.0));
+}
+
+#[test]
+fn an_int8_difference_leaves_the_ps_record_of_the_copy_where_the_worker_lands_bit_for_bit() {
+    for l in int8_layouts() {
+        let current = int8_values(l.len());
+        let held: Vec<f32> = current.iter().enumerate().map(|(i, v)| v * 0.5 + (i % 3) as f32).collect();
+        let mut record = held.clone();
+        let mut body = vec![7; 3];
+        assert!(int8::encode_delta(&l, &current, &mut record, &mut body), "usable differences");
+        let mut delta = vec![f32::NAN; l.len()];
+        decode_gradient(&body, &l, &mut delta).unwrap();
+        let mut worker = held.clone();
+        int8::apply_delta(&mut worker, &delta);
+        // Within half a step of the largest difference in the model (a chunk's step is no larger).
+        let step = current.iter().zip(&held).fold(0f32, |m, (c, h)| m.max((c - h).abs())) / 127.0;
+        for (i, ((w, r), (c, h))) in worker.iter().zip(&record).zip(current.iter().zip(&held)).enumerate() {
+            assert_eq!(w.to_bits(), r.to_bits(), "element {i} of {}", l.len());
+            assert!((w - c).abs() <= step * 0.51, "element {i}: {w} for {c} from {h}");
+        }
+    }
+    // A difference a gradient body could not carry: refused, the caller sends the whole model.
+    let l = int8_layout();
+    let mut record = vec![0.0; l.len()];
+    let mut far = vec![0.0; l.len()];
+    far[l.len() - 1] = 1e13;
+    assert!(!int8::encode_delta(&l, &far, &mut record, &mut Vec::new()));
 }
 
 fn header_len(body: &[u8]) -> usize {

@@ -35,8 +35,9 @@ impl Puller {
             }
             PullDtype::Int8 => {
                 let copy = &mut self.copies[slot];
+                let mut body = Vec::new();
                 if let Some(held) = copy
-                    && let Some(body) = wire::int8::encode_delta(layout, model, held)
+                    && wire::int8::encode_delta(layout, model, held, &mut body)
                 {
                     self.bytes += body.len() as u64;
                     return held.clone();
