@@ -367,6 +367,16 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         retry_period: lease_duration / 5,
         watch: watch.clone(),
     });
+    if let Some(l) = &lease
+        && !controller::claims::claimed_namespaces(l).is_empty()
+        && controller::claims::claim_name(l).len() > 253
+    {
+        return Err(format!(
+            "--lease-name {:?}: with --lease-namespace it names this operator's claims in the watched namespaces ({}), longer than a Lease's name may be (253)",
+            a.lease_name,
+            controller::claims::claim_name(l)
+        ));
+    }
     let settings = controller::Settings {
         watch,
         defaults: ChildDefaults {

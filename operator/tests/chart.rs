@@ -384,6 +384,19 @@ fn cluster_wide_rules() -> Value {
     rules
 }
 
+/// A Role in a namespace a release watches other than its own: the same, and the Leases there
+/// (the other operators', its own claim: operator/src/controller/claims.rs).
+fn watched_namespace_rules() -> Value {
+    let mut rules = expected_rules();
+    rules.as_array_mut().unwrap().extend([
+        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "list"]}),
+        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+               "resourceNames": ["foresight-claim.foresight-system.foresight-operator"],
+               "verbs": ["get", "update", "delete"]}),
+    ]);
+    rules
+}
+
 fn expected_lease_rules() -> Value {
     json!([
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "list"]},
@@ -409,12 +422,16 @@ fn rbac_grants_exactly_the_operator_contract() {
         );
     }
 
-    // watchNamespace: the same rules as a Role there, and no cluster-wide grant.
+    // watchNamespace: the same rules as a Role there, with the Leases there for the claims, and
+    // no cluster-wide grant; without leader election, no claims and no Leases there.
     let objs = objects(&template(&["--set", "watchNamespace=team-a"]));
     assert!(!kinds(&objs).contains("ClusterRole") && !kinds(&objs).contains("ClusterRoleBinding"));
     let role = find(&objs, "Role", "foresight");
     assert_eq!(role["metadata"]["namespace"], "team-a");
-    assert_eq!(role["rules"], expected_rules());
+    assert_eq!(role["rules"], watched_namespace_rules());
+    let alone =
+        objects(&template(&["--set", "watchNamespace=team-a", "--set", "leaderElection.enabled=false"]));
+    assert_eq!(find(&alone, "Role", "foresight")["rules"], expected_rules());
     assert_eq!(find(&objs, "RoleBinding", "foresight")["metadata"]["namespace"], "team-a");
     let deploy = find(&objs, "Deployment", "foresight");
     assert_eq!(env(deploy)["FORESIGHT_WATCH_NAMESPACE"], "team-a");
@@ -423,7 +440,7 @@ fn rbac_grants_exactly_the_operator_contract() {
     // a read-only cluster-wide grant on PriorityClasses and ResourceFlavors (cluster-scoped)
     // whatever the scope.
     let objs = objects(&template(&["--set", "watchNamespace=team-a", "--set", "kueue.enabled=true"]));
-    let mut rules = expected_rules();
+    let mut rules = watched_namespace_rules();
     rules.as_array_mut().unwrap().extend([
         json!({"apiGroups": ["foresight.dev"], "resources": ["trainingjobs"], "verbs": ["patch"]}),
         json!({"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]}),
@@ -1331,9 +1348,16 @@ fn with_watch_namespaces_the_operator_is_confined_to_them() {
         (vec!["list", "leases.coordination.k8s.io", "-n", ns.as_str()], true),
         (vec!["list", "leases.coordination.k8s.io", "-A"], false),
     ];
+    let claim = format!("leases.coordination.k8s.io/foresight-claim.{ns}.scoped-foresight-operator");
     for w in &watched {
         cases.push((vec!["create", "deployments.apps", "-n", w.as_str()], true));
         cases.push((vec!["watch", "trainingjobs.foresight.dev", "-n", w.as_str()], true));
+        // Its claim there (claims.rs), and no other Lease but to list them.
+        cases.push((vec!["list", "leases.coordination.k8s.io", "-n", w.as_str()], true));
+        cases.push((vec!["update", claim.as_str(), "-n", w.as_str()], true));
+        cases.push((vec!["delete", claim.as_str(), "-n", w.as_str()], true));
+        cases.push((vec!["update", "leases.coordination.k8s.io/someone-elses", "-n", w.as_str()], false));
+        cases.push((vec!["delete", "leases.coordination.k8s.io/someone-elses", "-n", w.as_str()], false));
     }
     for (args, allowed) in cases {
         assert_eq!(can_i(cp, &sa, &args), allowed, "can-i {} as {sa}", args.join(" "));
@@ -1346,7 +1370,10 @@ fn with_watch_namespaces_the_operator_is_confined_to_them() {
     let rendered = objects(&template(&["--set", &set, "--set", &single]));
     let namespaces = env(find(&rendered, "Deployment", "foresight"))["FORESIGHT_WATCH_NAMESPACE"].clone();
     assert_eq!(namespaces, format!("{},{}", watched[0], watched[1]));
-    let operator = Operator::start_with(&sa_kubeconfig, Some(&namespaces), &ns, &["--leader-elect=false"]);
+    // With the chart's Lease, so that its claims are written with exactly these rights too.
+    let lease =
+        ["--leader-elect=true", "--lease-name", "scoped-foresight-operator", "--lease-duration-seconds", "3"];
+    let mut operator = Operator::start_with(&sa_kubeconfig, Some(&namespaces), &ns, &lease);
     for target in watched.iter().chain([&elsewhere]) {
         cp.kubectl_ok(&["apply", "-n", target, "-f", "-"], Some(&job("scoped", json!({}))));
     }
@@ -1373,6 +1400,21 @@ fn with_watch_namespaces_the_operator_is_confined_to_them() {
         Some(0.0),
         "{m}"
     );
+    // Its claim in each watched namespace names its Lease; SIGTERM withdraws them.
+    let claim = "lease/foresight-claim.".to_string() + &ns + ".scoped-foresight-operator";
+    for w in &watched {
+        let c = wait_for(&format!("the claim in {w}"), LONG, || cp.get_json(w, &claim));
+        assert_eq!(
+            c["metadata"]["annotations"]["foresight.dev/claim-of"],
+            format!("{ns}/scoped-foresight-operator")
+        );
+        assert_eq!(c["metadata"]["annotations"]["foresight.dev/watch-namespaces"], namespaces.as_str());
+    }
+    std::process::Command::new("kill").args(["-TERM", &operator.pid().to_string()]).status().unwrap();
+    wait_for("the operator to stop", LONG, || operator.exited());
+    for w in &watched {
+        assert!(cp.get_json(w, &claim).is_none(), "the claim in {w} was withdrawn");
+    }
     helm_ok(&["uninstall", "scoped", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
 }
 

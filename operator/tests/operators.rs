@@ -126,4 +126,37 @@ fn a_second_operator_over_the_same_namespaces_refuses_and_a_cluster_wide_one_lea
     wait_for("the later job reconciled", LONG, || cp.get_json(&team, "job/later-workers"));
     wait_for("its events", LONG, || (!reporters(cp, &team, "later").is_empty()).then_some(()));
     assert_eq!(reporters(cp, &team, "later"), ["platform"]);
+
+    // Two teams' operators, each installed in its own namespace, that both watch a shared one:
+    // neither may list the other's namespace, so each writes a claim in the namespaces it
+    // watches (claims.rs), and the second stops, naming the first's Lease.
+    let (alpha, beta, shared) = (cp.namespace("alpha"), cp.namespace("beta"), cp.namespace("shared"));
+    let alpha_op = operator(cp, Some(&format!("{alpha},{shared}")), &alpha, "alpha", false);
+    leads(cp, &alpha, "alpha");
+    let claim = format!("lease/foresight-claim.{alpha}.alpha");
+    let staked = wait_for("alpha's claim in the shared namespace", LONG, || cp.get_json(&shared, &claim));
+    assert_eq!(staked["metadata"]["annotations"]["foresight.dev/claim-of"], format!("{alpha}/alpha"));
+    let mut beta_op = operator(cp, Some(&format!("{beta},{shared}")), &beta, "beta", true);
+    let log = refusal(&mut beta_op);
+    assert!(log.contains(&format!("Lease {alpha}/alpha already watches namespace(s) {shared}")), "{log}");
+    assert!(
+        cp.get_json(&shared, &format!("lease/foresight-claim.{beta}.beta")).is_none(),
+        "beta withdrew its claim"
+    );
+    // Alpha goes (SIGTERM withdraws its claim): beta, started again, runs.
+    Command::new("kill").args(["-TERM", &alpha_op.pid().to_string()]).status().unwrap();
+    let mut alpha_op = alpha_op;
+    wait_for("alpha to stop", LONG, || alpha_op.exited());
+    assert!(cp.get_json(&shared, &claim).is_none(), "alpha withdrew its claim");
+    let _beta_op = operator(cp, Some(&format!("{beta},{shared}")), &beta, "beta", false);
+    leads(cp, &beta, "beta");
+    // The platform's operator leaves beta's two namespaces to it (from its next survey on).
+    wait_for("the platform's operator to yield beta's namespaces", LONG, || {
+        (sample(&platform.metrics_text(), "foresight_operator_yielded_namespaces") == Some(2.0)).then_some(())
+    });
+    cp.kubectl_ok(&["apply", "-n", &shared, "-f", "-"], Some(&job("common", json!({}))));
+    wait_for("the shared job's events", LONG, || {
+        (!reporters(cp, &shared, "common").is_empty()).then_some(())
+    });
+    assert_eq!(reporters(cp, &shared, "common"), ["beta"]);
 }

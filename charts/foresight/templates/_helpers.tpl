@@ -95,6 +95,14 @@ other; the default release, `foresight`, keeps the name it always had.
 {{- end }}
 
 {{/*
+The claim a namespaced release writes in each other namespace it watches
+(operator/src/controller/claims.rs `claim_name`).
+*/}}
+{{- define "foresight.claimName" -}}
+{{- printf "foresight-claim.%s.%s" .Release.Namespace (include "foresight.leaseName" .) }}
+{{- end }}
+
+{{/*
 Labels of the parameter-server and worker pods the operator creates (the PodMonitor's selector).
 */}}
 {{- define "foresight.jobPodSelector" -}}

@@ -9,6 +9,7 @@ mod applied;
 mod backoff;
 mod caches;
 pub mod children;
+pub mod claims;
 pub mod kueue;
 pub mod leader;
 pub mod metrics;
@@ -257,7 +258,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
     if let (Some(cfg), Some(e)) = (&settings.lease, &elector)
         && let Err(why) = survey(&client, cfg, &yields, &metrics).await
     {
-        e.release().await;
+        step_down(&client, cfg, e).await;
         return Err(refused(why));
     }
 
@@ -309,19 +310,26 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
     tokio::select! {
         () = reconciling => Ok(()),
         () = &mut stop => {
-            if let Some(e) = &elector {
-                e.release().await;
+            if let (Some(cfg), Some(e)) = (&ctx.settings.lease, &elector) {
+                step_down(&client, cfg, e).await;
             }
             Ok(())
         }
         why = lost => Err(format!("lost leadership: {why}")),
         why = overlap => {
-            if let Some(e) = &elector {
-                e.release().await;
+            if let (Some(cfg), Some(e)) = (&ctx.settings.lease, &elector) {
+                step_down(&client, cfg, e).await;
             }
             Err(refused(why))
         }
     }
+}
+
+/// Stops leading on purpose: the claims in the watched namespaces are withdrawn, then the
+/// Lease is released, so that whoever watches next need not wait for either to lapse.
+async fn step_down(client: &Client, cfg: &LeaseConfig, elector: &LeaderElector) {
+    claims::withdraw(client, cfg, cfg.retry_period).await;
+    elector.release().await;
 }
 
 /// One survey of the other operators' Leases (`scope`): the namespaces to leave alone, or why
@@ -332,7 +340,7 @@ async fn survey(
     yields: &scope::Yields,
     metrics: &Metrics,
 ) -> Result<(), String> {
-    scope::check(client, &cfg.namespace, &cfg.name, &cfg.watch, yields).await?;
+    scope::check(client, cfg, yields).await?;
     metrics.yielded_namespaces.set(yields.count() as i64);
     Ok(())
 }

@@ -11,10 +11,11 @@
 //!   specific claim wins, whichever started first, and its other namespaces go on.
 //!
 //! What a release can list bounds what it sees: a cluster-wide release lists Leases in every
-//! namespace (its ClusterRole), a namespaced one only in its own namespace (it has no
-//! cluster-wide grant), so two namespaced releases installed in different namespaces that watch
-//! a shared one are not detected (docs/architecture.md says so). Without leader election there
-//! is no Lease, and no survey.
+//! namespace (its ClusterRole), a namespaced one in its own namespace and the ones it watches
+//! (a Role in each). So that two namespaced releases installed in different namespaces that
+//! watch a shared one see each other, each also writes a claim in the namespaces it watches
+//! ([`super::claims`]), which counts as its Lease. Without leader election there is no Lease,
+//! and no survey.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,6 +25,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 
 use super::Watch;
+use super::claims::{self, CLAIM_OF_ANNOTATION};
+use super::leader::LeaseConfig;
 
 /// The label that marks an operator's Lease.
 pub const LEASE_LABEL: &str = "foresight.dev/operator-lease";
@@ -81,18 +84,24 @@ fn key(lease: &Lease) -> String {
     )
 }
 
-/// The marked Leases among `leases` that a holder renewed lately, other than `own`, and when
-/// `own`'s holder took it (`now` if it is not among them). A Lease counts as live for twice its
-/// duration after its renewTime: read on this replica's clock, which may be skewed from the
-/// holder's, and a dead holder only delays a survey's verdict by that much.
+/// The operators behind the marked Leases among `leases` that a holder renewed lately, other
+/// than `own` (each once: a claim stands for the Lease it names), and when `own`'s holder took
+/// it (`now` if it is not among them). A Lease counts as live for twice its duration after its
+/// renewTime: read on this replica's clock, which may be skewed from the holder's, and a dead
+/// holder only delays a survey's verdict by that much.
 pub fn peers(leases: &[Lease], own: &str, now: Timestamp) -> (Vec<Peer>, Timestamp) {
     let mut own_since = now;
-    let mut found = Vec::new();
+    let mut found: Vec<Peer> = Vec::new();
     for lease in leases {
         let Some(spec) = &lease.spec else { continue };
         let since = spec.acquire_time.as_ref().or(spec.renew_time.as_ref()).map_or(now, |t| t.0);
         if key(lease) == own {
             own_since = since;
+            continue;
+        }
+        let claim_of = lease.metadata.annotations.as_ref().and_then(|a| a.get(CLAIM_OF_ANNOTATION));
+        let operator = claim_of.cloned().unwrap_or_else(|| key(lease));
+        if operator == own || found.iter().any(|p| p.lease == operator) {
             continue;
         }
         let held = spec.holder_identity.as_deref().is_some_and(|h| !h.is_empty());
@@ -101,7 +110,7 @@ pub fn peers(leases: &[Lease], own: &str, now: Timestamp) -> (Vec<Peer>, Timesta
             spec.renew_time.as_ref().is_some_and(|t| t.0.checked_add(ttl).is_ok_and(|end| end >= now));
         let watch = lease.metadata.annotations.as_ref().and_then(|a| a.get(SCOPE_ANNOTATION));
         if let (true, true, Some(watch)) = (held, renewed, watch.and_then(|w| Watch::from_annotation(w))) {
-            found.push(Peer { lease: key(lease), watch, since });
+            found.push(Peer { lease: operator, watch, since });
         }
     }
     (found, own_since)
@@ -140,18 +149,29 @@ pub fn judge(own: &Watch, lease: &str, since: Timestamp, peers: &[Peer]) -> Verd
     Verdict::Run { yielded }
 }
 
-/// The marked Leases this operator may list: every namespace's for a cluster-wide one, else its
-/// own namespace's.
-pub async fn survey(
-    client: &kube::Client,
-    own_namespace: &str,
-    watch: &Watch,
-) -> Result<Vec<Lease>, kube::Error> {
-    let api: Api<Lease> = match watch {
-        Watch::All => Api::all(client.clone()),
-        Watch::Namespaces(_) => Api::namespaced(client.clone(), own_namespace),
+/// The marked Leases in `namespace`, or in every namespace.
+async fn marked(client: &kube::Client, namespace: Option<&str>) -> Result<Vec<Lease>, kube::Error> {
+    let api: Api<Lease> = match namespace {
+        None => Api::all(client.clone()),
+        Some(ns) => Api::namespaced(client.clone(), ns),
     };
     Ok(api.list(&ListParams::default().labels(LEASE_LABEL)).await?.items)
+}
+
+/// The marked Leases this operator may list, its claims renewed on the way: every namespace's
+/// for a cluster-wide one; else its own namespace's, where its Lease says since when it leads
+/// (which its claims carry), then those of the namespaces it watches.
+async fn survey(client: &kube::Client, cfg: &LeaseConfig) -> Result<Vec<Lease>, kube::Error> {
+    if cfg.watch == Watch::All {
+        return marked(client, None).await;
+    }
+    let mut leases = marked(client, Some(&cfg.namespace)).await?;
+    let (_, since) = peers(&leases, &claims::own_lease(cfg), Timestamp::now());
+    claims::stake(client, cfg, since).await;
+    for ns in claims::claimed_namespaces(cfg) {
+        leases.extend(marked(client, Some(ns)).await?);
+    }
+    Ok(leases)
 }
 
 /// The namespaces a cluster-wide operator leaves to namespaced ones, and to whom.
@@ -191,23 +211,17 @@ impl Yields {
 /// One survey and its verdict: `Err` with the reason when this operator must stop. A survey
 /// that fails (no right to list Leases, the API server away) changes nothing: the operator runs
 /// on as it was.
-pub async fn check(
-    client: &kube::Client,
-    own_namespace: &str,
-    own_name: &str,
-    watch: &Watch,
-    yields: &Yields,
-) -> Result<(), String> {
-    let leases = match survey(client, own_namespace, watch).await {
+pub async fn check(client: &kube::Client, cfg: &LeaseConfig, yields: &Yields) -> Result<(), String> {
+    let leases = match survey(client, cfg).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "could not list the operators' Leases: another operator watching the same namespaces would go unnoticed");
             return Ok(());
         }
     };
-    let own = format!("{own_namespace}/{own_name}");
+    let own = claims::own_lease(cfg);
     let (found, since) = peers(&leases, &own, Timestamp::now());
-    match judge(watch, &own, since, &found) {
+    match judge(&cfg.watch, &own, since, &found) {
         Verdict::Run { yielded } => {
             yields.set(yielded);
             Ok(())
@@ -308,5 +322,38 @@ mod tests {
         let (found, since) = peers(&leases, "ops/me", at(1000));
         assert_eq!(since, at(900));
         assert_eq!(found, [peer("ops/live", "team", 895)]);
+    }
+
+    fn claim_of(mut lease: Lease, of: &str) -> Lease {
+        lease.metadata.annotations.get_or_insert_default().insert(CLAIM_OF_ANNOTATION.into(), of.into());
+        lease
+    }
+
+    #[test]
+    fn a_claim_counts_as_the_lease_it_names_once_and_an_operators_own_claims_not_at_all() {
+        let leases = [
+            lease("team-a", "me", Some("team-a,shared"), Some("x"), 1000),
+            claim_of(
+                lease("shared", "foresight-claim.team-a.me", Some("team-a,shared"), Some("x"), 1000),
+                "team-a/me",
+            ),
+            lease("team-b", "op", Some("team-b,shared"), Some("y"), 990),
+            claim_of(
+                lease("shared", "foresight-claim.team-b.op", Some("team-b,shared"), Some("y"), 999),
+                "team-b/op",
+            ),
+            claim_of(
+                lease("data", "foresight-claim.team-c.op", Some("team-c,data"), Some("z"), 998),
+                "team-c/op",
+            ),
+            claim_of(lease("data", "stale", Some("team-d,data"), Some("w"), 1000 - 31), "team-d/op"),
+        ];
+        let (found, _) = peers(&leases, "team-a/me", at(1000));
+        assert_eq!(found, [peer("team-b/op", "team-b,shared", 890), peer("team-c/op", "team-c,data", 898)]);
+        // The operator that came second over `shared` stops, naming the other's Lease.
+        let mine = Watch::parse("team-a,shared").unwrap();
+        assert!(
+            matches!(judge(&mine, "team-a/me", at(950), &found), Verdict::Refuse(r) if r.contains("team-b/op") && r.contains("shared"))
+        );
     }
 }
