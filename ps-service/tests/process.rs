@@ -38,9 +38,21 @@ fn newest_checkpoint(dir: &std::path::Path) -> checkpoint::CheckpointData {
 /// state (MeanSquare and momentum), and training continues from that version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_checkpoint_then_restart_restores_model_and_optimizer_state() {
+    sigterm_then_restart_restores(&[]).await;
+}
+
+/// The same under Delayed Nesterov, stopped in the middle of a cycle (version 10, a milestone
+/// every 4): its pending sum is in the checkpoint and comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_cycle_then_restart_restores_delayed_nesterovs_pending_sum() {
+    sigterm_then_restart_restores(&["--momentum-delay", "4"]).await;
+}
+
+async fn sigterm_then_restart_restores(extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
-    let args = ["--workers", "2", "--algorithm", "dc-asgd-a", "--momentum", "0.9", "--checkpoint-dir"];
+    let args = ["--workers", "2", "--algorithm", "dc-asgd-a", "--momentum", "0.9"];
+    let args = [&args[..], extra, &["--checkpoint-dir"]].concat();
     let port = free_port();
     let mut ps = PsProcess::spawn(
         port,
@@ -61,6 +73,8 @@ async fn sigterm_checkpoint_then_restart_restores_model_and_optimizer_state() {
     assert_eq!(saved.params, model_before.values);
     assert!(saved.state.mean_square.iter().any(|&x| x > 0.0), "MeanSquare is checkpointed");
     assert!(saved.state.momentum.iter().any(|&x| x != 0.0), "momentum is checkpointed");
+    let delayed = !extra.is_empty();
+    assert_eq!(saved.state.pending.iter().any(|&x| x != 0.0), delayed, "the pending sum is checkpointed");
 
     let port = free_port();
     let mut ps = PsProcess::spawn(

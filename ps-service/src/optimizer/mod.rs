@@ -29,14 +29,24 @@ use kernels::{Pass, Scalars};
 pub struct OptimizerState {
     pub mean_square: Vec<f32>,
     pub momentum: Vec<f32>,
+    /// Delayed Nesterov's sum of the gradients since the momentum last stepped
+    /// ([`apply_delayed`]; `momentum_delay` > 1 only).
+    pub pending: Vec<f32>,
 }
 
 impl OptimizerState {
     pub fn new(hyper: &Hyper, len: usize) -> Self {
+        let when = |used: bool| if used { vec![0.0; len] } else { Vec::new() };
         Self {
-            mean_square: if hyper.algorithm == Algorithm::DcAsgdA { vec![0.0; len] } else { Vec::new() },
-            momentum: if hyper.momentum > 0.0 { vec![0.0; len] } else { Vec::new() },
+            mean_square: when(hyper.algorithm == Algorithm::DcAsgdA),
+            momentum: when(hyper.momentum > 0.0),
+            pending: when(hyper.momentum_delay > 1),
         }
+    }
+
+    /// Model-sized vectors held (for a memory plan).
+    pub fn copies(&self) -> usize {
+        [&self.mean_square, &self.momentum, &self.pending].iter().filter(|v| !v.is_empty()).count()
     }
 }
 

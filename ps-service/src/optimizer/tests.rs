@@ -465,3 +465,16 @@ fn delayed_nesterov_keeps_the_compensation_in_each_updates_own_step() {
     assert!(close(&w, &[0.85, 2.075], 1e-7), "{w:?}");
     assert_eq!((m, pending), (vec![0.0, 0.0], vec![2.0, -1.0]));
 }
+
+/// What a memory plan counts: one model-sized vector per piece of state the rule keeps.
+#[test]
+fn the_state_a_rule_keeps_is_counted_in_model_copies() {
+    let mut h = Hyper::new(Algorithm::DcAsgdA, 0.1);
+    assert_eq!(OptimizerState::new(&h, 5).copies(), 1, "MeanSquare");
+    h.momentum = 0.9;
+    assert_eq!(OptimizerState::new(&h, 5).copies(), 2, "and momentum");
+    h.momentum_delay = 4;
+    let st = OptimizerState::new(&h, 5);
+    assert_eq!((st.copies(), st.pending.len()), (3, 5), "and Delayed Nesterov's pending sum");
+    assert_eq!(OptimizerState::new(&Hyper::new(Algorithm::Asgd, 0.1), 5).copies(), 0);
+}

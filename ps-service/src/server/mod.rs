@@ -308,7 +308,7 @@ impl AppState {
             PullDtype::Bf16 => workers.div_ceil(2),
             PullDtype::Int8 => workers + workers.div_ceil(4),
         };
-        let state_copies = state.mean_square.len() + state.momentum.len() + pull_copies;
+        let state_copies = state.copies() + pull_copies;
         let model_bytes = 4 * store.layout().len() as u64;
         let count = self
             .config

@@ -1,7 +1,9 @@
 //! Checkpoints: the model and optimizer state as one safetensors file, written atomically.
 //!
 //! File `ckpt-<version, 12 digits>.safetensors` holds the model's tensors under their own names
-//! and the optimizer state as `optimizer.mean_square.<name>` and `optimizer.momentum.<name>`.
+//! and the optimizer state as `optimizer.mean_square.<name>` and `optimizer.momentum.<name>`,
+//! and Delayed Nesterov's pending sum as one flat tensor `optimizer.pending` (a PS from before
+//! it was kept refuses such a checkpoint: "unexpected tensor").
 //! The metadata records the format, version, epoch, algorithm and hyperparameters (JSON).
 //! Writes go to a temporary file that is fsynced, renamed into place, and the directory
 //! fsynced, so a crash leaves either the old set of files or the new one.
@@ -73,6 +75,10 @@ pub fn encode_to(
             );
             slices.push(state);
         }
+    }
+    if !data.state.pending.is_empty() {
+        specs.push(TensorSpec { name: wire::PENDING_TENSOR.into(), shape: vec![data.state.pending.len()] });
+        slices.push(&data.state.pending);
     }
     let composite = Layout::new(specs).expect("prefixed names of a valid layout are valid");
     let meta = BTreeMap::from([
@@ -158,6 +164,15 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
             *slot = read_part(&layout, &rest[..n_model], prefix)?;
             rest = &rest[n_model..];
         }
+    }
+    if let Some((name, ..)) = rest.first()
+        && name == wire::PENDING_TENSOR
+    {
+        let flat = Layout::new(vec![TensorSpec { name: name.clone(), shape: vec![layout.len()] }])
+            .map_err(|e| e.to_string())?;
+        state.pending =
+            read_part(&flat, &rest[..1], "").map_err(|e| format!("{}: {e}", wire::PENDING_TENSOR))?;
+        rest = &rest[1..];
     }
     if let Some((name, ..)) = rest.first() {
         return Err(format!("unexpected tensor {name:?}"));
@@ -370,9 +385,13 @@ mod tests {
         .unwrap();
         let mut hyper = Hyper::new(Algorithm::DcAsgdA, 0.1);
         hyper.momentum = if momentum { 0.9 } else { 0.0 };
+        // With momentum, Delayed Nesterov's pending sum too.
+        hyper.momentum_delay = if momentum { 4 } else { 1 };
         let mut state = OptimizerState::new(&hyper, 7);
         state.mean_square.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
         state.momentum.iter_mut().for_each(|x| *x = -1.0);
+        state.pending.iter_mut().enumerate().for_each(|(i, x)| *x = 0.5 - i as f32);
+        assert_eq!(state.pending.len(), if momentum { 7 } else { 0 });
         let data = CheckpointData {
             version: 42,
             epoch: 1.5,

@@ -256,10 +256,6 @@ struct ShardData {
     next_op: u64,
     w: Vec<f32>,
     state: OptimizerState,
-    /// Delayed Nesterov's sum of the gradients since the momentum last stepped (empty without a
-    /// momentum delay). Not checkpointed: a restored PS loses the momentum's share of fewer than
-    /// `momentum_delay` updates, never their own steps.
-    pending: Vec<f32>,
 }
 
 struct Shard {
@@ -378,6 +374,9 @@ impl Store {
         if data.state.momentum.len() != fresh.momentum.len() {
             data.state.momentum = fresh.momentum;
         }
+        if data.state.pending.len() != fresh.pending.len() {
+            data.state.pending = fresh.pending;
+        }
         let (finalized, seqs) = (data.finalized, std::mem::take(&mut data.worker_seqs));
         let generations = std::mem::take(&mut data.worker_generations);
         let (version, epoch) = (data.version, data.epoch);
@@ -469,10 +468,10 @@ impl Store {
                 let state = OptimizerState {
                     mean_square: slice(&data.state.mean_square),
                     momentum: slice(&data.state.momentum),
+                    pending: slice(&data.state.pending),
                 };
                 let w = data.params[range.clone()].to_vec();
-                let pending = if hyper.momentum_delay > 1 { vec![0.0; range.len()] } else { Vec::new() };
-                let data = ShardData { next_op: 0, w, state, pending };
+                let data = ShardData { next_op: 0, w, state };
                 Shard { range, data: Mutex::new(data), turn: Condvar::new() }
             })
             .collect::<Vec<_>>();
@@ -767,7 +766,7 @@ impl Store {
             d.w.copy_from_slice(&values[shard.range.clone()]);
             d.state.mean_square.fill(0.0);
             d.state.momentum.fill(0.0);
-            d.pending.fill(0.0);
+            d.state.pending.fill(0.0);
         });
         round.version = version;
         round.sum.fill(0.0);
@@ -1107,7 +1106,7 @@ impl Store {
                 // Versions count updates, so every shard (and a restored PS) agrees on the cycle.
                 let milestone = version.is_multiple_of(delay);
                 let delayed =
-                    optimizer::Delayed { momentum: &mut st.momentum, pending: &mut d.pending, milestone };
+                    optimizer::Delayed { momentum: &mut st.momentum, pending: &mut st.pending, milestone };
                 optimizer::apply_delayed(&self.hyper, step, w, g, bak, ms, delayed)
             } else {
                 optimizer::apply(&self.hyper, step, w, g, bak, ms, &mut st.momentum)
@@ -1152,7 +1151,10 @@ impl Store {
                 data.state.mean_square[r.clone()].copy_from_slice(&d.state.mean_square);
             }
             if !d.state.momentum.is_empty() {
-                data.state.momentum[r].copy_from_slice(&d.state.momentum);
+                data.state.momentum[r.clone()].copy_from_slice(&d.state.momentum);
+            }
+            if !d.state.pending.is_empty() {
+                data.state.pending[r].copy_from_slice(&d.state.pending);
             }
         });
         data

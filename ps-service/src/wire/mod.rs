@@ -31,9 +31,12 @@ pub const MAX_TENSORS: usize = 100_000;
 pub const STATE_PREFIXES: [&str; 2] = ["optimizer.mean_square.", "optimizer.momentum."];
 /// Longest model tensor name: prefixed for its optimizer state, it still fits [`MAX_NAME_LEN`].
 pub const MAX_MODEL_NAME_LEN: usize = MAX_NAME_LEN - "optimizer.mean_square.".len();
+/// Reserved as a model tensor's name: a checkpoint stores Delayed Nesterov's pending sum under
+/// it, as one flat tensor of the whole model's length.
+pub const PENDING_TENSOR: &str = "optimizer.pending";
 /// Most tensors a model may hold: its checkpoint stores each one with its two optimizer-state
-/// tensors, and still fits [`MAX_TENSORS`].
-pub const MAX_MODEL_TENSORS: usize = MAX_TENSORS / (1 + STATE_PREFIXES.len());
+/// tensors, and [`PENDING_TENSOR`], and still fits [`MAX_TENSORS`].
+pub const MAX_MODEL_TENSORS: usize = (MAX_TENSORS - 1) / (1 + STATE_PREFIXES.len());
 
 /// One named tensor of the model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +110,11 @@ impl Layout {
                 return Err(WireError::Malformed(format!(
                     "tensor name {:?}: names starting with {prefix:?} are reserved for the optimizer state",
                     t.name
+                )));
+            }
+            if t.name == PENDING_TENSOR {
+                return Err(WireError::Malformed(format!(
+                    "tensor name {PENDING_TENSOR:?} is reserved for the optimizer state"
                 )));
             }
             if t.name.starts_with(int8::SCALE_PREFIX) {

@@ -223,8 +223,11 @@ fn a_model_refuses_names_its_checkpoint_could_not_store_state_under() {
     let long = "n".repeat(MAX_MODEL_NAME_LEN + 1);
     assert!(Layout::model(vec![spec(&long)]).is_err());
     assert!(Layout::model(vec![spec(&"n".repeat(MAX_MODEL_NAME_LEN))]).is_ok());
+    let pending = Layout::model(vec![spec("w"), spec("optimizer.pending")]).unwrap_err();
+    assert!(pending.to_string().contains("reserved for the optimizer state"), "{pending}");
     // A module of the user's model may be called `optimizer`.
     assert!(Layout::model(vec![spec("optimizer.weight")]).is_ok());
+    assert!(Layout::model(vec![spec("optimizer.pending.w")]).is_ok());
     // Through a registration body, as the PS decodes it.
     let layout = Layout::new(vec![spec("w"), spec("optimizer.mean_square.w")]).unwrap();
     assert!(decode_model(&encode_f32(&layout, &[1.0; 4], &Default::default())).is_err());
