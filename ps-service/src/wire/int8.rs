@@ -163,11 +163,22 @@ fn quantize(chunk: &mut [f32], q: &mut [u8]) -> f32 {
     let scale = max / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     for (x, q) in chunk.iter_mut().zip(q) {
-        let v = (*x * inv).round().clamp(-127.0, 127.0) as i8;
+        let v = round_half_away((*x * inv).clamp(-127.0, 127.0));
         *q = v as u8;
-        *x -= f32::from(v) * scale;
+        *x -= v as f32 * scale;
     }
     scale
+}
+
+/// `y.round() as i32` (half away from zero; NaN gives 0) for |y| ≤ 127, in integer steps that
+/// vectorise: truncate, then step away from zero when the dropped fraction (exact, |y| < 2²³)
+/// is at least a half. `f32::round` and a saturating cast to i8 in this loop took twice the
+/// time (a chunk-by-chunk encode of 25M values: 51 against 26 ms on one core here).
+#[inline]
+fn round_half_away(y: f32) -> i32 {
+    let t = y as i32;
+    let frac = y - t as f32;
+    t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
 }
 
 /// Widens one int8 tensor into `out` with its scales (little-endian F32 bytes, one per chunk).
@@ -215,4 +226,36 @@ pub fn scales_of<'a>(
         found[idx] = Some(*bytes);
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bit for bit what `f32::round`, a clamp and a cast to i8 give, on the values where
+    /// rounding can go wrong: exact halves of both signs, the floats either side of them, the
+    /// clamp's ends, zeros, NaN.
+    #[test]
+    fn quantizing_rounds_exactly_as_f32_round_does() {
+        let mut values = vec![0.0, -0.0, f32::NAN, 127.0, -127.0, 126.5, -126.5];
+        for k in -127..=127 {
+            let half = k as f32 + 0.5;
+            values.extend([half, half.next_down(), half.next_up(), -half, (-half).next_up(), k as f32]);
+        }
+        for start in (0..values.len()).step_by(CHUNK) {
+            let chunk = &values[start..(start + CHUNK).min(values.len())];
+            let (mut ours, mut q) = (chunk.to_vec(), vec![0u8; chunk.len()]);
+            let scale = quantize(&mut ours, &mut q);
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            for (i, x) in chunk.iter().enumerate() {
+                let want = (x * inv).round().clamp(-127.0, 127.0) as i8;
+                assert_eq!(q[i] as i8, want, "{x} (scaled {})", x * inv);
+                assert_eq!(ours[i].to_bits(), (x - f32::from(want) * scale).to_bits(), "{x}");
+            }
+        }
+        // The scaled values themselves, with a scale of exactly 1 (a chunk whose largest is 127).
+        for y in [0.5f32, 0.49999997, -0.5, -0.49999997, 1.5, 2.5, -2.5, 126.49999, f32::NAN] {
+            assert_eq!(round_half_away(y), y.round().clamp(-127.0, 127.0) as i8 as i32, "{y}");
+        }
+    }
 }
