@@ -62,6 +62,20 @@ async fn concurrent_clients_over_http2_see_monotonic_versions() {
     let r = http2.get(format!("{}/healthz", ps.url)).send().await.unwrap();
     assert_eq!(r.version(), reqwest::Version::HTTP_2);
 
+    // An f32 pull of a new version is streamed while its copy runs, with the length it will have;
+    // its bytes are the complete snapshot's (the second pull is answered from it, whole).
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        let r = http2.get(format!("{}/v1/model?worker=0", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let len = r.content_length();
+        let body = r.bytes().await.unwrap();
+        assert_eq!(len, Some(body.len() as u64), "Content-Length is the body's");
+        bodies.push(body);
+    }
+    assert_eq!(bodies[0], bodies[1]);
+    assert_eq!(wire::decode_model(&bodies[0]).unwrap().0, l);
+
     let m = scrape(&ps.url).await;
     let job = ["job=\"it\"", "namespace=\"tests\"", "shard=\"0\""];
     assert_eq!(metric(&m, "foresight_ps_updates_total", &job), total as f64);

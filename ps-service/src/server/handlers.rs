@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::body::{Gradient, lend, read_gradient, read_limited};
 use super::guarded_body::{BodyGuard, guard_request_body};
 use super::replicas::Answer;
-use super::{ApiError, AppState, auth};
+use super::{ApiError, AppState, auth, streamed_pull};
 use crate::pace::PaceReport;
 use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
 use crate::wire;
@@ -220,14 +220,27 @@ async fn pull(
     let started = Instant::now();
     // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
     let look_only = method == axum::http::Method::HEAD;
-    let answering = state.clone();
-    let pulled = tokio::task::spawn_blocking(move || answer_pull(&answering, &store, worker, how, look_only))
-        .await
-        .expect("pull task panicked")?;
-    state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
-    state.metrics.sent_bytes.inc_by(pulled.body.len() as u64);
+    let pulled = match how {
+        PullAs::F32 => {
+            let (snap, body) = streamed_pull::answer(&state, store, (!look_only).then_some(worker)).await?;
+            let (version, len) = (snap.version(), snap.len_bytes());
+            Pulled { version, body, len, copy: None, delta_from: None }
+        }
+        how => {
+            let answering = state.clone();
+            let pulled =
+                tokio::task::spawn_blocking(move || answer_pull(&answering, &store, worker, how, look_only))
+                    .await
+                    .expect("pull task panicked")?;
+            state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
+            pulled
+        }
+    };
+    state.metrics.sent_bytes.inc_by(pulled.len as u64);
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    // Set here: a streamed body has no length of its own, and clients size their buffers by it.
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(pulled.len));
     headers.insert(VERSION_HEADER, HeaderValue::from(pulled.version));
     let incarnation = HeaderValue::from_str(&state.process.incarnation).expect("hex digits");
     headers.insert(INCARNATION_HEADER, incarnation);
@@ -238,21 +251,24 @@ async fn pull(
     if let Some(from) = pulled.delta_from {
         headers.insert(DELTA_FROM_HEADER, tag_value(from));
     }
-    Ok((headers, Body::from(pulled.body)).into_response())
+    Ok((headers, pulled.body).into_response())
 }
 
 /// A pull's answer.
 struct Pulled {
     version: u64,
-    body: bytes::Bytes,
+    body: Body,
+    /// The body's length in bytes.
+    len: usize,
     /// int8 pulls: the tag of the copy the worker holds once it took this answer.
     copy: Option<u64>,
     /// int8 pulls answered with a difference: the tag of the copy it is the difference from.
     delta_from: Option<u64>,
 }
 
-/// The model for `worker` as `how` asks: its snapshot (which becomes the worker's w_bak unless
-/// the pull only looks), sent whole, rounded to bf16, or as the difference from its copy.
+/// The model for `worker` as `how` asks (an f32 pull streams instead: [`streamed_pull`]): its
+/// snapshot (which becomes the worker's w_bak unless the pull only looks), rounded to bf16, as
+/// the difference from the worker's copy, or whole.
 fn answer_pull(
     state: &AppState,
     store: &Store,
@@ -263,7 +279,10 @@ fn answer_pull(
     let snap = if look_only { store.snapshot_now() } else { store.pull(worker)? };
     let version = snap.version();
     let whole = |snap| bytes::Bytes::from_owner(SnapshotBody(snap));
-    let pulled = |body, copy, delta_from| Pulled { version, body, copy, delta_from };
+    let pulled = |body: bytes::Bytes, copy, delta_from| {
+        let len = body.len();
+        Pulled { version, body: Body::from(body), len, copy, delta_from }
+    };
     let pool = &state.pull_bodies;
     Ok(match how {
         PullAs::Bf16 => {

@@ -118,7 +118,7 @@ impl Metrics {
             ),
             pull_seconds: hist(
                 "foresight_ps_pull_seconds",
-                "Time to serve a pull, long-poll wait excluded.",
+                "Time to produce a pull's model (its copy, which an f32 pull sends as it lands, or its bf16 or int8 encoding), long-poll wait excluded.",
                 LATENCY_BUCKETS,
             ),
             apply_seconds: hist(

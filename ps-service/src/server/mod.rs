@@ -14,6 +14,7 @@ mod presence;
 mod replicas;
 mod serve;
 mod snapshots;
+mod streamed_pull;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};

@@ -19,6 +19,7 @@
 //! faulting in (and, with the allocator's slack, keeping) a fresh model-sized allocation.
 
 pub mod checkpoint;
+mod snapshot;
 mod staleness;
 
 use std::collections::BTreeMap;
@@ -32,6 +33,8 @@ use crate::optimizer::{self, Algorithm, Hyper, OptimizerState, Step, UpdateStats
 use crate::wire::{self, Layout, WireDtype};
 
 pub use checkpoint::CheckpointData;
+use snapshot::SnapshotBuffers;
+pub use snapshot::{SPARE_SNAPSHOTS, Snapshot};
 pub use staleness::{StalenessCounts, StalenessSummary};
 
 /// Elements per shard: 256 KiB of f32, so a shard's slices stay in L2 while a kernel runs.
@@ -46,72 +49,6 @@ pub const MAX_VERSION: u64 = (1 << 53) - 1;
 /// Largest epoch a push (and so a checkpoint) may carry: the learning-rate schedule is a
 /// function of it.
 pub const MAX_EPOCH: f64 = 1e9;
-
-/// A model version as a ready-to-send safetensors body.
-pub struct Snapshot {
-    version: u64,
-    /// Header bytes, then the parameters; a `Vec<f32>` so the parameters are aligned.
-    buf: Vec<f32>,
-    header_words: usize,
-    /// Where the buffer goes when the last holder lets go (nowhere once the store is gone).
-    recycle: std::sync::Weak<SnapshotBuffers>,
-}
-
-impl Drop for Snapshot {
-    fn drop(&mut self) {
-        if let Some(buffers) = self.recycle.upgrade() {
-            buffers.put(std::mem::take(&mut self.buf));
-        }
-    }
-}
-
-/// Spare snapshot buffers beyond this many are freed: enough for the next versions' snapshots
-/// while the older ones are still being sent, without holding memory after a burst of pulls.
-pub const SPARE_SNAPSHOTS: usize = 2;
-
-/// Buffers of snapshots that no one holds any more, for the next versions' snapshots.
-#[derive(Default)]
-struct SnapshotBuffers {
-    spare: Mutex<Vec<Vec<f32>>>,
-}
-
-impl SnapshotBuffers {
-    /// A buffer of `len` elements whose contents the caller overwrites entirely.
-    fn take(&self, len: usize) -> Vec<f32> {
-        match self.spare.lock().pop() {
-            Some(buf) if buf.len() == len => buf,
-            _ => vec![0.0; len],
-        }
-    }
-
-    fn put(&self, buf: Vec<f32>) {
-        let mut spare = self.spare.lock();
-        if spare.len() < SPARE_SNAPSHOTS {
-            spare.push(buf);
-        }
-    }
-}
-
-impl Snapshot {
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
-    pub fn params(&self) -> &[f32] {
-        &self.buf[self.header_words..]
-    }
-
-    /// The whole safetensors body.
-    pub fn bytes(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.buf)
-    }
-}
-
-impl AsRef<[u8]> for Snapshot {
-    fn as_ref(&self) -> &[u8] {
-        self.bytes()
-    }
-}
 
 /// A push, after its body has been decoded and validated against the layout.
 #[derive(Clone, Copy, Debug)]
@@ -276,6 +213,42 @@ fn enter(shard: &Shard, op: u64, mut f: impl FnMut(&Shard, &mut ShardData)) {
     d.next_op += 1;
     drop(d);
     shard.turn.notify_all();
+}
+
+/// The copy of the model into a snapshot, as the ticket `op` it took ([`Store::pull_copying`]).
+pub struct SnapshotCopy<'a> {
+    store: &'a Store,
+    op: u64,
+    /// `None` once run.
+    snap: Option<Arc<Snapshot>>,
+}
+
+impl SnapshotCopy<'_> {
+    /// Copies every shard in its turn (the groups side by side), publishing each as it lands and
+    /// calling `copied` after it (and once more when the snapshot is complete).
+    pub fn run(mut self, copied: &(dyn Fn() + Sync)) {
+        self.copy(copied);
+    }
+
+    fn copy(&mut self, copied: &(dyn Fn() + Sync)) {
+        let Some(snap) = self.snap.take() else { return };
+        let store = self.store;
+        store.walk_grouped(self.op, (0..store.groups.len()).collect(), |&mut part, shard, d| {
+            // SAFETY: this is the snapshot's one copy, and each shard is one range written once.
+            unsafe { snap.write(part, shard.range.clone()) }.copy_from_slice(&d.w);
+            snap.publish(part, shard.range.end);
+            copied();
+        });
+        snap.finish();
+        copied();
+    }
+}
+
+impl Drop for SnapshotCopy<'_> {
+    /// A copy dropped unrun still runs: later operations wait for its ticket.
+    fn drop(&mut self) {
+        self.copy(&|| ());
+    }
 }
 
 /// `shards` shard indices cut into at most `threads` contiguous groups, never fewer than one.
@@ -586,22 +559,46 @@ impl Store {
 
     /// Pull: the current model, recorded as w_bak(worker).
     pub fn pull(&self, worker: usize) -> Result<Arc<Snapshot>, StoreError> {
-        self.check_worker(worker)?;
-        let snap = self.current_snapshot();
-        let mut seq = self.seq.lock();
-        if self.hyper.algorithm.is_delay_compensated() {
-            seq.backups[worker] = Some(snap.clone());
+        let (snap, copy) = self.pull_copying(Some(worker))?;
+        if let Some(copy) = copy {
+            copy.run(&|| ());
         }
-        seq.workers[worker].pulled_version = Some(snap.version);
         Ok(snap)
     }
 
     /// The current model without recording a backup (status readers, finalize, tests).
     pub fn snapshot_now(&self) -> Arc<Snapshot> {
-        self.current_snapshot()
+        let (snap, copy) = self.current_snapshot();
+        if let Some(copy) = copy {
+            copy.run(&|| ());
+        }
+        snap
     }
 
-    fn current_snapshot(&self) -> Arc<Snapshot> {
+    /// Like [`Store::pull`] (or, for no worker, [`Store::snapshot_now`]), but the snapshot comes
+    /// back before its parameters are copied, with the copy to run when this call is the one that
+    /// must make it: a server sends [`Snapshot::ready_len`] bytes while [`SnapshotCopy::run`]
+    /// goes on. The copy holds a ticket that every later update waits for: it runs even if the
+    /// caller drops it unrun.
+    pub fn pull_copying(
+        &self,
+        worker: Option<usize>,
+    ) -> Result<(Arc<Snapshot>, Option<SnapshotCopy<'_>>), StoreError> {
+        if let Some(w) = worker {
+            self.check_worker(w)?;
+        }
+        let (snap, copy) = self.current_snapshot();
+        if let Some(w) = worker {
+            let mut seq = self.seq.lock();
+            if self.hyper.algorithm.is_delay_compensated() {
+                seq.backups[w] = Some(snap.clone());
+            }
+            seq.workers[w].pulled_version = Some(snap.version());
+        }
+        Ok((snap, copy))
+    }
+
+    fn current_snapshot(&self) -> (Arc<Snapshot>, Option<SnapshotCopy<'_>>) {
         enum Role {
             Ready(Arc<Snapshot>),
             Wait(PendingSnapshot),
@@ -611,7 +608,7 @@ impl Store {
             let mut seq = self.seq.lock();
             let version = seq.version;
             match (&seq.cached, &seq.pending) {
-                (Some(s), _) if s.version == version => Role::Ready(s.clone()),
+                (Some(s), _) if s.version() == version => Role::Ready(s.clone()),
                 (_, Some((v, p))) if *v == version => Role::Wait(p.clone()),
                 _ => {
                     let op = seq.next_op;
@@ -623,39 +620,24 @@ impl Store {
             }
         };
         match role {
-            Role::Ready(s) => s,
-            Role::Wait(p) => p.wait().clone(),
+            Role::Ready(s) => (s, None),
+            // Only until the taker has its buffer: the snapshot is shared while it is copied.
+            Role::Wait(p) => (p.wait().clone(), None),
             Role::Take(op, version, pending) => {
-                let header_words = self.header.len() / 4;
-                // Every element is overwritten: the header, then each shard's range.
-                let mut buf = self.snapshot_buffers.take(header_words + self.layout.len());
-                bytemuck::cast_slice_mut::<f32, u8>(&mut buf[..header_words]).copy_from_slice(&self.header);
-                // Each group's thread copies into its own part of the buffer.
-                let mut rest = &mut buf[header_words..];
-                let parts = self
-                    .groups
-                    .iter()
-                    .map(|g| {
-                        let r = self.group_range(g);
-                        let (part, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
-                        rest = tail;
-                        (r.start, part)
-                    })
-                    .collect();
-                self.walk_grouped(op, parts, |(start, part), shard, d| {
-                    part[shard.range.start - *start..shard.range.end - *start].copy_from_slice(&d.w);
-                });
+                // The header is written now, every parameter by the copy.
+                let buf = self.snapshot_buffers.take(self.header.len() / 4 + self.layout.len());
+                let parts = self.groups.iter().map(|g| self.group_range(g));
                 let recycle = Arc::downgrade(&self.snapshot_buffers);
-                let snap = Arc::new(Snapshot { version, buf, header_words, recycle });
+                let snap = Arc::new(Snapshot::filling(version, buf, &self.header, parts, recycle));
                 let _ = pending.set(snap.clone());
                 let mut seq = self.seq.lock();
                 if seq.pending.as_ref().is_some_and(|(v, _)| *v == version) {
                     seq.pending = None;
                 }
-                if seq.cached.as_ref().is_none_or(|c| c.version < version) {
+                if seq.cached.as_ref().is_none_or(|c| c.version() < version) {
                     seq.cached = Some(snap.clone());
                 }
-                snap
+                (snap.clone(), Some(SnapshotCopy { store: self, op, snap: Some(snap) }))
             }
         }
     }
@@ -917,9 +899,9 @@ impl Store {
         }
         let backup = if self.hyper.algorithm.is_delay_compensated() {
             match &seq.backups[p.worker] {
-                Some(b) if b.version == p.version => Some(b.clone()),
+                Some(b) if b.version() == p.version => Some(b.clone()),
                 other => {
-                    let pulled = other.as_ref().map(|b| b.version);
+                    let pulled = other.as_ref().map(|b| b.version());
                     return Err(StoreError::PullRequired { worker: p.worker, got: p.version, pulled });
                 }
             }

@@ -202,6 +202,66 @@ fn concurrent_pushes_by(threads: usize) {
 }
 
 #[test]
+fn a_snapshot_is_read_while_it_is_copied_and_holds_exactly_its_version() {
+    for threads in [1, 3] {
+        snapshot_read_while_copied_by(threads);
+    }
+}
+
+/// As a server streams a pull: a reader takes each piece as the copy publishes it, while an
+/// update that came after the pull waits for the copy to leave each shard.
+fn snapshot_read_while_copied_by(threads: usize) {
+    let n = 1000;
+    let s = Arc::new(walked_by(store(Algorithm::Asgd, 1.0, vec![0.0; n], 2, 64), threads));
+    s.push(push(0, 0, 1), &vec![1.0; n]).unwrap();
+    let (snap, copy) = s.pull_copying(Some(1)).unwrap();
+    let copy = copy.expect("the first pull of a version copies it");
+    let header = snap.len_bytes() - 4 * n;
+    assert_eq!(snap.ready_len(), header, "nothing is published before the copy runs");
+    let (again, none) = s.pull_copying(Some(0)).unwrap();
+    assert!(Arc::ptr_eq(&snap, &again) && none.is_none(), "one copy per version, shared while it runs");
+    let pusher = {
+        let s = s.clone();
+        std::thread::spawn(move || s.push(push(0, 1, 2), &vec![1.0; n]).unwrap().version)
+    };
+    let reader = {
+        let snap = snap.clone();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < snap.len_bytes() {
+                match snap.ready_len() {
+                    ready if ready > got.len() => {
+                        got.extend_from_slice(snap.ready_bytes(got.len()..ready).unwrap())
+                    }
+                    _ => std::thread::yield_now(),
+                }
+            }
+            got
+        })
+    };
+    let published = std::sync::atomic::AtomicUsize::new(0);
+    copy.run(&|| {
+        published.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(reader.join().unwrap(), snap.bytes(), "the pieces make the whole body");
+    assert!(snap.params().iter().all(|&x| x == -1.0), "version 1, none of the update after it");
+    assert_eq!(published.into_inner(), s.shards.len() + 1, "each shard as it lands, then the whole");
+    assert_eq!(pusher.join().unwrap(), 2);
+    assert!(s.snapshot_now().params().iter().all(|&x| x == -2.0));
+}
+
+#[test]
+fn a_snapshot_copy_dropped_unrun_still_runs() {
+    let s = store(Algorithm::Asgd, 1.0, vec![0.5; 100], 1, 16);
+    let (snap, copy) = s.pull_copying(Some(0)).unwrap();
+    drop(copy);
+    assert!(snap.is_complete());
+    // The copy's ticket is spent: a later update does not wait for it forever.
+    assert_eq!(s.push(push(0, 0, 1), &[1.0; 100]).unwrap().version, 1);
+    assert_eq!(snap.params(), &[0.5; 100]);
+}
+
+#[test]
 fn workers_that_pull_the_same_version_share_one_snapshot() {
     let s = store(Algorithm::DcAsgdA, 0.1, vec![0.0; 100], 64, 16);
     let snaps: Vec<_> = (0..64).map(|m| s.pull(m).unwrap()).collect();
