@@ -586,6 +586,17 @@ def simulated_study(args, hs: list[int], at: dt.datetime, started: float) -> Non
             for pulls in ("bf16", "int8"):
                 pulled[(h, rule, pulls)] = simulate(args, f"{rule}-H{h}-{pulls}-pulls", [
                     "--algorithms", rule, *both, *outer_flags, *local, "--pull-dtype", pulls])
+    # The pseudo-gradient pushed in bf16 and in int8, with and without error feedback: a table of its own.
+    pushed = {}
+    for h in hs:
+        local = ["--local-steps", str(h), "--inner-optimizer", "adamw", "--inner-lr", "1e-3"]
+        for rule, outer_flags in (("sync", ["--learning-rate", "0.7", "--momentum", "0.9", "--nesterov"]),
+                                  ("asgd", ["--learning-rate", str(args.async_lr)])):
+            pushed[(h, rule, "f32")] = table[(f"H = {h}", rule)]
+            for name, flags in (("bf16", ["--push-dtype", "bf16"]), ("int8", ["--push-dtype", "int8"]),
+                                ("int8, no error feedback", ["--push-dtype", "int8", "--no-error-feedback"])):
+                pushed[(h, rule, name)] = simulate(args, f"{rule}-H{h}-{name.replace(', ', '-').replace(' ', '-')}-pushes", [
+                    "--algorithms", rule, *both, *outer_flags, *local, *flags])
     wall = time.monotonic() - started
 
     def err(runs, delay):
@@ -657,6 +668,27 @@ def simulated_study(args, hs: list[int], at: dt.datetime, started: float) -> Non
             diffs = [a - b for a, b in zip(err(runs, d)[0], err(base, d)[0])]
             paired.append("—" if pulls == "f32" else f"{statistics.mean(diffs):+.2f}")
         lines.append(f"| H = {h} | {rule} | {pulls} | " + " | ".join(cells) + f" | {ratio:.2f} | "
+                     + " | ".join(paired) + " |")
+    lines += [
+        "",
+        "The pseudo-gradient pushed in bf16 and in int8 (`--push-dtype`, encoded as a worker encodes it and "
+        "decoded by the PS's decoder; int8 with the worker's error feedback, and without it to measure it): "
+        "held-out error (%) of the PS's final model, the pushed bytes against F32 pushes, and paired by seed "
+        "against F32 pushes (pp; negative: better).",
+        "",
+        "| local steps | rule | pushed in | " + " | ".join(f"{d} ({w})" for d, w in SIM_DELAYS.items())
+        + " | pushed bytes against F32 | − F32 pushes, " + " | − F32 pushes, ".join(SIM_DELAYS) + " |",
+        "|---|---|---|" + "---|" * (2 * len(SIM_DELAYS) + 1),
+    ]
+    for (h, rule, pushes), runs in pushed.items():
+        base = pushed[(h, rule, "f32")]
+        cells = [err(runs, d)[1] for d in SIM_DELAYS]
+        ratio = statistics.mean(r["pushed_bytes"] / b["pushed_bytes"] for r, b in zip(runs, base))
+        paired = []
+        for d in SIM_DELAYS:
+            diffs = [a - b for a, b in zip(err(runs, d)[0], err(base, d)[0])]
+            paired.append("—" if pushes == "f32" else f"{statistics.mean(diffs):+.2f}")
+        lines.append(f"| H = {h} | {rule} | {pushes} | " + " | ".join(cells) + f" | {ratio:.2f} | "
                      + " | ".join(paired) + " |")
     replace_section(args.doc, SIMULATE_START, "\n".join(lines))
 

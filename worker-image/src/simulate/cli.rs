@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
-use foresight_ps::client::PullDtype;
+use foresight_ps::client::{GradDtype, PullDtype};
 use foresight_ps::optimizer::{Algorithm, Hyper, LrSchedule};
 
 use super::local::LocalSteps;
@@ -94,8 +94,16 @@ pub struct SimulateArgs {
     inner_lr: f32,
     /// The type the virtual workers pull the model in (int8: the difference from each one's
     /// copy, tracked as the parameter server tracks it).
-    #[arg(long, value_enum, default_value_t = PullType::F32)]
-    pull_dtype: PullType,
+    #[arg(long, value_enum, default_value_t = WireType::F32)]
+    pull_dtype: WireType,
+    /// The type the virtual workers push their gradients (pseudo-gradients) in, encoded and
+    /// decoded as a worker and the parameter server do (int8: with error feedback).
+    #[arg(long, value_enum, default_value_t = WireType::F32)]
+    push_dtype: WireType,
+    /// int8 pushes without error feedback: what each push's rounding leaves out is lost (to
+    /// measure what the feedback is worth; workers always carry it).
+    #[arg(long)]
+    no_error_feedback: bool,
     /// Points on each run's accuracy curve.
     #[arg(long, default_value_t = 10)]
     evals: usize,
@@ -104,8 +112,9 @@ pub struct SimulateArgs {
     jobs: usize,
 }
 
+/// A wire type of pulls or pushes.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum PullType {
+enum WireType {
     F32,
     Bf16,
     Int8,
@@ -209,10 +218,16 @@ fn configs(args: &SimulateArgs) -> anyhow::Result<Vec<SimConfig>> {
                         lr: args.inner_lr,
                     }),
                     pulls: match args.pull_dtype {
-                        PullType::F32 => PullDtype::F32,
-                        PullType::Bf16 => PullDtype::Bf16,
-                        PullType::Int8 => PullDtype::Int8,
+                        WireType::F32 => PullDtype::F32,
+                        WireType::Bf16 => PullDtype::Bf16,
+                        WireType::Int8 => PullDtype::Int8,
                     },
+                    pushes: match args.push_dtype {
+                        WireType::F32 => GradDtype::F32,
+                        WireType::Bf16 => GradDtype::Bf16,
+                        WireType::Int8 => GradDtype::Int8,
+                    },
+                    error_feedback: !args.no_error_feedback,
                 });
             }
         }

@@ -11,9 +11,10 @@ pub mod cli;
 pub mod local;
 pub mod mlp;
 pub mod pulls;
+pub mod pushes;
 pub mod schedule;
 
-use foresight_ps::client::PullDtype;
+use foresight_ps::client::{GradDtype, PullDtype};
 use foresight_ps::optimizer::{Algorithm, Hyper};
 use foresight_ps::store::{Push, StalenessSummary, Store, StoreError};
 use foresight_ps::wire::{Layout, TensorSpec};
@@ -25,6 +26,7 @@ use serde::Serialize;
 use local::{Inner, LocalSteps};
 use mlp::{Mlp, Score};
 use pulls::Puller;
+use pushes::Pusher;
 use schedule::{Delay, Plan};
 
 /// Training and held-out examples as flat rows of `inputs` values.
@@ -55,6 +57,10 @@ pub struct SimConfig {
     pub local: Option<LocalSteps>,
     /// The type the workers pull the model in.
     pub pulls: PullDtype,
+    /// The type the workers push in, and whether int8 pushes carry their rounding error into
+    /// the next (error feedback, what a worker does).
+    pub pushes: GradDtype,
+    pub error_feedback: bool,
 }
 
 /// The PS model's held-out score after `updates` updates.
@@ -98,6 +104,11 @@ pub struct Outcome {
     /// The type the workers pulled the model in, and the bytes of every pull's body.
     pub pull_dtype: String,
     pub pulled_bytes: u64,
+    /// The type the workers pushed in, with or without error feedback (int8), and the bytes of
+    /// every push's body.
+    pub push_dtype: String,
+    pub error_feedback: bool,
+    pub pushed_bytes: u64,
     /// The safeguards the run had on ([`Hyper::safeguards`]).
     pub gain_clamp: bool,
     pub bias_correction: bool,
@@ -171,6 +182,8 @@ struct Run<'a> {
     inner: Vec<Inner>,
     /// What each slot holds after a pull.
     puller: Puller,
+    /// What the PS receives from each slot's pushes.
+    pusher: Pusher,
     mean_lambda_sum: f64,
     clamped: u64,
     elements: u64,
@@ -200,7 +213,9 @@ impl Run<'_> {
     fn push(&mut self, slot: usize, version: u64, grad: &[f32], epoch: f64) -> Result<bool, SimError> {
         self.seqs[slot] += 1;
         let p = Push { worker: slot, generation: None, version, seq: self.seqs[slot], epoch: Some(epoch) };
-        let o = self.store.push(p, grad)?;
+        let sent = self.pusher.send(slot, self.store.layout(), grad);
+        let o = self.store.push(p, &sent.received)?;
+        self.pusher.taken(slot, sent);
         self.mean_lambda_sum += o.stats.mean_lambda();
         (self.clamped, self.elements) = (self.clamped + o.stats.clamped, self.elements + o.stats.elements);
         Ok(o.applied)
@@ -264,6 +279,7 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         local: cfg.local,
         inner: vec![Inner::default(); workers],
         puller: Puller::new(cfg.pulls, workers),
+        pusher: Pusher::new(cfg.pushes, cfg.error_feedback, workers),
         mean_lambda_sum: 0.0,
         clamped: 0,
         elements: 0,
@@ -319,6 +335,9 @@ pub fn simulate(cfg: &SimConfig, data: &SimData) -> Result<Outcome, SimError> {
         momentum_delay: cfg.hyper.momentum_delay,
         pull_dtype: cfg.pulls.as_str().into(),
         pulled_bytes: run.puller.bytes,
+        push_dtype: push_name(cfg.pushes).into(),
+        error_feedback: cfg.error_feedback && cfg.pushes == GradDtype::Int8,
+        pushed_bytes: run.pusher.bytes,
         gain_clamp: cfg.hyper.safeguards.gain_clamp,
         bias_correction: cfg.hyper.safeguards.bias_correction,
         curve,
@@ -349,6 +368,14 @@ fn run_plan(run: &mut Run, plan: &Plan, record: &mut impl FnMut(&Run, u64)) -> R
 }
 
 /// FNV-1a over the parameters' bit patterns.
+fn push_name(dtype: GradDtype) -> &'static str {
+    match dtype {
+        GradDtype::F32 => "f32",
+        GradDtype::Bf16 => "bf16",
+        GradDtype::Int8 => "int8",
+    }
+}
+
 fn digest(w: &[f32]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for x in w {

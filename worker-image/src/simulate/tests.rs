@@ -32,6 +32,8 @@ fn config(algorithm: Algorithm, delay: Delay, seed: u64) -> SimConfig {
         evals: 4,
         local: None,
         pulls: PullDtype::F32,
+        pushes: GradDtype::F32,
+        error_feedback: true,
     }
 }
 
@@ -216,4 +218,35 @@ fn pull_types_change_what_workers_compute_on_and_the_bytes_they_pull() {
             f32s.accuracy
         );
     }
+}
+
+#[test]
+fn push_types_change_what_the_ps_applies_and_the_bytes_workers_push() {
+    let data = blobs(400, 3);
+    let run = |pushes, error_feedback| {
+        let mut c = config(Algorithm::Asgd, Delay::RoundRobin { workers: 4 }, 7);
+        (c.pushes, c.error_feedback, c.hidden) = (pushes, error_feedback, 256);
+        c.local = Some(LocalSteps { steps: 5, rule: crate::inner::InnerAlgorithm::AdamW, lr: 1e-3 });
+        simulate(&c, &data).unwrap()
+    };
+    let f32s = run(GradDtype::F32, true);
+    let (bf16s, int8s, int8s_lossy) =
+        (run(GradDtype::Bf16, true), run(GradDtype::Int8, true), run(GradDtype::Int8, false));
+    assert_eq!(int8s.digest, run(GradDtype::Int8, true).digest, "deterministic");
+    for o in [&bf16s, &int8s, &int8s_lossy] {
+        assert_ne!(o.digest, f32s.digest, "{} pushes: the PS applied what the wire carried", o.push_dtype);
+        assert!(
+            (o.accuracy - f32s.accuracy).abs() < 0.05,
+            "{}: {} against {}",
+            o.push_dtype,
+            o.accuracy,
+            f32s.accuracy
+        );
+    }
+    assert_ne!(int8s.digest, int8s_lossy.digest, "error feedback changes what the PS receives");
+    assert!(int8s.error_feedback && !int8s_lossy.error_feedback && !f32s.error_feedback);
+    assert_eq!(f32s.pulled_bytes, int8s.pulled_bytes, "pulls are not pushes");
+    let ratio = |o: &Outcome| o.pushed_bytes as f64 / f32s.pushed_bytes as f64;
+    assert!((0.45..0.6).contains(&ratio(&bf16s)), "bf16: {}", ratio(&bf16s));
+    assert!((0.2..0.3).contains(&ratio(&int8s)), "int8: {}", ratio(&int8s));
 }
