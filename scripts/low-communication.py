@@ -649,48 +649,44 @@ def simulated_study(args, hs: list[int], at: dt.datetime, started: float) -> Non
             reach = f"{statistics.mean(hit):,.0f} ({len(hit)} of {len(of)})" if hit else f"— (0 of {len(of)})"
             cells += [reach, f"{statistics.mean(r['curve'][-1]['time'] for r in of):,.0f}"]
         lines.append(f"| {when} | {rule} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
+    lines += wire_type_table(
+        pulled, "pulled", "model pulled in",
         "The model pulled in bf16 and in int8 (`--pull-dtype`, the virtual workers computing on what each "
-        "leaves them holding): held-out error (%) of the PS's final model, the pulled bytes against F32 pulls, "
-        "and paired by seed against F32 pulls (pp; negative: better).",
-        "",
-        "| local steps | rule | model pulled in | " + " | ".join(f"{d} ({w})" for d, w in SIM_DELAYS.items())
-        + " | pulled bytes against F32 | − F32 pulls, " + " | − F32 pulls, ".join(SIM_DELAYS) + " |",
-        "|---|---|---|" + "---|" * (2 * len(SIM_DELAYS) + 1),
-    ]
-    for (h, rule, pulls), runs in pulled.items():
-        base = pulled[(h, rule, "f32")]
-        cells = [err(runs, d)[1] for d in SIM_DELAYS]
-        ratio = statistics.mean(r["pulled_bytes"] / b["pulled_bytes"] for r, b in zip(runs, base))
-        paired = []
-        for d in SIM_DELAYS:
-            diffs = [a - b for a, b in zip(err(runs, d)[0], err(base, d)[0])]
-            paired.append("—" if pulls == "f32" else f"{statistics.mean(diffs):+.2f}")
-        lines.append(f"| H = {h} | {rule} | {pulls} | " + " | ".join(cells) + f" | {ratio:.2f} | "
-                     + " | ".join(paired) + " |")
-    lines += [
-        "",
+        "leaves them holding)")
+    lines += wire_type_table(
+        pushed, "pushed", "pushed in",
         "The pseudo-gradient pushed in bf16 and in int8 (`--push-dtype`, encoded as a worker encodes it and "
-        "decoded by the PS's decoder; int8 with the worker's error feedback, and without it to measure it): "
-        "held-out error (%) of the PS's final model, the pushed bytes against F32 pushes, and paired by seed "
-        "against F32 pushes (pp; negative: better).",
+        "decoded by the PS's decoder; int8 with the worker's error feedback, and without it to measure it)")
+    replace_section(args.doc, SIMULATE_START, "\n".join(lines))
+
+
+def wire_type_table(runs_of: dict, verb: str, column: str, what: str) -> list[str]:
+    """A table of runs keyed (H, rule, wire type), each type against the same H and rule in F32:
+    held-out error per delay, the bytes `verb` against F32's, and the error paired by seed."""
+    def err(runs, delay):
+        return [100 * (1 - r["accuracy"]) for r in runs if r["delay"] == delay]
+
+    def spread(e):
+        return f"{statistics.mean(e):.2f} ± {statistics.stdev(e):.2f}" if e else "—"
+
+    lines = [
         "",
-        "| local steps | rule | pushed in | " + " | ".join(f"{d} ({w})" for d, w in SIM_DELAYS.items())
-        + " | pushed bytes against F32 | − F32 pushes, " + " | − F32 pushes, ".join(SIM_DELAYS) + " |",
+        f"{what}: held-out error (%) of the PS's final model, the {verb} bytes against F32, and paired by "
+        f"seed against F32 (pp; negative: better).",
+        "",
+        f"| local steps | rule | {column} | " + " | ".join(f"{d} ({w})" for d, w in SIM_DELAYS.items())
+        + f" | {verb} bytes against F32 | − F32, " + " | − F32, ".join(SIM_DELAYS) + " |",
         "|---|---|---|" + "---|" * (2 * len(SIM_DELAYS) + 1),
     ]
-    for (h, rule, pushes), runs in pushed.items():
-        base = pushed[(h, rule, "f32")]
-        cells = [err(runs, d)[1] for d in SIM_DELAYS]
-        ratio = statistics.mean(r["pushed_bytes"] / b["pushed_bytes"] for r, b in zip(runs, base))
-        paired = []
-        for d in SIM_DELAYS:
-            diffs = [a - b for a, b in zip(err(runs, d)[0], err(base, d)[0])]
-            paired.append("—" if pushes == "f32" else f"{statistics.mean(diffs):+.2f}")
-        lines.append(f"| H = {h} | {rule} | {pushes} | " + " | ".join(cells) + f" | {ratio:.2f} | "
+    for (h, rule, dtype), runs in runs_of.items():
+        base = runs_of[(h, rule, "f32")]
+        cells = [spread(err(runs, d)) for d in SIM_DELAYS]
+        ratio = statistics.mean(r[f"{verb}_bytes"] / b[f"{verb}_bytes"] for r, b in zip(runs, base))
+        paired = ["—" if dtype == "f32" else
+                  f"{statistics.mean(a - b for a, b in zip(err(runs, d), err(base, d))):+.2f}" for d in SIM_DELAYS]
+        lines.append(f"| H = {h} | {rule} | {dtype} | " + " | ".join(cells) + f" | {ratio:.2f} | "
                      + " | ".join(paired) + " |")
-    replace_section(args.doc, SIMULATE_START, "\n".join(lines))
+    return lines
 
 
 def link_arg(args) -> str:
