@@ -41,7 +41,7 @@ pub(super) struct Link {
 /// its gradient plus what the rounding of the pushes the PS took left out, so that over many
 /// pushes the model receives the gradients' sum, not their rounded sum.
 #[derive(Default)]
-struct ErrorFeedback {
+pub struct ErrorFeedback {
     /// Left out of the pushes taken so far.
     residual: Vec<f32>,
     /// Left out of the last body encoded, carried over once the PS takes it.
@@ -52,7 +52,8 @@ struct ErrorFeedback {
 }
 
 impl ErrorFeedback {
-    fn encode(&mut self, layout: &Layout, step: u64, grad: &[f32]) -> bytes::Bytes {
+    /// The int8 body of `step`'s gradient plus what earlier pushes left out.
+    pub fn encode(&mut self, layout: &Layout, step: u64, grad: &[f32]) -> bytes::Bytes {
         if let Some((s, body)) = &self.last
             && *s == step
         {
@@ -68,7 +69,7 @@ impl ErrorFeedback {
 
     /// The PS took the body of `step`: what its rounding left out goes into the next push.
     /// (A dropped push applied nothing; its leftover is dropped with it.)
-    fn taken(&mut self, step: u64) {
+    pub fn taken(&mut self, step: u64) {
         if self.last.as_ref().is_some_and(|(s, _)| *s == step) && !self.pending.is_empty() {
             std::mem::swap(&mut self.residual, &mut self.pending);
             self.pending.clear();

@@ -21,6 +21,7 @@ pub mod shard;
 mod tls;
 
 pub use exchange::{Cadence, Exchange, PushStats, StepEnd, cadence_problem};
+pub use link::ErrorFeedback;
 pub use session::{Pulled, Pushed, Retry, Session};
 pub use tls::{ClientTls, install_crypto_provider};
 

@@ -668,21 +668,14 @@ impl Store {
             }
             state
         };
-        let mut states = states.into_iter();
-        let first = states.next().expect("at least one group");
-        std::thread::scope(|scope| {
-            let others: Vec<_> = self.groups[1..]
-                .iter()
-                .zip(states)
-                .map(|(group, state)| {
-                    let group = group.clone();
-                    scope.spawn(move || walk_group(group, state))
-                })
-                .collect();
-            let mut done = vec![walk_group(self.groups[0].clone(), first)];
-            done.extend(others.into_iter().map(|h| h.join().expect("a shard walk panicked")));
-            done
-        })
+        let paired: Vec<_> = self.groups.iter().cloned().zip(states).collect();
+        let runs = crate::cores::in_runs(
+            paired,
+            self.groups.len(),
+            |_| 1,
+            |run| run.into_iter().map(|(group, state)| walk_group(group, state)).collect::<Vec<_>>(),
+        );
+        runs.into_iter().flatten().collect()
     }
 
     /// The flat parameter range the shards of `group` cover.

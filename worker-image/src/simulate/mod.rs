@@ -213,9 +213,9 @@ impl Run<'_> {
     fn push(&mut self, slot: usize, version: u64, grad: &[f32], epoch: f64) -> Result<bool, SimError> {
         self.seqs[slot] += 1;
         let p = Push { worker: slot, generation: None, version, seq: self.seqs[slot], epoch: Some(epoch) };
-        let sent = self.pusher.send(slot, self.store.layout(), grad);
-        let o = self.store.push(p, &sent.received)?;
-        self.pusher.taken(slot, sent);
+        let received = self.pusher.send(slot, p.seq, self.store.layout(), grad);
+        let o = self.store.push(p, &received)?;
+        self.pusher.taken(slot, p.seq);
         self.mean_lambda_sum += o.stats.mean_lambda();
         (self.clamped, self.elements) = (self.clamped + o.stats.clamped, self.elements + o.stats.elements);
         Ok(o.applied)

@@ -1,57 +1,43 @@
 //! What the parameter server receives when a virtual worker pushes in each wire type
 //! (`--push-dtype`): each gradient (or pseudo-gradient) encoded with the client's encoders,
 //! decoded with the PS's decoder, and the bytes each push sends. int8 carries what each push's
-//! rounding left out into the same worker's next push (error feedback, as a worker's session
-//! does: `client::link`), unless the run turns it off to measure what it is worth.
+//! rounding left out into the same worker's next push with a worker's own error feedback
+//! (`client::ErrorFeedback`), unless the run turns it off to measure what it is worth.
 
-use foresight_ps::client::{GradDtype, encode_gradient};
+use foresight_ps::client::{ErrorFeedback, GradDtype, encode_gradient};
 use foresight_ps::wire::{self, Layout};
 
 pub struct Pusher {
     dtype: GradDtype,
-    feedback: bool,
-    /// int8 with error feedback: what each worker's pushes the PS took left out.
-    residuals: Vec<Vec<f32>>,
+    /// int8 with error feedback: each worker's, as its session keeps it.
+    feedback: Option<Vec<ErrorFeedback>>,
     /// Body bytes of every push so far.
     pub bytes: u64,
 }
 
-/// One push as the PS decodes it.
-pub struct Sent {
-    pub received: Vec<f32>,
-    /// What its rounding left out, carried into the worker's next push once the PS takes it.
-    leftover: Option<Vec<f32>>,
-}
-
 impl Pusher {
     pub fn new(dtype: GradDtype, feedback: bool, workers: usize) -> Self {
-        Self { dtype, feedback, residuals: vec![Vec::new(); workers], bytes: 0 }
+        let feedback = (feedback && dtype == GradDtype::Int8)
+            .then(|| std::iter::repeat_with(ErrorFeedback::default).take(workers).collect());
+        Self { dtype, feedback, bytes: 0 }
     }
 
-    /// `slot`'s push of `grad`, as the PS receives it.
-    pub fn send(&mut self, slot: usize, layout: &Layout, grad: &[f32]) -> Sent {
-        let (body, leftover) = match self.dtype {
-            GradDtype::Int8 if self.feedback => {
-                let residual = &self.residuals[slot];
-                let mut values: Vec<f32> = match residual.len() {
-                    0 => grad.to_vec(),
-                    _ => grad.iter().zip(residual).map(|(g, r)| g + r).collect(),
-                };
-                let body = wire::int8::encode(layout, &mut values);
-                (body, Some(values))
-            }
-            dtype => (encode_gradient(layout, grad, dtype), None),
+    /// `slot`'s push of `grad` as its step `step`, as the PS receives it.
+    pub fn send(&mut self, slot: usize, step: u64, layout: &Layout, grad: &[f32]) -> Vec<f32> {
+        let body = match &mut self.feedback {
+            Some(feedback) => feedback[slot].encode(layout, step, grad).to_vec(),
+            None => encode_gradient(layout, grad, self.dtype),
         };
         self.bytes += body.len() as u64;
         let mut received = vec![0.0; grad.len()];
         wire::decode_gradient(&body, layout, &mut received).expect("the PS decodes what a client encodes");
-        Sent { received, leftover }
+        received
     }
 
-    /// The PS took `slot`'s push (applied it or counted it in a round).
-    pub fn taken(&mut self, slot: usize, sent: Sent) {
-        if let Some(leftover) = sent.leftover {
-            self.residuals[slot] = leftover;
+    /// The PS took `slot`'s push of step `step` (applied it or counted it in a round).
+    pub fn taken(&mut self, slot: usize, step: u64) {
+        if let Some(feedback) = &mut self.feedback {
+            feedback[slot].taken(step);
         }
     }
 }
@@ -71,8 +57,8 @@ mod tests {
         let grad: Vec<f32> = (0..3000).map(|i| (i as f32 * 0.37).sin() * 1e-2).collect();
         let mut f32s = Pusher::new(GradDtype::F32, true, 1);
         let mut bf16s = Pusher::new(GradDtype::Bf16, true, 1);
-        assert_eq!(f32s.send(0, &l, &grad).received, grad);
-        let rounded = bf16s.send(0, &l, &grad).received;
+        assert_eq!(f32s.send(0, 1, &l, &grad), grad);
+        let rounded = bf16s.send(0, 1, &l, &grad);
         assert_ne!(rounded, grad);
         assert!(rounded.iter().zip(&grad).all(|(r, g)| (r - g).abs() <= g.abs() / 128.0));
         assert_eq!(f32s.bytes, wire::encode_f32(&l, &grad, &Default::default()).len() as u64);
@@ -90,10 +76,10 @@ mod tests {
         let total = |feedback: bool| {
             let mut p = Pusher::new(GradDtype::Int8, feedback, 1);
             let mut sum = vec![0.0f32; 2048];
-            for _ in 0..pushes {
-                let sent = p.send(0, &l, &grad);
-                sum.iter_mut().zip(&sent.received).for_each(|(s, r)| *s += r);
-                p.taken(0, sent);
+            for step in 1..=pushes {
+                let received = p.send(0, step, &l, &grad);
+                sum.iter_mut().zip(&received).for_each(|(s, r)| *s += r);
+                p.taken(0, step);
             }
             (sum, p.bytes)
         };
@@ -110,9 +96,9 @@ mod tests {
         let l = layout(1024);
         let grad: Vec<f32> = (0..1024).map(|i| if i == 0 { 1.0 } else { 1e-3 }).collect();
         let mut p = Pusher::new(GradDtype::Int8, true, 1);
-        let dropped = p.send(0, &l, &grad);
-        assert_eq!(dropped.received[1], 0.0);
+        let dropped = p.send(0, 1, &l, &grad);
+        assert_eq!(dropped[1], 0.0);
         // Not taken: the next push starts from no residual, and rounds the same way.
-        assert_eq!(p.send(0, &l, &grad).received[1], 0.0);
+        assert_eq!(p.send(0, 2, &l, &grad)[1], 0.0);
     }
 }
