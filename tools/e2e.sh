@@ -692,6 +692,14 @@ print(f["version"], round(f["seconds"], 2))' "$line" 2>/dev/null || true)
   ((restored >= ${seen%.*})) || fail "the new PS restored version $restored, older than $seen seen before the delete"
 }
 
+# NS JOB OLD: waits for a PS pod of JOB other than OLD and sets the caller's `new` to it, named by
+# the listing that saw it: a second listing that failed (pods_of answers nothing then) ended a
+# case under pipefail without a word.
+await_new_ps() {
+  wait_for 300 "a new PS pod" eval \
+    'new=$(pods_of '"$1"' '"$2"' parameter-server | grep -v "^'"$3"'$" | awk "NR == 1"); [[ -n $new ]]'
+}
+
 case_ps_kill() {
   local ns=e2e-ps-kill name=ps-kill
   kc create namespace $ns
@@ -708,9 +716,8 @@ case_ps_kill() {
   v=$(ps_version $ns $name || true)
   kc -n $ns delete "$old" --wait=false
   log "deleted PS $old at version $v; checkpoints: $(ls "$dir" | paste -sd' ')"
-  wait_for 300 "a new PS pod" eval '[[ -n $(pods_of '$ns' '$name' parameter-server | grep -v "^'"$old"'$") ]]'
-  local new
-  new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | awk 'NR == 1')
+  local new=
+  await_new_ps $ns $name "$old"
   wait_for 300 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
   local restored seconds
   restored_no_older $ns "$new" "$v"
@@ -797,9 +804,8 @@ EOF
   log "PS $old at version $v, memory $(pod_memory $ns "$old"); checkpoints of $params parameters: $(ls -l "$dir" | awk 'NR > 1 { printf "%s %d MB; ", $NF, $5 / 1e6 }')"
   ((params >= 100000000)) || fail "the model has $params parameters, not ≥ 10^8"
   kc -n $ns delete "$old" --wait=false
-  wait_for 300 "a new PS pod" eval '[[ -n $(pods_of '$ns' '$name' parameter-server | grep -v "^'"$old"'$") ]]'
-  local new restored seconds
-  new=$(pods_of $ns $name parameter-server | grep -v "^$old$" | awk 'NR == 1')
+  local new= restored seconds
+  await_new_ps $ns $name "$old"
   wait_for 600 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
   restored_no_older $ns "$new" "$v"
   wait_for 600 "the new PS $new Ready" eval '[[ $(field '$ns' '"$new"' "{.status.conditions[?(@.type==\"Ready\")].status}") == True ]]'
