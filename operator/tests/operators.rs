@@ -62,10 +62,63 @@ fn refusal(op: &mut Operator) -> String {
     op.log()
 }
 
+/// The claim an operator older than every other (Lease `elsewhere/omega`, taken in 2026's first
+/// second) writes in `ns` when it watches it: what such an operator's claim looks like the
+/// moment it lands.
+fn older_claim(ns: &str) -> String {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    use k8s_openapi::jiff::Timestamp;
+    let annotations = [
+        ("foresight.dev/watch-namespaces".to_string(), format!("elsewhere,{ns}")),
+        ("foresight.dev/claim-of".to_string(), "elsewhere/omega".to_string()),
+    ];
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("foresight-claim.elsewhere.omega".into()),
+            labels: Some([("foresight.dev/operator-lease".to_string(), "true".to_string())].into()),
+            annotations: Some(annotations.into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("omega".into()),
+            lease_duration_seconds: Some(60),
+            acquire_time: Some(MicroTime("2026-01-01T00:00:00Z".parse().unwrap())),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    let mut value = serde_json::to_value(lease).unwrap();
+    value["apiVersion"] = json!("coordination.k8s.io/v1");
+    value["kind"] = json!("Lease");
+    value.to_string()
+}
+
 #[test]
 fn a_second_operator_over_the_same_namespaces_refuses_and_a_cluster_wide_one_leaves_a_namespaced_ones_namespace_to_it()
  {
     let cp = control_plane();
+
+    // Two namespaced operators that start at once: the older one's claim lands just after the
+    // younger one's first survey. The younger waits (its renew deadline: 10 s with 15 s leases)
+    // and surveys again before it reconciles anything, so it stops without touching the job.
+    let (delta, contested) = (cp.namespace("delta"), cp.namespace("contested"));
+    cp.kubectl_ok(&["apply", "-n", &contested, "-f", "-"], Some(&job("early", json!({}))));
+    let args = ["--leader-elect=true", "--lease-duration-seconds", "15", "--lease-name", "delta"];
+    let args = [&args[..], &["--identity", "delta"]].concat();
+    let mut delta_op = Operator::spawn(&cp.kubeconfig, Some(&format!("{delta},{contested}")), &delta, &args);
+    let delta_claim = format!("lease/foresight-claim.{delta}.delta");
+    wait_for("delta's claim", LONG, || cp.get_json(&contested, &delta_claim));
+    cp.kubectl_ok(&["apply", "-n", &contested, "-f", "-"], Some(&older_claim(&contested)));
+    let log = refusal(&mut delta_op);
+    assert!(
+        log.contains(&format!("Lease elsewhere/omega already watches namespace(s) {contested}")),
+        "{log}"
+    );
+    assert!(cp.get_json(&contested, "job/early-workers").is_none(), "delta created the job's workers");
+    assert!(reporters(cp, &contested, "early").is_empty(), "delta reconciled the job");
+    cp.kubectl_ok(&["delete", "-n", &contested, "lease/foresight-claim.elsewhere.omega"], None);
+    cp.kubectl_ok(&["delete", "-n", &contested, "tj/early"], None);
     let ops = cp.namespace("ops");
     let team = cp.namespace("team");
     let other = cp.namespace("other");

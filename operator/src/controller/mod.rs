@@ -254,12 +254,29 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         }
     }
 
+    // Renews the Lease from here on, through the first surveys' wait too.
+    let lost = async {
+        match &elector {
+            Some(e) => e.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
     let yields = Arc::new(scope::Yields::default());
-    if let (Some(cfg), Some(e)) = (&settings.lease, &elector)
-        && let Err(why) = survey(&client, cfg, &yields, &metrics).await
-    {
-        step_down(&client, cfg, e).await;
-        return Err(refused(why));
+    if let (Some(cfg), Some(e)) = (&settings.lease, &elector) {
+        let start = first_surveys(&client, cfg, &yields, &metrics, stop.as_mut(), lost.as_mut()).await;
+        match start {
+            Start::Reconcile => {}
+            Start::Stopped => {
+                step_down(&client, cfg, e).await;
+                return Ok(());
+            }
+            Start::Refused(why) => {
+                step_down(&client, cfg, e).await;
+                return Err(refused(why));
+            }
+            Start::Lost(why) => return Err(format!("lost leadership: {why}")),
+        }
     }
 
     let identity =
@@ -300,12 +317,6 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         }
         futures_util::future::ready(())
     });
-    let lost = async {
-        match &elector {
-            Some(e) => e.hold().await,
-            None => std::future::pending().await,
-        }
-    };
     let overlap = keep_surveying(&client, ctx.settings.lease.as_ref(), &yields, &metrics);
     tokio::select! {
         () = reconciling => Ok(()),
@@ -315,7 +326,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
             }
             Ok(())
         }
-        why = lost => Err(format!("lost leadership: {why}")),
+        why = &mut lost => Err(format!("lost leadership: {why}")),
         why = overlap => {
             if let (Some(cfg), Some(e)) = (&ctx.settings.lease, &elector) {
                 step_down(&client, cfg, e).await;
@@ -332,17 +343,63 @@ async fn step_down(client: &Client, cfg: &LeaseConfig, elector: &LeaderElector) 
     elector.release().await;
 }
 
-/// One survey of the other operators' Leases (`scope`): the namespaces to leave alone, or why
-/// this operator must stop.
+/// How a new leader's first surveys ended.
+enum Start {
+    /// Alone over its namespaces (or yielding some): reconcile.
+    Reconcile,
+    /// SIGTERM or SIGINT while it waited.
+    Stopped,
+    /// Another operator already watches part of its scope.
+    Refused(String),
+    /// Its Lease could not be renewed while it waited.
+    Lost(String),
+}
+
+/// A new leader surveys, waits for what that survey could not see yet (`scope::settle`: claims
+/// on their way, a cluster-wide operator's next survey) and surveys again before it reconciles
+/// anything, renewing its Lease (`lost`) meanwhile.
+async fn first_surveys(
+    client: &Client,
+    cfg: &LeaseConfig,
+    yields: &scope::Yields,
+    metrics: &Metrics,
+    mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
+    mut lost: std::pin::Pin<&mut impl Future<Output = String>>,
+) -> Start {
+    let peers = match survey(client, cfg, yields, metrics).await {
+        Ok(peers) => peers,
+        Err(why) => return Start::Refused(why),
+    };
+    let wait = scope::settle(cfg, &peers);
+    if wait.is_zero() {
+        return Start::Reconcile;
+    }
+    tracing::info!(
+        ?wait,
+        "waiting before reconciling for other operators' claims and surveys, then surveying again"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(wait) => {}
+        () = stop.as_mut() => return Start::Stopped,
+        why = lost.as_mut() => return Start::Lost(why),
+    }
+    match survey(client, cfg, yields, metrics).await {
+        Ok(_) => Start::Reconcile,
+        Err(why) => Start::Refused(why),
+    }
+}
+
+/// One survey of the other operators' Leases (`scope`): the operators found, whose namespaces
+/// to leave alone, or why this operator must stop.
 async fn survey(
     client: &Client,
     cfg: &LeaseConfig,
     yields: &scope::Yields,
     metrics: &Metrics,
-) -> Result<(), String> {
-    scope::check(client, cfg, yields).await?;
+) -> Result<Vec<scope::Peer>, String> {
+    let peers = scope::check(client, cfg, yields).await?;
     metrics.yielded_namespaces.set(yields.count() as i64);
-    Ok(())
+    Ok(peers)
 }
 
 /// Surveys again every four lease durations; returns why this operator must stop (never,

@@ -64,6 +64,8 @@ pub struct Peer {
     pub watch: Watch,
     /// When its current holder took it: of two rivals, the earlier keeps running.
     pub since: Timestamp,
+    /// Its Lease's duration: a cluster-wide operator surveys every four of them.
+    pub lease_duration: Duration,
 }
 
 /// What the survey decided.
@@ -105,12 +107,14 @@ pub fn peers(leases: &[Lease], own: &str, now: Timestamp) -> (Vec<Peer>, Timesta
             continue;
         }
         let held = spec.holder_identity.as_deref().is_some_and(|h| !h.is_empty());
-        let ttl = SignedDuration::from_secs(2 * i64::from(spec.lease_duration_seconds.unwrap_or(15).max(1)));
+        let duration_s = spec.lease_duration_seconds.unwrap_or(15).max(1);
+        let ttl = SignedDuration::from_secs(2 * i64::from(duration_s));
         let renewed =
             spec.renew_time.as_ref().is_some_and(|t| t.0.checked_add(ttl).is_ok_and(|end| end >= now));
         let watch = lease.metadata.annotations.as_ref().and_then(|a| a.get(SCOPE_ANNOTATION));
         if let (true, true, Some(watch)) = (held, renewed, watch.and_then(|w| Watch::from_annotation(w))) {
-            found.push(Peer { lease: operator, watch, since });
+            let lease_duration = Duration::from_secs(duration_s as u64);
+            found.push(Peer { lease: operator, watch, since, lease_duration });
         }
     }
     (found, own_since)
@@ -147,6 +151,34 @@ pub fn judge(own: &Watch, lease: &str, since: Timestamp, peers: &[Peer]) -> Verd
         }
     }
     Verdict::Run { yielded }
+}
+
+/// The longest a new leader waits before its second survey, whatever its peers' Leases say
+/// (a tenant may write a marked Lease with any duration in a namespace it shares).
+const MAX_SETTLE: Duration = Duration::from_secs(300);
+
+/// How long a leader that its first survey let run waits before it reconciles anything, then
+/// surveys again, so that no two operators reconcile the same namespace even for a moment:
+///
+/// - An older namespaced operator's claims are written just *after* it takes its Lease, so a
+///   namespaced operator whose first survey ran in between saw neither, and ran beside it until
+///   its next survey. Any claim of an operator older than this one is written within that
+///   operator's renew deadline (the bound an operator's API calls get to answer) of this one's
+///   first survey, so this one waits its own renew deadline (claims are read in every namespace
+///   a namespaced operator lists, its own included).
+/// - A cluster-wide operator leaves a namespaced one's namespaces to it from its next survey on,
+///   up to four of its lease durations away: a namespaced operator that found one waits for that
+///   survey, and a renew deadline for it to answer.
+///
+/// A cluster-wide operator needs no wait: every Lease it could yield to or be refused by is
+/// marked from the moment its holder took it, and it lists them all.
+pub fn settle(cfg: &LeaseConfig, peers: &[Peer]) -> Duration {
+    if cfg.watch == Watch::All {
+        return Duration::ZERO;
+    }
+    let cluster_wide = peers.iter().filter(|p| p.watch == Watch::All);
+    let next_survey = cluster_wide.map(|p| survey_every(p.lease_duration)).max().unwrap_or_default();
+    (next_survey + cfg.renew_deadline).min(MAX_SETTLE)
 }
 
 /// The marked Leases in `namespace`, or in every namespace.
@@ -208,15 +240,15 @@ impl Yields {
     }
 }
 
-/// One survey and its verdict: `Err` with the reason when this operator must stop. A survey
-/// that fails (no right to list Leases, the API server away) changes nothing: the operator runs
-/// on as it was.
-pub async fn check(client: &kube::Client, cfg: &LeaseConfig, yields: &Yields) -> Result<(), String> {
+/// One survey and its verdict: the other operators found, or `Err` with the reason when this
+/// operator must stop. A survey that fails (no right to list Leases, the API server away)
+/// changes nothing: the operator runs on as it was.
+pub async fn check(client: &kube::Client, cfg: &LeaseConfig, yields: &Yields) -> Result<Vec<Peer>, String> {
     let leases = match survey(client, cfg).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "could not list the operators' Leases: another operator watching the same namespaces would go unnoticed");
-            return Ok(());
+            return Ok(Vec::new());
         }
     };
     let own = claims::own_lease(cfg);
@@ -224,7 +256,7 @@ pub async fn check(client: &kube::Client, cfg: &LeaseConfig, yields: &Yields) ->
     match judge(&cfg.watch, &own, since, &found) {
         Verdict::Run { yielded } => {
             yields.set(yielded);
-            Ok(())
+            Ok(found)
         }
         Verdict::Refuse(why) => Err(why),
     }
@@ -239,6 +271,7 @@ mod tests {
             lease: lease.into(),
             watch: Watch::from_annotation(watch).unwrap(),
             since: Timestamp::from_second(since_s).unwrap(),
+            lease_duration: Duration::from_secs(15),
         }
     }
 
@@ -286,6 +319,30 @@ mod tests {
         );
         assert!(
             matches!(judge(&team.watch, "team-a/a", team.since, &[platform]), Verdict::Run { yielded } if yielded.is_empty())
+        );
+    }
+
+    #[test]
+    fn a_namespaced_leader_waits_for_claims_in_flight_and_for_a_cluster_wide_operators_next_survey() {
+        let cfg = |watch: &str| LeaseConfig {
+            name: "op".into(),
+            namespace: "team".into(),
+            identity: "pod".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(3),
+            watch: Watch::parse(watch).unwrap(),
+        };
+        let s = Duration::from_secs;
+        assert_eq!(settle(&cfg(""), &[peer("team/t", "team", 100)]), Duration::ZERO);
+        assert_eq!(settle(&cfg("team"), &[]), s(10), "an older claim may be on its way");
+        let mut platform = peer("ops/p", "*", 50);
+        assert_eq!(settle(&cfg("team,shared"), &[platform.clone(), peer("x/y", "x", 1)]), s(70));
+        platform.lease_duration = s(3600);
+        assert_eq!(
+            settle(&cfg("team"), &[platform]),
+            s(300),
+            "a Lease's duration cannot hold it back for long"
         );
     }
 
