@@ -239,17 +239,26 @@ async fn read_model(
 }
 
 /// Reads an int8 pull's difference from `base`: the model is `base` plus the decoded body, the
-/// same additions the PS made to its record of this worker's copy.
+/// same additions the PS made to its record of this worker's copy, made as the body is widened
+/// (`wire::int8::add_delta`).
 async fn read_delta(
-    resp: reqwest::Response,
+    mut resp: reqwest::Response,
     expected: &ExpectedModel,
     base: &[f32],
     mut values: Vec<f32>,
 ) -> Result<(Layout, Vec<f32>), ClientError> {
-    let body = resp.bytes().await?;
+    // Sized once from Content-Length, instead of grown and moved as chunks arrive; at most about
+    // the model's int8 body (a byte per value, a scale per chunk and per tensor, a header with
+    // the scales' entries), so a wrong Content-Length cannot make it reserve more.
+    let (layout, header) = (&expected.layout, expected.header.len());
+    let most = 2 * header + layout.len() + 4 * (wire::int8::chunks(layout.len()) + layout.tensors().len());
+    let announced = resp.content_length().map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    let mut body = Vec::with_capacity(announced.min(most));
+    while let Some(chunk) = resp.chunk().await? {
+        body.extend_from_slice(&chunk);
+    }
     values.resize(expected.layout.len(), 0.0);
-    wire::decode_gradient(&body, &expected.layout, &mut values)?;
-    wire::int8::apply_delta(&mut values, base);
+    wire::int8::add_delta(&body, &expected.layout, base, &mut values)?;
     Ok((expected.layout.clone(), values))
 }
 

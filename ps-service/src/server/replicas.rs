@@ -103,9 +103,9 @@ mod tests {
                 *tag
             }
             Answer::Delta { tag, body, .. } => {
-                let mut delta = vec![0.0; l.len()];
-                wire::decode_gradient(body, l, &mut delta).unwrap();
-                wire::int8::apply_delta(copy, &delta);
+                let mut next = vec![0.0; l.len()];
+                wire::int8::add_delta(body, l, copy, &mut next).unwrap();
+                *copy = next;
                 *tag
             }
         }

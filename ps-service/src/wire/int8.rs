@@ -156,6 +156,68 @@ pub fn apply_delta(copy: &mut [f32], delta: &[f32]) {
     }
 }
 
+/// Reads a pull's difference body (a gradient body, int8 as [`encode_delta`] writes it) onto
+/// `base`, the copy it is the difference from: `out = base + decoded`, the model the worker
+/// holds next. Bit for bit what decoding the body and [`apply_delta`] give, and what the PS
+/// added to its record of the copy (`q × scale`, then the addition, in f32), but each int8
+/// value is read, widened and added in one pass, the chunks shared among the cores: the body
+/// is a quarter of the model's bytes, and the model-sized decoded difference is never written.
+/// Refused like a gradient body; then `out` holds anything, `base` is untouched.
+pub fn add_delta(body: &[u8], layout: &Layout, base: &[f32], out: &mut [f32]) -> Result<(), WireError> {
+    assert_eq!((base.len(), out.len()), (layout.len(), layout.len()));
+    let parsed = super::parse(body)?;
+    let mut int8 = vec![None; layout.tensors().len()];
+    super::fill_delta(layout, &parsed, &mut int8, out)?;
+    let threads = crate::cores::threads_for(out.len());
+    let (mut base, mut out_rest) = (base, &mut out[..]);
+    let mut pieces = Vec::with_capacity(layout.len().div_ceil(CHUNK) + layout.tensors().len());
+    for ((_, r), sent) in layout.iter().zip(int8) {
+        let (b, rest) = base.split_at(r.len());
+        let (o, rest_out) = std::mem::take(&mut out_rest).split_at_mut(r.len());
+        (base, out_rest) = (rest, rest_out);
+        match sent {
+            Some((q, scales)) => {
+                let chunks = q.chunks(CHUNK).zip(scales.chunks_exact(4));
+                for (((q, s), b), o) in chunks.zip(b.chunks(CHUNK)).zip(o.chunks_mut(CHUNK)) {
+                    pieces.push(DeltaPiece {
+                        q: Some((q, f32::from_le_bytes([s[0], s[1], s[2], s[3]]))),
+                        base: b,
+                        out: o,
+                    });
+                }
+            }
+            // Widened into `out` already (F32/BF16/F16): only the base to add.
+            None => pieces.push(DeltaPiece { q: None, base: b, out: o }),
+        }
+    }
+    crate::cores::in_runs(pieces, threads, |p| p.out.len(), |run| run.into_iter().for_each(DeltaPiece::add));
+    match super::first_non_finite(out) {
+        Some(i) => Err(super::unusable_at(layout, out, i)),
+        None => Ok(()),
+    }
+}
+
+/// One chunk of a difference: its int8 values and scale (or `None` when `out` holds the widened
+/// difference already), the base it is added to, and where the sum goes.
+struct DeltaPiece<'a> {
+    q: Option<(&'a [u8], f32)>,
+    base: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl DeltaPiece<'_> {
+    fn add(self) {
+        match self.q {
+            Some((q, scale)) => {
+                for ((o, &q), b) in self.out.iter_mut().zip(q).zip(self.base) {
+                    *o = b + f32::from(q as i8) * scale;
+                }
+            }
+            None => apply_delta(self.out, self.base),
+        }
+    }
+}
+
 /// One chunk's int8 values, written to `q`, and its scale; `chunk` is left with
 /// `chunk − decoded`.
 fn quantize(chunk: &mut [f32], q: &mut [u8]) -> f32 {

@@ -278,7 +278,7 @@ pub fn decode_model(body: &[u8]) -> Result<(Layout, Vec<f32>, Metadata), WireErr
     let specs = parsed.tensors.iter().map(|(n, _, s, _)| TensorSpec { name: n.clone(), shape: s.clone() });
     let layout = Layout::model(specs.collect())?;
     let mut values = vec![0f32; layout.len()];
-    fill(&layout, &parsed, false, &mut values)?;
+    fill(&layout, &parsed, Fill::Model, &mut values)?;
     Ok((layout, values, parsed.metadata))
 }
 
@@ -286,7 +286,7 @@ pub fn decode_model(body: &[u8]) -> Result<(Layout, Vec<f32>, Metadata), WireErr
 /// every registered tensor exactly once, right shape, F32/BF16/F16, all values finite.
 pub fn decode_gradient(body: &[u8], layout: &Layout, out: &mut [f32]) -> Result<(), WireError> {
     let parsed = parse(body)?;
-    fill(layout, &parsed, true, out)?;
+    fill(layout, &parsed, Fill::Gradient, out)?;
     match first_unusable(out) {
         Some(i) => Err(unusable_at(layout, out, i)),
         None => Ok(()),
@@ -335,12 +335,41 @@ fn first_failing(v: &[f32], ok: impl Fn(f32) -> bool) -> Option<usize> {
 /// Reads a model's F32 tensors from `parsed` into `out` (`layout`'s length): every tensor of
 /// `layout` exactly once, with its shape, all values finite.
 pub fn fill_model(layout: &Layout, parsed: &Parsed<'_>, out: &mut [f32]) -> Result<(), WireError> {
-    fill(layout, parsed, false, out)
+    fill(layout, parsed, Fill::Model, out)
 }
 
-/// `gradient`: F32, BF16, F16 or int8 (with its scales, [`int8`]); otherwise (a model) F32 only.
-fn fill(layout: &Layout, parsed: &Parsed<'_>, gradient: bool, out: &mut [f32]) -> Result<(), WireError> {
+/// Checks a pull's difference body against `layout` like a gradient's: widens its F32, BF16
+/// and F16 tensors into `out` and hands back each int8 tensor's values and scales by layout
+/// index (`int8::add_delta`).
+fn fill_delta<'a>(
+    layout: &Layout,
+    parsed: &Parsed<'a>,
+    int8: &mut [Option<(&'a [u8], &'a [u8])>],
+    out: &mut [f32],
+) -> Result<(), WireError> {
+    fill(layout, parsed, Fill::Delta(int8), out)
+}
+
+/// What [`fill`] reads.
+enum Fill<'p, 'a> {
+    /// F32 tensors only.
+    Model,
+    /// F32, BF16, F16 or int8 tensors, int8 widened with its scales.
+    Gradient,
+    /// As `Gradient`, but each int8 tensor's values and scales are handed back by layout index
+    /// instead of widened (`int8::add_delta` widens them onto a base in the same pass).
+    Delta(&'p mut [Option<(&'a [u8], &'a [u8])>]),
+}
+
+/// Checks `parsed` against `layout` and widens its tensors into `out` (see [`Fill`]).
+fn fill<'a>(
+    layout: &Layout,
+    parsed: &Parsed<'a>,
+    mut what: Fill<'_, 'a>,
+    out: &mut [f32],
+) -> Result<(), WireError> {
     assert_eq!(out.len(), layout.len());
+    let gradient = !matches!(what, Fill::Model);
     let scales = if gradient { int8::scales_of(layout, &parsed.tensors)? } else { Vec::new() };
     let mut present = vec![false; layout.tensors.len()];
     let mut int8_sent = vec![false; scales.len()];
@@ -362,7 +391,10 @@ fn fill(layout: &Layout, parsed: &Parsed<'_>, gradient: bool, out: &mut [f32]) -
         if gradient && *dtype == Dtype::I8 {
             let scale_name = || format!("{}{name}", int8::SCALE_PREFIX);
             let s = scales[idx].ok_or_else(|| WireError::MissingTensor(scale_name()))?;
-            int8::widen(bytes, s, out);
+            match &mut what {
+                Fill::Delta(int8) => int8[idx] = Some((*bytes, s)),
+                _ => int8::widen(bytes, s, out),
+            }
             int8_sent[idx] = true;
         } else {
             let allowed = if gradient { "F32, BF16, F16 or I8 (with its scales)" } else { "F32" };

@@ -373,6 +373,11 @@ fn an_int8_difference_leaves_the_ps_record_of_the_copy_where_the_worker_lands_bi
         decode_gradient(&body, &l, &mut delta).unwrap();
         let mut worker = held.clone();
         int8::apply_delta(&mut worker, &delta);
+        // The worker's own read (`client::read_delta`): widened and added in one pass, on
+        // several threads for the large layout; the same bits.
+        let mut one_pass = vec![f32::NAN; l.len()];
+        int8::add_delta(&body, &l, &held, &mut one_pass).unwrap();
+        assert!(one_pass.iter().zip(&worker).all(|(a, b)| a.to_bits() == b.to_bits()));
         // Within half a step of the largest difference in the model (a chunk's step is no larger).
         let step = current.iter().zip(&held).fold(0f32, |m, (c, h)| m.max((c - h).abs())) / 127.0;
         for (i, ((w, r), (c, h))) in worker.iter().zip(&record).zip(current.iter().zip(&held)).enumerate() {
@@ -422,6 +427,19 @@ fn int8_tensors_mix_with_f32_ones_and_every_inconsistent_scale_is_refused() {
     ]);
     decode_gradient(&mixed, &l, &mut out).unwrap();
     assert_eq!(&out[3 * int8::CHUNK..3 * int8::CHUNK + 519], &x[3 * int8::CHUNK..3 * int8::CHUNK + 519]);
+    // Read onto a base as a pull's difference: the base plus exactly that, F32 tensor included.
+    let base: Vec<f32> = (0..l.len()).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let mut onto = vec![f32::NAN; l.len()];
+    int8::add_delta(&mixed, &l, &base, &mut onto).unwrap();
+    assert!(onto.iter().zip(base.iter().zip(&out)).all(|(o, (b, d))| o.to_bits() == (b + d).to_bits()));
+    // A model that is not finite is refused, naming where.
+    let mut bad = base.clone();
+    bad[3 * int8::CHUNK + 5] = f32::NAN;
+    let e = int8::add_delta(&mixed, &l, &bad, &mut onto).unwrap_err();
+    assert_eq!(
+        (e.reason(), e.to_string()),
+        ("non_finite", "tensor \"b\" holds a non-finite value (NaN) at element 5".into())
+    );
     let refused = |tensors: Vec<ParsedTensor<'_>>| {
         let mut out = vec![0.0; l.len()];
         decode_gradient(&rebuild(tensors), &l, &mut out).unwrap_err()
