@@ -14,8 +14,9 @@
 //! namespace (its ClusterRole), a namespaced one in its own namespace and the ones it watches
 //! (a Role in each). So that two namespaced releases installed in different namespaces that
 //! watch a shared one see each other, each also writes a claim in the namespaces it watches
-//! ([`super::claims`]), which counts as its Lease. Without leader election there is no Lease,
-//! and no survey.
+//! ([`super::claims`]), which counts as its Lease. A new namespaced leader waits before it
+//! reconciles anything and surveys again ([`settle`]), for what its first survey could not see
+//! yet. Without leader election there is no Lease, and no survey.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
