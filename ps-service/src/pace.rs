@@ -18,7 +18,8 @@
 //! not swing H, and a worker not yet measured is advised the job's starting H. A worker that
 //! finished or fell silent is forgotten, so a dead worker's slow link does not keep setting the
 //! others' rounds. Nothing here is checkpointed: a restarted PS advises the starting H until the
-//! first reports arrive.
+//! first reports arrive, and those carry each worker's last exchange that needed no retry (the
+//! worker does not time an exchange stretched by the PS's restart, `client::exchange`).
 
 use std::collections::BTreeMap;
 

@@ -142,15 +142,18 @@ fn without_the_policy_no_advice_is_given() {
     assert_eq!(metric(&m, "foresight_ps_local_steps", &["worker=\"0\""]), 4.0, "the steps the push covered");
 }
 
-/// One worker's loop: `step` of wall time per local step, pseudo-gradients of a fixed size;
-/// returns the steps between its consecutive pushes and the local steps it was told before each.
-fn train(
-    rt: &tokio::runtime::Runtime,
-    url: &str,
-    m: usize,
-    step: Duration,
-    run_for: Duration,
-) -> Vec<(u64, u64)> {
+/// One exchange of a worker's loop: when its push was due, the local steps trained before it,
+/// and the local steps the PS had told the worker to train.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    at: Instant,
+    trained: u64,
+    told: u64,
+}
+
+/// One worker's loop: `step` of wall time per local step, pseudo-gradients of a fixed size,
+/// for `run_for`; returns its exchanges.
+fn train(rt: &tokio::runtime::Runtime, url: &str, m: usize, step: Duration, run_for: Duration) -> Vec<Block> {
     let cadence = Cadence::local_steps(8, GradDtype::F32).unwrap();
     let mut w = worker(rt, &[url.to_string()], cadence, m, Duration::from_secs(30));
     let mut blocks = Vec::new();
@@ -162,7 +165,7 @@ fn train(
         steps += 1;
         if w.push_due_next() {
             w.grad_mut().iter_mut().for_each(|g| *g = 1e-4);
-            blocks.push((steps, told));
+            blocks.push(Block { at: Instant::now(), trained: steps, told });
             steps = 0;
         }
         assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
@@ -192,14 +195,73 @@ fn workers_follow_the_advice_and_a_slower_one_trains_fewer_steps() {
     let slow = slow.join().unwrap();
     for (who, blocks) in [("fast", &fast), ("slow", &slow)] {
         assert!(blocks.len() >= 4, "{who}: only {} exchanges: {blocks:?}", blocks.len());
-        for &(trained, told) in blocks.iter() {
-            assert_eq!(trained, told, "{who} trained other than it was told: {blocks:?}");
+        for b in blocks.iter() {
+            assert_eq!(b.trained, b.told, "{who} trained other than it was told: {blocks:?}");
         }
     }
+    let (fast, slow): (Vec<_>, Vec<_>) = (
+        fast.iter().map(|b| (b.trained, b.told)).collect(),
+        slow.iter().map(|b| (b.trained, b.told)).collect(),
+    );
     eprintln!("steps trained and told per exchange: fast {fast:?}, slow {slow:?}");
     let last = |b: &[(u64, u64)]| b.last().unwrap().1 as f64;
     let (f, s) = (last(&fast), last(&slow));
     assert!(f > 8.0, "the fast worker's steps did not grow from 8: {fast:?}");
     let ratio = f / s;
     assert!((2.0..=4.5).contains(&ratio), "a 3× slower worker told {s} steps against {f}: {fast:?} {slow:?}");
+}
+
+/// The real PS binary SIGKILLed mid-run and started again a second later (its checkpoint
+/// restored, its workers' pace forgotten): the worker's exchange across the outage, which its
+/// retries stretched to the outage's length, is not reported as its link's pace, so the
+/// restarted PS does not make every round a hundred times longer (here: the most local steps
+/// the job allows) by it.
+#[test]
+fn an_exchange_stretched_by_a_ps_restart_does_not_set_the_round() {
+    const MAX: u64 = 2000;
+    let rt = runtime();
+    let port = free_port();
+    let ckpt = tempfile::tempdir().unwrap();
+    let max = MAX.to_string();
+    let args = [
+        "--workers",
+        "1",
+        "--algorithm",
+        "asgd",
+        "--local-steps",
+        "8",
+        "--local-steps-max",
+        &max,
+        "--communication-fraction",
+        "0.01",
+        "--checkpoint-interval",
+        "1",
+        "--checkpoint-dir",
+        ckpt.path().to_str().unwrap(),
+    ];
+    let mut ps = PsProcess::spawn(port, &args);
+    rt.block_on(ps.wait_ready());
+    let url = ps.url.clone();
+    let training = std::thread::spawn(move || {
+        train(&runtime(), &url, 0, Duration::from_millis(2), Duration::from_secs(7))
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    ps.signal("KILL");
+    ps.wait_exit();
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let ps = PsProcess::spawn(port, &args);
+    rt.block_on(ps.wait_ready());
+    let blocks = training.join().unwrap();
+    let (before, after): (Vec<Block>, Vec<Block>) = blocks.iter().partition(|b| b.at < killed);
+    let told = |bs: &[Block]| bs.iter().map(|b| b.told).collect::<Vec<_>>();
+    eprintln!("local steps told before the kill {:?}, after {:?}", told(&before), told(&after));
+    assert!(before.len() >= 3 && after.len() >= 3, "exchanges before and after the restart: {blocks:?}");
+    let most_before = before.iter().map(|b| b.told).max().unwrap();
+    assert!(most_before < MAX, "the advice was in the bounds before the kill: {blocks:?}");
+    assert!(
+        after.iter().all(|b| b.told < MAX),
+        "after the restart the worker was told the most local steps: {:?}",
+        told(&after)
+    );
 }

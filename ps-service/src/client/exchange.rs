@@ -203,7 +203,9 @@ struct PaceClock {
     /// The last push's wall time, until the pull after it completes the exchange.
     push: Option<Duration>,
     /// The last whole exchange: a push and the pull after it, less the time the PS held the
-    /// pull waiting for a `sync` round.
+    /// pull waiting for a `sync` round. An exchange in which a call failed and was retried is
+    /// not measured (the previous one stands): it timed a PS restarting or a refused connection,
+    /// and a restarted PS, which starts its pace afresh, would set every worker's round by it.
     exchange: Option<Duration>,
 }
 
@@ -218,13 +220,17 @@ impl PaceClock {
         })
     }
 
-    fn pushed(&mut self, took: Duration) {
-        self.push = Some(took);
+    /// A push took `took`; `retried`: some call failed and was retried meanwhile.
+    fn pushed(&mut self, took: Duration, retried: bool) {
+        self.push = (!retried).then_some(took);
         self.steps_began = Some(Instant::now());
     }
 
-    fn pulled(&mut self, took: Duration, held: Duration) {
-        if let Some(push) = self.push.take() {
+    /// The pull after a push took `took`, `held` of it waiting for a round.
+    fn pulled(&mut self, took: Duration, held: Duration, retried: bool) {
+        if let Some(push) = self.push.take()
+            && !retried
+        {
             self.exchange = Some(push + took.saturating_sub(held));
         }
         self.steps_began = Some(Instant::now());
@@ -352,9 +358,10 @@ impl Exchange {
     fn pull_after_round(&mut self, out: &mut [f32]) -> Result<u64, ClientError> {
         loop {
             let after_round = self.in_round.is_some();
-            let pulling = Instant::now();
+            let (pulling, retries) = (Instant::now(), self.session.retries());
             if let Some(p) = self.session.pull_into(self.step, after_round, ROUND_WAIT, out)? {
-                self.clock.pulled(pulling.elapsed(), p.held);
+                let retried = self.session.retries() != retries;
+                self.clock.pulled(pulling.elapsed(), p.held, retried);
                 self.in_round = None;
                 self.version = Some(p.version);
                 return Ok(p.version);
@@ -407,9 +414,9 @@ impl Exchange {
             return Err(ClientError::NotPulled);
         }
         let pace = self.clock.pace(self.unsent);
-        let pushing = Instant::now();
+        let (pushing, retries) = (Instant::now(), self.session.retries());
         let pushed = self.session.push(self.step, epoch, &self.grad, self.cadence.dtype, pace)?;
-        self.clock.pushed(pushing.elapsed());
+        self.clock.pushed(pushing.elapsed(), self.session.retries() != retries);
         if let (Some(_), Some(h)) = (self.cadence.local(), self.session.advised_local_steps()) {
             if h != self.local_steps {
                 tracing::info!(

@@ -78,6 +78,11 @@ impl ErrorFeedback {
 }
 
 impl Link {
+    /// Failed calls this link retried.
+    pub(super) fn retries(&self) -> u64 {
+        self.retry.retried()
+    }
+
     pub(super) fn new(client: PsClient, retry: Retry, worker: usize, layout: Layout) -> Self {
         Self {
             client,

@@ -211,6 +211,12 @@ impl Session {
         Ok(Pushed::combine(all.into_iter().collect::<Result<_, _>>()?))
     }
 
+    /// Failed calls retried so far, over every shard: an exchange during which this grew timed
+    /// the failure (a PS restarting, a refused connection), not the link.
+    pub fn retries(&self) -> u64 {
+        self.links.iter().map(Link::retries).sum()
+    }
+
     /// The local steps the PS advised in its last answer to a push (`optimizer.adaptiveLocalSteps`;
     /// the first shard's: every shard chooses from the same reports).
     pub fn advised_local_steps(&self) -> Option<u64> {
@@ -238,11 +244,18 @@ pub struct Retry {
     deadline: Duration,
     seed: u64,
     rng: rand::rngs::StdRng,
+    /// Failed attempts retried so far.
+    retried: u64,
 }
 
 impl Retry {
     pub fn new(deadline: Duration, seed: u64) -> Self {
-        Self { deadline, seed, rng: rand::rngs::StdRng::seed_from_u64(seed) }
+        Self { deadline, seed, rng: rand::rngs::StdRng::seed_from_u64(seed), retried: 0 }
+    }
+
+    /// Failed attempts this policy retried.
+    pub(super) fn retried(&self) -> u64 {
+        self.retried
     }
 
     /// The same policy for shard `i`'s link, with jitter of its own.
@@ -271,6 +284,7 @@ impl Retry {
                     let jittered = backoff.mul_f64(self.rng.random_range(0.5..1.5));
                     let wait = e.retry_after().map_or(jittered, |asked| jittered.max(asked));
                     tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying");
+                    self.retried += 1;
                     tokio::time::sleep(wait).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
