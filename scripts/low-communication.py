@@ -59,6 +59,7 @@ Usage: scripts/low-communication.py [--seeds 1,2] [--sync-h 10,50,200] [--async-
        scripts/low-communication.py --simulate [--sim-h 10,50] [--sim-seeds 10] [--bin target/release]
        scripts/low-communication.py --adaptive [--straggler 3] [--target 0.96] [--seeds 1,2] [--link-mbit 100]
        scripts/low-communication.py --lm [--lm-h 10,50] [--lm-epochs 2] [--seeds 1] [--link-mbit 100 [--link-rtt-ms 50]]
+       scripts/low-communication.py --lm --straggler 3 [--lm-h 50] [--async-lr 0.5] [--dn-lrs 0.25,0.5,0.7]
        scripts/low-communication.py --pulls [--straggler-h 10] [--target 0.96] [--seeds 1,2] [--link-mbit 10]
 
 With --adaptive it compares fixed and adaptive local steps (optimizer.adaptiveLocalSteps: the PS
@@ -76,7 +77,10 @@ inner AdamW at 1e-3) at each H of --lm-h, pushing F32, int8, and int8 with the m
 bf16 and in int8 (optimizer.pullDtype); the final model's held-out loss (nats per byte) and accuracy, the bytes
 pushed, and the bytes the PS received and sent (its own counters), against every step's; rewrites
 its own section. With --link-mbit (and --link-rtt-ms) every run is on that link (root), F32 and
-int8-both-ways only, into a section of its own.
+int8-both-ways only, into a section of its own. With --straggler F as well, worker 3 is slowed F×
+and DiLoCo's sync outer step at each H is compared with the asynchronous ones (asgd and dc-asgd-a
+without momentum at --async-lr, asgd with Delayed Nesterov at each lr of --dn-lrs), paired by
+seed, into a section of its own.
 
 With --pulls it runs the built-in LeNet-5 under DiLoCo's sync outer step at H = --straggler-h with
 int8 pushes, the model pulled in F32, bf16 and int8 (optimizer.pullDtype): time to --target from
@@ -224,6 +228,8 @@ def main() -> None:
     ap.add_argument("--sim-h", default="10,50")
     ap.add_argument("--sim-seeds", type=int, default=10)
     ap.add_argument("--dn-lr", type=float, default=0.25, help="outer lr of the simulator's Delayed Nesterov rows")
+    ap.add_argument("--dn-lrs", default="0.25",
+                    help="with --lm --straggler: the outer lrs of the Delayed Nesterov rows, comma-separated")
     ap.add_argument("--sim-target", type=float, default=0.9, help="held-out accuracy the time-to-target columns use")
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -500,13 +506,15 @@ def lm_spec(seed: int, epochs: int, h: int | None = None, dtype: str = "f32", pu
 def lm_straggler_study(args, seeds: list[int], hs: list[int], at: dt.datetime, started: float) -> None:
     """The transformer language model with worker 3 slowed: DiLoCo's sync outer step against the
     asynchronous ones (asgd and dc-asgd-a without momentum at --async-lr, asgd with Delayed
-    Nesterov at --dn-lr), at each H of --lm-h, paired by seed."""
+    Nesterov at each lr of --dn-lrs), at each H of --lm-h, paired by seed."""
     factor = args.straggler
     rules = [
         ("sync", {}),
         ("asgd", {"rule": "asgd", "lr": args.async_lr, "momentum": False}),
         ("dc-asgd-a", {"rule": "dc-asgd-a", "lr": args.async_lr, "momentum": False}),
-        (DELAYED, {"rule": "asgd", "lr": args.dn_lr, "momentum_delay": 4}),
+    ] + [
+        (f"{DELAYED}, lr {lr:g}", {"rule": "asgd", "lr": lr, "momentum_delay": 4})
+        for lr in [float(x) for x in args.dn_lrs.split(",") if x]
     ]
     rows = []
     for seed in seeds:
@@ -521,7 +529,7 @@ def lm_straggler_study(args, seeds: list[int], hs: list[int], at: dt.datetime, s
     sync = {(r["h"], r["seed"]): r for r in rows if r["rule"] == "sync"}
     lines = [
         f"Command: `scripts/low-communication.py --lm --straggler {factor:g} --lm-h {args.lm_h} "
-        f"--lm-epochs {args.lm_epochs} --seeds {args.seeds} --async-lr {args.async_lr:g} --dn-lr {args.dn_lr:g}"
+        f"--lm-epochs {args.lm_epochs} --seeds {args.seeds} --async-lr {args.async_lr:g} --dn-lrs {args.dn_lrs}"
         f"{bin_arg(args.bin)}` — {wall / 60:.1f} min wall, {at:%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
         f"{os.cpu_count()} cores.",
         "",
