@@ -24,6 +24,7 @@ pub mod trouble;
 mod watch;
 mod writes;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -357,19 +358,22 @@ enum Start {
 
 /// A new leader surveys, waits for what that survey could not see yet (`scope::settle`: claims
 /// on their way, a cluster-wide operator's next survey) and surveys again before it reconciles
-/// anything, renewing its Lease (`lost`) meanwhile.
+/// anything, renewing its Lease (`lost`) all the while: a survey whose calls hang (a stuck
+/// connection) ends with the Lease's renew deadline, as reconciling does.
 async fn first_surveys(
     client: &Client,
     cfg: &LeaseConfig,
     yields: &scope::Yields,
     metrics: &Metrics,
-    mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
-    mut lost: std::pin::Pin<&mut impl Future<Output = String>>,
+    mut stop: Pin<&mut impl Future<Output = ()>>,
+    mut lost: Pin<&mut impl Future<Output = String>>,
 ) -> Start {
-    let peers = match survey(client, cfg, yields, metrics).await {
-        Ok(peers) => peers,
-        Err(why) => return Start::Refused(why),
-    };
+    let first = survey(client, cfg, yields, metrics);
+    let peers =
+        match or_stopped(first, stop.as_mut(), lost.as_mut()).await.and_then(|r| r.map_err(Start::Refused)) {
+            Ok(peers) => peers,
+            Err(start) => return start,
+        };
     let wait = scope::settle(cfg, &peers);
     if wait.is_zero() {
         return Start::Reconcile;
@@ -378,14 +382,26 @@ async fn first_surveys(
         ?wait,
         "waiting before reconciling for other operators' claims and surveys, then surveying again"
     );
-    tokio::select! {
-        () = tokio::time::sleep(wait) => {}
-        () = stop.as_mut() => return Start::Stopped,
-        why = lost.as_mut() => return Start::Lost(why),
-    }
-    match survey(client, cfg, yields, metrics).await {
+    let again = async {
+        tokio::time::sleep(wait).await;
+        survey(client, cfg, yields, metrics).await
+    };
+    match or_stopped(again, stop, lost).await.and_then(|r| r.map_err(Start::Refused)) {
         Ok(_) => Start::Reconcile,
-        Err(why) => Start::Refused(why),
+        Err(start) => start,
+    }
+}
+
+/// `work`, unless SIGTERM comes or the Lease is lost first.
+async fn or_stopped<T>(
+    work: impl Future<Output = T>,
+    stop: Pin<&mut impl Future<Output = ()>>,
+    lost: Pin<&mut impl Future<Output = String>>,
+) -> Result<T, Start> {
+    tokio::select! {
+        done = work => Ok(done),
+        () = stop => Err(Start::Stopped),
+        why = lost => Err(Start::Lost(why)),
     }
 }
 
