@@ -79,12 +79,13 @@ compare: build ## Foresight against PyTorch DDP and a single process, same model
 simulate: build ## The rules at any staleness without the machine: foresight-worker simulate sweeps, rewrites part of docs/convergence.md (about 7 min)
 	python3 scripts/simulate.py --out $(OUT)/simulate --doc docs/convergence.md
 
-low-comm: setup build ## Local steps (DiLoCo-style, sync and async; f32, bf16 and int8 pseudo-gradients) against every-step dc-asgd-a, then sync/asgd/dc-asgd-a/asgd with Delayed Nesterov with worker 3 slowed 3x: Python LeNet-5, pushes, bytes, accuracy, wall time, 2 seeds; then the same rules in the simulator (10 seeds, deterministic; with bf16 and int8 pulls and pushes); then time to 95 % in real runs of the built-in LeNet-5 with and without the straggler; then the transformer language model (every step against H = 10, 50, 200: f32 and int8 pushes, int8 pushes with bf16 and int8 pulls); then fixed against adaptive local steps; rewrites six sections of docs/convergence.md (about 55 min)
+low-comm: setup build ## Local steps (DiLoCo-style, sync and async; f32, bf16 and int8 pseudo-gradients) against every-step dc-asgd-a, then sync/asgd/dc-asgd-a/asgd with Delayed Nesterov with worker 3 slowed 3x: Python LeNet-5, pushes, bytes, accuracy, wall time, 2 seeds; then the same rules in the simulator (10 seeds, deterministic; with bf16 and int8 pulls and pushes); then time to 95 % in real runs of the built-in LeNet-5 with and without the straggler; then the transformer language model (every step against H = 10, 50, 200: f32 and int8 pushes, int8 pushes with bf16 and int8 pulls), and with worker 3 slowed 3x (sync against asgd, dc-asgd-a and Delayed Nesterov at three lrs, H = 50); then fixed against adaptive local steps; rewrites seven sections of docs/convergence.md (about 70 min)
 	python3 scripts/low-communication.py --out $(OUT)/low-comm --doc docs/convergence.md $(ARGS)
 	python3 scripts/low-communication.py --straggler 3 --out $(OUT)/low-comm --doc docs/convergence.md
 	python3 scripts/low-communication.py --simulate --out $(OUT)/low-comm --doc docs/convergence.md
 	python3 scripts/low-communication.py --time-to-target --straggler 3 --out $(OUT)/low-comm --doc docs/convergence.md
 	python3 scripts/low-communication.py --lm --lm-h 10,50,200 --seeds 1,2 --out $(OUT)/low-comm --doc docs/convergence.md
+	python3 scripts/low-communication.py --lm --straggler 3 --lm-h 50 --seeds 1,2 --dn-lrs 0.25,0.5,0.7 --out $(OUT)/low-comm --doc docs/convergence.md
 	python3 scripts/low-communication.py --adaptive --straggler 3 --target 0.96 --out $(OUT)/low-comm --doc docs/convergence.md
 
 chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 45 min here; ARGS=...)
