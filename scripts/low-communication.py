@@ -182,6 +182,7 @@ def run(args, name: str, text: str, dtype: str = "f32", slow: float | None = Non
     row = {
         "name": name,
         "accuracy": summary["accuracy"],
+        "loss": summary.get("loss"),
         "pushes": pushes,
         "bytes": pushes * size,
         # What the PS itself counted: every request body (the pushes, the model's registration
@@ -521,9 +522,7 @@ def lm_straggler_study(args, seeds: list[int], hs: list[int], at: dt.datetime, s
         for h in hs:
             for label, how in rules:
                 name = f"lm-straggler-{label.replace(' ', '')}-H{h}-seed{seed}"
-                summary_path = args.out / name / "run" / "summary.json"
                 r = run(args, name, lm_spec(seed, args.lm_epochs, h, **how), slow=factor)
-                r["loss"] = json.loads(summary_path.read_text())["loss"]
                 rows.append({"rule": label, "h": h, "seed": seed, **r})
     wall = time.monotonic() - started
     sync = {(r["h"], r["seed"]): r for r in rows if r["rule"] == "sync"}
@@ -559,9 +558,7 @@ def lm_study(args, seeds: list[int], hs: list[int], at: dt.datetime, started: fl
     for seed in seeds:
         for label, h, dtype, pulls in plan:
             name = f"lm-{label.replace(', ', '-').replace('=', '').replace(' ', '-')}-seed{seed}"
-            summary_path = args.out / name / "run" / "summary.json"
             r = run(args, name, lm_spec(seed, args.lm_epochs, h, dtype, pulls), dtype)
-            r["loss"] = json.loads(summary_path.read_text())["loss"]
             rows.append({"label": label, "seed": seed, **r})
     wall = time.monotonic() - started
     base = {r["seed"]: r for r in rows if r["label"].startswith("every step")}

@@ -167,7 +167,7 @@ pub fn add_delta(body: &[u8], layout: &Layout, base: &[f32], out: &mut [f32]) ->
     assert_eq!((base.len(), out.len()), (layout.len(), layout.len()));
     let parsed = super::parse(body)?;
     let mut int8 = vec![None; layout.tensors().len()];
-    super::fill_delta(layout, &parsed, &mut int8, out)?;
+    super::fill(layout, &parsed, super::Fill::Delta(&mut int8), out)?;
     let threads = crate::cores::threads_for(out.len());
     let (mut base, mut out_rest) = (base, &mut out[..]);
     let mut pieces = Vec::with_capacity(layout.len().div_ceil(CHUNK) + layout.tensors().len());
@@ -190,11 +190,18 @@ pub fn add_delta(body: &[u8], layout: &Layout, base: &[f32], out: &mut [f32]) ->
             None => pieces.push(DeltaPiece { q: None, base: b, out: o }),
         }
     }
-    crate::cores::in_runs(pieces, threads, |p| p.out.len(), |run| run.into_iter().for_each(DeltaPiece::add));
-    match super::first_non_finite(out) {
-        Some(i) => Err(super::unusable_at(layout, out, i)),
-        None => Ok(()),
+    let finite = crate::cores::in_runs(
+        pieces,
+        threads,
+        |p| p.out.len(),
+        |run| run.into_iter().fold(true, |all, piece| piece.add() & all),
+    );
+    if finite.into_iter().all(|f| f) {
+        return Ok(());
     }
+    // Only a refused body pays for finding where.
+    let i = super::first_non_finite(out).expect("a piece found a non-finite value");
+    Err(super::unusable_at(layout, out, i))
 }
 
 /// One chunk of a difference: its int8 values and scale (or `None` when `out` holds the widened
@@ -206,7 +213,8 @@ struct DeltaPiece<'a> {
 }
 
 impl DeltaPiece<'_> {
-    fn add(self) {
+    /// Writes the sum; whether it is all finite, checked while the chunk is in cache.
+    fn add(self) -> bool {
         match self.q {
             Some((q, scale)) => {
                 for ((o, &q), b) in self.out.iter_mut().zip(q).zip(self.base) {
@@ -215,6 +223,7 @@ impl DeltaPiece<'_> {
             }
             None => apply_delta(self.out, self.base),
         }
+        super::first_non_finite(self.out).is_none()
     }
 }
 

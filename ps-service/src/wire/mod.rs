@@ -338,18 +338,6 @@ pub fn fill_model(layout: &Layout, parsed: &Parsed<'_>, out: &mut [f32]) -> Resu
     fill(layout, parsed, Fill::Model, out)
 }
 
-/// Checks a pull's difference body against `layout` like a gradient's: widens its F32, BF16
-/// and F16 tensors into `out` and hands back each int8 tensor's values and scales by layout
-/// index (`int8::add_delta`).
-fn fill_delta<'a>(
-    layout: &Layout,
-    parsed: &Parsed<'a>,
-    int8: &mut [Option<(&'a [u8], &'a [u8])>],
-    out: &mut [f32],
-) -> Result<(), WireError> {
-    fill(layout, parsed, Fill::Delta(int8), out)
-}
-
 /// What [`fill`] reads.
 enum Fill<'p, 'a> {
     /// F32 tensors only.
