@@ -35,7 +35,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use bytes::Bytes;
-use foresight_ps::client::{Base, ExpectedModel, PsClient, PullDtype, PushId};
+use foresight_ps::client::{Base, ExpectedModel, GradDtype, PsClient, PullDtype, PushId, encode_gradient};
 use foresight_ps::optimizer::{Algorithm, Hyper};
 use foresight_ps::server::{AppState, Listener, PsConfig, router, serve};
 use foresight_ps::store::{Push, Store};
@@ -556,25 +556,29 @@ enum Stage {
     H2Collect,
     H2StreamApply,
     PsPush,
+    PsPushBf16,
     PsPull,
     Decode,
     Apply,
+    EncodeBf16,
     PsPullBf16,
     PsPullInt8,
 }
 
 impl Stage {
-    const ALL: [Stage; 10] = [
+    const ALL: [Stage; 12] = [
         Stage::RawTcp,
         Stage::H2Drain,
         Stage::H2Collect,
         Stage::H2StreamApply,
         Stage::PsPush,
+        Stage::PsPushBf16,
         Stage::PsPull,
         Stage::PsPullBf16,
         Stage::PsPullInt8,
         Stage::Decode,
         Stage::Apply,
+        Stage::EncodeBf16,
     ];
 
     fn describe(self) -> &'static str {
@@ -584,11 +588,13 @@ impl Stage {
             Stage::H2Collect => "HTTP/2 sink, body collected into a buffer",
             Stage::H2StreamApply => "prototype: decode as frames arrive + Store::push",
             Stage::PsPush => "PS push + apply (asgd) over HTTP/2",
+            Stage::PsPushBf16 => "PS push + apply of a bf16 gradient (body rounded before)",
             Stage::PsPull => "PS pull of a new version, decoded to f32",
             Stage::PsPullBf16 => "PS pull of a new version as bf16, widened to f32",
             Stage::PsPullInt8 => "PS pull of a new version as int8 difference, added",
             Stage::Decode => "in-process: wire::decode_gradient",
             Stage::Apply => "in-process: Store::push (asgd apply)",
+            Stage::EncodeBf16 => "in-process: the worker's rounding to a bf16 body",
         }
     }
 }
@@ -625,6 +631,7 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         let grad = vec![GRAD; n];
         let body = wire::encode_f32(&lay, &grad, &Default::default());
         let bytes = Bytes::from(body.clone());
+        let bf16_body = encode_gradient(&lay, &grad, GradDtype::Bf16);
         let state = AppState::new(PsConfig::new(Hyper::new(Algorithm::Asgd, LR), 1))?;
         let listener = Listener::bind("127.0.0.1:0", None, None).await?;
         let ps_url = url(listener.local_addr()?);
@@ -648,7 +655,11 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
             for k in 0..Stage::ALL.len() {
                 let i = (k + r) % Stage::ALL.len();
                 let stage = Stage::ALL[i];
-                let owned = if stage == Stage::PsPush { Some(body.clone()) } else { None };
+                let owned = match stage {
+                    Stage::PsPush => Some(body.clone()),
+                    Stage::PsPushBf16 => Some(bf16_body.clone()),
+                    _ => None,
+                };
                 seq += 1;
                 let t = Instant::now();
                 match stage {
@@ -665,6 +676,16 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
                             .push_encoded(PushId::unjoined(0, 0, seq), None, owned.expect("body"))
                             .await?;
                         ensure!(reply.applied && !reply.replayed, "push not applied: {reply:?}");
+                    }
+                    Stage::PsPushBf16 => {
+                        let id = PushId::unjoined(0, 0, seq);
+                        let reply = client.push_encoded(id, None, owned.expect("body")).await?;
+                        ensure!(reply.applied && !reply.replayed, "bf16 push not applied: {reply:?}");
+                    }
+                    Stage::EncodeBf16 => {
+                        let body =
+                            tokio::task::block_in_place(|| encode_gradient(&lay, &grad, GradDtype::Bf16));
+                        ensure!(body.len() == bf16_body.len(), "bf16 body of {} bytes", body.len());
                     }
                     Stage::PsPull => {
                         // Each round's push made a new version: the PS copies it out first.
@@ -720,7 +741,7 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         for (i, stage) in Stage::ALL.iter().enumerate() {
             let t = median(&times[i]);
             let per_round: Vec<f64> = raw_t.iter().zip(&times[i]).map(|(r, x)| r / x).collect();
-            let tput = if *stage == Stage::Apply {
+            let tput = if matches!(stage, Stage::Apply | Stage::EncodeBf16) {
                 format!("{:>6.0} M params/s", n as f64 / t / 1e6)
             } else {
                 format!("{:>6.2} GB/s       ", mb / t / 1e3)
@@ -744,10 +765,12 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         let (push, pull) = (ratio(Stage::PsPush), ratio(Stage::PsPull));
         let met = |r: f64| if r >= 0.8 { "met" } else { "NOT met" };
         println!(
-            "  => against raw TCP: push + apply {push:.3} ({}), pull {pull:.3} ({}) (target >= 0.8); prototype receive path {:.3}; pull as bf16 {:.3}, as int8 difference {:.3} (raw TCP of the f32 bytes over the pull's time)",
+            "  => against raw TCP: push + apply {push:.3} ({}), pull {pull:.3} ({}) (target >= 0.8); HTTP/2 collect alone {:.3}; prototype receive path {:.3}; push as bf16 {:.3}, pull as bf16 {:.3}, as int8 difference {:.3} (raw TCP of the f32 bytes over the bf16/int8 transfer's time)",
             met(push),
             met(pull),
+            ratio(Stage::H2Collect),
             ratio(Stage::H2StreamApply),
+            ratio(Stage::PsPushBf16),
             ratio(Stage::PsPullBf16),
             ratio(Stage::PsPullInt8)
         );

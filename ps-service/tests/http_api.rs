@@ -198,6 +198,19 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
         mutate(&mut g);
         wire::encode_f32(&l, &g, &BTreeMap::new())
     };
+    // The layout's own bf16 and f16 bodies are read in place like an f32 one: refused the same.
+    let with_bf16 = |mutate: &dyn Fn(&mut Vec<f32>)| {
+        let mut g = grad(&l, 1);
+        mutate(&mut g);
+        wire::encode_bf16(&l, &g)
+    };
+    let f16_inf = {
+        let mut body = wire::header(&l, wire::WireDtype::F16, &BTreeMap::new());
+        let mut g = grad(&l, 1);
+        g[3] = f32::INFINITY;
+        body.extend(g.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()));
+        body
+    };
     let other_layout = |specs: Vec<TensorSpec>| {
         let o = Layout::new(specs).unwrap();
         wire::encode_f32(&o, &vec![0.0; o.len()], &BTreeMap::new())
@@ -340,6 +353,33 @@ async fn every_bad_input_is_refused_counted_and_changes_nothing() {
             token: Some(TOKEN),
             query: q(0, 1, 3),
             body: with(&|g| g[1000] = f32::INFINITY),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "non_finite",
+        },
+        Case {
+            what: "NaN in a bf16 body",
+            token: Some(TOKEN),
+            query: q(0, 1, 3),
+            body: with_bf16(&|g| g[l.len() - 1] = f32::NAN),
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            reason: "non_finite",
+        },
+        Case {
+            what: "a bf16 body cut inside its last element",
+            token: Some(TOKEN),
+            query: q(0, 1, 3),
+            body: {
+                let b = with_bf16(&|_| ());
+                b[..b.len() - 1].to_vec()
+            },
+            status: StatusCode::BAD_REQUEST,
+            reason: "malformed_body",
+        },
+        Case {
+            what: "+Inf in an f16 body",
+            token: Some(TOKEN),
+            query: q(0, 1, 3),
+            body: f16_inf,
             status: StatusCode::UNPROCESSABLE_ENTITY,
             reason: "non_finite",
         },

@@ -11,7 +11,7 @@ use crate::server::{
     COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, Report, VERSION_HEADER,
 };
 use crate::wire::final_model::FinalModel;
-use crate::wire::in_place::InPlace;
+use crate::wire::in_place::{Expected, InPlace};
 use crate::wire::{self, Layout, WireError};
 
 mod exchange;
@@ -222,7 +222,8 @@ async fn read_model(
     // Old contents need no clearing: the direct path writes every value before it succeeds.
     values.resize(expected.layout.len(), 0.0);
     let mut spill = Vec::new();
-    let mut reader = InPlace::new(&expected.header, expected.dtype.wire(), &mut values, &mut spill);
+    let encoding = [Expected { header: &expected.header, dtype: expected.dtype.wire() }];
+    let mut reader = InPlace::new(&encoding, &mut values, &mut spill);
     let mut non_finite = None;
     while let Some(chunk) = resp.chunk().await? {
         let found = reader.feed_checked(&chunk, wire::first_non_finite);

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use super::error::ApiError;
 use super::guarded_body::stalled;
 use crate::wire;
-use crate::wire::in_place::InPlace;
+use crate::wire::in_place::{Expected, InPlace};
 
 /// A bounded stack of reusable vectors.
 pub struct Pool<T> {
@@ -125,29 +125,31 @@ pub async fn read_limited(
 
 /// How a gradient body arrived.
 pub enum Gradient {
-    /// The body was the layout's own F32 encoding; its values are in the gradient buffer and
+    /// The body was the layout's own encoding in F32, BF16 or F16; its values, widened to f32,
+    /// are in the gradient buffer and
     /// `first_unusable` is the flat index of the first element that is not
     /// [`wire::usable_gradient`] (NaN, ±Inf, beyond ±1e12), if any.
     Direct { first_unusable: Option<usize> },
-    /// Anything else (BF16, F16, other tensor order…): the whole body is in `buf` for the decoder.
+    /// Anything else (int8, other tensor order, metadata…): the whole body is in `buf` for the
+    /// decoder.
     Collected,
 }
 
-/// Reads a push body. When it starts with `header` — the layout's F32 header, which is what
-/// Foresight's client sends — the tensor bytes are copied into `grad` and checked as they
-/// arrive ([`wire::in_place`]), so decoding overlaps the transfer instead of following it.
-/// Otherwise the body is collected into `buf`. Either way nothing is applied until the caller
-/// has the whole body.
+/// Reads a push body. When it starts with one of the `expected` headers — the layout's own, in
+/// F32, BF16 or F16, which is what Foresight's client sends — the tensor values are widened into
+/// `grad` and checked as they arrive ([`wire::in_place`]), so decoding overlaps the transfer
+/// instead of following it. Otherwise the body is collected into `buf`. Either way nothing is
+/// applied until the caller has the whole body.
 pub async fn read_gradient(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-    header: &[u8],
+    expected: &[Expected<'_>],
     grad: &mut [f32],
     buf: &mut Vec<u8>,
 ) -> Result<(Gradient, usize), ApiError> {
     declared_length(headers, limit)?;
-    let mut reader = InPlace::new(header, wire::WireDtype::F32, grad, buf);
+    let mut reader = InPlace::new(expected, grad, buf);
     let (mut total, mut bad) = (0usize, None);
     let mut body = body;
     while let Some(frame) = body.frame().await {
@@ -166,7 +168,44 @@ pub async fn read_gradient(
 
 #[cfg(test)]
 mod tests {
-    use super::Pool;
+    use std::collections::BTreeMap;
+
+    use super::{Gradient, Pool, read_gradient};
+    use crate::wire::{self, Layout, TensorSpec, WireDtype, in_place::Expected};
+
+    #[tokio::test]
+    async fn a_gradient_in_the_layouts_f32_bf16_or_f16_encoding_lands_in_place_and_int8_is_collected() {
+        let spec = |name: &str, shape: Vec<usize>| TensorSpec { name: name.into(), shape };
+        let l = Layout::new(vec![spec("w", vec![40, 30]), spec("b", vec![30])]).unwrap();
+        let values: Vec<f32> = (0..l.len()).map(|i| (i % 64) as f32 * 0.125 - 4.0).collect();
+        let heads = [WireDtype::F32, WireDtype::Bf16, WireDtype::F16]
+            .map(|d| (wire::header(&l, d, &BTreeMap::new()), d));
+        let expected = heads.each_ref().map(|(h, d)| Expected { header: h, dtype: *d });
+        let mut f16 = heads[2].0.clone();
+        f16.extend(values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()));
+        let bodies = [
+            ("f32", wire::encode_f32(&l, &values, &BTreeMap::new()), true),
+            ("bf16", wire::encode_bf16(&l, &values), true),
+            ("f16", f16, true),
+            ("int8", wire::int8::encode(&l, &mut values.clone()), false),
+        ];
+        for (what, body, in_place) in bodies {
+            let n = body.len();
+            let (mut grad, mut buf) = (vec![0f32; l.len()], Vec::new());
+            let headers = axum::http::HeaderMap::new();
+            let read = read_gradient(&headers, body.into(), 1 << 20, &expected, &mut grad, &mut buf).await;
+            let (how, total) = read.unwrap();
+            assert_eq!(total, n, "{what}");
+            match how {
+                Gradient::Direct { first_unusable } => {
+                    assert!(in_place, "{what} was read in place");
+                    assert_eq!((first_unusable, &grad), (None, &values), "{what}");
+                    assert!(buf.is_empty(), "{what}: nothing collected");
+                }
+                Gradient::Collected => assert!(!in_place && buf.len() == n, "{what} was collected"),
+            }
+        }
+    }
 
     #[test]
     fn a_lent_body_comes_back_to_its_pool_when_its_last_holder_drops_it() {

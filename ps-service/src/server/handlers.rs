@@ -427,7 +427,7 @@ async fn push_inner(
     let mut buf = state.bodies.take();
     let mut grad = state.grads.take_len(store.layout().len());
     let limit = state.config.body_limit;
-    let read = read_gradient(headers, body, limit, store.f32_header(), &mut grad, &mut buf).await;
+    let read = read_gradient(headers, body, limit, &store.gradient_encodings(), &mut grad, &mut buf).await;
     let received = match read {
         Ok((how, n)) => {
             state.metrics.received_bytes.inc_by(n as u64);

@@ -30,6 +30,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::{Condvar, Mutex};
 
 use crate::optimizer::{self, Algorithm, Hyper, OptimizerState, Step, UpdateStats};
+use crate::wire::in_place::Expected;
 use crate::wire::{self, Layout, WireDtype};
 
 pub use checkpoint::CheckpointData;
@@ -316,6 +317,8 @@ pub struct Store {
     /// The per-worker tables may be longer: a scale-down keeps the removed workers' entries.
     workers: AtomicUsize,
     header: Vec<u8>,
+    /// The layout's headers in BF16 and F16, which a push's body may begin with too.
+    half_headers: [(Vec<u8>, WireDtype); 2],
     shards: Vec<Shard>,
     /// Contiguous groups of shard indices that [`Store::walk_grouped`] walks side by side.
     groups: Vec<Range<usize>>,
@@ -450,6 +453,8 @@ impl Store {
             .collect::<Vec<_>>();
         let groups = walk_groups(shards.len(), crate::cores::threads_for(n));
         let header = wire::header(&layout, WireDtype::F32, &BTreeMap::new());
+        let half_headers =
+            [WireDtype::Bf16, WireDtype::F16].map(|d| (wire::header(&layout, d, &BTreeMap::new()), d));
         let round = SyncRound {
             version: data.version,
             sum: if hyper.algorithm == Algorithm::Sync { vec![0.0; n] } else { Vec::new() },
@@ -477,6 +482,7 @@ impl Store {
             hyper,
             workers: AtomicUsize::new(workers),
             header,
+            half_headers,
             shards,
             groups,
             seq: Mutex::new(seq),
@@ -500,6 +506,17 @@ impl Store {
     /// pull's body, and of a push from Foresight's client.
     pub fn f32_header(&self) -> &[u8] {
         &self.header
+    }
+
+    /// The bodies a push is read in place from: this layout's tensors in order, no metadata, in
+    /// F32, BF16 or F16 (what Foresight's client sends for each `gradientDtype` but int8).
+    pub fn gradient_encodings(&self) -> [Expected<'_>; 3] {
+        let [(bf16, b), (f16, f)] = &self.half_headers;
+        [
+            Expected { header: &self.header, dtype: WireDtype::F32 },
+            Expected { header: bf16, dtype: *b },
+            Expected { header: f16, dtype: *f },
+        ]
     }
 
     pub fn hyper(&self) -> &Hyper {

@@ -10,25 +10,32 @@ use super::WireDtype;
 /// Bytes [`InPlace::feed_checked`] takes at a time: a quarter of a typical L2.
 const PIECE: usize = 1 << 18;
 
+/// A header a body may begin with, and the type of the values that follow it.
+#[derive(Clone, Copy, Debug)]
+pub struct Expected<'a> {
+    pub header: &'a [u8],
+    pub dtype: WireDtype,
+}
+
 /// Where the body is going.
-enum Mode {
-    /// The first bytes are compared with the expected header.
+#[derive(Clone, Copy)]
+enum Mode<'a> {
+    /// The first bytes are compared with the expected headers.
     Header,
-    /// The header matched: the rest lands in the f32 buffer.
-    Direct,
-    /// Not the expected encoding: everything is collected.
+    /// A header matched: the rest lands in the f32 buffer as that header's type.
+    Direct(Expected<'a>),
+    /// Not an expected encoding: everything is collected.
     Collect,
 }
 
 /// Reads one body into `out` (the layout's length), or into `spill` when it is not the
-/// layout's encoding in the expected dtype. Pure: it does no I/O, its caller feeds it the
+/// layout's encoding in an expected dtype. Pure: it does no I/O, its caller feeds it the
 /// frames.
 pub struct InPlace<'a> {
-    header: &'a [u8],
-    dtype: WireDtype,
+    expected: &'a [Expected<'a>],
     out: &'a mut [f32],
     spill: &'a mut Vec<u8>,
-    mode: Mode,
+    mode: Mode<'a>,
     /// Body bytes after the header taken in place.
     filled: usize,
     /// A 2-byte element's first byte, when a frame ended inside it.
@@ -36,27 +43,21 @@ pub struct InPlace<'a> {
 }
 
 impl<'a> InPlace<'a> {
-    /// `header` is the layout's header in `dtype` ([`super::header`]).
-    pub fn new(header: &'a [u8], dtype: WireDtype, out: &'a mut [f32], spill: &'a mut Vec<u8>) -> Self {
+    /// `expected`: the layout's headers ([`super::header`]) in the dtypes to take in place; a
+    /// body beginning with none of them is collected.
+    pub fn new(expected: &'a [Expected<'a>], out: &'a mut [f32], spill: &'a mut Vec<u8>) -> Self {
         spill.clear();
-        Self { header, dtype, out, spill, mode: Mode::Header, filled: 0, half_read: None }
+        Self { expected, out, spill, mode: Mode::Header, filled: 0, half_read: None }
     }
 
     /// Takes the next piece of the body. Returns the elements of `out` it completed and the
     /// index of the first, so the caller can check them while they are still in cache.
     pub fn feed(&mut self, mut data: &[u8]) -> (usize, &[f32]) {
-        if let Mode::Header = self.mode {
-            let take = (self.header.len() - self.spill.len()).min(data.len());
+        while let (Mode::Header, false) = (self.mode, data.is_empty()) {
+            let take = self.header_bytes_wanted().min(data.len());
             self.spill.extend_from_slice(&data[..take]);
             data = &data[take..];
-            if self.spill.len() == self.header.len() {
-                self.mode = if self.spill[..] == *self.header { Mode::Direct } else { Mode::Collect };
-                if let Mode::Direct = self.mode {
-                    self.spill.clear();
-                }
-            } else if !self.header.starts_with(self.spill) {
-                self.mode = Mode::Collect;
-            }
+            self.mode = self.match_header();
         }
         match self.mode {
             Mode::Header => (0, &[]),
@@ -64,19 +65,39 @@ impl<'a> InPlace<'a> {
                 self.spill.extend_from_slice(data);
                 (0, &[])
             }
-            Mode::Direct => {
-                let size = self.dtype.size();
+            Mode::Direct(e) => {
+                let size = e.dtype.size();
                 if self.filled + data.len() > self.out.len() * size {
                     // Longer than the tensors: the general decoder says what is wrong.
-                    self.collect_what_came();
+                    self.collect_what_came(e);
                     self.spill.extend_from_slice(data);
                     return (0, &[]);
                 }
                 let from = self.filled / size;
-                self.take(data);
+                self.take(e.dtype, data);
                 self.filled += data.len();
                 (from, &self.out[from..self.filled / size])
             }
+        }
+    }
+
+    /// Header bytes still to read before the shortest expected header that agrees with those
+    /// read so far is complete. Headers of different lengths differ in their 8-byte length
+    /// prefix, so no byte after the header is ever taken for it.
+    fn header_bytes_wanted(&self) -> usize {
+        let alive = self.expected.iter().filter(|e| e.header.starts_with(self.spill));
+        alive.map(|e| e.header.len() - self.spill.len()).min().unwrap_or(0)
+    }
+
+    /// What the header bytes read so far make of the body.
+    fn match_header(&mut self) -> Mode<'a> {
+        if let Some(e) = self.expected.iter().find(|e| *e.header == self.spill[..]) {
+            self.spill.clear();
+            Mode::Direct(*e)
+        } else if self.expected.iter().any(|e| e.header.starts_with(self.spill)) {
+            Mode::Header
+        } else {
+            Mode::Collect
         }
     }
 
@@ -100,8 +121,8 @@ impl<'a> InPlace<'a> {
     }
 
     /// Widens `data`, the body bytes after the first `filled`, into `out`.
-    fn take(&mut self, data: &[u8]) {
-        match self.dtype {
+    fn take(&mut self, dtype: WireDtype, data: &[u8]) {
+        match dtype {
             WireDtype::F32 => {
                 let bytes: &mut [u8] = bytemuck::cast_slice_mut(self.out);
                 bytes[self.filled..self.filled + data.len()].copy_from_slice(data);
@@ -137,21 +158,21 @@ impl<'a> InPlace<'a> {
     /// True when the body was the header and exactly every value of `out`, now in place;
     /// false when the whole body is in `spill` for the general decoder.
     pub fn finish(mut self) -> bool {
-        if let Mode::Direct = self.mode {
-            if self.filled == self.out.len() * self.dtype.size() {
+        if let Mode::Direct(e) = self.mode {
+            if self.filled == self.out.len() * e.dtype.size() {
                 return true;
             }
-            self.collect_what_came();
+            self.collect_what_came(e);
         }
         false
     }
 
     /// Direct mode given up: the header and the bytes taken so far go to `spill`. Narrowing a
     /// widened 2-byte value gives its bytes back (a NaN's payload aside, refused either way).
-    fn collect_what_came(&mut self) {
-        self.spill.extend_from_slice(self.header);
-        let whole = &self.out[..self.filled / self.dtype.size()];
-        match self.dtype {
+    fn collect_what_came(&mut self, e: Expected) {
+        self.spill.extend_from_slice(e.header);
+        let whole = &self.out[..self.filled / e.dtype.size()];
+        match e.dtype {
             // Copied as bytes: a truncated body can end inside an element.
             WireDtype::F32 => {
                 self.spill.extend_from_slice(&bytemuck::cast_slice::<f32, u8>(self.out)[..self.filled])
@@ -172,7 +193,7 @@ impl<'a> InPlace<'a> {
 mod tests {
     use std::collections::BTreeMap;
 
-    use super::InPlace;
+    use super::{Expected, InPlace};
     use crate::wire::{Layout, TensorSpec, WireDtype, encode_bf16, encode_f32, header};
 
     fn layout() -> Layout {
@@ -187,11 +208,17 @@ mod tests {
 
     /// [`read`], expecting the layout's encoding in `dtype`.
     fn read_as(dtype: WireDtype, body: &[u8], step: usize) -> Result<Vec<f32>, Vec<u8>> {
+        read_any(&[dtype], body, step)
+    }
+
+    /// [`read`], expecting the layout's encoding in any of `dtypes`.
+    fn read_any(dtypes: &[WireDtype], body: &[u8], step: usize) -> Result<Vec<f32>, Vec<u8>> {
         let l = layout();
-        let head = header(&l, dtype, &BTreeMap::new());
+        let heads: Vec<_> = dtypes.iter().map(|&d| (header(&l, d, &BTreeMap::new()), d)).collect();
+        let expected: Vec<_> = heads.iter().map(|(h, d)| Expected { header: h, dtype: *d }).collect();
         let (mut out, mut spill) = (vec![0f32; l.len()], vec![1u8; 3]);
         let mut seen = 0;
-        let mut reader = InPlace::new(&head, dtype, &mut out, &mut spill);
+        let mut reader = InPlace::new(&expected, &mut out, &mut spill);
         for piece in body.chunks(step) {
             let (from, fresh) = reader.feed(piece);
             assert!(fresh.is_empty() || from == seen, "pieces are handed back in order");
@@ -270,5 +297,41 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_reader_expecting_several_dtypes_takes_each_in_place_and_collects_the_rest() {
+        let l = layout();
+        // Exactly representable in bf16 and f16, so every widened value is the original.
+        let values: Vec<f32> = (0..l.len()).map(|i| i as f32 * 0.25 - 2.0).collect();
+        let f16_values: Vec<half::f16> = values.iter().map(|v| half::f16::from_f32(*v)).collect();
+        let mut f16_body = header(&l, WireDtype::F16, &BTreeMap::new());
+        f16_body.extend(f16_values.iter().flat_map(|v| v.to_le_bytes()));
+        let all = [WireDtype::F32, WireDtype::Bf16, WireDtype::F16];
+        let bodies = [
+            ("f32", encode_f32(&l, &values, &BTreeMap::new())),
+            ("bf16", encode_bf16(&l, &values)),
+            ("f16", f16_body),
+        ];
+        for (what, body) in &bodies {
+            for step in [1, 3, 8, 9, 64, body.len()] {
+                assert_eq!(read_any(&all, body, step), Ok(values.clone()), "{what}, pieces of {step}");
+            }
+        }
+        let with_metadata = encode_f32(&l, &values, &BTreeMap::from([("k".into(), "v".into())]));
+        let bf16 = &bodies[1].1;
+        let cases = [
+            ("metadata in the header", with_metadata),
+            ("a bf16 body truncated inside an element", bf16[..bf16.len() - 1].to_vec()),
+            ("a bf16 body cut inside its header", bf16[..12].to_vec()),
+            ("a bf16 body where an f32 one is the only one expected", bf16.clone()),
+        ];
+        for (what, body) in cases {
+            let expect: &[WireDtype] = if what.contains("only") { &all[..1] } else { &all };
+            for step in [1, 5, 4096] {
+                assert_eq!(read_any(expect, &body, step), Err(body.clone()), "{what}, pieces of {step}");
+            }
+        }
+        assert_eq!(read_any(&[], &bodies[0].1, 7), Err(bodies[0].1.clone()), "nothing expected");
     }
 }
