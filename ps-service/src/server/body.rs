@@ -33,6 +33,12 @@ impl<T> Pool<T> {
         v
     }
 
+    /// A vector as it was given back, for a caller that sizes it and overwrites every element
+    /// itself (a bf16 pull body of the length of the one before it is not cleared first).
+    pub fn take_as_is(&self) -> Vec<T> {
+        self.items.lock().pop().unwrap_or_default()
+    }
+
     /// A vector of exactly `n` elements for a caller that writes every element before it reads
     /// any (a gradient body is refused unless it covers every tensor): a recycled one of that
     /// length keeps its old contents, so a model-sized buffer is not zero-filled on every push.

@@ -286,7 +286,7 @@ fn answer_pull(
     let pool = &state.pull_bodies;
     Ok(match how {
         PullAs::Bf16 => {
-            let body = wire::encode_bf16_into(store.layout(), snap.params(), pool.take());
+            let body = wire::encode_bf16_into(store.layout(), snap.params(), pool.take_as_is());
             pulled(lend(pool, body), None, None)
         }
         PullAs::Int8 { base } if !look_only => {

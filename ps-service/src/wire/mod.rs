@@ -491,17 +491,22 @@ pub fn encode_bf16(layout: &Layout, values: &[f32]) -> Vec<u8> {
     encode_bf16_into(layout, values, Vec::new())
 }
 
-/// [`encode_bf16`] into `out`, a recycled buffer (cleared first): a PS rounds every bf16 pull,
-/// and a fresh body-sized buffer each time had all its pages faulted in again.
+/// [`encode_bf16`] into `out`, a recycled buffer: a PS rounds every bf16 pull, and a fresh
+/// body-sized buffer each time had all its pages faulted in again. A buffer already of the
+/// body's length is overwritten without being cleared first.
 pub fn encode_bf16_into(layout: &Layout, values: &[f32], mut out: Vec<u8>) -> Vec<u8> {
     assert_eq!(values.len(), layout.len());
-    out.clear();
-    out.extend_from_slice(&header(layout, WireDtype::Bf16, &BTreeMap::new()));
-    let at = out.len();
-    out.resize(at + values.len() * 2, 0);
+    let head = header(layout, WireDtype::Bf16, &BTreeMap::new());
+    let len = head.len() + values.len() * 2;
+    if out.len() != len {
+        out.clear();
+        out.resize(len, 0);
+    }
+    let (head_out, data) = out.split_at_mut(head.len());
+    head_out.copy_from_slice(&head);
     // Rounded per pull, so shared among the cores like the store's apply.
     const PIECE: usize = 1 << 16;
-    let pieces: Vec<_> = out[at..].chunks_mut(2 * PIECE).zip(values.chunks(PIECE)).collect();
+    let pieces: Vec<_> = data.chunks_mut(2 * PIECE).zip(values.chunks(PIECE)).collect();
     let threads = crate::cores::threads_for(values.len());
     crate::cores::in_runs(
         pieces,
@@ -509,13 +514,48 @@ pub fn encode_bf16_into(layout: &Layout, values: &[f32], mut out: Vec<u8>) -> Ve
         |(_, v)| v.len(),
         |run| {
             for (out, values) in run {
-                for (o, v) in out.chunks_exact_mut(2).zip(values) {
-                    o.copy_from_slice(&bf16_bits(*v).to_le_bytes());
-                }
+                round_to_bf16(values, out);
             }
         },
     );
     out
+}
+
+/// Writes `values` rounded to bf16 into `out` (two little-endian bytes each). Each block is
+/// rounded into an array of u16 first and copied out whole: written pair by pair into the bytes,
+/// the loop did not vectorise (25M values took 20 ms on two cores).
+fn round_to_bf16(values: &[f32], out: &mut [u8]) {
+    const BLOCK: usize = 1024;
+    for (out, values) in out.chunks_mut(2 * BLOCK).zip(values.chunks(BLOCK)) {
+        let mut bits = [0u16; BLOCK];
+        round_block(values, &mut bits);
+        out.copy_from_slice(bytemuck::cast_slice(&bits[..values.len()]));
+    }
+}
+
+/// Rounds `values` into `bits`, with AVX2 where the CPU has it: the baseline x86-64 build has
+/// no instruction that narrows 32-bit lanes to 16, and its loop runs at a third of the speed.
+fn round_block(values: &[f32], bits: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { round_block_avx2(values, bits) };
+    }
+    round_block_inline(values, bits)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn round_block_avx2(values: &[f32], bits: &mut [u16]) {
+    round_block_inline(values, bits)
+}
+
+/// Inlined into each build above, so that each is vectorised for its own instructions.
+#[inline(always)]
+fn round_block_inline(values: &[f32], bits: &mut [u16]) {
+    for (b, v) in bits.iter_mut().zip(values) {
+        *b = bf16_bits(*v).to_le();
+    }
 }
 
 /// `v` rounded to bf16 (to nearest, ties to even) and widened back: what a bf16 body carries.

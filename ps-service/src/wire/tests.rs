@@ -534,3 +534,23 @@ fn bf16_rounding_is_halfs_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn a_bf16_body_encoded_into_a_recycled_buffer_is_the_fresh_encoding() {
+    let l = Layout::new(vec![
+        TensorSpec { name: "w".into(), shape: vec![3000] },
+        TensorSpec { name: "b".into(), shape: vec![5] },
+    ])
+    .unwrap();
+    let values: Vec<f32> = (0..l.len()).map(|i| (i as f32 - 1500.0) * 0.37).collect();
+    let fresh = encode_bf16(&l, &values);
+    assert_eq!(fresh.len(), header(&l, WireDtype::Bf16, &BTreeMap::new()).len() + 2 * l.len());
+    let mut widened = vec![0f32; l.len()];
+    decode_gradient(&fresh, &l, &mut widened).unwrap();
+    let rounded: Vec<f32> = values.iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect();
+    assert_eq!(widened, rounded, "the body carries each value rounded to nearest, ties to even");
+    // Recycled: of the same length (overwritten, not cleared), longer, shorter.
+    for old in [vec![0xAB; fresh.len()], vec![0xCD; fresh.len() + 77], vec![1; 9]] {
+        assert_eq!(encode_bf16_into(&l, &values, old), fresh);
+    }
+}
