@@ -528,31 +528,14 @@ fn round_to_bf16(values: &[f32], out: &mut [u8]) {
     const BLOCK: usize = 1024;
     for (out, values) in out.chunks_mut(2 * BLOCK).zip(values.chunks(BLOCK)) {
         let mut bits = [0u16; BLOCK];
-        round_block(values, &mut bits);
+        crate::cores::with_avx2(|| round_block(values, &mut bits));
         out.copy_from_slice(bytemuck::cast_slice(&bits[..values.len()]));
     }
 }
 
-/// Rounds `values` into `bits`, with AVX2 where the CPU has it: the baseline x86-64 build has
-/// no instruction that narrows 32-bit lanes to 16, and its loop runs at a third of the speed.
-fn round_block(values: &[f32], bits: &mut [u16]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { round_block_avx2(values, bits) };
-    }
-    round_block_inline(values, bits)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn round_block_avx2(values: &[f32], bits: &mut [u16]) {
-    round_block_inline(values, bits)
-}
-
-/// Inlined into each build above, so that each is vectorised for its own instructions.
+/// Rounds `values` into `bits`.
 #[inline(always)]
-fn round_block_inline(values: &[f32], bits: &mut [u16]) {
+fn round_block(values: &[f32], bits: &mut [u16]) {
     for (b, v) in bits.iter_mut().zip(values) {
         *b = bf16_bits(*v).to_le();
     }
