@@ -35,7 +35,9 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use bytes::Bytes;
-use foresight_ps::client::{Base, ExpectedModel, GradDtype, PsClient, PullDtype, PushId, encode_gradient};
+use foresight_ps::client::{
+    Base, ExpectedModel, GradDtype, PsClient, PullDtype, PushId, encode_gradient, encode_gradient_into,
+};
 use foresight_ps::optimizer::{Algorithm, Hyper};
 use foresight_ps::server::{AppState, Listener, PsConfig, router, serve};
 use foresight_ps::store::{Push, Store};
@@ -560,13 +562,15 @@ enum Stage {
     PsPull,
     Decode,
     Apply,
+    EncodeF32Fresh,
+    EncodeF32,
     EncodeBf16,
     PsPullBf16,
     PsPullInt8,
 }
 
 impl Stage {
-    const ALL: [Stage; 12] = [
+    const ALL: [Stage; 14] = [
         Stage::RawTcp,
         Stage::H2Drain,
         Stage::H2Collect,
@@ -578,6 +582,8 @@ impl Stage {
         Stage::PsPullInt8,
         Stage::Decode,
         Stage::Apply,
+        Stage::EncodeF32Fresh,
+        Stage::EncodeF32,
         Stage::EncodeBf16,
     ];
 
@@ -594,7 +600,9 @@ impl Stage {
             Stage::PsPullInt8 => "PS pull of a new version as int8 difference, added",
             Stage::Decode => "in-process: wire::decode_gradient",
             Stage::Apply => "in-process: Store::push (asgd apply)",
-            Stage::EncodeBf16 => "in-process: the worker's rounding to a bf16 body",
+            Stage::EncodeF32Fresh => "in-process: an F32 body into a fresh buffer",
+            Stage::EncodeF32 => "in-process: a worker's F32 body, into its last",
+            Stage::EncodeBf16 => "in-process: a worker's bf16 body, into its last",
         }
     }
 }
@@ -632,6 +640,7 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         let body = wire::encode_f32(&lay, &grad, &Default::default());
         let bytes = Bytes::from(body.clone());
         let bf16_body = encode_gradient(&lay, &grad, GradDtype::Bf16);
+        let (mut last_f32, mut last_bf16) = (Vec::new(), Vec::new());
         let state = AppState::new(PsConfig::new(Hyper::new(Algorithm::Asgd, LR), 1))?;
         let listener = Listener::bind("127.0.0.1:0", None, None).await?;
         let ps_url = url(listener.local_addr()?);
@@ -682,10 +691,21 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
                         let reply = client.push_encoded(id, None, owned.expect("body")).await?;
                         ensure!(reply.applied && !reply.replayed, "bf16 push not applied: {reply:?}");
                     }
-                    Stage::EncodeBf16 => {
-                        let body =
-                            tokio::task::block_in_place(|| encode_gradient(&lay, &grad, GradDtype::Bf16));
-                        ensure!(body.len() == bf16_body.len(), "bf16 body of {} bytes", body.len());
+                    Stage::EncodeF32Fresh => {
+                        // What a worker did before its link recycled its bodies.
+                        let fresh =
+                            tokio::task::block_in_place(|| encode_gradient(&lay, &grad, GradDtype::F32));
+                        ensure!(fresh.len() == body.len(), "F32 body of {} bytes", fresh.len());
+                    }
+                    Stage::EncodeF32 | Stage::EncodeBf16 => {
+                        // Into the last body of its type, as a worker's link does.
+                        let (dtype, len, last) = match stage {
+                            Stage::EncodeF32 => (GradDtype::F32, body.len(), &mut last_f32),
+                            _ => (GradDtype::Bf16, bf16_body.len(), &mut last_bf16),
+                        };
+                        let old = std::mem::take(last);
+                        *last = tokio::task::block_in_place(|| encode_gradient_into(&lay, &grad, dtype, old));
+                        ensure!(last.len() == len, "{dtype:?} body of {} bytes", last.len());
                     }
                     Stage::PsPull => {
                         // Each round's push made a new version: the PS copies it out first.
@@ -741,7 +761,10 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
         for (i, stage) in Stage::ALL.iter().enumerate() {
             let t = median(&times[i]);
             let per_round: Vec<f64> = raw_t.iter().zip(&times[i]).map(|(r, x)| r / x).collect();
-            let tput = if matches!(stage, Stage::Apply | Stage::EncodeBf16) {
+            let tput = if matches!(
+                stage,
+                Stage::Apply | Stage::EncodeF32Fresh | Stage::EncodeF32 | Stage::EncodeBf16
+            ) {
                 format!("{:>6.0} M params/s", n as f64 / t / 1e6)
             } else {
                 format!("{:>6.2} GB/s       ", mb / t / 1e3)

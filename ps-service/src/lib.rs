@@ -16,6 +16,7 @@ pub mod dir_lock;
 pub mod listen;
 pub mod optimizer;
 pub mod pace;
+pub mod pool;
 pub mod server;
 pub mod store;
 pub mod wire;

@@ -4,13 +4,16 @@
 //! [`super::Session`] runs one link per shard side by side.
 
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::session::{Pushed, Retry};
 use super::{
-    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PushId, encode_gradient,
+    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PushId,
+    encode_gradient_into,
 };
 use crate::pace::PaceReport;
+use crate::pool::{Pool, lend};
 use crate::server::Report;
 use crate::wire::final_model::FinalModel;
 use crate::wire::{self, Layout};
@@ -35,6 +38,8 @@ pub(super) struct Link {
     feedback: ErrorFeedback,
     /// The local steps the shard advised in its last answer to a push (adaptive local steps).
     advised: Option<u64>,
+    /// F32 and BF16 push bodies, back here once sent: the next push is encoded into the last.
+    bodies: Arc<Pool<u8>>,
 }
 
 /// Error feedback for int8 pushes (Seide et al. 2014; Karimireddy et al. 2019): each push sends
@@ -95,6 +100,7 @@ impl Link {
             round: None,
             feedback: ErrorFeedback::default(),
             advised: None,
+            bodies: Arc::new(Pool::new(2)),
         }
     }
 
@@ -239,7 +245,10 @@ impl Link {
         // Encoded once: every retry sends the same bytes.
         let body = match dtype {
             GradDtype::Int8 => self.feedback.encode(&self.slice.layout, step, grad),
-            d => encode_gradient(&self.slice.layout, grad, d).into(),
+            d => lend(
+                &self.bodies,
+                encode_gradient_into(&self.slice.layout, grad, d, self.bodies.take_as_is()),
+            ),
         };
         let sent = self
             .retry("pushing a gradient", |c| {

@@ -39,9 +39,14 @@ pub enum GradDtype {
 
 /// A gradient's body in `dtype`. Int8 without error feedback: what rounding leaves out is lost.
 pub fn encode_gradient(layout: &Layout, grad: &[f32], dtype: GradDtype) -> Vec<u8> {
+    encode_gradient_into(layout, grad, dtype, Vec::new())
+}
+
+/// [`encode_gradient`] into `out`, a recycled body (F32 and BF16; int8 bodies are made fresh).
+pub fn encode_gradient_into(layout: &Layout, grad: &[f32], dtype: GradDtype, out: Vec<u8>) -> Vec<u8> {
     match dtype {
-        GradDtype::F32 => wire::encode_f32(layout, grad, &Default::default()),
-        GradDtype::Bf16 => wire::encode_bf16(layout, grad),
+        GradDtype::F32 => wire::encode_f32_into(layout, grad, out),
+        GradDtype::Bf16 => wire::encode_bf16_into(layout, grad, out),
         GradDtype::Int8 => wire::int8::encode(layout, &mut grad.to_vec()),
     }
 }

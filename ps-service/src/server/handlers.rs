@@ -13,11 +13,12 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router, middleware};
 use serde::{Deserialize, Serialize};
 
-use super::body::{Gradient, lend, read_gradient, read_limited};
+use super::body::{Gradient, read_gradient, read_limited};
 use super::guarded_body::{BodyGuard, guard_request_body};
 use super::replicas::Answer;
 use super::{ApiError, AppState, auth, streamed_pull};
 use crate::pace::PaceReport;
+use crate::pool::lend;
 use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
 use crate::wire;
 use crate::wire::final_model::FinalModel;

@@ -152,10 +152,10 @@ pub struct AppState {
     /// model and the others are answered without buffering their bodies or building a store of
     /// their own (a model-sized body and about five model-sized copies each).
     registering: tokio::sync::Mutex<()>,
-    bodies: body::Pool<u8>,
-    grads: body::Pool<f32>,
+    bodies: crate::pool::Pool<u8>,
+    grads: crate::pool::Pool<f32>,
     /// Bodies of pulls encoded per request (bf16, int8 differences), lent to hyper while sent.
-    pull_bodies: Arc<body::Pool<u8>>,
+    pull_bodies: Arc<crate::pool::Pool<u8>>,
     /// Admission control of push bodies, sized once the model is known.
     push_slots: OnceLock<admission::PushSlots>,
     seeding: Mutex<Seeding>,
@@ -267,9 +267,9 @@ impl AppState {
             checkpoint_lock: tokio::sync::Mutex::new(()),
             final_model: tokio::sync::OnceCell::new(),
             registering: tokio::sync::Mutex::new(()),
-            bodies: body::Pool::new(8),
-            grads: body::Pool::new(8),
-            pull_bodies: Arc::new(body::Pool::new(8)),
+            bodies: crate::pool::Pool::new(8),
+            grads: crate::pool::Pool::new(8),
+            pull_bodies: Arc::new(crate::pool::Pool::new(8)),
             push_slots: OnceLock::new(),
             seeding: Mutex::new(Seeding::Idle),
             workers: std::sync::atomic::AtomicUsize::new(workers),

@@ -536,7 +536,7 @@ fn bf16_rounding_is_halfs_bit_for_bit() {
 }
 
 #[test]
-fn a_bf16_body_encoded_into_a_recycled_buffer_is_the_fresh_encoding() {
+fn a_body_encoded_into_a_recycled_buffer_is_the_fresh_encoding() {
     let l = Layout::new(vec![
         TensorSpec { name: "w".into(), shape: vec![3000] },
         TensorSpec { name: "b".into(), shape: vec![5] },
@@ -549,8 +549,24 @@ fn a_bf16_body_encoded_into_a_recycled_buffer_is_the_fresh_encoding() {
     decode_gradient(&fresh, &l, &mut widened).unwrap();
     let rounded: Vec<f32> = values.iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect();
     assert_eq!(widened, rounded, "the body carries each value rounded to nearest, ties to even");
-    // Recycled: of the same length (overwritten, not cleared), longer, shorter.
-    for old in [vec![0xAB; fresh.len()], vec![0xCD; fresh.len() + 77], vec![1; 9]] {
-        assert_eq!(encode_bf16_into(&l, &values, old), fresh);
+    // Recycled: of the same length (overwritten, not cleared), longer, shorter. F32 the same.
+    let fresh_f32 = encode_f32(&l, &values, &BTreeMap::new());
+    for old in
+        [vec![0xAB; fresh.len()], vec![0xCD; fresh.len() + 77], vec![1; 9], vec![0xEF; fresh_f32.len()]]
+    {
+        assert_eq!(encode_bf16_into(&l, &values, old.clone()), fresh);
+        assert_eq!(encode_f32_into(&l, &values, old), fresh_f32);
     }
+    // Large enough to be encoded on several threads, in pieces.
+    let big = Layout::new(vec![TensorSpec {
+        name: "w".into(),
+        shape: vec![crate::cores::PARALLEL_MIN_LEN + 12_345],
+    }])
+    .unwrap();
+    let values: Vec<f32> = (0..big.len()).map(|i| (i % 4099) as f32 * 0.013 - 20.0).collect();
+    let bf16 = encode_bf16_into(&big, &values, vec![7; 3]);
+    let head = header(&big, WireDtype::Bf16, &BTreeMap::new()).len();
+    let expected: Vec<u8> = values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+    assert!(bf16[head..] == expected[..], "every piece rounded in place");
+    assert_eq!(encode_f32_into(&big, &values, bf16), encode_f32(&big, &values, &BTreeMap::new()));
 }
