@@ -11,6 +11,13 @@ pub struct Pool<T> {
     cap: usize,
 }
 
+/// Two: the vector in use and the one its last user may still hold.
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Self::new(2)
+    }
+}
+
 impl<T> Pool<T> {
     pub fn new(cap: usize) -> Self {
         Self { items: Mutex::new(Vec::new()), cap }

@@ -54,6 +54,8 @@ pub struct ErrorFeedback {
     /// The step and body encoded last: a push of the same step again (a `sync` worker's
     /// re-push of its round) sends the same bytes and carries nothing twice.
     last: Option<(u64, bytes::Bytes)>,
+    /// Bodies once sent, for the next step's to be encoded into.
+    bodies: Arc<Pool<u8>>,
 }
 
 impl ErrorFeedback {
@@ -67,7 +69,10 @@ impl ErrorFeedback {
         self.residual.resize(grad.len(), 0.0);
         self.pending.clear();
         self.pending.extend(grad.iter().zip(&self.residual).map(|(g, r)| g + r));
-        let body = bytes::Bytes::from(wire::int8::encode(layout, &mut self.pending));
+        // The last step's body back in the pool first (once the request has let go of it).
+        self.last = None;
+        let out = self.bodies.take_as_is();
+        let body = lend(&self.bodies, wire::int8::encode_into(layout, &mut self.pending, out));
         self.last = Some((step, body.clone()));
         body
     }
@@ -100,7 +105,7 @@ impl Link {
             round: None,
             feedback: ErrorFeedback::default(),
             advised: None,
-            bodies: Arc::new(Pool::new(2)),
+            bodies: Arc::default(),
         }
     }
 

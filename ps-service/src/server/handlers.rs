@@ -291,7 +291,7 @@ fn answer_pull(
             pulled(lend(pool, body), None, None)
         }
         PullAs::Int8 { base } if !look_only => {
-            match state.replicas.answer(worker, base, (store.layout(), snap.params()), pool.take()) {
+            match state.replicas.answer(worker, base, (store.layout(), snap.params()), pool.take_as_is()) {
                 Answer::Whole { tag, unused } => {
                     pool.give(unused);
                     pulled(whole(snap), Some(tag), None)

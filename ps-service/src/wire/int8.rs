@@ -28,8 +28,12 @@ pub fn chunks(numel: usize) -> usize {
 /// Quantizes `values` (the layout's flat vector) into an int8 gradient body and leaves in them
 /// what the rounding left out (`values − decoded`), for the sender's error feedback.
 pub fn encode(layout: &Layout, values: &mut [f32]) -> Vec<u8> {
+    encode_into(layout, values, Vec::new())
+}
+
+/// [`encode`] into `out`, a recycled body (a worker pushes one per step).
+pub fn encode_into(layout: &Layout, values: &mut [f32], mut out: Vec<u8>) -> Vec<u8> {
     assert_eq!(values.len(), layout.len());
-    let mut out = Vec::new();
     let head = body(layout, &mut out);
     let pieces = pieces(layout, &mut out[head..]);
     in_runs_of(pieces, values, |run, values| {
@@ -48,8 +52,8 @@ pub fn encode(layout: &Layout, values: &mut [f32]) -> Vec<u8> {
 /// in f32, as [`widen`] and [`apply_delta`] do on the worker). So each pull's rounding stays in
 /// `current − replica` for the next one: error feedback without the worker's help, and the
 /// worker's copy is never further from the model than one pull's rounding. Chunk by chunk, the
-/// chunks shared among the cores: no model-sized buffer but the body (`out`, a recycled buffer,
-/// cleared first), each chunk checked while it is in cache. False when a difference is beyond
+/// chunks shared among the cores: no model-sized buffer but the body (`out`, a recycled buffer),
+/// each chunk checked while it is in cache. False when a difference is beyond
 /// what a gradient body may carry (±[`super::MAX_GRADIENT`]: the worker would refuse it);
 /// `replica` is then partly updated, and the caller sends the whole model and makes that the
 /// copy instead.
@@ -77,8 +81,9 @@ pub fn encode_delta(layout: &Layout, current: &[f32], replica: &mut [f32], out: 
     })
 }
 
-/// `out` made an int8 body of `layout`, its header written and its data zeroed; returns where
-/// the data starts.
+/// `out` made an int8 body of `layout` with its header written; returns where the data starts.
+/// Its caller writes every data byte, so a recycled body of the same length is not zeroed first
+/// (the others are).
 fn body(layout: &Layout, out: &mut Vec<u8>) -> usize {
     let mut entries = Vec::with_capacity(layout.tensors().len() * 2);
     let mut at = 0;
@@ -89,10 +94,13 @@ fn body(layout: &Layout, out: &mut Vec<u8>) -> usize {
         entries.push((format!("{SCALE_PREFIX}{}", t.name), "F32", vec![n], at..at + 4 * n));
         at += 4 * n;
     }
-    out.clear();
-    out.extend_from_slice(&super::header_of(&entries, &BTreeMap::new()));
-    let head = out.len();
-    out.resize(head + at, 0);
+    let header = super::header_of(&entries, &BTreeMap::new());
+    let head = header.len();
+    if out.len() != head + at {
+        out.clear();
+        out.resize(head + at, 0);
+    }
+    out[..head].copy_from_slice(&header);
     head
 }
 
@@ -327,6 +335,24 @@ mod tests {
         // The scaled values themselves, with a scale of exactly 1 (a chunk whose largest is 127).
         for y in [0.5f32, 0.49999997, -0.5, -0.49999997, 1.5, 2.5, -2.5, 126.49999, f32::NAN] {
             assert_eq!(round_half_away(y), y.round().clamp(-127.0, 127.0) as i8 as i32, "{y}");
+        }
+    }
+
+    /// A recycled body, of the same length (its old bytes kept) or not, ends up as a fresh one.
+    #[test]
+    fn bodies_encoded_into_recycled_buffers_are_the_fresh_ones() {
+        let spec = |n: &str, len: usize| super::super::TensorSpec { name: n.into(), shape: vec![len] };
+        let l = Layout::new(vec![spec("w", 3 * CHUNK + 17), spec("b", 5)]).unwrap();
+        let values: Vec<f32> = (0..l.len()).map(|i| ((i * 37) % 201) as f32 * 0.01 - 1.0).collect();
+        let fresh = encode(&l, &mut values.clone());
+        let base: Vec<f32> = values.iter().map(|v| v * 0.5).collect();
+        let mut fresh_delta = Vec::new();
+        assert!(encode_delta(&l, &values, &mut base.clone(), &mut fresh_delta));
+        for old in [vec![0xAA; fresh.len()], vec![0x55; fresh.len() + 3], Vec::new()] {
+            assert_eq!(encode_into(&l, &mut values.clone(), old.clone()), fresh);
+            let (mut body, mut replica) = (old, base.clone());
+            assert!(encode_delta(&l, &values, &mut replica, &mut body));
+            assert_eq!(body, fresh_delta);
         }
     }
 }
