@@ -196,6 +196,8 @@ def main() -> None:
     ap.add_argument("--algorithm", default="dc-asgd-a")
     ap.add_argument("--pull-dtype", default="f32", choices=["f32", "bf16", "int8"],
                     help="the type the simulated workers pull the model in (int8: the PS keeps each one's copy)")
+    ap.add_argument("--push-dtype", default="f32", choices=["f32", "bf16", "int8"],
+                    help="what the simulated workers push their gradients as")
     ap.add_argument("--memory-limit", type=int, help="each PS's --memory-limit in bytes (bounds its push slots)")
     ap.add_argument("--out", type=Path, default=Path("out/real-size"))
     args = ap.parse_args()
@@ -216,7 +218,8 @@ def main() -> None:
     env = {**os.environ, "FORESIGHT_TOKEN": token}
     loadgen = subprocess.run(
         [str(args.bin / "foresight-loadgen"), "--ps", ",".join(urls), "--workers", str(args.workers),
-         "--params", str(args.params), "--steps", str(args.steps), "--pull-dtype", args.pull_dtype],
+         "--params", str(args.params), "--steps", str(args.steps), "--pull-dtype", args.pull_dtype,
+         "--dtype", args.push_dtype],
         env=env, capture_output=True, text=True,
     )
     if loadgen.returncode != 0:
@@ -262,6 +265,7 @@ def main() -> None:
         "workers": args.workers,
         "algorithm": args.algorithm,
         "pull_dtype": args.pull_dtype,
+        "push_dtype": args.push_dtype,
         "steps_per_worker": args.steps,
         "memory_limit": args.memory_limit,
         "seconds": {
