@@ -59,9 +59,10 @@ impl<T> Pool<T> {
     }
 }
 
-/// A pooled buffer lent out as a response body ([`bytes::Bytes::from_owner`]): back in its pool
-/// once hyper has sent (or dropped) the response. A pull encoded per request (bf16, int8) then
-/// writes into pages that are already mapped instead of faulting in a fresh body-sized buffer.
+/// A pooled buffer lent out as a request or response body ([`bytes::Bytes::from_owner`]): back
+/// in its pool once hyper has sent (or dropped) it and every clone is gone. A pull encoded per
+/// request (bf16, int8), or a worker's next push, then writes into pages that are already mapped
+/// instead of faulting in a fresh body-sized buffer.
 pub fn lend(pool: &Arc<Pool<u8>>, buf: Vec<u8>) -> bytes::Bytes {
     bytes::Bytes::from_owner(Lent { buf, pool: pool.clone() })
 }

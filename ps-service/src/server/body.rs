@@ -58,9 +58,8 @@ pub async fn read_limited(
 /// How a gradient body arrived.
 pub enum Gradient {
     /// The body was the layout's own encoding in F32, BF16 or F16; its values, widened to f32,
-    /// are in the gradient buffer and
-    /// `first_unusable` is the flat index of the first element that is not
-    /// [`wire::usable_gradient`] (NaN, ±Inf, beyond ±1e12), if any.
+    /// are in the gradient buffer and `first_unusable` is the flat index of the first element
+    /// that is not [`wire::usable_gradient`] (NaN, ±Inf, beyond ±1e12), if any.
     Direct { first_unusable: Option<usize> },
     /// Anything else (int8, other tensor order, metadata…): the whole body is in `buf` for the
     /// decoder.

@@ -502,14 +502,9 @@ impl Store {
         &self.layout
     }
 
-    /// The safetensors header of this layout in F32 with no metadata: the exact prefix of a
-    /// pull's body, and of a push from Foresight's client.
-    pub fn f32_header(&self) -> &[u8] {
-        &self.header
-    }
-
     /// The bodies a push is read in place from: this layout's tensors in order, no metadata, in
-    /// F32, BF16 or F16 (what Foresight's client sends for each `gradientDtype` but int8).
+    /// F32, BF16 or F16 (what Foresight's client sends for each `gradientDtype` but int8). The
+    /// F32 header is also the exact prefix of a pull's body.
     pub fn gradient_encodings(&self) -> [Expected<'_>; 3] {
         let [(bf16, b), (f16, f)] = &self.half_headers;
         [

@@ -36,6 +36,9 @@ pub struct InPlace<'a> {
     out: &'a mut [f32],
     spill: &'a mut Vec<u8>,
     mode: Mode<'a>,
+    /// Bit i: `expected[i]` agrees with the header bytes read so far. Kept, so that each byte
+    /// is compared once however many pieces a long header (100,000 tensors) arrives in.
+    alive: u64,
     /// Body bytes after the header taken in place.
     filled: usize,
     /// A 2-byte element's first byte, when a frame ended inside it.
@@ -46,16 +49,25 @@ impl<'a> InPlace<'a> {
     /// `expected`: the layout's headers ([`super::header`]) in the dtypes to take in place; a
     /// body beginning with none of them is collected.
     pub fn new(expected: &'a [Expected<'a>], out: &'a mut [f32], spill: &'a mut Vec<u8>) -> Self {
+        assert!(expected.len() <= 64, "at most 64 expected encodings");
         spill.clear();
-        Self { expected, out, spill, mode: Mode::Header, filled: 0, half_read: None }
+        // One bit per expected encoding (none for none: a shift by 64 is `None`).
+        let alive = u64::MAX.checked_shr((64 - expected.len()) as u32).unwrap_or(0);
+        Self { expected, out, spill, mode: Mode::Header, alive, filled: 0, half_read: None }
     }
 
     /// Takes the next piece of the body. Returns the elements of `out` it completed and the
     /// index of the first, so the caller can check them while they are still in cache.
     pub fn feed(&mut self, mut data: &[u8]) -> (usize, &[f32]) {
         while let (Mode::Header, false) = (self.mode, data.is_empty()) {
-            let take = self.header_bytes_wanted().min(data.len());
-            self.spill.extend_from_slice(&data[..take]);
+            let (at, take) = (self.spill.len(), self.header_bytes_wanted().min(data.len()));
+            let piece = &data[..take];
+            for (i, e) in self.expected.iter().enumerate() {
+                if e.header.get(at..at + take) != Some(piece) {
+                    self.alive &= !(1 << i);
+                }
+            }
+            self.spill.extend_from_slice(piece);
             data = &data[take..];
             self.mode = self.match_header();
         }
@@ -85,16 +97,21 @@ impl<'a> InPlace<'a> {
     /// read so far is complete. Headers of different lengths differ in their 8-byte length
     /// prefix, so no byte after the header is ever taken for it.
     fn header_bytes_wanted(&self) -> usize {
-        let alive = self.expected.iter().filter(|e| e.header.starts_with(self.spill));
-        alive.map(|e| e.header.len() - self.spill.len()).min().unwrap_or(0)
+        self.alive().map(|e| e.header.len() - self.spill.len()).min().unwrap_or(0)
+    }
+
+    /// The expected encodings that agree with the header bytes read so far.
+    fn alive(&self) -> impl Iterator<Item = &Expected<'a>> {
+        self.expected.iter().enumerate().filter(|(i, _)| self.alive & (1 << i) != 0).map(|(_, e)| e)
     }
 
     /// What the header bytes read so far make of the body.
     fn match_header(&mut self) -> Mode<'a> {
-        if let Some(e) = self.expected.iter().find(|e| *e.header == self.spill[..]) {
+        let whole = self.alive().find(|e| e.header.len() == self.spill.len()).copied();
+        if let Some(e) = whole {
             self.spill.clear();
-            Mode::Direct(*e)
-        } else if self.expected.iter().any(|e| e.header.starts_with(self.spill)) {
+            Mode::Direct(e)
+        } else if self.alive != 0 {
             Mode::Header
         } else {
             Mode::Collect
