@@ -544,7 +544,7 @@ fn encode_into(
 
 /// Writes `values` rounded to bf16 into `out` (two little-endian bytes each). Each block is
 /// rounded into an array of u16 first and copied out whole: written pair by pair into the bytes,
-/// the loop did not vectorise (25M values took 20 ms on two cores).
+/// the loop did not vectorise (docs/benchmarks.md, "bf16 pushes read in place").
 fn round_to_bf16(values: &[f32], out: &mut [u8]) {
     const BLOCK: usize = 1024;
     for (out, values) in out.chunks_mut(2 * BLOCK).zip(values.chunks(BLOCK)) {
