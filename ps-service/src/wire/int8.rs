@@ -95,13 +95,8 @@ fn body(layout: &Layout, out: &mut Vec<u8>) -> usize {
         at += 4 * n;
     }
     let header = super::header_of(&entries, &BTreeMap::new());
-    let head = header.len();
-    if out.len() != head + at {
-        out.clear();
-        out.resize(head + at, 0);
-    }
-    out[..head].copy_from_slice(&header);
-    head
+    super::body_of(out, &header, at);
+    header.len()
 }
 
 /// One chunk of a tensor in an int8 body: where its values start in the flat vector, and the

@@ -519,13 +519,8 @@ fn encode_into(
     assert_eq!(values.len(), layout.len());
     let head = header(layout, dtype, &BTreeMap::new());
     let size = dtype.size();
-    let len = head.len() + values.len() * size;
-    if out.len() != len {
-        out.clear();
-        out.resize(len, 0);
-    }
-    let (head_out, data) = out.split_at_mut(head.len());
-    head_out.copy_from_slice(&head);
+    body_of(&mut out, &head, values.len() * size);
+    let data = &mut out[head.len()..];
     const PIECE: usize = 1 << 16;
     let pieces: Vec<_> = data.chunks_mut(size * PIECE).zip(values.chunks(PIECE)).collect();
     let threads = crate::cores::threads_for(values.len());
@@ -540,6 +535,17 @@ fn encode_into(
         },
     );
     out
+}
+
+/// `out` made `head` followed by `data_len` bytes for the caller to write every one of: a
+/// recycled body of that length keeps its old data bytes (they are all overwritten), any other
+/// is cleared and zero-filled first.
+pub(super) fn body_of(out: &mut Vec<u8>, head: &[u8], data_len: usize) {
+    if out.len() != head.len() + data_len {
+        out.clear();
+        out.resize(head.len() + data_len, 0);
+    }
+    out[..head.len()].copy_from_slice(head);
 }
 
 /// Writes `values` rounded to bf16 into `out` (two little-endian bytes each). Each block is
