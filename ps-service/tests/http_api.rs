@@ -942,3 +942,68 @@ async fn a_push_answered_from_its_query_costs_no_body() {
     assert!(closing.applied && closing.version == 1);
     assert!(received().await > before, "a push that needs its gradient reads it");
 }
+
+/// A leave's buffers (`wire::buffers`): a refused body leaves the worker training and keeps
+/// nothing; the last leave's buffers are kept next to the checkpoints and written into the final
+/// model after the PS's tensors, where `checkpoint::decode` still reads the model and
+/// `checkpoint::buffer_tensors` the buffers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_leaves_buffers_go_into_the_final_model_and_a_bad_set_changes_nothing() {
+    use foresight_ps::store::checkpoint;
+    use foresight_ps::wire::buffers;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(Algorithm::Asgd, 2);
+    cfg.checkpoint_dir = Some(dir.path().join("ckpt"));
+    cfg.output_dir = Some(dir.path().join("out"));
+    let ps = start(cfg).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    let (j0, j1) = (c.join(0, None).await.unwrap(), c.join(1, None).await.unwrap());
+    let set = |mean: f32, count: i64| {
+        let tensors = vec![
+            (
+                "bn.running_mean".to_string(),
+                "F32".to_string(),
+                vec![2],
+                [mean, -mean].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ),
+            ("bn.num_batches_tracked".to_string(), "I64".to_string(), vec![], count.to_le_bytes().to_vec()),
+        ];
+        let aliases = BTreeMap::from([("head.weight".to_string(), "fc.weight".to_string())]);
+        bytes::Bytes::from(buffers::body(&tensors, &aliases))
+    };
+
+    let nan = set(f32::NAN, 1);
+    let e = c.leave(0, j0.generation, Some(nan)).await.unwrap_err();
+    assert_eq!(e.reason(), Some("malformed_body"), "{e}");
+    assert!(e.to_string().contains("non-finite"), "{e}");
+    let trained = buffers::body(&[("fc.weight".into(), "F32".into(), vec![1], vec![0; 4])], &BTreeMap::new());
+    let e = c.leave(0, j0.generation, Some(trained.into())).await.unwrap_err();
+    assert!(e.to_string().contains("also a trained tensor"), "{e}");
+    let store = ps.state.store().unwrap().clone();
+    assert!(
+        !store.all_finished() && !dir.path().join("ckpt/buffers.safetensors").exists(),
+        "nothing changed"
+    );
+
+    assert_eq!(c.leave(0, j0.generation, Some(set(1.0, 10))).await.unwrap(), None);
+    assert!(dir.path().join("ckpt/buffers.safetensors").exists(), "kept where a restarted PS finds them");
+    let last =
+        c.leave(1, j1.generation, Some(set(2.0, 20))).await.unwrap().expect("the last leave finalizes");
+
+    let bytes = std::fs::read(last.path.unwrap()).unwrap();
+    let (layout, data, _) = checkpoint::decode(&bytes).unwrap();
+    assert_eq!(layout, l, "the PS's own tensors read as before");
+    let kept = checkpoint::buffer_tensors(&bytes).unwrap();
+    let names: Vec<_> = kept.iter().map(|t| t.0.as_str()).collect();
+    assert_eq!(names, ["head.weight", "bn.running_mean", "bn.num_batches_tracked"]);
+    let fc = l.iter().find(|(t, _)| t.name == "fc.weight").unwrap().1;
+    assert_eq!(
+        kept[0].3,
+        bytemuck::cast_slice::<f32, u8>(&data.params[fc]),
+        "the alias holds the final fc.weight"
+    );
+    assert_eq!(kept[1].3, bytemuck::cast_slice::<f32, u8>(&[2.0f32, -2.0]), "the last leave's set");
+    assert_eq!(kept[2].3, 20i64.to_le_bytes());
+}

@@ -113,7 +113,7 @@ fn the_local_steps_left_at_the_end_are_pushed_by_finish() {
     assert_eq!(ps.state.store().unwrap().status().version, 1, "one whole block of h steps pushed");
     assert_eq!(w.steps_unsent(), 2);
     pseudo(&pulled, &local, w.grad_mut());
-    let last = w.finish().unwrap();
+    let last = w.finish(None).unwrap();
     assert_eq!((last.version, w.steps_unsent()), (2, 0), "finish pushed the 2 steps left");
 
     // By hand: an outer step after the first h inner steps, then one after the last 2.
@@ -154,9 +154,53 @@ fn a_gradient_window_cut_short_by_the_end_is_pushed_as_the_mean_of_its_own_steps
     }
     let before = ps.state.store().unwrap().snapshot_now().params().to_vec();
     assert_eq!(ps.state.store().unwrap().status().version, 2);
-    let last = w.finish().unwrap();
+    let last = w.finish(None).unwrap();
     assert_eq!(last.version, 3, "finish pushed the 7th step");
     let expected: Vec<f32> = before.iter().zip(grad(&l, 6)).map(|(x, g)| x - OUTER_LR * g).collect();
     let worst = last.values.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
     assert!(worst < 1e-6, "the last push was not the 7th step's own gradient: off by {worst}");
+}
+
+/// `sync` over blocks of local steps longer than the silence and round timeouts (0.4 s here; a
+/// block of H steps on a real model often takes minutes): the slower worker's heartbeats,
+/// sent from its loop between exchanges, keep it counted, so the round waits for its
+/// pseudo-gradient. Before, it was marked silent mid-block, the round closed with the faster
+/// worker's alone, and the slower one's whole block was refused `round_closed`.
+#[test]
+fn a_block_longer_than_the_silence_timeout_is_waited_for_not_thrown_away() {
+    let rt = runtime();
+    let mut cfg = config(Algorithm::Sync, 2);
+    cfg.worker_silence_timeout = Duration::from_millis(400);
+    cfg.sync_round_timeout = Duration::from_millis(400);
+    let ps = rt.block_on(start(cfg));
+    rt.block_on(async {
+        ps.state.spawn_presence_watch();
+        ps.state.spawn_round_watch();
+    });
+    let h = 6;
+    let block = |m: usize, step_time: Duration| {
+        let cadence = Cadence::local_steps(h, GradDtype::F32).unwrap();
+        let mut w = worker(&rt, std::slice::from_ref(&ps.url), cadence, m, Duration::from_secs(30));
+        move || {
+            w.pull_if_due().unwrap().expect("the first pull");
+            for _ in 0..h {
+                std::thread::sleep(step_time);
+                if w.push_due_next() {
+                    w.grad_mut().fill(0.01 * (m + 1) as f32);
+                }
+                assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
+            }
+            w.stats()
+        }
+    };
+    let fast = block(0, Duration::ZERO);
+    let slow = block(1, Duration::from_millis(150)); // 0.9 s, a heartbeat every step
+    let fast = std::thread::spawn(fast);
+    let slow = std::thread::spawn(slow);
+    let (fast, slow) = (fast.join().unwrap(), slow.join().unwrap());
+    let store = ps.state.store().unwrap();
+    assert_eq!((fast.discarded, slow.discarded), (0, 0), "no block thrown away");
+    assert_eq!(store.rounds_closed_short(), 0);
+    assert_eq!(store.status().version, 1, "one round, both pseudo-gradients");
+    assert!(!store.status().workers[1].silent, "the slow worker was never marked silent");
 }

@@ -196,13 +196,13 @@ fn the_last_worker_to_leave_finalizes_every_shard_and_learns_where_the_model_is(
         assert_eq!(step(&mut b, 1), StepEnd::Continue);
     }
     let file = dir.path().join("model-final.safetensors");
-    a.finish().unwrap();
+    a.finish(None).unwrap();
     assert_eq!(a.final_model(), None, "one worker still trains");
     assert!(!file.exists());
     assert_eq!(status(&rt, &urls[0])["finalized"], false);
     // The worker still training is not held up by the other's leaving.
     assert_eq!(step(&mut b, 1), StepEnd::Continue);
-    let last = b.finish().unwrap();
+    let last = b.finish(None).unwrap();
     let recorded = b.final_model().expect("the last worker is told where the final model is").clone();
     assert_eq!(recorded.version, 7);
     assert_eq!(recorded.path.as_deref(), Some(file.to_str().unwrap()));

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import random
@@ -38,9 +39,11 @@ from .errors import ConfigError, ForesightError, RefusedError, UnreachableError
 
 __all__ = [
     "ConfigError",
+    "EXIT_PERMANENT",
     "ForesightError",
     "GRAD_DTYPES",
     "Job",
+    "PULL_DTYPES",
     "RefusedError",
     "UnreachableError",
     "batches",
@@ -51,7 +54,16 @@ __all__ = [
     "resume_step",
     "shard",
     "split",
+    "worker",
 ]
+
+#: The package's version; the parameter server it talks to speaks the same protocol version.
+__version__: str = _native.__version__
+
+#: Where the package and its Rust client log (retries, dropped gradients, the final model):
+#: configure it as any logger (``logging.basicConfig(level=logging.INFO)`` shows everything).
+#: ``$FORESIGHT_LOG`` filters the client's records at the source, as ``RUST_LOG`` does.
+log = logging.getLogger("foresight")
 
 #: The types a gradient may travel in (``$FORESIGHT_GRAD_DTYPE``, ``Optimizer(grad_dtype=)``).
 GRAD_DTYPES = ("f32", "bf16", "int8")
@@ -153,9 +165,15 @@ class Job:
     native: Any = field(default=None, repr=False)
     #: The ``foresight.torch.Optimizer`` that joined (it loads the final model).
     optimizer: Any = field(default=None, repr=False)
-    #: Steps per epoch, once known (``batches`` or the Optimizer's argument).
+    #: Steps per epoch, once known (``batches``, ``foresight.data.Sampler`` or the Optimizer's
+    #: argument): the epochs the parameter server's learning-rate schedule counts.
     steps_per_epoch: int | None = None
+    #: The job's worker count asked of the parameter server before the Optimizer joined (a
+    #: script that shards its data first), to compare with the count at join.
+    workers_before_join: int | None = field(default=None, repr=False)
     started: float = field(default_factory=time.monotonic, repr=False)
+    #: What :func:`finish` returned, once it ran.
+    done: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls) -> "Job":
@@ -206,8 +224,16 @@ class Job:
 
     @property
     def workers(self) -> int:
-        """The job's worker count when this worker joined."""
-        return int(self.joined().workers)
+        """The job's worker count: the parameter server's when this worker joined; before that
+        (a script building its data loaders, ``shard`` or ``foresight.data.Sampler``, before
+        its Optimizer), the parameter server's now, asked once."""
+        if self.native is not None:
+            return int(self.native.workers)
+        if self.workers_before_join is None:
+            self.workers_before_join = int(
+                _native.job_workers(self.ps_url, self.token, self.deadline_seconds, self.ps_ca_file)
+            )
+        return self.workers_before_join
 
     @property
     def step(self) -> int:
@@ -304,6 +330,8 @@ def batches(n_examples: int, batch_size: int | None = None) -> Iterator[tuple[in
         order = order[:per_worker]
         skip = first_batch if epoch == first_epoch else 0
         for b in range(skip, steps):
+            if j.optimizer is not None and j.optimizer.finished:
+                return  # the job was finalized: the steps left would be thrown away
             yield epoch, order[b * batch : (b + 1) * batch]
 
 
@@ -330,9 +358,17 @@ def report(
     j = job()
     native = j.joined()
     at = epoch if epoch is not None else (j.epoch_at(native.step) or 0.0)
+    values = _report_values(loss=loss, accuracy=accuracy, epoch=at, samples_per_second=samples_per_second)
+    if values is None:
+        return
+    loss, accuracy, at, samples_per_second = values
     timed = j.optimizer.clock.phase("report") if j.optimizer is not None else contextlib.nullcontext()
     with timed:
-        native.report(float(at), float(loss), accuracy, samples_per_second)
+        try:
+            native.report(at, loss, accuracy, samples_per_second)
+        except ForesightError as e:
+            # Telemetry: a PS that is slow to answer or refuses a report does not stop training.
+            log.warning("a progress report was not delivered: %s", e)
     _pushes, _discarded, staleness = native.push_stats
     if accuracy is None:
         emit(
@@ -350,6 +386,38 @@ def report(
         emit({"event": "eval", "worker": j.worker, "epoch": int(at), "loss": float(loss), "accuracy": accuracy})
 
 
+def _report_values(
+    *, loss: Any, accuracy: Any, epoch: Any, samples_per_second: Any
+) -> tuple[float, float | None, float, float | None] | None:
+    """The report's values as the parameter server takes them (finite; loss and throughput not
+    negative; accuracy a fraction in [0, 1]), or ``None`` when the loss cannot be reported: a
+    bad value is dropped with a warning, never raised into the training loop."""
+
+    def number(name: str, value: Any, low: float, high: float) -> float | None:
+        if value is None:
+            return None
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            log.warning("report: %s=%r is not a number; dropped", name, value)
+            return None
+        if not (math.isfinite(v) and low <= v <= high):
+            log.warning("report: %s=%s is outside [%s, %s]; dropped (the parameter server takes no other)", name, v, low, high)
+            return None
+        return v
+
+    reported_loss = number("loss", loss, 0.0, math.inf)
+    if reported_loss is None:
+        return None
+    at = number("epoch", epoch, 0.0, 1e9)
+    return (
+        reported_loss,
+        number("accuracy", accuracy, 0.0, 1.0),
+        0.0 if at is None else at,
+        number("samples_per_second", samples_per_second, 0.0, math.inf),
+    )
+
+
 def finish(*, evaluate: Callable[[], tuple[float, float]] | None = None) -> dict[str, Any]:
     """Ends this worker's training: the parameter server is told this worker trained all its steps
     (``sync`` rounds stop waiting for it), and the model the Optimizer wraps now holds the
@@ -360,6 +428,8 @@ def finish(*, evaluate: Callable[[], tuple[float, float]] | None = None) -> dict
     j = job()
     if j.optimizer is None:
         j.joined()  # raises: nothing joined
+    if j.done is not None:
+        return j.done  # finished already (``with foresight.worker(...)`` after a finish())
     # The steps' phases: what runs after the last step (an evaluation, this) is not training.
     phases = dict(j.optimizer.clock.seconds)
     j.optimizer.load_final()
@@ -373,8 +443,27 @@ def finish(*, evaluate: Callable[[], tuple[float, float]] | None = None) -> dict
         "seconds": time.monotonic() - j.started,
         "phases": phases,
     }
+    if j.joined().was_last:
+        # This worker's leave wrote the final model, with its buffers: its evaluation below is
+        # of that very model, and the run's summary reports it.
+        done["last"] = True
     if evaluate is not None:
         loss, accuracy = evaluate()
         done.update(test_loss=float(loss), test_accuracy=float(accuracy))
     emit(done)
+    j.done = done
     return done
+
+
+@contextlib.contextmanager
+def worker(model: Any, **options: Any) -> Iterator[Any]:
+    """``with foresight.worker(model) as opt:`` joins the job with
+    ``foresight.torch.Optimizer(model, **options)`` and, when the block ends normally, finishes
+    (:func:`finish`: the unsent steps pushed, the parameter server told, its final model in
+    ``model``). An exception leaves without finishing: the worker did not train all its steps,
+    and a replaced process resumes where this one stopped."""
+    import foresight.torch
+
+    opt = foresight.torch.Optimizer(model, **options)
+    yield opt
+    finish()

@@ -34,8 +34,13 @@ class UnreachableError(ForesightError):
     """The parameter server could not be reached for longer than the job's deadline."""
 
 
-class ConfigError(ForesightError):
-    """The environment does not describe a job (run under ``foresight run`` or in a TrainingJob)."""
+class ConfigError(ForesightError, ValueError):
+    """The job's configuration cannot work: the environment does not describe a job (run under
+    ``foresight run`` or in a TrainingJob), a setting is invalid, or the script uses the package
+    in a way it cannot honour (a learning-rate scheduler on the Optimizer, sparse gradients).
+    Always permanent: an uncaught one ends the worker with exit status 3, which fails the job
+    instead of restarting the worker into the same error. A ``ValueError`` too, as invalid
+    arguments are in Python."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, reason="config", permanent=True)
+    def __init__(self, message: str, *, reason: str | None = "config", status: int | None = None, permanent: bool = True) -> None:
+        super().__init__(message, reason=reason or "config", status=status, permanent=True)

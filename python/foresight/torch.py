@@ -2,12 +2,18 @@
 parameter server and pulls its model into the parameters, as the job's pullEvery / pushEvery say.
 
 The parameter server applies the update (the job's rule: dc-asgd-a, asgd, sync, ...), so there
-is no local optimizer. Parameters are matched by ``named_parameters()`` names; parameters with
-``requires_grad=False`` and buffers (BatchNorm statistics) stay local to the worker.
+is no local optimizer. Parameters are matched by ``named_parameters()`` names. Parameters with
+``requires_grad=False`` and buffers (BatchNorm statistics) are trained locally, by the forward
+passes, not by the server; when the worker finishes they go with it (``finish``), and the last
+worker's are written into the final model, which therefore holds the model's whole
+``state_dict``: it loads with ``load_state_dict(strict=True)`` and is the model that worker's
+``finish(evaluate=...)`` scored.
 
-It is a ``torch.optim.Optimizer``, so what takes one (learning-rate schedulers, step hooks, Hugging
-Face's ``Trainer(optimizers=...)``, see ``foresight.transformers``) takes it; its ``lr`` is 0 and
-unused: the parameter server applies the job's ``training.learningRate`` and schedule.
+It is a ``torch.optim.Optimizer``, so what takes one (step hooks, Hugging Face's
+``Trainer(optimizers=...)``, see ``foresight.transformers``) takes it; its ``lr`` is 0 and unused:
+the parameter server applies the job's ``training.learningRate`` and schedule. A learning-rate
+scheduler attached to it would change nothing, so its first step is refused with a
+``ConfigError`` (with local steps, schedule the ``inner=`` optimizer instead).
 
 With the job's ``optimizer.localSteps: H`` (low-communication training, DiLoCo) the worker does
 have a local optimizer (the job's ``innerOptimizer``, or the user's own ``inner=``): ``step()`` runs it, and every H
@@ -20,7 +26,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -29,6 +35,20 @@ import foresight
 from . import _native
 
 __all__ = ["Optimizer"]
+
+# The safetensors name of each dtype a buffer may have (what the parameter server keeps).
+BUFFER_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 # The phases of the Rust worker's `done` line (wire::progress::PhaseSeconds), in its order.
 PHASES = ("batch", "pull", "load", "compute", "gather", "push", "report", "evaluate", "slowdown")
@@ -97,7 +117,14 @@ class Optimizer(torch.optim.Optimizer):
     With the job's ``optimizer.localSteps`` above 1, the local steps are trained by ``inner``, an
     optimizer over the same parameters, or when it is ``None`` by the job's
     ``optimizer.innerOptimizer`` (AdamW at 0.001 by default); its state (AdamW's moments) carries
-    over from one exchange to the next, as in DiLoCo. ``inner`` is refused without local steps.
+    over from one exchange to the next, as in DiLoCo. With ``localSteps: 1`` an ``inner``
+    optimizer (Adam, say) makes every step's change of the model the pushed update: the
+    parameter server applies the job's rule to it (``asgd`` at learning rate 1 adds it as it is),
+    asynchronous training with the user's own optimizer.
+
+    ``torch.compile``'s and ``DataParallel``'s wrappers are seen through: names are the module's
+    own. A learning-rate scheduler on this Optimizer, further parameter groups and sparse
+    gradients are refused with :class:`foresight.ConfigError`.
     """
 
     def __init__(
@@ -110,35 +137,44 @@ class Optimizer(torch.optim.Optimizer):
         inner: torch.optim.Optimizer | None = None,
     ) -> None:
         job = foresight.init()
-        if job.local_steps == 1 and inner is not None:
-            raise ValueError(
-                "inner= is for jobs with optimizer.localSteps above 1; this job pushes every step's gradient "
-                "and the parameter server applies the update"
+        if job.local_steps == 1 and inner is not None and (job.push_every, job.pull_every) != (1, 1):
+            raise foresight.ConfigError(
+                "inner= with optimizer.localSteps 1 sends each step's change of the model, which pushEvery and "
+                "pullEvery above 1 would average or skip: leave them at 1, or use localSteps"
             )
         if job.torch_threads:
             torch.set_num_threads(job.torch_threads)
         if job.optimizer is not None:
             raise foresight.ForesightError("this process already joined the job with another Optimizer")
+        model = _unwrapped(model)
         # Sorted by name, as the Rust worker's built-in models are: a Python and a Rust worker
         # of the same architecture exchange the same layout.
         named = sorted(((n, p) for n, p in model.named_parameters() if p.requires_grad), key=lambda t: t[0])
         if not named:
-            raise ValueError("the model has no parameter that requires a gradient")
+            raise foresight.ConfigError("the model has no parameter that requires a gradient")
+        _refuse_sparse(model)
+        _check_untrained_dtypes(model, {n for n, _ in named})
         devices = {p.device for _, p in named}
         if len(devices) != 1:
-            raise ValueError(f"the model's parameters are on several devices ({sorted(map(str, devices))})")
+            raise foresight.ConfigError(f"the model's parameters are on several devices ({sorted(map(str, devices))})")
         if grad_dtype is not None and grad_dtype not in foresight.GRAD_DTYPES:
-            raise ValueError(f"grad_dtype={grad_dtype!r}: expected 'f32', 'bf16' or 'int8'")
+            raise foresight.ConfigError(f"grad_dtype={grad_dtype!r}: expected 'f32', 'bf16' or 'int8'")
         if pull_dtype is not None and pull_dtype not in foresight.PULL_DTYPES:
-            raise ValueError(f"pull_dtype={pull_dtype!r}: expected 'f32', 'bf16' or 'int8'")
+            raise foresight.ConfigError(f"pull_dtype={pull_dtype!r}: expected 'f32', 'bf16' or 'int8'")
+        self._building = True
         super().__init__([p for _, p in named], {"lr": 0.0})
+        self._building = False
         self.model = model
+        self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self._numel = sum(p.numel() for p in self._params)
-        pin = self.device.type == "cuda"
         # Host buffers the Rust client reads and writes in place: one copy each way per exchange.
-        self._grad = torch.zeros(self._numel, dtype=torch.float32, pin_memory=pin)
-        self._flat = torch.empty(self._numel, dtype=torch.float32, pin_memory=pin)
+        # Pinned once the model is on a GPU (_pin_for_the_device: a Trainer moves it later).
+        self._grad = torch.zeros(self._numel, dtype=torch.float32)
+        self._flat = torch.empty(self._numel, dtype=torch.float32)
+        # The last host-to-device copy out of _flat, which must end before _flat is written again.
+        self._loaded: Any = None
+        self._pin_for_the_device()
         if steps_per_epoch is not None:
             job.steps_per_epoch = steps_per_epoch
         with torch.no_grad():
@@ -163,7 +199,17 @@ class Optimizer(torch.optim.Optimizer):
         self._inner = inner if inner is not None or job.local_steps == 1 else self._job_inner(job)
         job.native = self._native
         job.optimizer = self
+        if job.workers_before_join not in (None, self._native.workers):
+            foresight.log.warning(
+                "foresight: the job was scaled from %d to %d workers between the script's shard() and its join: "
+                "this process's data shard is by the count before; a restarted process shards by the new one",
+                job.workers_before_join,
+                self._native.workers,
+            )
         self.finished = False
+        # Set by foresight.transformers' callback: the Trainer always attaches a scheduler.
+        self._scheduler_allowed = False
+        self._warned_no_epoch = False
         self.clock = PhaseClock()
         if self._native.resume_step > 0:
             # As the Rust worker logs it: a replaced worker's log says where it picked up.
@@ -175,6 +221,17 @@ class Optimizer(torch.optim.Optimizer):
             )
         self._pull()
         self.clock = PhaseClock()  # the join and the first pull are set-up, not training
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refused after construction: the parameter server trains the model's parameters as
+        registered, with the job's rate for all of them; added parameters would never be
+        trained (per-group rates and weight decay are not in the protocol yet)."""
+        if not getattr(self, "_building", True):
+            raise foresight.ConfigError(
+                "foresight.torch.Optimizer trains every parameter of the model it was built with, at the job's "
+                "rate; it takes no further parameter groups (per-group rates and weight decay are not supported)"
+            )
+        super().add_param_group(param_group)
 
     @property
     def device(self) -> torch.device:
@@ -200,10 +257,20 @@ class Optimizer(torch.optim.Optimizer):
                 loss = closure()
         if self.finished:
             return loss
+        self._refuse_a_scheduler()
+        self._pin_for_the_device()
         clock = self.clock
         clock.script_ran()
         job = self._job
         epoch = job.epoch_at(self._native.step + 1)
+        if epoch is None and not self._warned_no_epoch:
+            self._warned_no_epoch = True
+            foresight.log.warning(
+                "foresight: the steps per epoch are unknown, so the parameter server sees no epochs and "
+                "the job's learning-rate schedule (lrDecay milestones, lrWarmupEpochs) cannot advance: "
+                "iterate foresight.batches(), give the DataLoader a foresight.data.Sampler, or pass "
+                "Optimizer(model, steps_per_epoch=...)"
+            )
         if self._inner is not None:
             with clock.phase("compute"):
                 self._inner.step()
@@ -225,7 +292,20 @@ class Optimizer(torch.optim.Optimizer):
         clock.slow_down(job.slowdown)
         return loss
 
+    def _refuse_a_scheduler(self) -> None:
+        """A learning-rate scheduler writes ``initial_lr`` into the groups it drives; on this
+        Optimizer it would change nothing (the parameter server applies the job's rate)."""
+        if not self._scheduler_allowed and any("initial_lr" in g for g in self.param_groups):
+            raise foresight.ConfigError(
+                "a learning-rate scheduler is attached to foresight.torch.Optimizer, whose lr is not used: the "
+                "parameter server applies the job's training.learningRate with its lrDecay and lrWarmupEpochs. "
+                "Set the schedule in the TrainingJob, or, with optimizer.localSteps above 1, attach the "
+                "scheduler to the inner= optimizer"
+            )
+
     def _gather(self) -> None:
+        if any(p.grad is not None and p.grad.is_sparse for p in self._params):
+            raise foresight.ConfigError(_SPARSE)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
         if self.device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
             torch.cat([g.reshape(-1) for g in grads], out=self._grad)
@@ -248,7 +328,22 @@ class Optimizer(torch.optim.Optimizer):
             self._grad.copy_(torch.cat([p.float() for p in params]))
         torch.sub(self._flat, self._grad, out=self._grad)
 
+    def _pin_for_the_device(self) -> None:
+        """Page-locked host buffers when the model is on a GPU, so that the copies each way are
+        DMA transfers; checked every step because a Trainer (or the script) may move the model
+        after the Optimizer was built on the CPU. (Unverified on a GPU here: no GPU was lent.)"""
+        if self.device.type == "cuda" and not self._flat.is_pinned():
+            self._grad = self._grad.pin_memory()
+            self._flat = self._flat.pin_memory()
+
+    def _flat_is_free(self) -> None:
+        """Waits for the last load's copy out of the pinned _flat before the client writes it."""
+        if self._loaded is not None:
+            self._loaded.synchronize()
+            self._loaded = None
+
     def _pull(self) -> None:
+        self._flat_is_free()
         with self.clock.phase("pull"):
             pulled = self._native.pull_if_due(self._flat.data_ptr(), self._numel)
         if pulled is not None:
@@ -257,6 +352,9 @@ class Optimizer(torch.optim.Optimizer):
 
     def _load(self) -> None:
         flat = self._flat.to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            self._loaded = torch.cuda.Event()
+            self._loaded.record()
         offset = 0
         with torch.no_grad():
             for p in self._params:
@@ -274,8 +372,80 @@ class Optimizer(torch.optim.Optimizer):
             # Local steps since the last exchange: their pseudo-gradient goes with the finish.
             self._pseudo_gradient()
             pseudo = self._grad.data_ptr()
-        self._native.finish(self._flat.data_ptr(), self._numel, pseudo)
+        buffers, aliases = _untrained_state(self.model, set(self._names))
+        self._flat_is_free()
+        self._native.finish(self._flat.data_ptr(), self._numel, pseudo, buffers, aliases)
+        self.finished = True
         self._load()
+
+    def __enter__(self) -> "Optimizer":
+        return self
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        """``with foresight.torch.Optimizer(model) as opt:`` finishes when the block ends normally;
+        after an exception it leaves without finishing (a replaced process resumes)."""
+        if kind is None:
+            foresight.finish()
 
     def parameters(self) -> Iterable[torch.nn.Parameter]:
         return iter(self._params)
+
+
+_SPARSE = (
+    "sparse gradients (nn.Embedding(sparse=True), nn.EmbeddingBag(sparse=True)) cannot be sent to the "
+    "parameter server, which keeps the model dense: build the layer with sparse=False"
+)
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's own module inside ``torch.compile``'s and (Distributed)DataParallel's
+    wrappers, which prefix every name (``_orig_mod.``, ``module.``): the layout, the final
+    model's names and a Rust worker's must be the module's own. The parameters are the same
+    objects either way."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if inner is None and isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+            inner = model.module
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+def _refuse_sparse(model: torch.nn.Module) -> None:
+    for name, module in model.named_modules():
+        if getattr(module, "sparse", False) is True:
+            raise foresight.ConfigError(f"{name or 'the model'}: {_SPARSE}")
+
+
+def _check_untrained_dtypes(model: torch.nn.Module, trained: set[str]) -> None:
+    """Refuses, at the start rather than at the end, a buffer the final model cannot keep."""
+    for name, value in model.state_dict(keep_vars=True).items():
+        if name not in trained and isinstance(value, torch.Tensor) and value.dtype not in BUFFER_DTYPES:
+            raise foresight.ConfigError(
+                f"state_dict entry {name!r} is {value.dtype}: the final model keeps "
+                f"{', '.join(str(d).removeprefix('torch.') for d in BUFFER_DTYPES)}"
+            )
+
+
+def _untrained_state(
+    model: torch.nn.Module, trained: set[str]
+) -> tuple[list[tuple[str, str, list[int], bytes]], dict[str, str]]:
+    """The entries of ``model.state_dict()`` the parameter server does not train, for the final
+    model: buffers and frozen parameters as (name, safetensors dtype, shape, bytes), and the
+    second names of tied trained parameters (``lm_head.weight`` → ``embed.weight``), whose
+    values are the server's."""
+    by_identity = {id(p): n for n, p in model.named_parameters() if n in trained}
+    buffers: list[tuple[str, str, list[int], bytes]] = []
+    aliases: dict[str, str] = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        if name in trained:
+            continue
+        if id(value) in by_identity:
+            aliases[name] = by_identity[id(value)]
+            continue
+        if not isinstance(value, torch.Tensor):
+            continue  # extra state (get_extra_state) is not a tensor: not in the file
+        dtype = BUFFER_DTYPES[value.dtype]  # checked at construction
+        flat = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        buffers.append((name, dtype, list(value.shape), flat.numpy().tobytes()))
+    return buffers, aliases

@@ -75,9 +75,19 @@ class Callback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, optimizer=None, train_dataloader=None, **kwargs):  # type: ignore[no-untyped-def]
         self.optimizer = _foresight_optimizer(optimizer)
+        # The Trainer attaches its own scheduler to every optimizer; the PS's rate is the one applied.
+        self.optimizer._scheduler_allowed = True
+        foresight.log.info(
+            "foresight: the Trainer's learning_rate and lr_scheduler_type are not applied; the parameter "
+            "server applies the job's training.learningRate and schedule"
+        )
         job = foresight.job()
-        if train_dataloader is not None:
-            steps = max(len(train_dataloader) // args.gradient_accumulation_steps, 1)
+        try:
+            batches = len(train_dataloader) if train_dataloader is not None else None
+        except TypeError:  # an IterableDataset has no length: no epochs to count
+            batches = None
+        if batches is not None:
+            steps = max(batches // args.gradient_accumulation_steps, 1)
             job.steps_per_epoch = job.steps_per_epoch or steps
             self.total_steps = job.epochs * job.steps_per_epoch
         return control

@@ -7,39 +7,99 @@
 //! of contiguous float32 CPU memory, because the buffer protocol is not in the limited API of
 //! Python 3.10, which this abi3 module supports. The network waits run without the GIL.
 
+use std::collections::BTreeMap;
+use std::sync::mpsc::{RecvTimeoutError, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use foresight_ps::client::{
-    Cadence, ClientError, ClientTls, Exchange, GradDtype, Joined, PsClient, PullDtype, Retry, Session,
-    StepEnd, shard,
+    Cadence, ClientError, ClientTls, Exchange, GradDtype, PsClient, PullDtype, Retry, Session, StepEnd, shard,
 };
 use foresight_ps::server::Report;
+use foresight_ps::wire::buffers::{self, Buffers};
 use foresight_ps::wire::{Layout, TensorSpec};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-/// The error as an exception of `foresight.errors`, with the PS's reason and status.
-fn to_py(py: Python<'_>, e: ClientError) -> PyErr {
-    let (class, status) = match &e {
-        ClientError::Refused { status, .. } => ("RefusedError", Some(status.as_u16())),
-        ClientError::Transport(_) => ("UnreachableError", None),
-        _ => ("ForesightError", None),
-    };
-    let reason = match &e {
-        ClientError::OtherModel => Some("other_model"),
-        _ => e.reason(),
-    };
+mod logs;
+
+/// How often a thread waiting on the network wakes to run Python's signal handlers (Ctrl-C,
+/// the package's SIGTERM handler) and deliver the client's log records.
+const TICK: Duration = Duration::from_millis(100);
+/// A progress report is given up after this long: it is telemetry, not training.
+const REPORT_WITHIN: Duration = Duration::from_secs(2);
+
+/// An exception of `foresight.errors` named `class`, with the PS's reason and status.
+fn exception(
+    py: Python<'_>,
+    class: &str,
+    message: String,
+    reason: Option<&str>,
+    status: Option<u16>,
+    permanent: bool,
+) -> PyErr {
     let made = py.import("foresight.errors").and_then(|m| {
         let kwargs = PyDict::new(py);
         kwargs.set_item("reason", reason)?;
         kwargs.set_item("status", status)?;
-        kwargs.set_item("permanent", e.is_permanent())?;
-        m.getattr(class)?.call((e.to_string(),), Some(&kwargs))
+        kwargs.set_item("permanent", permanent)?;
+        m.getattr(class)?.call((message,), Some(&kwargs))
     });
     match made {
         Ok(exc) => PyErr::from_value(exc),
         Err(import_failed) => import_failed,
+    }
+}
+
+/// The job's configuration cannot work: `foresight.ConfigError`, which ends the worker with
+/// exit status 3 (the job fails at once instead of restarting it into the same error).
+fn config_error(py: Python<'_>, message: String) -> PyErr {
+    exception(py, "ConfigError", message, Some("config"), None, true)
+}
+
+/// The error as an exception of `foresight.errors`, with the PS's reason and status.
+fn to_py(py: Python<'_>, e: ClientError) -> PyErr {
+    let (class, status) = match &e {
+        ClientError::Refused { status, .. } => ("RefusedError", Some(status.as_u16())),
+        ClientError::Transport(_) | ClientError::TimedOut { .. } => ("UnreachableError", None),
+        ClientError::Config(_) => ("ConfigError", None),
+        _ => ("ForesightError", None),
+    };
+    let reason = match &e {
+        ClientError::OtherModel => Some("other_model"),
+        ClientError::Config(_) => Some("config"),
+        _ => e.reason(),
+    };
+    exception(py, class, e.to_string(), reason, status, e.is_permanent())
+}
+
+/// Runs `call` on a thread of its own while this (Python) thread waits without the GIL, waking
+/// every [`TICK`] to deliver the client's log records and run Python's signal handlers: Ctrl-C
+/// or SIGTERM raises here within a tick instead of after the network gave up (up to the retry
+/// deadline). An interrupted call's thread finishes on its own; what it writes lies in the
+/// Optimizer's buffers, which the job keeps for the life of the process.
+fn wait<T: Send + 'static>(py: Python<'_>, call: impl FnOnce() -> T + Send + 'static) -> PyResult<T> {
+    let (tx, rx) = sync_channel(1);
+    std::thread::Builder::new()
+        .name("foresight-call".into())
+        .spawn(move || {
+            let _ = tx.send(call());
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("starting the client's call: {e}")))?;
+    let mut rx = rx;
+    loop {
+        // The receiver travels into the GIL-free closure and back (it is Send, not Sync).
+        let (got, back) = py.detach(move || (rx.recv_timeout(TICK), rx));
+        rx = back;
+        logs::deliver(py);
+        match got {
+            Ok(done) => return Ok(done),
+            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err("the client's call panicked (its message is on stderr)"));
+            }
+        }
     }
 }
 
@@ -50,20 +110,30 @@ unsafe fn floats<'a>(addr: usize, len: usize) -> &'a mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, len) }
 }
 
-fn layout(names: Vec<String>, shapes: Vec<Vec<usize>>) -> PyResult<Layout> {
+/// The model's layout, checked as the PS will check it (reserved names, sizes): a model the PS
+/// cannot take is a configuration error here, not a refusal after the job started.
+fn layout(names: Vec<String>, shapes: Vec<Vec<usize>>) -> Result<Layout, String> {
     if names.len() != shapes.len() {
-        return Err(PyValueError::new_err("names and shapes differ in length"));
+        return Err("names and shapes differ in length".into());
     }
     let specs = names.into_iter().zip(shapes).map(|(name, shape)| TensorSpec { name, shape }).collect();
-    Layout::new(specs).map_err(|e| PyValueError::new_err(format!("the model cannot be sent: {e}")))
+    Layout::model(specs).map_err(|e| format!("the model cannot be sent: {e}"))
+}
+
+/// What the calls share: the exchange, behind a lock so that a second Python thread (a metrics
+/// thread reading `step` during a push) waits its turn instead of failing.
+struct Shared {
+    exchange: Exchange,
+    worker: usize,
 }
 
 /// One worker process's connection to the job: joined at construction.
 #[pyclass(module = "foresight._native")]
 struct Worker {
-    exchange: Exchange,
-    joined: Joined,
-    worker: usize,
+    shared: Arc<Mutex<Shared>>,
+    workers: usize,
+    resume_step: u64,
+    generation: u64,
     /// Runs the client's I/O; declared last so it outlives the exchange's handle to it.
     _runtime: tokio::runtime::Runtime,
 }
@@ -96,20 +166,18 @@ impl Worker {
             "bf16" => GradDtype::Bf16,
             "int8" => GradDtype::Int8,
             other => {
-                return Err(PyValueError::new_err(format!(
-                    "grad_dtype {other:?}: expected f32, bf16 or int8"
-                )));
+                return Err(config_error(py, format!("grad_dtype {other:?}: expected f32, bf16 or int8")));
             }
         };
         let pulls: PullDtype =
-            pull_dtype.parse().map_err(|e: ClientError| PyValueError::new_err(e.to_string()))?;
+            pull_dtype.parse().map_err(|e: ClientError| config_error(py, e.to_string()))?;
         let cadence = Cadence::for_job(pull_every, push_every, local_steps, dtype)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .map_err(|e| config_error(py, e.to_string()))?
             .pulling(pulls);
         if !(deadline_seconds.is_finite() && deadline_seconds >= 0.0) {
-            return Err(PyValueError::new_err("deadline_seconds must be a non-negative number"));
+            return Err(config_error(py, "deadline_seconds must be a non-negative number".into()));
         }
-        let layout = layout(names, shapes)?;
+        let layout = layout(names, shapes).map_err(|e| config_error(py, e))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("foresight-io")
@@ -123,161 +191,263 @@ impl Worker {
         let clients = PsClient::for_shards(ps_url, token, tls.as_ref()).map_err(|e| to_py(py, e))?;
         let retry = Retry::new(Duration::from_secs_f64(deadline_seconds), seed ^ worker as u64);
         let handle = runtime.handle().clone();
-        // SAFETY: the wrapper's flat copy of the model, `layout.len()` values, alive for the call.
-        let init: &[f32] = unsafe { floats(init_addr, layout.len()) };
-        let started = py.detach(|| Session::start(clients, handle, worker, layout, init, retry));
+        // The wrapper's flat copy of the model, copied so that the call owns what it sends.
+        // SAFETY: `layout.len()` values the wrapper holds for this call.
+        let init = unsafe { floats(init_addr, layout.len()) }.to_vec();
+        let started = wait(py, move || Session::start(clients, handle, worker, layout, &init, retry))?;
         let (session, joined) = started.map_err(|e| to_py(py, e))?;
         let exchange = Exchange::new(session, &joined, cadence);
-        Ok(Self { exchange, joined, worker, _runtime: runtime })
+        Ok(Self {
+            shared: Arc::new(Mutex::new(Shared { exchange, worker })),
+            workers: joined.workers,
+            resume_step: joined.resume_step,
+            generation: joined.generation,
+            _runtime: runtime,
+        })
     }
 
     /// The job's worker count when this process joined.
     #[getter]
     fn workers(&self) -> usize {
-        self.joined.workers
+        self.workers
     }
 
     /// Steps of this worker already in the model when this process joined.
     #[getter]
     fn resume_step(&self) -> u64 {
-        self.joined.resume_step
+        self.resume_step
     }
 
     /// This process's generation (its pushes carry it; an older process's are refused).
     #[getter]
     fn generation(&self) -> u64 {
-        self.joined.generation
+        self.generation
     }
 
     /// Steps of this worker in the model so far.
     #[getter]
-    fn step(&self) -> u64 {
-        self.exchange.step()
+    fn step(&self, py: Python<'_>) -> u64 {
+        self.read(py, |s| s.exchange.step())
     }
 
     /// Steps ended since the last push (`finish` pushes them).
     #[getter]
-    fn steps_unsent(&self) -> u64 {
-        self.exchange.steps_unsent()
+    fn steps_unsent(&self, py: Python<'_>) -> u64 {
+        self.read(py, |s| s.exchange.steps_unsent())
     }
 
     /// Whether the step in progress ends with an exchange (with local steps: its
     /// pseudo-gradient goes through `end_step`).
     #[getter]
-    fn push_due_next(&self) -> bool {
-        self.exchange.push_due_next()
+    fn push_due_next(&self, py: Python<'_>) -> bool {
+        self.read(py, |s| s.exchange.push_due_next())
     }
 
     /// With local steps, how many this worker trains before its next exchange: the job's
     /// `localSteps`, or what the parameter server advised (`adaptiveLocalSteps`). `None` when
     /// every step's gradient is pushed.
     #[getter]
-    fn local_steps(&self) -> Option<u64> {
-        self.exchange.local_steps()
+    fn local_steps(&self, py: Python<'_>) -> Option<u64> {
+        self.read(py, |s| s.exchange.local_steps())
+    }
+
+    /// Whether this worker's leave was the job's last: the PS wrote the final model (with this
+    /// worker's buffers) when it finished.
+    #[getter]
+    fn was_last(&self, py: Python<'_>) -> bool {
+        self.read(py, |s| s.exchange.final_model().is_some())
     }
 
     /// (gradients taken, gradients discarded as stale, staleness of the last one applied).
     #[getter]
-    fn push_stats(&self) -> (u64, u64, Option<u64>) {
-        let s = self.exchange.stats();
-        (s.pushes, s.discarded, s.last_staleness)
+    fn push_stats(&self, py: Python<'_>) -> (u64, u64, Option<u64>) {
+        self.read(py, |s| {
+            let st = s.exchange.stats();
+            (st.pushes, st.discarded, st.last_staleness)
+        })
     }
 
     /// When a pull is due, writes the PS's model into the `len` floats at `addr` and returns its
     /// version; `None` when the local model is to be kept.
-    fn pull_if_due(&mut self, py: Python<'_>, addr: usize, len: usize) -> PyResult<Option<u64>> {
-        self.check_len(len)?;
-        let exchange = &mut self.exchange;
+    fn pull_if_due(&self, py: Python<'_>, addr: usize, len: usize) -> PyResult<Option<u64>> {
+        self.check_len(py, len)?;
         // SAFETY: the wrapper's flat model buffer, `len` values (checked against the layout).
-        let out = unsafe { floats(addr, len) };
-        py.detach(|| exchange.pull_if_due_into(out)).map_err(|e| to_py(py, e))
+        self.call(py, move |s| s.exchange.pull_if_due_into(unsafe { floats(addr, len) }))
     }
 
     /// Ends this worker's training (the steps left over since the last push are pushed, with
     /// local steps the pseudo-gradient at `pseudo_addr`; the PS is told it trained all its
-    /// steps), then the PS's model into the `len` floats at `addr`.
-    #[pyo3(signature = (addr, len, pseudo_addr=None))]
+    /// steps, with `buffers`, the model's untrained `state_dict` entries as (name, safetensors
+    /// dtype, shape, bytes), and `aliases`, tied names to the trained tensor's), then the PS's
+    /// model into the `len` floats at `addr`.
+    #[pyo3(signature = (addr, len, pseudo_addr=None, buffers=Vec::new(), aliases=BTreeMap::new()))]
     fn finish(
-        &mut self,
+        &self,
         py: Python<'_>,
         addr: usize,
         len: usize,
         pseudo_addr: Option<usize>,
+        buffers: Vec<(String, String, Vec<usize>, Vec<u8>)>,
+        aliases: BTreeMap<String, String>,
     ) -> PyResult<u64> {
-        self.check_len(len)?;
-        if let Some(p) = pseudo_addr {
-            // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout).
-            self.exchange.grad_mut().copy_from_slice(unsafe { floats(p, len) });
-        }
-        let exchange = &mut self.exchange;
-        let m = py.detach(|| exchange.finish()).map_err(|e| to_py(py, e))?;
-        // SAFETY: as in `pull_if_due`.
-        unsafe { floats(addr, len) }.copy_from_slice(&m.values);
-        Ok(m.version)
+        self.check_len(py, len)?;
+        let body = match buffers.is_empty() && aliases.is_empty() {
+            true => None,
+            false => Some(self.buffers_body(py, &buffers, &aliases)?),
+        };
+        self.call(py, move |s| {
+            if let Some(p) = pseudo_addr {
+                // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout).
+                s.exchange.grad_mut().copy_from_slice(unsafe { floats(p, len) });
+            }
+            let m = s.exchange.finish(body)?;
+            // SAFETY: as in `pull_if_due`.
+            unsafe { floats(addr, len) }.copy_from_slice(&m.values);
+            Ok(m.version)
+        })
     }
 
     /// Ends a step whose gradient is the `len` floats at `addr`: adds it to what is accumulated
     /// and pushes when a push is due. True when the job was finalized (stop training).
     #[pyo3(signature = (addr, len, epoch=None))]
-    fn end_step(&mut self, py: Python<'_>, addr: usize, len: usize, epoch: Option<f64>) -> PyResult<bool> {
-        self.check_len(len)?;
-        let exchange = &mut self.exchange;
-        // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout).
-        let grad: &[f32] = unsafe { floats(addr, len) };
-        let end = py.detach(|| {
-            exchange.grad_mut().iter_mut().zip(grad).for_each(|(acc, g)| *acc += g);
-            exchange.end_step(epoch)
-        });
-        Ok(end.map_err(|e| to_py(py, e))? == StepEnd::Finalized)
+    fn end_step(&self, py: Python<'_>, addr: usize, len: usize, epoch: Option<f64>) -> PyResult<bool> {
+        self.check_len(py, len)?;
+        self.call(py, move |s| {
+            // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout).
+            let grad: &[f32] = unsafe { floats(addr, len) };
+            s.exchange.grad_mut().iter_mut().zip(grad).for_each(|(acc, g)| *acc += g);
+            Ok(s.exchange.end_step(epoch)? == StepEnd::Finalized)
+        })
     }
 
     /// Ends one of the local steps between exchanges: counts it, sends nothing. Refused at the
     /// step that ends the local steps (its pseudo-gradient goes through `end_step`).
     #[pyo3(signature = (epoch=None))]
-    fn end_local_step(&mut self, py: Python<'_>, epoch: Option<f64>) -> PyResult<()> {
-        if self.exchange.push_due_next() {
+    fn end_local_step(&self, py: Python<'_>, epoch: Option<f64>) -> PyResult<()> {
+        let (due, step) = self.read(py, |s| (s.exchange.push_due_next(), s.exchange.step()));
+        if due {
             return Err(PyValueError::new_err(format!(
                 "step {} ends the local steps: its pseudo-gradient goes through end_step",
-                self.exchange.step() + 1
+                step + 1
             )));
         }
-        let exchange = &mut self.exchange;
-        py.detach(|| exchange.end_step(epoch)).map_err(|e| to_py(py, e))?;
-        Ok(())
+        self.call(py, move |s| s.exchange.end_step(epoch).map(|_| ()))
     }
 
     /// Reports progress (loss, accuracy, samples/s) to the PS, where `foresight run`, `kubectl
-    /// get tj` and the dashboard read it.
+    /// get tj` and the dashboard read it: one try, given up after two seconds (telemetry).
     #[pyo3(signature = (epoch, loss, accuracy=None, samples_per_second=None))]
     fn report(
-        &mut self,
+        &self,
         py: Python<'_>,
         epoch: f64,
         loss: f64,
         accuracy: Option<f64>,
         samples_per_second: Option<f64>,
     ) -> PyResult<()> {
-        let report = Report {
-            worker: self.worker,
-            step: self.exchange.step(),
-            epoch,
-            loss,
-            accuracy,
-            samples_per_second,
-        };
-        let exchange = &mut self.exchange;
-        py.detach(|| exchange.report(&report)).map_err(|e| to_py(py, e))
+        self.call(py, move |s| {
+            let report = Report {
+                worker: s.worker,
+                step: s.exchange.step(),
+                epoch,
+                loss,
+                accuracy,
+                samples_per_second,
+            };
+            s.exchange.report_once(&report, REPORT_WITHIN)
+        })
     }
 }
 
 impl Worker {
-    fn check_len(&self, len: usize) -> PyResult<()> {
-        let want = self.exchange.layout().len();
+    fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+        // A call that panicked left nothing half-done that a later call relies on.
+        shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `f` of the shared state, waiting (without the GIL) for a call in flight to end.
+    fn read<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&Shared) -> T + Send) -> T {
+        py.detach(|| f(&Self::lock(&self.shared)))
+    }
+
+    /// `f` on the call's thread ([`wait`]), its error as a `foresight` exception.
+    fn call<T: Send + 'static>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Shared) -> Result<T, ClientError> + Send + 'static,
+    ) -> PyResult<T> {
+        let shared = self.shared.clone();
+        wait(py, move || f(&mut Self::lock(&shared)))?.map_err(|e| to_py(py, e))
+    }
+
+    fn check_len(&self, py: Python<'_>, len: usize) -> PyResult<()> {
+        let want = self.read(py, |s| s.exchange.layout().len());
         if len != want {
             return Err(PyValueError::new_err(format!("a buffer of {len} floats for a model of {want}")));
         }
         Ok(())
     }
+
+    /// The leave's buffers body, checked as the PS will check it.
+    fn buffers_body(
+        &self,
+        py: Python<'_>,
+        tensors: &[(String, String, Vec<usize>, Vec<u8>)],
+        aliases: &BTreeMap<String, String>,
+    ) -> PyResult<Vec<u8>> {
+        let body = buffers::body(tensors, aliases);
+        let checked = self.read(py, |s| {
+            Buffers::decode(&body, s.exchange.layout()).and_then(|b| b.check(s.exchange.layout()))
+        });
+        checked.map_err(|e| {
+            exception(
+                py,
+                "ForesightError",
+                format!("the model's buffers cannot go into the final model: {e}"),
+                Some(e.reason()),
+                None,
+                true,
+            )
+        })?;
+        Ok(body)
+    }
+}
+
+/// The job's worker count M now, from the first shard's `/v1/status` (`workers_expected`),
+/// retried until `deadline_seconds`: what a script that shards its data before its Optimizer
+/// joins shards by.
+#[pyfunction]
+#[pyo3(signature = (ps_url, token, deadline_seconds, ps_ca_file=None))]
+fn job_workers(
+    py: Python<'_>,
+    ps_url: &str,
+    token: Option<String>,
+    deadline_seconds: f64,
+    ps_ca_file: Option<std::path::PathBuf>,
+) -> PyResult<usize> {
+    let tls = match ps_ca_file {
+        Some(path) => Some(ClientTls::from_pem_file(&path).map_err(|e| to_py(py, e))?),
+        None => None,
+    };
+    let first = PsClient::for_shards(ps_url, token, tls.as_ref()).map_err(|e| to_py(py, e))?.swap_remove(0);
+    let deadline = Duration::from_secs_f64(deadline_seconds.max(0.0));
+    let asked = wait(py, move || -> Result<usize, ClientError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let mut retry = Retry::new(deadline, 0);
+        let status = rt.block_on(retry.run(
+            &first,
+            "reading the job's worker count",
+            ClientError::is_transient,
+            |c| async move { c.status().await },
+        ))?;
+        status["workers_expected"].as_u64().map(|n| n as usize).ok_or_else(|| {
+            ClientError::Config("the parameter server's status names no workers_expected".into())
+        })
+    })?;
+    asked.map_err(|e| to_py(py, e))
 }
 
 /// Worker `index`'s examples out of `n` (the Rust worker's rule: disjoint shards, seeded).
@@ -310,9 +480,12 @@ fn steps_per_epoch(n: usize, count: usize, batch: usize) -> PyResult<u64> {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logs::install();
     m.add_class::<Worker>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(shard_indices, m)?)?;
     m.add_function(wrap_pyfunction!(steps_per_epoch, m)?)?;
     m.add_function(wrap_pyfunction!(holdout_split, m)?)?;
+    m.add_function(wrap_pyfunction!(job_workers, m)?)?;
     Ok(())
 }

@@ -34,8 +34,9 @@ def tiny_model(seed: int = 1) -> torch.nn.Module:
 
 def one_step(model: torch.nn.Module, opt: foresight.torch.Optimizer) -> dict[str, torch.Tensor]:
     """A real backward on a fixed batch; returns each parameter's gradient."""
-    x = torch.arange(8, dtype=torch.float32).view(2, 4) / 8
-    loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1]))
+    device = next(model.parameters()).device
+    x = torch.arange(8, dtype=torch.float32, device=device).view(2, 4) / 8
+    loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1], device=device))
     opt.zero_grad()
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -214,12 +215,32 @@ def test_local_steps_train_with_the_jobs_inner_optimizer_unless_the_script_passe
         foresight.init()
 
 
-def test_an_inner_optimizer_without_local_steps_is_refused(ps_factory, job_env):
-    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
+def test_an_inner_adam_without_local_steps_pushes_each_steps_change(ps_factory, job_env):
+    """localSteps 1 with inner=Adam (refused before): each step's change θ_pulled − θ_local is
+    the push, and asgd at learning rate 1 makes the PS's model the worker's Adam-stepped one;
+    a scheduler on the inner optimizer is the user's and drives it."""
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=1.0)
     job_env(ps)
-    model = tiny_model()
-    with pytest.raises(ValueError, match="inner= is for jobs with optimizer.localSteps above 1"):
-        foresight.torch.Optimizer(model, inner=torch.optim.SGD(model.parameters(), lr=0.1))
+    model, reference = tiny_model(), tiny_model()
+    inner = torch.optim.Adam(model.parameters(), lr=0.01)
+    schedule = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.5)
+    opt = foresight.torch.Optimizer(model, inner=inner)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01)
+    ref_schedule = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    x = torch.arange(8, dtype=torch.float32).view(2, 4) / 8
+    for step in range(1, 4):
+        one_step(model, opt)
+        schedule.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), torch.tensor([0, 1])).backward()
+        ref_opt.step()
+        ref_schedule.step()
+        assert ps.status()["version"] == step
+        for (name, p), r in zip(model.named_parameters(), reference.parameters()):
+            assert torch.allclose(p.detach(), r.detach(), atol=1e-6), (step, name)
+    job_env(ps, push_every=2)
+    with pytest.raises(foresight.ConfigError, match="pushEvery and pullEvery"):
+        foresight.torch.Optimizer(tiny_model(), inner=torch.optim.Adam(tiny_model().parameters()))
 
 
 def test_a_push_whose_answer_was_lost_is_retried_and_applied_once(ps_factory, job_env, monkeypatch):

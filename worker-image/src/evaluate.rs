@@ -116,7 +116,15 @@ fn evaluate_file(
         )));
     }
     load_params(&params, &saved.params);
-    recalibrate(model, ds, args.seed, args.recalibrate_batches, device)?;
+    // A final model holds the last worker's buffers, which that worker evaluated: the file is
+    // scored as it is. A file without them (a snapshot, an older final model) is recalibrated.
+    let buffers = checkpoint::buffer_tensors(&bytes)
+        .map_err(|why| permanent(anyhow::anyhow!("{}: {why}", file.display())))?;
+    if buffers.is_empty() {
+        recalibrate(model, ds, args.seed, args.recalibrate_batches, device)?;
+    } else {
+        model.load_buffers(&buffers).with_context(|| format!("{}", file.display())).map_err(permanent)?;
+    }
     let (loss, accuracy) = evaluate(model, &ds.test, device)?;
     Ok(Evaluation {
         model_file: file.to_path_buf(),

@@ -13,7 +13,7 @@ use foresight_ps::client::{
 };
 use foresight_ps::server::Report;
 use foresight_ps::wire::progress::WorkerEvent as Event;
-use foresight_ps::wire::{Layout, TensorSpec};
+use foresight_ps::wire::{Layout, TensorSpec, buffers};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use tch::{Device, Kind, Tensor};
@@ -132,6 +132,20 @@ fn add_grads(params: &[(String, Tensor)], out: &mut [f32]) -> anyhow::Result<()>
         off += n;
     }
     Ok(())
+}
+
+/// The model's buffers (BatchNorm statistics) as a leave's body, for the final model; `None`
+/// for a model without any.
+fn buffers_body(model: &Model) -> anyhow::Result<Option<Vec<u8>>> {
+    let mut tensors = Vec::new();
+    for (name, t) in model.buffers() {
+        let values: Vec<f32> =
+            Vec::try_from(t.detach().to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1))
+                .with_context(|| format!("reading buffer {name}"))?;
+        let shape = t.size().iter().map(|&d| d as usize).collect();
+        tensors.push((name, "F32".to_string(), shape, values.iter().flat_map(|v| v.to_le_bytes()).collect()));
+    }
+    Ok((!tensors.is_empty()).then(|| buffers::body(&tensors, &Default::default())))
 }
 
 /// Copies the flat model `values` into `params`: one copy each, straight from `values`.
@@ -321,7 +335,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         l.pseudo_gradient(&params, ps.grad_mut())?;
     }
     // The final word is the PS's model, evaluated here.
-    let final_model = ps.finish()?;
+    let final_model = ps.finish(buffers_body(&model)?)?;
     load_params(&params, &final_model.values);
     let (test_loss, test_accuracy) = evaluate(&mut model, &ds.test, device)?;
     metrics.accuracy.set(test_accuracy);
@@ -335,6 +349,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
         test_accuracy: Some(test_accuracy),
         seconds: started.elapsed().as_secs_f64(),
         phases: Some(clock.totals()),
+        last: ps.final_model().is_some(),
     });
     Ok(())
 }

@@ -449,8 +449,12 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
                 Some(Msg::Line(i, line)) => {
                     if let Ok(ev) = serde_json::from_str::<WorkerEvent>(&line) {
                         history.record(started.elapsed().as_secs_f64(), &ev);
-                        if matches!(ev, WorkerEvent::Done { .. }) {
-                            last_done = Some(i);
+                        if let WorkerEvent::Done { last, .. } = ev {
+                            // The worker whose leave wrote the final model evaluated that very
+                            // model; without one (a PS too old to say), the last line.
+                            if last || !last_done.is_some_and(|d| matches!(done[d], Some(WorkerEvent::Done { last: true, .. }))) {
+                                last_done = Some(i);
+                            }
                             done[i] = Some(ev);
                         }
                     }
@@ -509,8 +513,9 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         }
         _ => None,
     };
-    // The built-in evaluator does not know the model of the job's own program: the last worker
-    // to finish evaluated the PS's model after every push (`foresight.finish(evaluate=...)`).
+    // The built-in evaluator does not know the model of the job's own program: the worker whose
+    // leave was the last evaluated the final model, its own buffers included
+    // (`foresight.finish(evaluate=...)`).
     let last_evaluation = match last_done.and_then(|i| done[i].clone()) {
         Some(WorkerEvent::Done { test_loss: Some(loss), test_accuracy: Some(accuracy), .. })
             if own_program =>

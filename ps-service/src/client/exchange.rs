@@ -384,6 +384,9 @@ impl Exchange {
         self.unsent += 1;
         self.epoch = epoch;
         if !self.push_due_after(self.step, self.unsent) {
+            if self.cadence.kind == Pushes::PseudoGradient {
+                self.session.heartbeat_if_due();
+            }
             return Ok(StepEnd::Continue);
         }
         self.push_unsent()
@@ -457,8 +460,10 @@ impl Exchange {
     /// waiting for it; a PS that cannot be told is only logged: the training is done either
     /// way), then pulls the PS's model, the final word. The job's last worker learns where the
     /// PS wrote the final model and records it as its container's termination message, which
-    /// the operator reads (`final_model::termination_message_file`).
-    pub fn finish(&mut self) -> Result<Model, ClientError> {
+    /// the operator reads (`final_model::termination_message_file`). `buffers`, a
+    /// `wire::buffers` body, are the model's untrained `state_dict` entries (BatchNorm
+    /// statistics, frozen and tied parameters): the last worker's go into the final model.
+    pub fn finish(&mut self, buffers: Option<Vec<u8>>) -> Result<Model, ClientError> {
         if self.unsent > 0 && self.version.is_some() {
             let steps = self.unsent;
             match self.push_unsent() {
@@ -469,7 +474,7 @@ impl Exchange {
                 Err(e) => tracing::warn!(error = %e, steps, "could not push the last steps"),
             }
         }
-        match self.session.leave() {
+        match self.session.leave(buffers.map(Into::into)) {
             Ok(Some(last)) => {
                 record_final_model(&last);
                 self.final_model = Some(last);
@@ -498,6 +503,11 @@ impl Exchange {
 
     pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {
         self.session.report(report)
+    }
+
+    /// A report tried once, given up after `within` (telemetry: a step does not wait for it).
+    pub fn report_once(&mut self, report: &Report, within: Duration) -> Result<(), ClientError> {
+        self.session.report_once(report, within)
     }
 }
 

@@ -294,10 +294,37 @@ impl Link {
         Ok(pushed)
     }
 
-    /// Tells the shard this worker trained all its steps; the final model when it was the last.
-    pub(super) async fn leave(&mut self) -> Result<Option<FinalModel>, ClientError> {
+    /// Tells the shard this worker trained all its steps, with the model's buffers for the final
+    /// model; the final model when it was the last.
+    pub(super) async fn leave(
+        &mut self,
+        buffers: Option<bytes::Bytes>,
+    ) -> Result<Option<FinalModel>, ClientError> {
         let (worker, generation) = (self.worker, self.generation);
-        self.retry("leaving", |c| async move { c.leave(worker, generation).await }).await
+        self.retry("leaving", |c| {
+            let buffers = buffers.clone();
+            async move { c.leave(worker, generation, buffers).await }
+        })
+        .await
+    }
+
+    /// One heartbeat, sent in the background: a lost one is made up for by the next.
+    pub(super) fn heartbeat(&self, rt: &tokio::runtime::Handle) {
+        let (client, worker) = (self.client.clone(), self.worker);
+        rt.spawn(async move {
+            if let Err(error) = client.heartbeat(worker).await {
+                tracing::debug!(%error, "a heartbeat was not delivered");
+            }
+        });
+    }
+
+    /// One try at a report, no retry.
+    pub(super) fn report_once(
+        &self,
+        report: &Report,
+    ) -> impl std::future::Future<Output = Result<(), ClientError>> {
+        let (client, report) = (self.client.clone(), report.clone());
+        async move { client.report(&report).await }
     }
 
     pub(super) async fn report(&mut self, report: &Report) -> Result<(), ClientError> {

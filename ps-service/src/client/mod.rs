@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use crate::pace::PaceReport;
 use crate::server::{
-    COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, Report, VERSION_HEADER,
+    CLIENT_VERSION_HEADER, COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, PS_VERSION,
+    Report, VERSION_HEADER,
 };
 use crate::wire::final_model::FinalModel;
 use crate::wire::in_place::{Expected, InPlace};
@@ -78,11 +79,14 @@ pub enum ClientError {
     Config(String),
     #[error("the parameter server sent the difference from a copy of the model this worker does not hold")]
     UnknownCopy,
+    #[error("{what} got no answer from the parameter server within {seconds} s")]
+    TimedOut { what: &'static str, seconds: f64 },
 }
 
 /// Refusals of the parameter server that the same request will meet again, whoever sends it.
 /// (`unknown_worker` is not one: a job being scaled may know the index a moment later.)
-const PERMANENT_REFUSALS: [&str; 4] = ["unauthorized", "layout_mismatch", "shape_mismatch", "dtype_mismatch"];
+const PERMANENT_REFUSALS: [&str; 5] =
+    ["unauthorized", "layout_mismatch", "shape_mismatch", "dtype_mismatch", "version_mismatch"];
 
 impl ClientError {
     /// Worth retrying: the PS was unreachable, restarting or overloaded.
@@ -279,6 +283,10 @@ pub struct Joined {
     /// The job's worker count M now (absent from a PS older than elastic jobs: 0).
     #[serde(default)]
     pub workers: usize,
+    /// How often a worker between exchanges (local steps) tells the PS it is alive, in ms
+    /// (absent from a PS older than heartbeats: none are sent).
+    #[serde(default)]
+    pub heartbeat_ms: Option<u64>,
 }
 
 /// The PS's answer to a push.
@@ -369,6 +377,10 @@ impl PsClient {
             .http2_max_frame_size(16_777_215)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
+            .default_headers(reqwest::header::HeaderMap::from_iter([(
+                reqwest::header::HeaderName::from_static(CLIENT_VERSION_HEADER),
+                reqwest::header::HeaderValue::from_static(PS_VERSION),
+            )]))
             .build()?;
         Ok(Self { http, base: base.trim_end_matches('/').to_string(), token })
     }
@@ -575,18 +587,34 @@ impl PsClient {
         Ok(())
     }
 
-    /// `POST /v1/leave`: this incarnation of `worker` has trained all its steps. The answer to
-    /// the job's last worker says where the PS wrote the final model.
-    pub async fn leave(&self, worker: usize, generation: u64) -> Result<Option<FinalModel>, ClientError> {
+    /// `POST /v1/leave`: this incarnation of `worker` has trained all its steps, with `buffers`
+    /// (a `wire::buffers` body) the model's untrained `state_dict` entries for the final model.
+    /// The answer to the job's last worker says where the PS wrote the final model.
+    pub async fn leave(
+        &self,
+        worker: usize,
+        generation: u64,
+        buffers: Option<bytes::Bytes>,
+    ) -> Result<Option<FinalModel>, ClientError> {
         #[derive(serde::Deserialize)]
         struct Left {
             #[serde(default)]
             final_model: Option<FinalModel>,
         }
         let path = format!("/v1/leave?worker={worker}&generation={generation}");
-        let left: Left =
-            Self::check(self.req(reqwest::Method::POST, &path).send().await?).await?.json().await?;
+        let mut req = self.req(reqwest::Method::POST, &path);
+        if let Some(body) = buffers {
+            req = req.header(reqwest::header::CONTENT_TYPE, "application/octet-stream").body(body);
+        }
+        let left: Left = Self::check(req.send().await?).await?.json().await?;
         Ok(left.final_model)
+    }
+
+    /// `POST /v1/heartbeat`: `worker` is alive and training (between exchanges).
+    pub async fn heartbeat(&self, worker: usize) -> Result<(), ClientError> {
+        let path = format!("/v1/heartbeat?worker={worker}");
+        Self::check(self.req(reqwest::Method::POST, &path).send().await?).await?;
+        Ok(())
     }
 
     pub async fn status(&self) -> Result<serde_json::Value, ClientError> {

@@ -91,6 +91,8 @@ pub struct Session {
     layout: Layout,
     map: ShardMap,
     links: Vec<Link>,
+    /// How often the PS wants to hear from a worker between exchanges, and when it last did.
+    heartbeat: Option<(Duration, Instant)>,
 }
 
 impl Session {
@@ -113,7 +115,7 @@ impl Session {
             .enumerate()
             .map(|(i, c)| Link::new(c, retry.for_shard(i), worker, map.layout(i).clone()))
             .collect();
-        let mut s = Self { rt, layout, map, links };
+        let mut s = Self { rt, layout, map, links, heartbeat: None };
         let map = &s.map;
         let registered = s
             .rt
@@ -142,12 +144,31 @@ impl Session {
         let behind = self.links.iter_mut().zip(&all).filter(|(_, j)| j.resume_step < resume_step);
         let again = self.rt.block_on(join_all(behind.map(|(l, _)| l.join(Some(resume_step)))));
         again.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let heartbeat_ms = all.iter().filter_map(|j| j.heartbeat_ms).min();
+        self.heartbeat = heartbeat_ms.map(|ms| (Duration::from_millis(ms), Instant::now()));
         Ok(Joined {
             generation: self.links[0].generation(),
             resume_step,
             version: all.iter().map(|j| j.version).min().unwrap_or(0),
             workers: all.iter().map(|j| j.workers).max().unwrap_or(0),
+            heartbeat_ms,
         })
+    }
+
+    /// Between exchanges (a local step), tells every shard this worker is alive once the
+    /// interval the PS asked for has passed, in the background: a block of local steps longer
+    /// than the PS's silence timeout no longer marks a training worker silent (every shard hears
+    /// it, not only the first, which reports reach). Sent from the training loop, so a worker
+    /// whose loop is stuck stays silent.
+    pub fn heartbeat_if_due(&mut self) {
+        let Some((every, last)) = &mut self.heartbeat else { return };
+        if last.elapsed() < *every {
+            return;
+        }
+        *last = Instant::now();
+        for link in &self.links {
+            link.heartbeat(&self.rt);
+        }
     }
 
     /// The layout of this worker's model.
@@ -225,9 +246,12 @@ impl Session {
 
     /// Tells every shard this worker trained all its steps (its `sync` rounds stop waiting for
     /// it). When it was the job's last, the first shard answers with the whole model's final
-    /// file (the others' answers name only their slices).
-    pub fn leave(&mut self) -> Result<Option<FinalModel>, ClientError> {
-        let all = self.rt.block_on(join_all(self.links.iter_mut().map(Link::leave)));
+    /// file (the others' answers name only their slices). `buffers` (the model's untrained
+    /// `state_dict` entries) go to the first shard, which writes the final model.
+    pub fn leave(&mut self, buffers: Option<bytes::Bytes>) -> Result<Option<FinalModel>, ClientError> {
+        let mut buffers = buffers;
+        let leaves = self.links.iter_mut().map(|link| link.leave(buffers.take()));
+        let all = self.rt.block_on(join_all(leaves));
         let mut answers = all.into_iter().collect::<Result<Vec<_>, _>>()?;
         Ok(answers.swap_remove(0))
     }
@@ -235,6 +259,16 @@ impl Session {
     /// Reports progress to the first shard, whose status the operator and `foresight run` read.
     pub fn report(&mut self, report: &Report) -> Result<(), ClientError> {
         self.rt.block_on(self.links[0].report(report))
+    }
+
+    /// [`Self::report`] tried once and given up after `within`: a report is telemetry, and a
+    /// training step must not wait out the retry deadline for one.
+    pub fn report_once(&mut self, report: &Report, within: Duration) -> Result<(), ClientError> {
+        let sent = self.links[0].report_once(report);
+        match self.rt.block_on(async move { tokio::time::timeout(within, sent).await }) {
+            Ok(answer) => answer,
+            Err(_) => Err(ClientError::TimedOut { what: "a progress report", seconds: within.as_secs_f64() }),
+        }
     }
 }
 
@@ -263,7 +297,7 @@ impl Retry {
         Self::new(self.deadline, self.seed.wrapping_add(i as u64))
     }
 
-    pub(super) async fn run<T, F, Fut>(
+    pub async fn run<T, F, Fut>(
         &mut self,
         client: &PsClient,
         what: &str,

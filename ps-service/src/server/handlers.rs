@@ -24,6 +24,40 @@ use crate::wire;
 use crate::wire::final_model::FinalModel;
 
 pub const VERSION_HEADER: &str = "x-foresight-version";
+/// The Foresight version of the client that joins (the Rust worker's, the Python wheel's): the
+/// PS refuses a join from a version it cannot speak to, naming both.
+pub const CLIENT_VERSION_HEADER: &str = "x-foresight-client-version";
+/// This PS's Foresight version.
+pub const PS_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Whether a client of version `client` speaks this PS's protocol: the same release line (the
+/// same major version, and from 1.0 on any minor; before 1.0, the same minor, as semver has it).
+pub fn speaks_our_protocol(client: &str) -> bool {
+    let line = |v: &str| -> Option<(u64, u64)> {
+        let mut parts = v.split('.');
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        Some(if major == 0 { (0, minor) } else { (major, 0) })
+    };
+    line(client).is_some() && line(client) == line(PS_VERSION)
+}
+
+fn check_client_version(headers: &HeaderMap) -> Result<(), ApiError> {
+    // A client that names no version (curl, an older worker) is taken: the layout checks still apply.
+    let Some(v) = headers.get(CLIENT_VERSION_HEADER) else { return Ok(()) };
+    let client = v.to_str().unwrap_or("?");
+    if speaks_our_protocol(client) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "version_mismatch",
+        format!(
+            "this worker's Foresight {client} cannot work with parameter server {PS_VERSION}: \
+             run the worker image (or the foresight wheel) of the operator's release"
+        ),
+    ))
+}
 /// This PS process (`/v1/status` `process.incarnation`), on every model a pull sends.
 pub const INCARNATION_HEADER: &str = "x-foresight-incarnation";
 /// How long a pull was held waiting for the version it asked for (a `sync` round), in
@@ -44,6 +78,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/gradients", post(push))
         .route("/v1/report", post(report))
         .route("/v1/leave", post(leave))
+        .route("/v1/heartbeat", post(heartbeat))
         .route("/v1/status", get(status))
         .route("/v1/finalize", post(finalize))
         .route("/v1/workers", put(set_workers))
@@ -165,7 +200,9 @@ async fn register(
 async fn join(
     State(state): State<Arc<AppState>>,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<crate::store::Joined>, ApiError> {
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    check_client_version(&headers)?;
     let q = Params(q);
     let worker: usize = q.require("worker")?;
     let step: Option<u64> = q.get("step")?;
@@ -177,7 +214,22 @@ async fn join(
     state.offered(Some(worker));
     state.metrics.joins.inc();
     tracing::info!(worker, generation = joined.generation, resume_step = joined.resume_step, "worker joined");
-    Ok(Json(joined))
+    let mut answer = serde_json::to_value(joined).expect("plain data");
+    answer["heartbeat_ms"] = (state.heartbeat_every().as_millis() as u64).into();
+    Ok(Json(answer))
+}
+
+/// `POST /v1/heartbeat?worker=M`: the worker is alive and training between exchanges (local
+/// steps). It counts as heard, as any request does: not marked silent, and a `sync` round that
+/// waits for it is not closed short while it is heard.
+async fn heartbeat(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<StatusCode, ApiError> {
+    let worker: usize = Params(q).require("worker")?;
+    worker_in_range(&state, worker)?;
+    state.heard_beat(worker);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 fn already_registered() -> ApiError {
@@ -571,22 +623,44 @@ impl Report {
 }
 
 /// `POST /v1/leave?worker=&generation=`: the worker has trained all its steps. Under `sync`, a
-/// round that holds every still-training worker's gradient closes at once.
+/// round that holds every still-training worker's gradient closes at once. A body, when there
+/// is one, holds the worker's buffers (`wire::buffers`): the last leave's go into the final
+/// model. A body that is refused leaves the worker training.
 async fn leave(
     State(state): State<Arc<AppState>>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let q = Params(q);
     let worker: usize = q.require("worker")?;
     let generation: u64 = q.require("generation")?;
     worker_in_range(&state, worker)?;
     let store = registered(&state)?;
+    let mut buf = Vec::new();
+    read_limited(&headers, body, state.config.body_limit, &mut buf).await?;
+    let buffers = match buf.is_empty() {
+        true => None,
+        false => {
+            let layout = store.clone();
+            let read =
+                tokio::task::spawn_blocking(move || wire::buffers::Buffers::decode(&buf, layout.layout()));
+            Some(read.await.expect("buffers task panicked")?)
+        }
+    };
     state.saw(worker);
+    let one_at_a_time = state.leaving().await;
     let leaving = store.clone();
     let closed = tokio::task::spawn_blocking(move || leaving.leave(worker, generation))
         .await
         .expect("leave task panicked")?;
     tracing::info!(worker, generation, "worker finished its steps");
+    if let Some(buffers) = buffers {
+        let keeping = state.clone();
+        tokio::task::spawn_blocking(move || keeping.keep_buffers(worker, buffers))
+            .await
+            .expect("buffers task panicked");
+    }
     // Its copy stays: a worker pulls the final model after it left.
     state.forget_pace(worker);
     if let Some(o) = closed {
@@ -597,6 +671,7 @@ async fn leave(
         state.count_round_closed(o.version);
     }
     let final_model = if store.all_finished() { finalize_after_the_last(&state).await } else { None };
+    drop(one_at_a_time);
     Ok(Json(serde_json::json!({
         "finished": true,
         "closed_round": closed.map(|o| o.version),
@@ -707,4 +782,24 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     }
     let content_type = HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8");
     ([(header::CONTENT_TYPE, content_type)], state.metrics.encode())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::speaks_our_protocol;
+
+    #[test]
+    fn a_client_speaks_our_protocol_on_the_same_release_line_only() {
+        let ours: Vec<u64> = super::PS_VERSION.split('.').map(|p| p.parse().unwrap()).collect();
+        let (major, minor) = (ours[0], ours[1]);
+        assert!(speaks_our_protocol(super::PS_VERSION));
+        assert!(speaks_our_protocol(&format!("{major}.{minor}.99")), "a patch release");
+        assert!(!speaks_our_protocol(&format!("{}.0.0", major + 1)), "the next major");
+        if major == 0 {
+            assert!(!speaks_our_protocol(&format!("0.{}.0", minor + 1)), "before 1.0 a minor breaks");
+        }
+        for junk in ["", "x", "1", "1.x.0", "-1.0.0"] {
+            assert!(!speaks_our_protocol(junk), "{junk:?}");
+        }
+    }
 }

@@ -28,13 +28,15 @@ use crate::optimizer::Hyper;
 use crate::pace::{LocalStepsPolicy, Pace, PaceReport};
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
 use crate::store::{CheckpointData, Store};
+use crate::wire::buffers::Buffers;
 use crate::wire::final_model::FinalModel;
-use crate::wire::shards;
+use crate::wire::{Layout, shards};
 
 pub use admission::cgroup_memory_limit;
 pub use error::ApiError;
 pub use handlers::{
-    COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, Report, VERSION_HEADER, router,
+    CLIENT_VERSION_HEADER, COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, PS_VERSION,
+    Report, VERSION_HEADER, router, speaks_our_protocol,
 };
 pub use serve::{ConnectionLimits, Listener, TlsFiles, serve};
 pub use snapshots::{SNAPSHOT_INDEX, SnapshotPolicy, SnapshotRecord};
@@ -171,7 +173,16 @@ pub struct AppState {
     /// the same model in both; past it, different ones. `None`: nothing shared (a first
     /// registration).
     shared_up_to: Mutex<Option<u64>>,
+    /// The last leave's buffers (`wire::buffers`), written into the final model; kept in the
+    /// checkpoint directory too, so that a restarted PS still has them.
+    buffers: Mutex<Buffers>,
+    /// One leave at a time from its leaving to its buffers kept: the leave that finalizes the
+    /// job is the one whose buffers the final model holds.
+    leaving: tokio::sync::Mutex<()>,
 }
+
+/// The buffers' file in the checkpoint directory.
+const BUFFERS_FILE: &str = "buffers.safetensors";
 
 /// This PS process, as `/v1/status` reports it under `process`.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -282,6 +293,8 @@ impl AppState {
                 restored_version,
             },
             shared_up_to: Mutex::new(restored_version),
+            buffers: Mutex::new(Buffers::default()),
+            leaving: tokio::sync::Mutex::new(()),
         });
         if let Some((path, layout, data, saved)) = restored {
             if saved.algorithm != state.config.hyper.algorithm {
@@ -289,6 +302,7 @@ impl AppState {
                     "checkpoint was written by another algorithm; continuing with the configured one");
             }
             let version = data.version;
+            *state.buffers.lock() = state.restored_buffers(&layout);
             let store = Store::restore(layout, data, state.config.hyper.clone(), workers);
             state.install(store);
             let seconds = restoring.elapsed().as_secs_f64();
@@ -462,7 +476,10 @@ impl AppState {
                 let Some(round) = state.store().and_then(|s| s.sync_round()) else { continue };
                 match seen {
                     Some((r, since)) if r == round => {
-                        if round.1 > 0 && since.elapsed() >= timeout {
+                        if round.1 > 0
+                            && since.elapsed() >= timeout
+                            && !state.round_waits_for_a_live_worker(timeout)
+                        {
                             state.close_round_short(round.0);
                             seen = None;
                         }
@@ -471,6 +488,14 @@ impl AppState {
                 }
             }
         });
+    }
+
+    /// Whether a worker the `sync` round still waits for was heard within `timeout` (its
+    /// heartbeats during a block of local steps): the round then waits on, where it used to
+    /// close without that worker's pseudo-gradient and throw a whole block away.
+    fn round_waits_for_a_live_worker(&self, timeout: Duration) -> bool {
+        let Some(store) = self.store() else { return false };
+        store.round_waits_for().into_iter().any(|w| self.presence.beat_within(w, timeout))
     }
 
     fn close_round_short(&self, version: u64) {
@@ -584,6 +609,21 @@ impl AppState {
         advice
     }
 
+    /// How often a worker between exchanges should say it is alive: a quarter of the shorter of
+    /// the silence and round timeouts, so that three lost heartbeats in a row still do not
+    /// make it silent.
+    pub fn heartbeat_every(&self) -> Duration {
+        (self.config.worker_silence_timeout.min(self.config.sync_round_timeout) / 4)
+            .max(Duration::from_millis(50))
+    }
+
+    /// A heartbeat from `worker`: as [`Self::saw`], and a `sync` round waiting for it is not
+    /// closed short while its heartbeats come.
+    pub fn heard_beat(&self, worker: usize) {
+        self.presence.beat(worker);
+        self.saw(worker);
+    }
+
     /// A request from `worker`: it counts in `sync` rounds again if it had fallen silent.
     fn saw(&self, worker: usize) {
         if self.presence.heard(worker) {
@@ -654,6 +694,46 @@ impl AppState {
         Ok(path)
     }
 
+    /// The buffers an earlier process of this job kept next to its checkpoints (none when it
+    /// kept none, or when they do not fit the restored model: logged).
+    fn restored_buffers(&self, layout: &Layout) -> Buffers {
+        let Some(dir) = &self.checkpoints else { return Buffers::default() };
+        let path = dir.path().join(BUFFERS_FILE);
+        let read = match std::fs::read(&path) {
+            Ok(bytes) => Buffers::decode(&bytes, layout).map_err(|e| e.to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Buffers::default(),
+            Err(e) => Err(e.to_string()),
+        };
+        read.unwrap_or_else(|error| {
+            tracing::error!(path = %path.display(), %error, "the kept buffers cannot be read: the final model will lack them unless a worker leaves again");
+            Buffers::default()
+        })
+    }
+
+    /// Keeps a leaving worker's buffers for the final model (in the checkpoint directory too;
+    /// a failure to write there is logged, the buffers stay in memory).
+    pub fn keep_buffers(&self, worker: usize, buffers: Buffers) {
+        if let Some(dir) = &self.checkpoints {
+            let path = dir.path().join(BUFFERS_FILE);
+            let body = buffers.encode();
+            if let Err(error) = checkpoint::write_atomic(&path, |f| std::io::Write::write_all(f, &body)) {
+                tracing::error!(%error, "could not keep the buffers next to the checkpoints");
+            }
+        }
+        tracing::info!(
+            worker,
+            tensors = buffers.names().count(),
+            bytes = buffers.bytes(),
+            "kept the leaving worker's buffers for the final model"
+        );
+        *self.buffers.lock() = buffers;
+    }
+
+    /// The lock a leave holds from leaving to keeping its buffers.
+    pub async fn leaving(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.leaving.lock().await
+    }
+
     /// Finalizes: the model becomes read-only, a last checkpoint and the final model are written.
     /// Shard 0 of a sharded PS finalizes the other shards first and writes the whole model,
     /// merged from every shard's slice, at the lowest of their versions. Done once: later calls
@@ -694,8 +774,18 @@ impl AppState {
                 let (layout, params) = shards::merge(&slices).map_err(internal)?;
                 (layout, CheckpointData { version, params, state: Default::default(), ..data })
             };
-            checkpoint::write_atomic(&path, |f| checkpoint::encode_to(f, &layout, store.hyper(), &model))
-                .map_err(internal)?;
+            let buffers = state.buffers.lock().clone();
+            let buffers = match buffers.check(&layout) {
+                Ok(()) => buffers,
+                Err(error) => {
+                    tracing::error!(%error, "the last worker's buffers do not fit the whole model: the final model is written without them");
+                    Buffers::default()
+                }
+            };
+            checkpoint::write_atomic(&path, |f| {
+                checkpoint::encode_with_buffers(f, &layout, store.hyper(), &model, &buffers)
+            })
+            .map_err(internal)?;
             tracing::info!(path = %path.display(), version = model.version, shards = 1 + state.config.peers.len(), "final model written");
             let earlier = earlier.map(|p| p.display().to_string());
             Ok(FinalModel { version: model.version, path: Some(path.display().to_string()), earlier })

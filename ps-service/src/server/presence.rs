@@ -16,13 +16,17 @@ enum Presence {
 
 pub(crate) struct Presences {
     table: Mutex<Vec<Presence>>,
+    /// Each worker's last heartbeat (`POST /v1/heartbeat`): sent only from a training loop
+    /// between exchanges, so unlike any other request it says the worker's next contribution
+    /// is on its way.
+    beats: Mutex<std::collections::HashMap<usize, Instant>>,
 }
 
 impl Presences {
     /// `workers` slots, each counted as heard now: a worker that never shows up falls silent
     /// one timeout after the PS started.
     pub fn new(workers: usize) -> Self {
-        Self { table: Mutex::new(vec![Presence::Heard(Instant::now()); workers]) }
+        Self { table: Mutex::new(vec![Presence::Heard(Instant::now()); workers]), beats: Mutex::default() }
     }
 
     /// At least `n` slots (the job was scaled up); new ones are counted as heard now.
@@ -52,6 +56,16 @@ impl Presences {
             }
         }
         silent
+    }
+
+    /// A heartbeat from `worker` (the caller counts it as heard too).
+    pub fn beat(&self, worker: usize) {
+        self.beats.lock().insert(worker, Instant::now());
+    }
+
+    /// Whether `worker`'s last heartbeat came within `within`.
+    pub fn beat_within(&self, worker: usize, within: Duration) -> bool {
+        self.beats.lock().get(&worker).is_some_and(|at| at.elapsed() < within)
     }
 
     /// Whether `worker` is marked silent now.

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use super::{MAX_EPOCH, MAX_VERSION, MAX_WORKERS};
 use crate::optimizer::{Hyper, OptimizerState};
+use crate::wire::buffers::Buffers;
 use crate::wire::{self, Layout, TensorSpec, WireError};
 
 pub const FORMAT: &str = "foresight-checkpoint/1";
@@ -63,6 +64,19 @@ pub fn encode_to(
     hyper: &Hyper,
     data: &CheckpointData,
 ) -> std::io::Result<()> {
+    encode_with_buffers(out, layout, hyper, data, &Buffers::default())
+}
+
+/// [`encode_to`] with the model's untrained `state_dict` entries after everything else (the
+/// final model: `buffers` is the last worker's, [`Buffers`]); the metadata's
+/// [`BUFFER_TENSORS_KEY`] counts them, so that [`decode`] can tell them from the PS's tensors.
+pub fn encode_with_buffers(
+    out: &mut impl Write,
+    layout: &Layout,
+    hyper: &Hyper,
+    data: &CheckpointData,
+    buffers: &Buffers,
+) -> std::io::Result<()> {
     let mut specs: Vec<TensorSpec> = layout.tensors().to_vec();
     let mut slices: Vec<&[f32]> = vec![&data.params];
     for (prefix, state) in [(MS_PREFIX, &data.state.mean_square), (MOM_PREFIX, &data.state.momentum)] {
@@ -96,12 +110,23 @@ pub fn encode_to(
             serde_json::to_string(&data.worker_generations).expect("plain data"),
         ),
     ]);
-    out.write_all(&wire::header(&composite, wire::WireDtype::F32, &meta))?;
+    let (extra, extra_data) = buffers.final_entries(layout, &data.params, composite.len() * 4);
+    let mut meta = meta;
+    if !extra.is_empty() {
+        meta.insert(BUFFER_TENSORS_KEY.into(), extra.len().to_string());
+    }
+    out.write_all(&wire::header_with(&composite, wire::WireDtype::F32, &extra, &meta))?;
     for slice in slices {
         out.write_all(bytemuck::cast_slice(slice))?;
     }
+    for bytes in extra_data {
+        out.write_all(bytes)?;
+    }
     Ok(())
 }
+
+/// The metadata key counting the final model's buffers, the last tensors of the file.
+pub const BUFFER_TENSORS_KEY: &str = "buffer_tensors";
 
 /// Decodes a checkpoint into the model layout, its data and the hyperparameters it was written
 /// with. Each part (model, MeanSquare, momentum) is read from `bytes` straight into its own
@@ -145,7 +170,15 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
         None => 0,
     };
     let n_model: usize = field("model_tensors")?.parse().map_err(|e| format!("bad model_tensors: {e}"))?;
-    let tensors = &parsed.tensors;
+    let n_buffers: usize = match meta.get(BUFFER_TENSORS_KEY) {
+        Some(n) => n.parse().map_err(|e| format!("bad {BUFFER_TENSORS_KEY}: {e}"))?,
+        None => 0,
+    };
+    // A final model's buffers are the user's, not the PS's: read by the user's own code.
+    let Some(kept) = parsed.tensors.len().checked_sub(n_buffers) else {
+        return Err(format!("{BUFFER_TENSORS_KEY} {n_buffers} is more than the file's tensors"));
+    };
+    let tensors = &parsed.tensors[..kept];
     if n_model == 0 || n_model > tensors.len() {
         return Err(format!("model_tensors {n_model} does not fit {} tensors", tensors.len()));
     }
@@ -180,6 +213,20 @@ pub fn decode(bytes: &[u8]) -> Result<(Layout, CheckpointData, Hyper), String> {
     let data =
         CheckpointData { version, epoch, params, state, finalized, worker_seqs, worker_generations, workers };
     Ok((layout, data, hyper))
+}
+
+/// A final model's buffers (the last worker's, written after the PS's own tensors; empty for
+/// a checkpoint or a file written before buffers were kept).
+pub fn buffer_tensors(bytes: &[u8]) -> Result<Vec<wire::ParsedTensor<'_>>, String> {
+    let mut parsed = wire::parse(bytes).map_err(|e| e.to_string())?;
+    let n: usize = match parsed.metadata.get(BUFFER_TENSORS_KEY) {
+        Some(n) => n.parse().map_err(|e| format!("bad {BUFFER_TENSORS_KEY}: {e}"))?,
+        None => 0,
+    };
+    let Some(first) = parsed.tensors.len().checked_sub(n) else {
+        return Err(format!("{BUFFER_TENSORS_KEY} {n} is more than the file's tensors"));
+    };
+    Ok(parsed.tensors.split_off(first))
 }
 
 /// The tensors of one part of a checkpoint, named `prefix` + the model's names with the model's

@@ -1026,6 +1026,18 @@ impl Store {
         Ok(self.round_is_due(&round).then(|| self.apply_round(&mut round)))
     }
 
+    /// The workers the `sync` round in progress still waits for: its members that have not
+    /// contributed to it and have neither finished nor fallen silent.
+    pub fn round_waits_for(&self) -> Vec<usize> {
+        let round = self.round.lock();
+        let m = self.round_members(&round);
+        let seq = self.seq.lock();
+        let contributed = |i: usize| round.contributed.get(i).is_some_and(Option::is_some);
+        (0..m.min(seq.workers.len()))
+            .filter(|&i| !contributed(i) && !seq.workers[i].finished && !seq.workers[i].silent)
+            .collect()
+    }
+
     /// The `sync` round in progress: (its version, contributions so far); `None` for the
     /// asynchronous rules.
     pub fn sync_round(&self) -> Option<(u64, usize)> {

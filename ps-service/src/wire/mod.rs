@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde::{Deserialize, Serialize};
 
+pub mod buffers;
 pub mod final_model;
 pub mod in_place;
 pub mod int8;
@@ -446,25 +447,45 @@ fn widen(dtype: WireDtype, bytes: &[u8], out: &mut [f32]) -> Result<(), (usize, 
 
 /// The safetensors header (length prefix + JSON, padded to 8 bytes) for `layout` in `dtype`.
 pub fn header(layout: &Layout, dtype: WireDtype, metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    header_with(layout, dtype, &[], metadata)
+}
+
+/// [`header`] with `extra` entries after the layout's (whose ranges start at the layout's end).
+pub fn header_with(
+    layout: &Layout,
+    dtype: WireDtype,
+    extra: &[HeaderEntry],
+    metadata: &BTreeMap<String, String>,
+) -> Vec<u8> {
     let size = dtype.size();
-    let entries: Vec<_> = layout
+    let mut entries: Vec<_> = layout
         .iter()
         .map(|(t, r)| (t.name.clone(), dtype.name(), t.shape.clone(), r.start * size..r.end * size))
         .collect();
+    entries.extend_from_slice(extra);
     header_of(&entries, metadata)
 }
 
 /// A header entry: name, safetensors dtype name, shape, byte range in the data region.
-type HeaderEntry = (String, &'static str, Vec<usize>, std::ops::Range<usize>);
+pub type HeaderEntry = (String, &'static str, Vec<usize>, std::ops::Range<usize>);
 
 /// The safetensors header (length prefix + JSON, padded to 8 bytes) for `entries`.
 fn header_of(entries: &[HeaderEntry], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    header_of_names(entries, metadata)
+}
+
+/// [`header_of`] for entries whose dtype names are not static.
+fn header_of_names<D: AsRef<str>>(
+    entries: &[(String, D, Vec<usize>, std::ops::Range<usize>)],
+    metadata: &BTreeMap<String, String>,
+) -> Vec<u8> {
     let mut map = serde_json::Map::new();
     if !metadata.is_empty() {
         map.insert("__metadata__".into(), serde_json::to_value(metadata).expect("string map"));
     }
     for (name, dtype, shape, r) in entries {
-        let entry = serde_json::json!({ "dtype": dtype, "shape": shape, "data_offsets": [r.start, r.end] });
+        let entry =
+            serde_json::json!({ "dtype": dtype.as_ref(), "shape": shape, "data_offsets": [r.start, r.end] });
         map.insert(name.clone(), entry);
     }
     let mut json = serde_json::to_vec(&map).expect("JSON of strings and numbers");

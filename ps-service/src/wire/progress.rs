@@ -35,6 +35,11 @@ pub enum WorkerEvent {
         /// steps, data loading included, as `compute`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         phases: Option<PhaseSeconds>,
+        /// This worker's leave was the job's last: the PS wrote the final model, with this
+        /// worker's buffers, and `test_*` are the evaluation of exactly that model. Another
+        /// worker that finished earlier pulled a model others were still training.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        last: bool,
     },
 }
 

@@ -88,6 +88,42 @@ impl Model {
         }
     }
 
+    /// The state the parameter server does not train, by name, sorted: BatchNorm's running
+    /// statistics (float32). A TorchScript module's buffers are not visible through tch: none.
+    pub fn buffers(&self) -> Vec<(String, Tensor)> {
+        match self {
+            Self::Native { vs, .. } => {
+                let mut v: Vec<(String, Tensor)> =
+                    vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
+                v.sort_by(|a, b| a.0.cmp(&b.0));
+                v
+            }
+            Self::Script { .. } => Vec::new(),
+        }
+    }
+
+    /// Loads a final model's buffers (name, dtype, shape, bytes) into the model's own: every
+    /// one must be a float32 buffer of the model with that shape.
+    pub fn load_buffers(
+        &mut self,
+        saved: &[(String, safetensors::Dtype, Vec<usize>, &[u8])],
+    ) -> anyhow::Result<()> {
+        let _guard = tch::no_grad_guard();
+        let mine: std::collections::HashMap<String, Tensor> = self.buffers().into_iter().collect();
+        for (name, dtype, shape, bytes) in saved {
+            let Some(t) = mine.get(name) else { anyhow::bail!("buffer {name:?} is not one of this model's") };
+            let want: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+            anyhow::ensure!(
+                *dtype == safetensors::Dtype::F32 && *shape == want,
+                "buffer {name:?} is {dtype:?} {shape:?}, the model's is F32 {want:?}"
+            );
+            let values: Vec<f32> =
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            t.shallow_clone().copy_(&Tensor::from_slice(&values).view_as(t).to_device(t.device()));
+        }
+        Ok(())
+    }
+
     /// Whether the model has state besides its trainable parameters (BatchNorm running
     /// statistics), which the parameter server does not hold. A TorchScript module's buffers are
     /// not visible through tch, so it is assumed to have some.
