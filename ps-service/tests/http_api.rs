@@ -1007,3 +1007,28 @@ async fn the_last_leaves_buffers_go_into_the_final_model_and_a_bad_set_changes_n
     assert_eq!(kept[1].3, bytemuck::cast_slice::<f32, u8>(&[2.0f32, -2.0]), "the last leave's set");
     assert_eq!(kept[2].3, 20i64.to_le_bytes());
 }
+
+/// A PS that is alive but stuck: it accepts connections and never answers. A short call (join,
+/// status, report, heartbeat, scale) fails at its deadline as a transient error, which the
+/// worker retries until its own deadline and then names; before, it waited for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_call_to_a_stuck_ps_fails_at_its_deadline_instead_of_hanging() {
+    use foresight_ps::client::SHORT_CALL_DEADLINE;
+
+    let stuck = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", stuck.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = stuck.accept().await {
+            open.push(socket); // read nothing, answer nothing, close nothing
+        }
+    });
+    let c = PsClient::new(&url, Some(TOKEN.into())).unwrap();
+    let started = std::time::Instant::now();
+    let e = c.join(0, None).await.unwrap_err();
+    let took = started.elapsed();
+    held.abort();
+    assert!(e.is_transient(), "retried by the worker: {e}");
+    assert!(e.to_string().contains(&url), "names the PS: {e}");
+    assert!(took >= SHORT_CALL_DEADLINE && took < SHORT_CALL_DEADLINE * 2, "{took:?}");
+}

@@ -322,6 +322,14 @@ impl PushId {
     }
 }
 
+/// How often an HTTP/2 connection to the PS is pinged, and how long an unanswered ping is waited
+/// for before the connection is given up.
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// The deadline of a call whose answer is small and immediate (join, report, heartbeat, status,
+/// scale): a PS that is alive but stuck answers pings and nothing else.
+pub const SHORT_CALL_DEADLINE: Duration = Duration::from_secs(10);
+
 #[derive(Clone)]
 pub struct PsClient {
     http: reqwest::Client,
@@ -377,12 +385,25 @@ impl PsClient {
             .http2_max_frame_size(16_777_215)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
+            // A PS that vanished without a reset (a lost node, dropped packets) answers no ping:
+            // the connection fails within the ping's interval and timeout and the call is
+            // retried, instead of waiting on the kernel's retransmissions for many minutes.
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .http2_keep_alive_while_idle(true)
             .default_headers(reqwest::header::HeaderMap::from_iter([(
                 reqwest::header::HeaderName::from_static(CLIENT_VERSION_HEADER),
                 reqwest::header::HeaderValue::from_static(PS_VERSION),
             )]))
             .build()?;
         Ok(Self { http, base: base.trim_end_matches('/').to_string(), token })
+    }
+
+    /// A call whose answer is small and immediate, cut off at [`SHORT_CALL_DEADLINE`] (then
+    /// retried as a transport error): not pushes, pulls (long-polls, model-sized bodies),
+    /// registration, leave (a body of buffers) or finalize (writes the model).
+    fn short(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.req(method, path).timeout(SHORT_CALL_DEADLINE)
     }
 
     fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -451,7 +472,7 @@ impl PsClient {
         if let Some(s) = step {
             path += &format!("&step={s}");
         }
-        Ok(Self::check(self.req(reqwest::Method::POST, &path).send().await?).await?.json().await?)
+        Ok(Self::check(self.short(reqwest::Method::POST, &path).send().await?).await?.json().await?)
     }
 
     /// Pulls the model as `worker` (recording it as that worker's backup). With `min_version`,
@@ -583,7 +604,7 @@ impl PsClient {
     }
 
     pub async fn report(&self, report: &Report) -> Result<(), ClientError> {
-        Self::check(self.req(reqwest::Method::POST, "/v1/report").json(report).send().await?).await?;
+        Self::check(self.short(reqwest::Method::POST, "/v1/report").json(report).send().await?).await?;
         Ok(())
     }
 
@@ -613,17 +634,17 @@ impl PsClient {
     /// `POST /v1/heartbeat`: `worker` is alive and training (between exchanges).
     pub async fn heartbeat(&self, worker: usize) -> Result<(), ClientError> {
         let path = format!("/v1/heartbeat?worker={worker}");
-        Self::check(self.req(reqwest::Method::POST, &path).send().await?).await?;
+        Self::check(self.short(reqwest::Method::POST, &path).send().await?).await?;
         Ok(())
     }
 
     pub async fn status(&self) -> Result<serde_json::Value, ClientError> {
-        Ok(Self::check(self.req(reqwest::Method::GET, "/v1/status").send().await?).await?.json().await?)
+        Ok(Self::check(self.short(reqwest::Method::GET, "/v1/status").send().await?).await?.json().await?)
     }
 
     /// `PUT /v1/workers?count=N`: tells the PS the job now has `count` workers.
     pub async fn set_workers(&self, count: usize) -> Result<(), ClientError> {
-        let req = self.req(reqwest::Method::PUT, &format!("/v1/workers?count={count}"));
+        let req = self.short(reqwest::Method::PUT, &format!("/v1/workers?count={count}"));
         Self::check(req.send().await?).await?;
         Ok(())
     }

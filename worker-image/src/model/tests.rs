@@ -345,3 +345,41 @@ fn torchscript_files_that_cannot_load_are_named() {
     let msg = build_err(&ModelSpec::TorchScript(garbage.clone()), MNIST);
     assert!(msg.contains(&garbage.display().to_string()), "{msg}");
 }
+
+#[test]
+fn resnet20_buffers_go_out_and_load_back_into_another_model() {
+    let _rng = torch_rng();
+    tch::manual_seed(3);
+    let mut trained = build(&ModelSpec::Resnet20, CIFAR, 10);
+    {
+        let _g = tch::no_grad_guard();
+        let _ = trained.forward(&images(4, CIFAR), true).unwrap();
+    }
+    let values = |m: &Model| -> Vec<(String, Vec<f32>)> {
+        m.buffers().into_iter().map(|(n, t)| (n, Vec::<f32>::try_from(t.flatten(0, -1)).unwrap())).collect()
+    };
+    let sent = values(&trained);
+    assert_eq!(sent.len(), 21 * 2, "each BatchNorm layer's running mean and variance, sorted by name");
+    assert!(sent.windows(2).all(|w| w[0].0 < w[1].0));
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = trained
+        .buffers()
+        .into_iter()
+        .zip(&sent)
+        .map(|((n, t), (_, v))| {
+            (
+                n,
+                t.size().iter().map(|&d| d as usize).collect(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let saved: Vec<_> =
+        bytes.iter().map(|(n, s, b)| (n.clone(), safetensors::Dtype::F32, s.clone(), b.as_slice())).collect();
+    let mut fresh = build(&ModelSpec::Resnet20, CIFAR, 10);
+    assert_ne!(values(&fresh), sent, "a fresh model's statistics are its initial ones");
+    fresh.load_buffers(&saved).unwrap();
+    assert_eq!(values(&fresh), sent);
+    let wrong = [("nope.running_mean".to_string(), safetensors::Dtype::F32, vec![1], &[0u8; 4][..])];
+    let e = fresh.load_buffers(&wrong).unwrap_err().to_string();
+    assert!(e.contains("not one of this model's"), "{e}");
+}
