@@ -100,7 +100,7 @@ def main():
         # Without clipping, plain SGD on a transformer stalls at the unigram loss or diverges.
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if job.step % 20 == 0:
+        if job.step % job.report_every == 0:  # $FORESIGHT_REPORT_EVERY, 20 by default
             foresight.report(loss=loss.item())  # foresight
     done = foresight.finish(evaluate=lambda: evaluate(model, test_x, test_y))  # foresight: the PS's model
     params = sum(p.numel() for p in model.parameters())

@@ -75,7 +75,7 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if job.step % 20 == 0:
+        if job.step % job.report_every == 0:  # $FORESIGHT_REPORT_EVERY, 20 by default
             foresight.report(loss=loss.item())  # foresight
     done = foresight.finish(evaluate=lambda: evaluate(model, test_x, test_y))  # foresight: the PS's model
     print(f"worker {job.worker}: final model held-out accuracy {done['test_accuracy']:.4f}")

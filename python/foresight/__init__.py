@@ -273,6 +273,11 @@ def _install_exit_status() -> None:
     def hook(kind, value, tb):  # type: ignore[no-untyped-def]
         previous(kind, value, tb)
         if isinstance(value, ForesightError) and value.permanent:
+            # The script's atexit handlers (logging's flush, wandb, TensorBoard writers) run as on
+            # any exit; then the status that fails the job instead of restarting the worker.
+            import atexit
+
+            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(EXIT_PERMANENT)

@@ -67,7 +67,7 @@ fn to_py(py: Python<'_>, e: ClientError) -> PyErr {
         _ => ("ForesightError", None),
     };
     let reason = match &e {
-        ClientError::OtherModel => Some("other_model"),
+        ClientError::OtherModel(_) => Some("other_model"),
         ClientError::Config(_) => Some("config"),
         _ => e.reason(),
     };

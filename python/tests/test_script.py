@@ -336,3 +336,25 @@ def test_wrapped_models_keep_their_own_names_and_groups_cannot_be_added(ps_facto
     assert opt._names == plain
     with pytest.raises(foresight.ConfigError, match="no further parameter groups"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))], "weight_decay": 0.0})
+
+
+def test_a_permanent_error_exits_3_after_the_scripts_atexit_handlers(ps_factory, tmp_path):
+    """The status that fails the job at once, and still the script's own exit handlers (a
+    logging flush, wandb, TensorBoard writers): os._exit skipped them before."""
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=0.1)
+    flushed = tmp_path / "flushed"
+    script = tmp_path / "worker.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import atexit, pathlib, foresight
+            foresight.init()
+            atexit.register(lambda: pathlib.Path({str(flushed)!r}).write_text("yes"))
+            raise foresight.ConfigError("a setting no retry can fix")
+            """
+        )
+    )
+    run = subprocess.run([sys.executable, str(script)], env=worker_env(ps, WORKER_INDEX=0), capture_output=True, text=True, timeout=60)
+    assert run.returncode == foresight.EXIT_PERMANENT, run.stderr
+    assert flushed.read_text() == "yes"
+    assert "a setting no retry can fix" in run.stderr

@@ -296,7 +296,9 @@ def test_a_model_of_another_shape_is_refused_with_the_reason(ps_factory, job_env
     other = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
     with pytest.raises(foresight.ForesightError) as e:
         foresight.torch.Optimizer(other)
-    assert e.value.permanent, e.value
+    assert e.value.permanent and e.value.reason == "other_model", e.value
+    # The first difference, named: sorted by name, "0.bias" comes first, 5 values here, 3 there.
+    assert "tensor 0 is 0.bias [5] here and 0.bias [3] on the parameter server" in str(e.value), e.value
 
 
 # MNIST-5k as `make setup` extracts it, for the built-in worker's data settings.

@@ -365,7 +365,7 @@ fn evaluates_after(epoch: u64, worker: usize, workers: usize) -> bool {
 
 /// A model of another layout at the PS is the job's configuration's fault: no retry helps.
 fn pull_error(e: ClientError) -> anyhow::Error {
-    if matches!(e, ClientError::OtherModel) { permanent(e) } else { e.into() }
+    if matches!(e, ClientError::OtherModel(_)) { permanent(e) } else { e.into() }
 }
 
 /// A worker's local steps between exchanges: the inner optimizer and the model pulled last.

@@ -197,7 +197,9 @@ impl Link {
                 })
                 .await;
             match pulled {
-                Ok(Some(m)) if m.layout != self.slice.layout => return Err(ClientError::OtherModel),
+                Ok(Some(m)) if m.layout != self.slice.layout => {
+                    return Err(ClientError::OtherModel(self.slice.layout.difference(&m.layout)));
+                }
                 Ok(Some(m)) if self.went_back(&m) => {
                     // Offered once: whether taken or not, this copy is not offered again.
                     self.reseed(step).await?;

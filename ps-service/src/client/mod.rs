@@ -69,10 +69,10 @@ pub enum ClientError {
     #[error("the parameter server answered without a valid {VERSION_HEADER} header")]
     MissingVersion,
     #[error(
-        "the parameter server holds a model whose layout differs from this worker's model \
-         (restored from another job's checkpoint?)"
+        "the parameter server holds a model whose layout differs from this worker's model: {0} (the \
+         job's workers run different model code or settings, or the PS restored another job's checkpoint)"
     )]
-    OtherModel,
+    OtherModel(String),
     #[error("a gradient was pushed before the model was pulled")]
     NotPulled,
     #[error("{0}")]
@@ -104,7 +104,7 @@ impl ClientError {
     /// model is wrong.
     pub fn is_permanent(&self) -> bool {
         match self {
-            Self::OtherModel | Self::Config(_) => true,
+            Self::OtherModel(_) | Self::Config(_) => true,
             Self::Refused { reason, .. } => PERMANENT_REFUSALS.contains(&reason.as_str()),
             _ => false,
         }

@@ -153,6 +153,25 @@ impl Layout {
         self.tensors.iter().zip(&self.offsets).map(|(t, &o)| (t, o..o + t.numel()))
     }
 
+    /// The first difference between this layout (a worker's) and `theirs` (the PS's), for a
+    /// person: which tensor, and its name and shape on either side.
+    pub fn difference(&self, theirs: &Layout) -> String {
+        let shown =
+            |t: Option<&TensorSpec>| t.map_or("nothing".to_string(), |t| format!("{} {:?}", t.name, t.shape));
+        let first = (0..self.tensors.len().max(theirs.tensors.len()))
+            .find(|&i| self.tensors.get(i) != theirs.tensors.get(i));
+        match first {
+            None => "none found".into(),
+            Some(i) => format!(
+                "tensor {i} is {} here and {} on the parameter server ({} tensors here, {} there)",
+                shown(self.tensors.get(i)),
+                shown(theirs.tensors.get(i)),
+                self.tensors.len(),
+                theirs.tensors.len()
+            ),
+        }
+    }
+
     fn position(&self, name: &str) -> Option<usize> {
         self.index.get(name).copied()
     }

@@ -570,3 +570,17 @@ fn a_body_encoded_into_a_recycled_buffer_is_the_fresh_encoding() {
     assert!(bf16[head..] == expected[..], "every piece rounded in place");
     assert_eq!(encode_f32_into(&big, &values, bf16), encode_f32(&big, &values, &BTreeMap::new()));
 }
+
+#[test]
+fn a_layout_names_its_first_difference_from_another() {
+    let spec = |n: &str, s: Vec<usize>| TensorSpec { name: n.into(), shape: s };
+    let ours = Layout::new(vec![spec("a", vec![2]), spec("b", vec![3, 4])]).unwrap();
+    let shape = Layout::new(vec![spec("a", vec![2]), spec("b", vec![3, 5])]).unwrap();
+    assert_eq!(
+        ours.difference(&shape),
+        "tensor 1 is b [3, 4] here and b [3, 5] on the parameter server (2 tensors here, 2 there)"
+    );
+    let fewer = Layout::new(vec![spec("a", vec![2])]).unwrap();
+    assert!(ours.difference(&fewer).starts_with("tensor 1 is b [3, 4] here and nothing on"));
+    assert_eq!(ours.difference(&ours), "none found");
+}
