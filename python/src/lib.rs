@@ -315,8 +315,7 @@ impl Worker {
         self.call(py, move |s| {
             // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout).
             let grad: &[f32] = unsafe { floats(addr, len) };
-            s.exchange.grad_mut().iter_mut().zip(grad).for_each(|(acc, g)| *acc += g);
-            Ok(s.exchange.end_step(epoch)? == StepEnd::Finalized)
+            Ok(s.exchange.end_step_with(grad, epoch)? == StepEnd::Finalized)
         })
     }
 
