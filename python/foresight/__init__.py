@@ -299,7 +299,9 @@ def split(n_examples: int, holdout: float | None = None) -> tuple[list[int], lis
     Rust worker holds out a CSV dataset (``holdout`` defaults to the job's ``dataset.holdout``),
     so that every worker of the job, Rust or Python, trains on the same examples."""
     j = job()
-    fraction = holdout if holdout is not None else float(os.environ.get("FORESIGHT_HOLDOUT") or 0.2)
+    fraction = holdout if holdout is not None else _env_float("FORESIGHT_HOLDOUT", 0.2, 0.0, exclusive=True)
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"holding out {fraction} of the examples: a fraction between 0 and 1 is needed")
     train, test = _native.holdout_split(n_examples, fraction, j.seed)
     return list(train), list(test)
 

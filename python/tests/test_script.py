@@ -358,3 +358,16 @@ def test_a_permanent_error_exits_3_after_the_scripts_atexit_handlers(ps_factory,
     assert run.returncode == foresight.EXIT_PERMANENT, run.stderr
     assert flushed.read_text() == "yes"
     assert "a setting no retry can fix" in run.stderr
+
+
+def test_a_bad_holdout_in_the_environment_is_a_config_error(ps_factory, job_env):
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=0.1)
+    job_env(ps, holdout="twenty percent")
+    with pytest.raises(foresight.ConfigError, match="HOLDOUT='twenty percent' is not a number"):
+        foresight.split(100)
+    job_env(ps, holdout=1.5)
+    with pytest.raises(foresight.ConfigError, match="between 0 and 1"):
+        foresight.split(100)
+    job_env(ps, holdout=0.25)
+    train, test = foresight.split(100)
+    assert (len(train), len(test)) == (75, 25)
