@@ -241,7 +241,7 @@ pub fn body(
         entries.push((name.clone(), dtype.as_str(), shape.clone(), at..at + bytes.len()));
         at += bytes.len();
     }
-    let mut out = super::header_of_names(&entries, &meta);
+    let mut out = header_of(&entries, &meta);
     tensors.iter().for_each(|(.., bytes)| out.extend_from_slice(bytes));
     out
 }
@@ -268,7 +268,7 @@ mod tests {
             at += bytes.len();
         }
         let meta = aliases.map(|a| Metadata::from([(ALIASES_KEY.into(), a.into())])).unwrap_or_default();
-        let mut out = crate::wire::header_of_names(&entries, &meta);
+        let mut out = header_of(&entries, &meta);
         buffers.iter().for_each(|(.., b)| out.extend_from_slice(b));
         out
     }

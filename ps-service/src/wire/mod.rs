@@ -489,12 +489,7 @@ pub fn header_with(
 pub type HeaderEntry = (String, &'static str, Vec<usize>, std::ops::Range<usize>);
 
 /// The safetensors header (length prefix + JSON, padded to 8 bytes) for `entries`.
-fn header_of(entries: &[HeaderEntry], metadata: &BTreeMap<String, String>) -> Vec<u8> {
-    header_of_names(entries, metadata)
-}
-
-/// [`header_of`] for entries whose dtype names are not static.
-fn header_of_names<D: AsRef<str>>(
+fn header_of<D: AsRef<str>>(
     entries: &[(String, D, Vec<usize>, std::ops::Range<usize>)],
     metadata: &BTreeMap<String, String>,
 ) -> Vec<u8> {
