@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod journal;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use foresight_operator::controller::{
     self,
@@ -61,6 +63,30 @@ enum Cmd {
         /// accuracy against updates, epochs and seconds).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         snapshot_every: Option<u64>,
+        /// The parameter servers' update journal, in --out/checkpoints: on (their default), off,
+        /// or capture (every gradient too, so that `foresight replay` can rebuild the model).
+        #[arg(long, value_enum)]
+        journal: Option<foresight_ps::journal::Mode>,
+    },
+    /// Show a parameter server's update journal (the checkpoint directory of one PS shard):
+    /// every update applied and every push refused, filtered, or summed up per worker.
+    Journal {
+        /// The shard's checkpoint directory (`foresight run`: --out/checkpoints, or its shard-<i>/).
+        dir: PathBuf,
+        #[command(flatten)]
+        filter: foresight_ps::journal::Filter,
+        /// Per-worker counts (applied, refused by reason, staleness) instead of the entries.
+        #[arg(long)]
+        summary: bool,
+        /// JSON (one entry per line, or the summary as one object) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Apply a captured journal (--journal capture) again from its initial model and compare
+    /// the result bit for bit with the shard's newest checkpoint. Exit status 1 when it differs.
+    Replay {
+        /// The shard's checkpoint directory.
+        dir: PathBuf,
     },
     /// Print the TrainingJob CustomResourceDefinition as YAML.
     Crd,
@@ -237,6 +263,8 @@ async fn main() {
         Cmd::Crd => {
             print!("{}", foresight_operator::api::crd_yaml());
         }
+        Cmd::Journal { dir, filter, summary, json } => journal::show(&dir, &filter, summary, json),
+        Cmd::Replay { dir } => journal::replay(&dir),
         Cmd::Run {
             job,
             out,
@@ -249,6 +277,7 @@ async fn main() {
             token,
             control_token,
             snapshot_every,
+            journal,
         } => {
             let mut opts = RunOptions::beside_current_exe(out);
             opts.ps_bin = ps_bin.unwrap_or(opts.ps_bin);
@@ -259,6 +288,7 @@ async fn main() {
             opts.token = token;
             opts.control_token = control_token;
             opts.snapshot_every = snapshot_every;
+            opts.journal = journal;
             opts.worker_overrides = slow_worker
                 .into_iter()
                 .map(|(w, f)| (w, "FORESIGHT_SLOWDOWN".into(), f.to_string()))

@@ -507,7 +507,7 @@ fn sink_router(n: usize) -> Router {
             return Err(format!("bad body: {pos} of {n} values, finite {finite}"));
         }
         let seq = sink.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let p = Push { worker: 0, generation: None, version: 0, seq, epoch: None };
+        let p = Push { worker: 0, generation: None, version: 0, seq, epoch: None, body: None };
         let o = tokio::task::block_in_place(|| sink.store.push(p, &grad)).map_err(|e| e.to_string())?;
         if !o.applied {
             return Err("not applied".into());
@@ -744,7 +744,7 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
                         tokio::task::block_in_place(|| wire::decode_gradient(&body, &lay, &mut decoded))?
                     }
                     Stage::Apply => {
-                        let p = Push { worker: 0, generation: None, version: 0, seq, epoch: None };
+                        let p = Push { worker: 0, generation: None, version: 0, seq, epoch: None, body: None };
                         let o = tokio::task::block_in_place(|| store.push(p, &decoded))?;
                         ensure!(o.applied, "in-process push not applied");
                     }

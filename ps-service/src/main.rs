@@ -137,6 +137,13 @@ struct Args {
     /// How many checkpoints to keep.
     #[arg(long, env = "FORESIGHT_KEEP_CHECKPOINTS", default_value_t = 3)]
     keep_checkpoints: usize,
+    /// The update journal in the checkpoint directory: off, on (every update and refusal, one
+    /// JSON line each) or capture (also every gradient applied, for `foresight replay`).
+    #[arg(long, env = "FORESIGHT_JOURNAL", value_enum, default_value_t = foresight_ps::journal::Mode::On)]
+    journal: foresight_ps::journal::Mode,
+    /// The journal's size in bytes before it is rotated (4 rotated files are kept; never with capture).
+    #[arg(long, env = "FORESIGHT_JOURNAL_MAX_BYTES", default_value_t = 64 << 20)]
+    journal_max_bytes: u64,
     /// Where finalize writes model-final.safetensors (default: the checkpoint directory).
     #[arg(long, env = "FORESIGHT_OUTPUT_DIR")]
     output_dir: Option<PathBuf>,
@@ -342,6 +349,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.body_limit = args.body_limit;
     config.body_idle_timeout = Duration::from_secs(args.body_idle_timeout);
     config.checkpoint_dir = args.checkpoint_dir.clone();
+    (config.journal, config.journal_max_bytes) = (args.journal, args.journal_max_bytes);
     config.checkpoint_interval =
         (args.checkpoint_interval > 0).then(|| Duration::from_secs(args.checkpoint_interval));
     config.keep_checkpoints = args.keep_checkpoints;

@@ -45,6 +45,8 @@ pub struct RunOptions {
     /// The PS writes its model every N updates into `out/snapshots`, and the run evaluates each
     /// (summary.json's `curve`).
     pub snapshot_every: Option<u64>,
+    /// The parameter servers' update journal (`None`: their default, on).
+    pub journal: Option<foresight_ps::journal::Mode>,
 }
 
 impl RunOptions {
@@ -63,6 +65,7 @@ impl RunOptions {
             token: None,
             control_token: None,
             snapshot_every: None,
+            journal: None,
         }
     }
 }
@@ -399,6 +402,10 @@ pub async fn run(job: &TrainingJob, opts: &RunOptions) -> Result<Summary, RunErr
         return Err(setup(
             "--snapshot-every is for an unsharded parameter server (parameterServer.replicas: 1)",
         ));
+    }
+    if let Some(mode) = opts.journal {
+        let mode = clap::ValueEnum::to_possible_value(&mode).expect("every mode has a name");
+        ps_env.push(("FORESIGHT_JOURNAL".into(), mode.get_name().to_string()));
     }
     if let Some(every) = opts.snapshot_every {
         ps_env.extend([

@@ -19,6 +19,7 @@ use super::replicas::Answer;
 use super::{ApiError, AppState, auth, streamed_pull};
 use crate::pace::PaceReport;
 use crate::pool::lend;
+use crate::store::journal::BodyInfo;
 use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
 use crate::wire;
 use crate::wire::final_model::FinalModel;
@@ -471,7 +472,7 @@ async fn push_inner(
     }
     // A replay (a sync worker's periodic re-push, a retry whose answer was lost) or a refusal
     // needs no gradient: answered now, the body is never buffered (the guard drains it).
-    let p = Push { worker, generation, version, seq, epoch };
+    let p = Push { worker, generation, version, seq, epoch, body: None };
     if let Some(answer) = store.answer_before_body(p) {
         return Ok(push_response(state, &store, answer?, Duration::ZERO, (worker, pace)));
     }
@@ -481,10 +482,11 @@ async fn push_inner(
     let mut grad = state.grads.take_len(store.layout().len());
     let limit = state.config.body_limit;
     let read = read_gradient(headers, body, limit, &store.gradient_encodings(), &mut grad, &mut buf).await;
-    let received = match read {
+    let (received, p) = match read {
         Ok((how, n)) => {
             state.metrics.received_bytes.inc_by(n as u64);
-            how
+            let bytes_per_param = n as f32 / store.layout().len().max(1) as f32;
+            (how, Push { body: Some(BodyInfo { bytes: n as u64, bytes_per_param }), ..p })
         }
         Err(e) => {
             state.bodies.give(buf);

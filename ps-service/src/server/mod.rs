@@ -27,6 +27,7 @@ use crate::client::PullDtype;
 use crate::optimizer::Hyper;
 use crate::pace::{LocalStepsPolicy, Pace, PaceReport};
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
+use crate::store::journal::Start;
 use crate::store::{CheckpointData, Store};
 use crate::wire::buffers::Buffers;
 use crate::wire::final_model::FinalModel;
@@ -92,6 +93,10 @@ pub struct PsConfig {
     pub shard: usize,
     /// `optimizer.adaptiveLocalSteps`: the PS advises each worker its local steps ([`crate::pace`]).
     pub local_steps: Option<LocalStepsPolicy>,
+    /// The update journal in the checkpoint directory ([`crate::journal`]; none without one).
+    pub journal: crate::journal::Mode,
+    /// Its size before it is rotated.
+    pub journal_max_bytes: u64,
 }
 
 impl PsConfig {
@@ -126,6 +131,8 @@ impl PsConfig {
             peer_tls: None,
             shard: 0,
             local_steps: None,
+            journal: crate::journal::Mode::default(),
+            journal_max_bytes: 64 << 20,
         }
     }
 }
@@ -179,6 +186,7 @@ pub struct AppState {
     /// One leave at a time from its leaving to its buffers kept: the leave that finalizes the
     /// job is the one whose buffers the final model holds.
     leaving: tokio::sync::Mutex<()>,
+    journal: Option<crate::journal::Writer>,
 }
 
 /// The buffers' file in the checkpoint directory.
@@ -253,6 +261,13 @@ impl AppState {
             Some(d) => Some(CheckpointDir::new(d, config.keep_checkpoints)?),
             None => None,
         };
+        let journal = match &checkpoints {
+            Some(dir) => {
+                crate::journal::Writer::open(dir.path(), config.shard, config.journal, config.journal_max_bytes)
+                    .map_err(|source| CheckpointError::Io { path: dir.path().to_path_buf(), source })?
+            }
+            None => None,
+        };
         let restoring = Instant::now();
         let restored = match &checkpoints {
             Some(dir) => dir.load_newest()?,
@@ -295,6 +310,7 @@ impl AppState {
             shared_up_to: Mutex::new(restored_version),
             buffers: Mutex::new(Buffers::default()),
             leaving: tokio::sync::Mutex::new(()),
+            journal,
         });
         if let Some((path, layout, data, saved)) = restored {
             if saved.algorithm != state.config.hyper.algorithm {
@@ -304,7 +320,7 @@ impl AppState {
             let version = data.version;
             *state.buffers.lock() = state.restored_buffers(&layout);
             let store = Store::restore(layout, data, state.config.hyper.clone(), workers);
-            state.install(store);
+            state.install(store, Start::Restored);
             let seconds = restoring.elapsed().as_secs_f64();
             tracing::info!(path = %path.display(), version, seconds, "restored checkpoint");
         }
@@ -347,10 +363,16 @@ impl AppState {
         self.store.get()
     }
 
-    /// Makes `store` the model; false when one was registered first.
-    fn install(self: &Arc<Self>, mut store: Store) -> bool {
+    /// Makes `store` the model (which came as `how` says); false when one was registered first.
+    fn install(self: &Arc<Self>, mut store: Store, how: Start) -> bool {
         let tx = self.version_tx.clone();
         let version = store.version();
+        if let Some(journal) = &self.journal {
+            if let Err(error) = journal.begin(&store, how) {
+                tracing::error!(%error, "the journal's initial model could not be written: it cannot be replayed");
+            }
+            store.set_journal(journal.sink());
+        }
         store.set_listener(Box::new(move |v| {
             tx.send_if_modified(|cur| {
                 let newer = v > *cur;
@@ -383,7 +405,7 @@ impl AppState {
     fn offer(self: &Arc<Self>, store: Store, worker: Option<usize>) -> bool {
         let version = store.version();
         let taken = match self.store() {
-            None => self.install(store),
+            None => self.install(store, if worker.is_some() { Start::Seeded } else { Start::Registered }),
             Some(current) => {
                 let values = store.snapshot_now();
                 current.reseed(values.params(), version)
@@ -687,6 +709,10 @@ impl AppState {
     fn write_checkpoint(&self, store: &Store, data: &CheckpointData) -> Result<PathBuf, CheckpointError> {
         let dir = self.checkpoints.as_ref().expect("caller checked");
         let started = Instant::now();
+        // The journal holds every update the checkpoint does before the checkpoint exists.
+        if let Some(journal) = &self.journal {
+            journal.sync().map_err(|source| CheckpointError::Io { path: dir.path().to_path_buf(), source })?;
+        }
         let path = dir.write(store.layout(), store.hyper(), data)?;
         *self.last_checkpoint.lock() = Instant::now();
         let seconds = started.elapsed().as_secs_f64();

@@ -19,6 +19,7 @@
 //! faulting in (and, with the allocator's slack, keeping) a fresh model-sized allocation.
 
 pub mod checkpoint;
+pub mod journal;
 mod snapshot;
 mod staleness;
 
@@ -34,6 +35,7 @@ use crate::wire::in_place::Expected;
 use crate::wire::{self, Layout, WireDtype};
 
 pub use checkpoint::CheckpointData;
+use journal::{BodyInfo, Entry, JournalSink};
 use snapshot::SnapshotBuffers;
 pub use snapshot::{SPARE_SNAPSHOTS, Snapshot};
 pub use staleness::{StalenessCounts, StalenessSummary};
@@ -63,6 +65,8 @@ pub struct Push {
     pub seq: u64,
     /// The worker's epoch (fractional), which drives the learning-rate schedule.
     pub epoch: Option<f64>,
+    /// How it arrived (for the journal); `None` when not from the wire.
+    pub body: Option<BodyInfo>,
 }
 
 /// What a push did.
@@ -325,6 +329,8 @@ pub struct Store {
     seq: Mutex<Sequencer>,
     round: Mutex<SyncRound>,
     listener: Option<VersionListener>,
+    /// Where every decision goes, in model order ([`journal`]).
+    journal: Option<JournalSink>,
     /// `sync` rounds applied without the gradient of every worker that could contribute.
     rounds_closed_short: std::sync::atomic::AtomicU64,
     snapshot_buffers: Arc<SnapshotBuffers>,
@@ -488,6 +494,7 @@ impl Store {
             seq: Mutex::new(seq),
             round: Mutex::new(round),
             listener: None,
+            journal: None,
             rounds_closed_short: Default::default(),
             snapshot_buffers: Arc::default(),
         }
@@ -496,6 +503,32 @@ impl Store {
     /// Registers a callback for completed updates (the server wakes long-polling pulls with it).
     pub fn set_listener(&mut self, listener: VersionListener) {
         self.listener = Some(listener);
+    }
+
+    /// Sends every later decision to `sink` ([`journal`]).
+    pub fn set_journal(&mut self, sink: JournalSink) {
+        self.journal = Some(sink);
+    }
+
+    fn record(&self, entry: impl FnOnce() -> Entry, payload: Option<&[f32]>) {
+        if let Some(sink) = &self.journal {
+            sink(entry(), payload);
+        }
+    }
+
+    /// A push refused, into the journal (at the version `seq` saw).
+    fn record_refusal(&self, p: &Push, e: &StoreError, at_version: u64) {
+        self.record(
+            || Entry::Refused {
+                worker: p.worker,
+                generation: p.generation,
+                seq: p.seq,
+                computed_on: p.version,
+                at_version,
+                reason: e.reason().into(),
+            },
+            None,
+        );
     }
 
     pub fn layout(&self) -> &Layout {
@@ -747,6 +780,7 @@ impl Store {
             seq.mean_square_origin = version;
             seq.cached = None;
             seq.backups.fill(None);
+            self.record(|| Entry::Reseeded { version, payload: None }, Some(values));
             op
         };
         self.walk(op, |shard, d| {
@@ -768,17 +802,20 @@ impl Store {
     /// Applies (or, under `sync`, contributes) one decoded gradient.
     pub fn push(&self, p: Push, grad: &[f32]) -> Result<PushOutcome, StoreError> {
         assert_eq!(grad.len(), self.layout.len(), "gradient decoded against another layout");
-        self.check_worker(p.worker)?;
+        if let Err(e) = self.check_worker(p.worker) {
+            self.record_refusal(&p, &e, self.version());
+            return Err(e);
+        }
         let result = if self.hyper.algorithm == Algorithm::Sync {
             // The round lock is held from the checks to the contribution, so the round cannot
             // complete in between (lock order: round, then sequencer).
             let mut round = self.round.lock();
-            if let Admission::Replay(outcome) = self.admit(p, Some(&round))? {
+            if let Admission::Replay(outcome) = self.admit(p, Some(&round), grad)? {
                 return Ok(outcome);
             }
             Ok(self.contribute(p, grad, &mut round))
         } else {
-            match self.admit(p, None)? {
+            match self.admit(p, None, grad)? {
                 Admission::Replay(outcome) => return Ok(outcome),
                 Admission::Ticket(t) => {
                     let backup = t.backup.as_deref().map(Snapshot::params);
@@ -824,17 +861,25 @@ impl Store {
         match self.judge(&seq, &p, round.as_deref()) {
             Ok(Judged::Replay(outcome)) => Some(Ok(outcome)),
             Ok(Judged::Accept { .. }) => None,
-            Err(e) => Some(Err(e)),
+            Err(e) => {
+                self.record_refusal(&p, &e, seq.version);
+                Some(Err(e))
+            }
         }
     }
 
     /// Every check that can refuse a push, made under the sequencer lock; on success the
     /// worker's push is marked in flight and, for the asynchronous rules, a ticket issued.
-    fn admit(&self, p: Push, round: Option<&SyncRound>) -> Result<Admission, StoreError> {
+    /// `grad` goes to the journal with the update it makes.
+    fn admit(&self, p: Push, round: Option<&SyncRound>, grad: &[f32]) -> Result<Admission, StoreError> {
         let mut seq = self.seq.lock();
-        let (staleness, backup) = match self.judge(&seq, &p, round)? {
-            Judged::Replay(outcome) => return Ok(Admission::Replay(outcome)),
-            Judged::Accept { staleness, backup } => (staleness, backup),
+        let (staleness, backup) = match self.judge(&seq, &p, round) {
+            Ok(Judged::Replay(outcome)) => return Ok(Admission::Replay(outcome)),
+            Ok(Judged::Accept { staleness, backup }) => (staleness, backup),
+            Err(e) => {
+                self.record_refusal(&p, &e, seq.version);
+                return Err(e);
+            }
         };
         // Past this point the push is accepted.
         if let Some(e) = p.epoch {
@@ -849,6 +894,24 @@ impl Store {
         // snapshot and checkpoint, so its seq is what a restored PS must remember.
         seq.workers[p.worker].durable_seq = Some(p.seq);
         let step = Step::at(self.hyper.lr.at(seq.epoch), version - seq.mean_square_origin);
+        // Under the sequencer lock: the journal gets the updates in version order.
+        self.record(
+            || Entry::Applied {
+                version,
+                worker: p.worker,
+                generation: p.generation,
+                seq: p.seq,
+                computed_on: p.version,
+                staleness,
+                lr: step.lr,
+                mean_square_step: step.mean_square_updates,
+                momentum_step: self.momentum_steps_at(version),
+                epoch: p.epoch,
+                body: p.body,
+                payload: None,
+            },
+            Some(grad),
+        );
         Ok(Admission::Ticket(Ticket { op, version, step, backup, staleness }))
     }
 
@@ -921,6 +984,19 @@ impl Store {
     fn contribute(&self, p: Push, grad: &[f32], round: &mut SyncRound) -> PushOutcome {
         debug_assert_eq!(round.version, p.version, "admit() lets only current-version pushes through");
         optimizer::accumulate(&mut round.sum, grad);
+        // Under the round lock: the journal gets the contributions in the order they were summed.
+        self.record(
+            || Entry::Contributed {
+                round: round.version,
+                worker: p.worker,
+                generation: p.generation,
+                seq: p.seq,
+                epoch: p.epoch,
+                body: p.body,
+                payload: None,
+            },
+            Some(grad),
+        );
         round.contributed[p.worker] = Some(p.seq);
         round.members.get_or_insert(self.workers());
         round.count += 1;
@@ -1060,7 +1136,8 @@ impl Store {
     /// Applies a round with the round lock held: the next round's contributions need the
     /// version this produces, so nobody else can use the lock now.
     fn apply_round(&self, round: &mut SyncRound) -> PushOutcome {
-        if round.count < self.round_trainers(round) {
+        let short = round.count < self.round_trainers(round);
+        if short {
             self.rounds_closed_short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);
@@ -1072,7 +1149,11 @@ impl Store {
                     w.durable_seq = *contributed;
                 }
             }
-            (op, version, self.hyper.lr.at(seq.epoch))
+            let lr = self.hyper.lr.at(seq.epoch);
+            let workers = round.contributed.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(i, _)| i);
+            let momentum_step = self.momentum_steps_at(version);
+            self.record(|| Entry::Round { version, workers: workers.collect(), lr, momentum_step, short }, None);
+            (op, version, lr)
         };
         // sync keeps no MeanSquare.
         let stats = self.apply_op(op, version, Step::at(lr, 0), &round.sum, None);
@@ -1083,6 +1164,38 @@ impl Store {
         round.version = version;
         self.notify(version);
         PushOutcome { version, staleness: 0, applied: true, replayed: false, stats, lr }
+    }
+
+    /// Whether the delayed momentum steps with the update that makes `version`.
+    fn momentum_steps_at(&self, version: u64) -> bool {
+        let delay = u64::from(self.hyper.momentum_delay);
+        delay > 1 && version.is_multiple_of(delay)
+    }
+
+    /// Re-applies a journal's asynchronous update (`foresight replay`): `step`, `grad` and
+    /// `backup` as recorded, making model `version`, which must be the next one.
+    pub fn apply_recorded(&self, version: u64, step: Step, grad: &[f32], backup: Option<&[f32]>) -> Result<(), u64> {
+        let op = self.next_update(version)?;
+        self.apply_op(op, version, step, grad, backup);
+        Ok(())
+    }
+
+    /// Re-applies a journal's `sync` round: `sum` holds its `count` contributions summed in
+    /// the journal's order (it is combined in place).
+    pub fn apply_recorded_round(&self, version: u64, lr: f32, sum: &mut [f32], count: usize) -> Result<(), u64> {
+        optimizer::finish_combined(&self.hyper, sum, count);
+        let op = self.next_update(version)?;
+        self.apply_op(op, version, Step::at(lr, 0), sum, None);
+        Ok(())
+    }
+
+    /// The ticket of the update that makes `version`; `Err(current)` unless it is the next one.
+    fn next_update(&self, version: u64) -> Result<u64, u64> {
+        let mut seq = self.seq.lock();
+        if version != seq.version + 1 {
+            return Err(seq.version);
+        }
+        Ok(issue_update(&mut seq).0)
     }
 
     /// Applies update `op`, which makes model `version`, shard group by shard group.

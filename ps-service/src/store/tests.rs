@@ -15,7 +15,7 @@ fn store(algo: Algorithm, lr: f32, init: Vec<f32>, workers: usize, shard: usize)
 }
 
 fn push(worker: usize, version: u64, seq: u64) -> Push {
-    Push { worker, generation: None, version, seq, epoch: None }
+    Push { worker, generation: None, version, seq, epoch: None, body: None }
 }
 
 #[test]
@@ -803,7 +803,7 @@ proptest! {
                 Event::Push if live => {
                     let version = s.pull(w).unwrap().version();
                     p.seq += 1;
-                    let push = Push { worker: w, generation: Some(p.generation), version, seq: p.seq, epoch: None };
+                    let push = Push { worker: w, generation: Some(p.generation), version, seq: p.seq, epoch: None, body: None };
                     let _ = s.push(push, &[1.0, -1.0]);
                 }
                 Event::Stop if live => {

@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""`make matrix`: the conformance matrix. Real `foresight run` jobs over the parameter server's
+configuration space, each with a fault injected for real (signals to the processes), each
+checked against the same invariants; writes the table into docs/reliability.md.
+
+Configuration space (LeNet-5 on MNIST-5k, 3 workers, --journal capture):
+  algorithm   asgd, dc-asgd-a, dc-asgd-c, sync, sync with backupWorkers: 1, dc-asgd-a with maxStaleness: 4
+  shards      parameterServer.replicas 1 or 3
+  local       localSteps 1, fixed (8), adaptive (4 within [2, 16])
+  push        gradientDtype f32, bf16, int8
+  pull        pullDtype f32, int8
+  workers     rust (the built-in LeNet-5 worker), python (examples/python/mnist.py)
+  every       pushEvery = pullEvery = 1 or 2
+  fault       none; worker-kill (SIGKILL a worker, `foresight run` starts it again); worker-stop
+              (SIGSTOP a worker past the silence timeout, then SIGCONT); long-block (local steps
+              slowed so that one block outlasts the silence timeout); shard1-kill (SIGKILL PS
+              shard 1 of 3); shard0-kill (SIGKILL PS shard 0, which restores its checkpoint)
+
+Combinations that the validation refuses (localSteps with pushEvery > 1, a shard-1 kill with one
+shard) are run too: `foresight run` must refuse them with a message naming the fields.
+
+Invariants, each checked on every run from its own outputs:
+  ends      the job ends (exit 0) within its bound (--bound seconds)
+  accounted every push in each shard's journal is applied at most once and every refusal has a
+            reason; a `sync` contribution is in exactly one applied round or counted dropped
+  untorn    a push has the same fate (applied, or refused and why) on every shard; pushes that a
+            killed worker or shard left on some shards only are counted apart (`partial`)
+  replay    `foresight replay` of every shard's journal reproduces its final checkpoint bit for bit
+  accuracy  the final model's held-out accuracy (summary.json) reaches --floor
+  summary   summary.json exists and counts the restarts the fault caused
+
+The combinations cover every pair of values (greedy pairwise covering, seeded); --quick runs
+a subset in which every value appears at least once (what `make test` runs).
+
+Usage: scripts/matrix.py [--quick] [--epochs 3] [--out out/matrix] [--doc docs/reliability.md]
+                         [--bin target/release] [--only N,M] [--seed 1]
+"""
+
+import argparse
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SPACE = {
+    "algorithm": ["asgd", "dc-asgd-a", "dc-asgd-c", "sync", "sync-backup", "dc-asgd-a-maxstale"],
+    "shards": [1, 3],
+    "local": ["1", "fixed", "adaptive"],
+    "push": ["f32", "bf16", "int8"],
+    "pull": ["f32", "int8"],
+    "workers": ["rust", "python"],
+    "every": [1, 2],
+    "fault": ["none", "worker-kill", "worker-stop", "long-block", "shard1-kill", "shard0-kill"],
+}
+WORKERS = 3
+# Seconds a stopped worker stays stopped, and the silence timeout it outlasts.
+SILENCE_S = 2
+STOP_S = 5
+
+
+def refusal(c):
+    """The fields `foresight run` must name when it refuses `c`, or None when `c` is valid."""
+    if c["local"] != "1" and c["every"] > 1:
+        return ["localSteps"]
+    return None
+
+
+def possible(c):
+    """Valid combinations a run can be made of (a shard-1 kill needs a shard 1; a long block
+    needs local steps). The pairs only invalid ones hold are covered by the refusal checks."""
+    if c["fault"] == "shard1-kill" and c["shards"] == 1:
+        return False
+    if c["fault"] == "long-block" and c["local"] == "1":
+        return False
+    return refusal(c) is None
+
+
+def covering(seed, pairwise):
+    """Greedy covering of every pair (or every single value) of SPACE's values by possible combinations."""
+    names = list(SPACE)
+    rng = random.Random(seed)
+    every = [dict(zip(names, vals)) for vals in itertools.product(*SPACE.values())]
+    every = [c for c in every if possible(c)]
+
+    def units(c):
+        if pairwise:
+            return {((a, c[a]), (b, c[b])) for a, b in itertools.combinations(names, 2)}
+        return {(a, c[a]) for a in names}
+
+    wanted = set().union(*(units(c) for c in every))
+    chosen = []
+    while wanted:
+        sample = rng.sample(every, min(400, len(every)))
+        best = max(sample, key=lambda c: len(units(c) & wanted))
+        if not units(best) & wanted:
+            # The sample missed what is left: take a combination that covers it.
+            unit = next(iter(wanted))
+            best = next(c for c in every if unit in units(c))
+        chosen.append(best)
+        wanted -= units(best)
+    return chosen
+
+
+def job_yaml(name, c, epochs):
+    algorithm = {"sync-backup": "sync", "dc-asgd-a-maxstale": "dc-asgd-a"}.get(c["algorithm"], c["algorithm"])
+    opt = [f"algorithm: {algorithm}"]
+    if c["algorithm"] == "sync-backup":
+        opt.append("backupWorkers: 1")
+    if c["algorithm"] == "dc-asgd-a-maxstale":
+        opt.append("maxStaleness: 4")
+    if algorithm == "sync":
+        opt.append(f"syncRoundTimeoutSeconds: {SILENCE_S}")
+    if c["local"] == "fixed":
+        opt.append("localSteps: 8")
+    elif c["local"] == "adaptive":
+        opt.append("localSteps: 4")
+        opt.append("adaptiveLocalSteps: {min: 2, max: 16}")
+    if c["every"] > 1:
+        opt += [f"pushEvery: {c['every']}", f"pullEvery: {c['every']}"]
+    opt += [f"gradientDtype: {c['push']}", f"pullDtype: {c['pull']}"]
+    lr = 0.5 if c["local"] != "1" else 0.05
+    workers = f"replicas: {WORKERS}"
+    model = "  model: {name: lenet5}\n"
+    if c["workers"] == "python":
+        workers += ", command: [python, examples/python/mnist.py]"
+        model = ""
+    return (
+        "apiVersion: foresight.dev/v1alpha1\nkind: TrainingJob\n"
+        f"metadata: {{name: {name}}}\n"
+        "spec:\n"
+        f"{model}"
+        "  dataset: {format: csv, path: data/mnist5k, holdout: 0.2}\n"
+        f"  training: {{epochs: {epochs}, batchSize: 32, learningRate: {lr}, seed: 1}}\n"
+        f"  optimizer: {{{', '.join(opt)}}}\n"
+        f"  parameterServer: {{replicas: {c['shards']}, checkpoint: {{intervalSeconds: 2}}}}\n"
+        f"  workers: {{{workers}}}\n"
+        "  runPolicy: {backoffLimit: 20}\n"
+    )
+
+
+def processes(parent):
+    """Children of `parent`: {pid: environ}."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+            found[int(d.name)] = dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def find(parent, key, value):
+    for pid, env in processes(parent).items():
+        if env.get(key) == value:
+            return pid
+    return None
+
+
+def inject(fault, proc, journal, events):
+    """Once `journal` (shard 0's) holds 40 entries, injects `fault` into the run's processes."""
+    while not (journal.exists() and journal.stat().st_size > 40 * 250):
+        if proc.wait_until(time.time() - proc.t0 + 0.2):
+            return
+    target = {
+        "worker-kill": ("FORESIGHT_WORKER_INDEX", "1", signal.SIGKILL),
+        "worker-stop": ("FORESIGHT_WORKER_INDEX", "1", signal.SIGSTOP),
+        "shard1-kill": ("FORESIGHT_PS_SHARD", "1", signal.SIGKILL),
+        "shard0-kill": ("FORESIGHT_PS_SHARD", "0", signal.SIGKILL),
+    }.get(fault)
+    if target is None:
+        return
+    key, value, sig = target
+    pid = find(proc.p.pid, key, value)
+    if pid is None:
+        events.append(f"{fault}: no process found")
+        return
+    os.kill(pid, sig)
+    events.append(f"{fault} at {time.time() - proc.t0:.1f}s")
+    if sig == signal.SIGSTOP:
+        time.sleep(STOP_S)
+        os.kill(pid, signal.SIGCONT)
+        events.append(f"SIGCONT after {STOP_S}s")
+
+
+class Proc:
+    def __init__(self, cmd, env, log):
+        self.t0 = time.time()
+        self.log = open(log, "w")
+        self.p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_until(self, t):
+        """Sleeps until `t` seconds after the start; True if the run ended first."""
+        try:
+            self.p.wait(timeout=max(0.0, self.t0 + t - time.time()))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+
+def shard_dirs(out, shards):
+    ckpt = out / "checkpoints"
+    return [ckpt] if shards == 1 else [ckpt / f"shard-{i}" for i in range(shards)]
+
+
+def fates(journal_dir):
+    """Per push (worker, generation, seq) on one shard: its fate, and any broken accounting."""
+    lines = [json.loads(l) for l in (journal_dir / "journal.jsonl").read_text().splitlines() if l.endswith("}")]
+    fate, broken, pending = {}, [], {}
+    # An update is lost when a later restart restored a version below it.
+    restored = [l["version"] for l in lines if l["kind"] == "started" and l["how"] == "restored"]
+    for i, l in enumerate(lines):
+        k = l["kind"]
+        key = (l.get("worker"), l.get("generation"), l.get("seq"))
+        if k == "applied":
+            if fate.get(key) == "applied":
+                broken.append(f"{key} applied twice")
+            later = [v for l2 in lines[i + 1:] if l2["kind"] == "started" and l2["how"] == "restored"
+                     for v in [l2["version"]]]
+            fate[key] = "lost" if any(v < l["version"] for v in later) else "applied"
+        elif k == "contributed":
+            pending.setdefault(l["round"], []).append(key)
+        elif k == "round":
+            for key2 in pending.pop(l["version"] - 1, []):
+                if key2[0] not in l["workers"]:
+                    broken.append(f"{key2} contributed to round {l['version']} but not in it")
+                if fate.get(key2) == "applied":
+                    broken.append(f"{key2} applied twice")
+                fate[key2] = "applied"
+        elif k == "refused":
+            if not l.get("reason"):
+                broken.append(f"{key} refused without a reason")
+            fate.setdefault(key, "refused:" + l["reason"])
+        elif k == "started" and l["how"] == "restored":
+            for keys in pending.values():
+                for key2 in keys:
+                    fate[key2] = "dropped:restart"
+            pending.clear()
+    for keys in pending.values():
+        for key2 in keys:
+            fate.setdefault(key2, "dropped:finalized")
+    del restored
+    return fate, broken
+
+
+def check(c, out, rc, seconds, bound, floor, shards):
+    """The invariants of one finished run: {name: (ok, detail)}."""
+    inv = {}
+    inv["ends"] = (rc == 0 and seconds <= bound, f"exit {rc} in {seconds:.0f}s (bound {bound}s)")
+    dirs = shard_dirs(out, shards)
+    per_shard, broken = [], []
+    for d in dirs:
+        try:
+            f, b = fates(d)
+        except OSError as e:
+            f, b = {}, [str(e)]
+        per_shard.append(f)
+        broken += b
+    inv["accounted"] = (not broken, "; ".join(broken[:3]) or
+                        f"{sum(v == 'applied' for v in per_shard[0].values())} pushes applied on shard 0")
+    keys = set().union(*(f.keys() for f in per_shard))
+    torn = [k for k in keys if all(k in f for f in per_shard) and len({f[k] for f in per_shard}) > 1]
+    partial = [k for k in keys if not all(k in f for f in per_shard)]
+    dropped = {}
+    for f in per_shard[:1]:
+        for v in f.values():
+            if v != "applied":
+                dropped[v] = dropped.get(v, 0) + 1
+    inv["untorn"] = (not torn, f"{len(torn)} torn, {len(partial)} partial" +
+                     (f", e.g. {sorted(torn)[0]}: {[f[sorted(torn)[0]] for f in per_shard]}" if torn else ""))
+    replays = []
+    for d in dirs:
+        r = subprocess.run([str(BIN / "foresight"), "replay", str(d)], capture_output=True, text=True)
+        replays.append((r.returncode, (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]))
+    inv["replay"] = (all(rc == 0 for rc, _ in replays), " | ".join(t[0] for _, t in replays))
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = None
+    acc = summary.get("accuracy") if summary else None
+    inv["accuracy"] = (acc is not None and acc >= floor, f"{acc:.3f}" if acc is not None else "none")
+    restarts = len(summary.get("restarts", [])) if summary else -1
+    want = 1 if c["fault"] in ("worker-kill", "shard1-kill", "shard0-kill") else 0
+    inv["summary"] = (summary is not None and restarts == want, f"{restarts} restart(s), {want} caused")
+    return inv, dropped
+
+
+def run_one(i, c, args):
+    name = f"m{i:02d}"
+    out = Path(args.out) / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    job = out / "job.yaml"
+    job.write_text(job_yaml(name, c, args.epochs))
+    path = f"{REPO / '.venv/bin'}:{os.environ.get('PATH', '')}"
+    env = dict(os.environ, PATH=path, FORESIGHT_WORKER_SILENCE_TIMEOUT=str(SILENCE_S), RUST_LOG="warn")
+    cmd = [str(BIN / "foresight"), "run", str(job), "--out", str(out), "--no-progress", "--journal", "capture"]
+    if c["fault"] == "long-block":
+        # Every step 40 ms slower: a block of 8 (or up to 16) local steps outlasts the 2 s silence.
+        cmd += [arg for w in range(WORKERS) for arg in ("--slow-worker", f"{w}=40")]
+    proc = Proc(cmd, env, out / "run.log")
+    events = []
+    journal = shard_dirs(out, c["shards"])[0] / "journal.jsonl"
+    injector = threading.Thread(target=inject, args=(c["fault"], proc, journal, events), daemon=True)
+    injector.start()
+    try:
+        rc = proc.p.wait(timeout=args.bound + 60)
+    except subprocess.TimeoutExpired:
+        proc.p.kill()
+        rc = proc.p.wait()
+    seconds = time.time() - proc.t0
+    injector.join(timeout=STOP_S + 1)
+    log = (out / "run.log").read_text(errors="replace")
+    expected = refusal(c)
+    if expected is not None:
+        named = all(f in log for f in expected)
+        inv = {"refused": (rc != 0 and named, f"exit {rc}; names {expected}: {named}")}
+        return inv, {}, events, seconds
+    inv, dropped = check(c, out, rc, seconds, args.bound, args.floor, c["shards"])
+    if rc != 0:
+        inv["ends"] = (False, inv["ends"][1] + ": " + log.strip().splitlines()[-1][:160] if log.strip() else "")
+    return inv, dropped, events, seconds
+
+
+def table(rows, args):
+    names = list(SPACE)
+    lines = ["| # | " + " | ".join(names) + " | invariants | dropped | s |",
+             "|---|" + "---|" * len(names) + "---|---|---|"]
+    for i, c, inv, dropped, seconds in rows:
+        marks = " ".join(("✓ " if ok else "✗ ") + k for k, (ok, _) in inv.items())
+        drops = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) or "—"
+        lines.append(f"| {i} | " + " | ".join(str(c[n]) for n in names) + f" | {marks} | {drops} | {seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def main():
+    global BIN
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="every value once, not every pair")
+    p.add_argument("--epochs", type=float, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--bound", type=int, default=240, help="seconds a run may take")
+    p.add_argument("--floor", type=float, default=0.6, help="held-out accuracy every run must reach")
+    p.add_argument("--out", default="out/matrix")
+    p.add_argument("--doc", default=None, help="rewrite this file's matrix section (docs/reliability.md)")
+    p.add_argument("--bin", default="target/release")
+    p.add_argument("--only", default=None, help="comma-separated combination numbers")
+    args = p.parse_args()
+    BIN = (REPO / args.bin).resolve()
+    combos = covering(args.seed, pairwise=not args.quick)
+    # Each refusal the validation owes is checked too.
+    combos.append(dict(combos[0], local="fixed", every=2, fault="none"))
+    only = {int(x) for x in args.only.split(",")} if args.only else None
+    print(f"{len(combos)} combinations ({'every value' if args.quick else 'every pair'}), seed {args.seed}", flush=True)
+    rows, failed = [], 0
+    started = time.time()
+    for i, c in enumerate(combos):
+        if only is not None and i not in only:
+            continue
+        inv, dropped, events, seconds = run_one(i, c, args)
+        bad = [k for k, (ok, _) in inv.items() if not ok]
+        failed += bool(bad)
+        desc = " ".join(f"{k}={v}" for k, v in c.items())
+        print(f"[{i:2d}] {desc}: {'FAIL ' + ','.join(bad) if bad else 'ok'} ({seconds:.0f}s) {'; '.join(events)}", flush=True)
+        for k, (ok, detail) in inv.items():
+            print(f"       {'ok ' if ok else 'BAD'} {k}: {detail}", flush=True)
+        rows.append((i, c, inv, dropped, seconds))
+    total = time.time() - started
+    text = table(rows, args)
+    print(text)
+    print(f"matrix: {len(rows)} runs, {failed} failing, {total:.0f}s", flush=True)
+    if args.doc:
+        doc = REPO / args.doc
+        body = doc.read_text()
+        section = (f"<!-- matrix:begin -->\n`{' '.join(sys.argv)}` — {len(rows)} runs, {failed} failing, "
+                   f"{total:.0f} s on this machine ({time.strftime('%Y-%m-%d')}).\n\n{text}\n<!-- matrix:end -->")
+        body = re.sub(r"<!-- matrix:begin -->.*<!-- matrix:end -->", lambda _: section, body, flags=re.S)
+        doc.write_text(body)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
