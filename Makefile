@@ -8,7 +8,7 @@ OUT ?= out
 export LIBTORCH_USE_PYTORCH := 1
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: help setup setup-build setup-test build test test-python test-stress lint fmt bench demo loadgen real-size real-size-job convergence compare simulate low-comm chaos crd observability clean
+.PHONY: help setup setup-build setup-test build test test-python test-stress lint fmt bench demo loadgen real-size real-size-job convergence compare simulate low-comm matrix matrix-quick chaos crd observability clean
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -34,10 +34,11 @@ lint: setup ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test: lint setup-test ## Lint, every test (unit, property, integration over loopback HTTP/2, a bounded fuzz run, the Python package's pytest), then make e2e
+test: lint setup-test ## Lint, every test (unit, property, integration over loopback HTTP/2, a bounded fuzz run, the Python package's pytest), the quick conformance matrix, then make e2e
 	$(CARGO) test --locked --workspace
 	@$(MAKE) --no-print-directory fuzz-short FUZZ_SECONDS=10
 	@$(MAKE) --no-print-directory test-python
+	@$(MAKE) --no-print-directory matrix-quick
 	@$(MAKE) --no-print-directory e2e
 
 # The `foresight` package (installed into .venv by make setup) against the debug binaries that
@@ -87,6 +88,15 @@ low-comm: setup build ## Local steps (DiLoCo-style, sync and async; f32, bf16 an
 	python3 scripts/low-communication.py --lm --lm-h 10,50,200 --seeds 1,2 --out $(OUT)/low-comm --doc docs/convergence.md
 	python3 scripts/low-communication.py --lm --straggler 3 --lm-h 50 --seeds 1,2 --dn-lrs 0.25,0.5,0.7 --out $(OUT)/low-comm --doc docs/convergence.md
 	python3 scripts/low-communication.py --adaptive --straggler 3 --target 0.96 --out $(OUT)/low-comm --doc docs/convergence.md
+
+# The conformance matrix (scripts/matrix.py): about 40 runs of a few seconds to a minute each.
+matrix: build setup ## Real foresight run jobs over every pair of the PS's options and faults, invariants checked on each; rewrites its table in docs/reliability.md (ARGS=...)
+	python3 scripts/matrix.py --out $(OUT)/matrix --doc docs/reliability.md $(ARGS)
+
+# What make test runs of it: every value once (and every refusal), on the debug binaries.
+matrix-quick: setup
+	$(CARGO) build --locked -p foresight-ps -p foresight-operator -p foresight-worker --bins
+	python3 scripts/matrix.py --quick --bin target/debug --out $(OUT)/matrix-quick
 
 chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 45 min here; ARGS=...)
 	python3 scripts/chaos.py --out $(OUT)/chaos --doc docs/reliability.md $(ARGS)

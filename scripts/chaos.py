@@ -315,7 +315,7 @@ def main():
         report = render(args, saved["results"], saved["minutes"])
         print(report)
         if args.doc:
-            Path(args.doc).write_text(report)
+            write_doc(Path(args.doc), report)
         return
     t0 = time.time()
 
@@ -339,7 +339,15 @@ def main():
     report = render(args, results, minutes)
     print(report)
     if args.doc:
-        Path(args.doc).write_text(report)
+        write_doc(Path(args.doc), report)
+
+
+def write_doc(path, report):
+    """Writes `report`, keeping the conformance matrix's section that `make matrix` wrote there."""
+    kept = re.search(r"## Where features meet.*?<!-- matrix:end -->\n", path.read_text(), re.S) if path.exists() else None
+    if kept:
+        report = report.replace("## Hostile clients", kept.group(0) + "\n## Hostile clients", 1)
+    path.write_text(report)
 
 
 def seconds(x):

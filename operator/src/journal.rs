@@ -1,5 +1,6 @@
 //! `foresight journal` and `foresight replay`: a parameter server's update journal read back.
 
+use std::io::Write;
 use std::path::Path;
 
 use foresight_ps::journal::{self, Filter, Line};
@@ -18,11 +19,12 @@ pub fn show(dir: &Path, filter: &Filter, summary: bool, json: bool) {
         }
         return;
     }
+    let mut out = std::io::stdout().lock();
     for line in &selected {
-        if json {
-            println!("{}", serde_json::to_string(line).expect("plain data"));
-        } else {
-            println!("{}", describe(line));
+        let text = if json { serde_json::to_string(line).expect("plain data") } else { describe(line) };
+        // A reader that stopped reading (`| head`) ends the listing.
+        if writeln!(out, "{text}").is_err() {
+            return;
         }
     }
 }
@@ -34,7 +36,9 @@ pub fn replay(dir: &Path) {
     println!("replayed {} updates to version {}{lost}", r.updates, r.version);
     match (r.checkpoint_version, &r.first_difference) {
         (None, _) => println!("no checkpoint in {} to compare with", dir.display()),
-        (Some(v), None) if v == r.version => println!("identical to the checkpoint of version {v}, bit for bit"),
+        (Some(v), None) if v == r.version => {
+            println!("identical to the checkpoint of version {v}, bit for bit")
+        }
         (Some(v), Some(d)) => println!("differs from the checkpoint of version {v}: first at {d}"),
         (Some(v), None) => println!("the checkpoint is at version {v}"),
     }
@@ -71,24 +75,34 @@ fn describe(line: &Line) -> String {
             who(worker, generation, seq)
         ),
         Entry::Reseeded { version, .. } => format!("reseeded   v{version} from a worker's copy"),
+        Entry::Silence { worker, silent: true } => {
+            format!("silent     worker {worker}: nothing heard for the silence timeout")
+        }
+        Entry::Silence { worker, silent: false } => format!("heard      worker {worker} again"),
+        Entry::Gap { entries } => format!("gap        {entries} entries could not be written (a full disk)"),
     };
     format!("{} shard {} {what}", line.t_ms, line.shard)
 }
 
 fn print_summary(s: &journal::Summary) {
     println!(
-        "{} entries: {} updates ({} sync rounds, {} short), {} restarts, {} re-seeds, last version {}",
-        s.entries, s.updates, s.rounds, s.rounds_short, s.restarts, s.reseeds, s.last_version
+        "{} entries: {} updates ({} sync rounds, {} short), {} restarts, {} re-seeds, {} missing, last version {}",
+        s.entries, s.updates, s.rounds, s.rounds_short, s.restarts, s.reseeds, s.missing, s.last_version
     );
-    println!("{:>6} {:>8} {:>11} {:>7} {:>7}  generations  refused", "worker", "applied", "contributed", "τ mean", "τ max");
+    let head = ("worker", "applied", "contributed", "τ mean", "τ max", "silent");
+    println!(
+        "{:>6} {:>8} {:>11} {:>7} {:>7} {:>6}  generations  refused",
+        head.0, head.1, head.2, head.3, head.4, head.5
+    );
     for (w, ws) in &s.workers {
         let refused: Vec<String> = ws.refused.iter().map(|(r, n)| format!("{r}={n}")).collect();
         println!(
-            "{w:>6} {:>8} {:>11} {:>7.2} {:>7}  {:<11}  {}",
+            "{w:>6} {:>8} {:>11} {:>7.2} {:>7} {:>6}  {:<11}  {}",
             ws.applied,
             ws.contributed,
             ws.mean_staleness,
             ws.max_staleness,
+            ws.silences,
             format!("{:?}", ws.generations),
             refused.join(" ")
         );

@@ -283,6 +283,22 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.workers.minReplicas: Invalid value: |needs an asynchronous algorithm",
         ),
         (
+            &[
+                ("spec.parameterServer", json!({"replicas": 3})),
+                ("spec.optimizer", json!({"algorithm": "sync"})),
+            ],
+            "optimizer.algorithm",
+            "spec.optimizer.algorithm: Invalid value: |sync needs parameterServer.replicas: 1",
+        ),
+        (
+            &[
+                ("spec.parameterServer", json!({"replicas": 2})),
+                ("spec.optimizer", json!({"maxStaleness": 4})),
+            ],
+            "optimizer.maxStaleness",
+            "spec.optimizer.maxStaleness: Invalid value: |maxStaleness needs parameterServer.replicas: 1",
+        ),
+        (
             &[("spec.output", json!({"claimName": "Models_1"}))],
             "output.claimName",
             "spec.output.claimName: Invalid value: |must be a PersistentVolumeClaim name",

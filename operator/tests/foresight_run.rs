@@ -452,7 +452,10 @@ fn built_in_workers_train_with_local_steps_and_an_outer_nesterov_step() {
 /// ps-service's `workers_follow_the_advice_and_a_slower_one_trains_fewer_steps`.
 #[test]
 fn adaptive_local_steps_give_a_slowed_worker_fewer_steps() {
-    let summary = run_diloco(
+    // An asynchronous outer step: `sync` needs an unsharded PS.
+    let (_tmp, summary) = run_local_steps(
+        "algorithm: asgd",
+        0.5,
         "adaptiveLocalSteps: {min: 2, max: 100, communicationFraction: 0.05}, ",
         "  parameterServer: {replicas: 2}\n",
         &["--slow-worker", "3=3"],

@@ -744,7 +744,8 @@ async fn throughput(sizes: &[(usize, usize)]) -> anyhow::Result<()> {
                         tokio::task::block_in_place(|| wire::decode_gradient(&body, &lay, &mut decoded))?
                     }
                     Stage::Apply => {
-                        let p = Push { worker: 0, generation: None, version: 0, seq, epoch: None, body: None };
+                        let p =
+                            Push { worker: 0, generation: None, version: 0, seq, epoch: None, body: None };
                         let o = tokio::task::block_in_place(|| store.push(p, &decoded))?;
                         ensure!(o.applied, "in-process push not applied");
                     }

@@ -280,7 +280,11 @@ async fn a_full_checkpoint_volume_fails_the_write_and_loses_nothing() {
         .collect::<Vec<_>>();
     names.sort();
     // (.lock: the process's ownership of the directory, see dir_lock.)
-    assert_eq!(names, [".lock", "ckpt-000000000002.safetensors", "filler"], "no partial file is left");
+    assert_eq!(
+        names,
+        [".lock", "ckpt-000000000002.safetensors", "filler", "journal.jsonl"],
+        "no partial file is left"
+    );
     assert_eq!(newest_checkpoint(&ckpt), at_2, "the last good checkpoint is intact");
 
     std::fs::remove_file(ckpt.join("filler")).unwrap();
@@ -288,6 +292,11 @@ async fn a_full_checkpoint_volume_fails_the_write_and_loses_nothing() {
     assert_eq!(done.version, 5);
     assert_eq!(newest_checkpoint(&ckpt).version, 5);
     assert!(ckpt.join("model-final.safetensors").exists());
+    // The journal lost what the full disk refused, says so, and reads back whole.
+    let lines = foresight_ps::journal::read(&ckpt).unwrap();
+    let summary = foresight_ps::journal::summarize(&lines);
+    assert_eq!(summary.last_version, 5, "{summary:?}");
+    assert_eq!(summary.updates + summary.missing, 5, "{summary:?}");
 }
 
 /// A job made again under the same name writes its final model to the same output directory:

@@ -107,6 +107,12 @@ def test_the_demo_job_trains_and_its_model_evaluates(tmp_path):
     summary = json.loads((cwd / "out/run/summary.json").read_text())
     assert summary["accuracy"] > 0.9, summary
 
+    # The PS's journal holds every update of the final model, each worker's share of them.
+    journal = run(f"target/release/{readme('foresight journal')} --json", cwd, timeout=60).stdout
+    counted = json.loads(journal)
+    assert counted["updates"] == summary["updates"] == counted["last_version"], (counted, summary)
+    assert sum(w["applied"] for w in counted["workers"].values()) == summary["updates"], counted
+
     evaluate = readme("foresight-worker evaluate").replace(" F ", " out/run/model-final.safetensors ")
     printed = json.loads(run(f"target/release/{evaluate}", cwd, timeout=300).stdout.strip().splitlines()[-1])
     assert printed["accuracy"] == pytest.approx(summary["accuracy"], abs=1e-6), (printed, summary)

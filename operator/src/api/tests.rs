@@ -176,6 +176,14 @@ fn every_rule_names_its_field() {
         ("runPolicy.activeDeadlineSeconds", |s| s.run_policy.active_deadline_seconds = Some(0)),
         ("output", |s| s.output = Some(OutputSpec::default())),
         ("workers.minReplicas", |s| s.workers.min_replicas = Some(5)),
+        ("optimizer.algorithm", |s| {
+            s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, ..Default::default() };
+            s.parameter_server.replicas = Some(2);
+        }),
+        ("optimizer.maxStaleness", |s| {
+            s.optimizer = OptimizerSpec { max_staleness: Some(4), ..Default::default() };
+            s.parameter_server.replicas = Some(3);
+        }),
         ("workers.minReplicas", |s| {
             s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, ..Default::default() };
             s.workers.min_replicas = Some(2);

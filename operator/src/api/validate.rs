@@ -11,6 +11,11 @@ use super::{
     RESERVED_VOLUMES, TrainingJobSpec,
 };
 
+/// Why `sync` needs one shard (the conformance matrix found the tear: `make matrix`).
+pub const SHARDED_SYNC: &str = "sync needs parameterServer.replicas: 1: each shard closes its rounds on its own (arrival order with backupWorkers, its own timeouts and silences), so one worker's step could be averaged into some slices of the model and dropped from others";
+/// Why `maxStaleness` needs one shard.
+pub const SHARDED_MAX_STALENESS: &str = "maxStaleness needs parameterServer.replicas: 1: each shard judges a push's staleness by its own version, so one shard could refuse a step the others apply";
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("spec.{field}: {message}")]
 pub struct ValidationError {
@@ -218,6 +223,17 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     if let Some(t) = o.sync_round_timeout_seconds {
         check(t >= 1, "optimizer.syncRoundTimeoutSeconds", "must be at least 1".into());
     }
+    let shards = spec.parameter_server.replicas.unwrap_or(1);
+    check(
+        o.algorithm != Algorithm::Sync || shards <= 1,
+        "optimizer.algorithm",
+        format!("{SHARDED_SYNC} (parameterServer.replicas is {shards})"),
+    );
+    check(
+        o.max_staleness.unwrap_or(0) == 0 || shards <= 1,
+        "optimizer.maxStaleness",
+        format!("{SHARDED_MAX_STALENESS} (parameterServer.replicas is {shards})"),
+    );
     let w = &spec.workers;
     check(
         (1..=1024).contains(&w.replicas),

@@ -82,7 +82,8 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>, JournalError> {
         }
     }
     rotated.sort_unstable_by(|a, b| b.cmp(a));
-    let mut out: Vec<PathBuf> = rotated.into_iter().map(|n| dir.join(format!("{JOURNAL_FILE}.{n}"))).collect();
+    let mut out: Vec<PathBuf> =
+        rotated.into_iter().map(|n| dir.join(format!("{JOURNAL_FILE}.{n}"))).collect();
     let current = dir.join(JOURNAL_FILE);
     if current.exists() {
         out.push(current);
@@ -111,8 +112,11 @@ pub fn read(dir: &Path) -> Result<Vec<Line>, JournalError> {
             if !buf.ends_with('\n') {
                 break;
             }
-            let line = serde_json::from_str(buf.trim_end())
-                .map_err(|e| JournalError::Parse { path: path.clone(), line: n, why: e.to_string() })?;
+            let line = serde_json::from_str(buf.trim_end()).map_err(|e| JournalError::Parse {
+                path: path.clone(),
+                line: n,
+                why: e.to_string(),
+            })?;
             lines.push(line);
         }
     }

@@ -17,7 +17,7 @@ pub struct Filter {
     /// Only updates with staleness τ at least this.
     #[arg(long)]
     pub min_staleness: Option<u64>,
-    /// Only entries of this kind (started, applied, contributed, round, refused, reseeded).
+    /// Only entries of this kind (started, applied, contributed, round, refused, reseeded, silence, gap).
     #[arg(long)]
     pub kind: Option<String>,
     /// Only updates making a version in this range, as FROM..TO (inclusive).
@@ -64,6 +64,8 @@ pub fn kind(e: &Entry) -> &'static str {
         Entry::Round { .. } => "round",
         Entry::Refused { .. } => "refused",
         Entry::Reseeded { .. } => "reseeded",
+        Entry::Silence { .. } => "silence",
+        Entry::Gap { .. } => "gap",
     }
 }
 
@@ -75,6 +77,8 @@ pub struct WorkerSummary {
     pub refused: BTreeMap<String, u64>,
     pub max_staleness: u64,
     pub mean_staleness: f64,
+    /// Times the PS marked it silent.
+    pub silences: u64,
     pub generations: Vec<u64>,
 }
 
@@ -87,6 +91,8 @@ pub struct Summary {
     pub rounds_short: u64,
     pub restarts: u64,
     pub reseeds: u64,
+    /// Entries the writer could not write (a full disk).
+    pub missing: u64,
     pub last_version: u64,
     pub workers: BTreeMap<usize, WorkerSummary>,
 }
@@ -104,6 +110,10 @@ pub fn summarize(lines: &[Line]) -> Summary {
             Entry::Started { how: Start::Restored | Start::Seeded, .. } => s.restarts += 1,
             Entry::Started { .. } => {}
             Entry::Reseeded { .. } => s.reseeds += 1,
+            Entry::Gap { entries } => s.missing += entries,
+            Entry::Silence { worker, silent } => {
+                s.workers.entry(*worker).or_default().silences += u64::from(*silent);
+            }
             Entry::Round { short, .. } => {
                 s.updates += 1;
                 s.rounds += 1;

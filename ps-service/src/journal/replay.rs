@@ -54,7 +54,8 @@ impl Replayed {
 pub fn replay(dir: &Path) -> Result<Replayed, ReplayError> {
     let initial = dir.join(INITIAL_FILE);
     let bytes = std::fs::read(&initial).map_err(|_| ReplayError::NotCaptured(dir.to_path_buf()))?;
-    let (layout, data, hyper) = checkpoint::decode(&bytes).map_err(|why| ReplayError::File(initial.clone(), why))?;
+    let (layout, data, hyper) =
+        checkpoint::decode(&bytes).map_err(|why| ReplayError::File(initial.clone(), why))?;
     let mut lines = read(dir)?;
     // An earlier run in the same directory: the replay begins at the last registration, where
     // the initial model was written.
@@ -138,7 +139,12 @@ impl Replaying {
             Entry::Started { version: v, how: Start::Registered } if *v != version => {
                 return Err(format!("a process registered version {v} while the replay is at {version}"));
             }
-            Entry::Started { .. } | Entry::Refused { .. } => {}
+            Entry::Started { .. } | Entry::Refused { .. } | Entry::Silence { .. } => {}
+            Entry::Gap { entries } => {
+                return Err(format!(
+                    "{entries} entries are missing here (the disk was full): no replay past them"
+                ));
+            }
             Entry::Applied { version: v, computed_on, lr, mean_square_step, payload, .. } => {
                 let grad = payloads.read(*payload)?;
                 let backup = if self.hyper.algorithm.is_delay_compensated() {
@@ -177,12 +183,10 @@ impl Replaying {
 
     /// A PS process restored its checkpoint at `version`: what it had applied past it is gone.
     fn restart(&mut self, version: u64) -> Result<(), String> {
-        let data = self
-            .restore_points
-            .get(&version)
-            .cloned()
-            .flatten()
-            .ok_or_else(|| format!("a restart restored version {version}, which the replay never reached"))?;
+        let data =
+            self.restore_points.get(&version).cloned().flatten().ok_or_else(|| {
+                format!("a restart restored version {version}, which the replay never reached")
+            })?;
         self.lost += self.store.version().saturating_sub(version);
         self.store = Store::restore(self.layout.clone(), data, self.hyper.clone(), MAX_WORKERS);
         // Versions past the restored one name other models from now on.
@@ -208,7 +212,9 @@ impl Replaying {
         *left -= 1;
         let last = *left == 0;
         let found = if last { self.kept.remove(&version) } else { self.kept.get(&version).cloned() };
-        found.ok_or_else(|| format!("the update was computed on version {version}, which the replay never held"))
+        found.ok_or_else(|| {
+            format!("the update was computed on version {version}, which the replay never held")
+        })
     }
 }
 

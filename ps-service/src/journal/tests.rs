@@ -53,7 +53,7 @@ fn checkpoint(dir: &Path, store: &Store, writer: &Writer) {
 fn train_async(store: &Store, seqs: std::ops::Range<u64>) {
     for seq in seqs {
         for w in 0..3 {
-            if (seq + w as u64) % 2 == 0 {
+            if (seq + w as u64).is_multiple_of(2) {
                 store.pull(w).unwrap();
             }
             let pulled = store.status().workers[w].pulled_version.unwrap_or(0);
@@ -156,7 +156,9 @@ fn sync_rounds_replay_from_their_contributions_in_arrival_order() {
     assert_eq!(r.updates, 5);
     assert!(r.reproduces(), "{r:?}");
     let lines = read(dir.path()).unwrap();
-    let closed = lines.iter().filter(|l| matches!(&l.entry, Entry::Refused { reason, .. } if reason == "round_closed"));
+    let closed = lines
+        .iter()
+        .filter(|l| matches!(&l.entry, Entry::Refused { reason, .. } if reason == "round_closed"));
     assert_eq!(closed.count(), 5);
 }
 
@@ -184,10 +186,11 @@ fn a_line_cut_short_by_a_crash_is_dropped_and_the_journal_goes_on() {
 fn the_journal_is_rotated_by_size_and_read_back_oldest_first() {
     let dir = tempfile::tempdir().unwrap();
     let w = Writer::open(dir.path(), 0, Mode::On, 300).unwrap().unwrap();
+    // One batch each (a batch is written whole, into one file).
     for version in 0..40 {
         w.record(Entry::Started { version, how: Start::Restored }, None);
+        w.sync().unwrap();
     }
-    w.sync().unwrap();
     let kept: Vec<u64> = read(dir.path()).unwrap().iter().filter_map(|l| l.entry.version_after()).collect();
     assert!(dir.path().join(format!("{JOURNAL_FILE}.4")).exists());
     assert!(!dir.path().join(format!("{JOURNAL_FILE}.5")).exists());
@@ -202,12 +205,23 @@ fn journal_filters_select_by_worker_generation_staleness_and_versions() {
     let (store, writer) = journaled(dir.path(), &Hyper::new(Algorithm::Asgd, 0.1), 3, Start::Registered);
     train_async(&store, 1..4);
     writer.sync().unwrap();
+    // A silence is journaled when it begins and ends, not while it lasts.
+    for silent in [true, true, false] {
+        store.set_silent(2, silent);
+    }
+    writer.sync().unwrap();
     let lines = read(dir.path()).unwrap();
+    assert_eq!(summarize(&lines).workers[&2].silences, 1);
     let count = |f: Filter| lines.iter().filter(|l| f.matches(l)).count();
+    assert_eq!(count(Filter { kind: Some("silence".into()), ..Filter::default() }), 2);
     assert_eq!(count(Filter { worker: Some(1), ..Filter::default() }), 3);
+    assert_eq!(count(Filter { worker: Some(2), ..Filter::default() }), 5);
     assert_eq!(count(Filter { worker: Some(1), generation: Some(2), ..Filter::default() }), 0);
     assert_eq!(count(Filter { kind: Some("refused".into()), ..Filter::default() }), 1);
-    assert_eq!(count(Filter { versions: Some((2, 4)), kind: Some("applied".into()), ..Filter::default() }), 3);
+    assert_eq!(
+        count(Filter { versions: Some((2, 4)), kind: Some("applied".into()), ..Filter::default() }),
+        3
+    );
     let stale = count(Filter { min_staleness: Some(1), ..Filter::default() });
     assert!(stale > 0 && stale < 9, "{stale}");
 }

@@ -2,7 +2,8 @@
 //! store's locks never wait on the disk.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
@@ -28,8 +29,9 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Opens (creating) the journal in `dir` for shard `shard`; rotated past `max_bytes` unless
-    /// `mode` captures payloads. `None` for [`Mode::Off`].
+    /// Opens (creating) the journal in `dir` for shard `shard`; rotated past `max_bytes` (between
+    /// batches: a batch is written whole into one file) unless `mode` captures payloads. `None`
+    /// for [`Mode::Off`].
     pub fn open(dir: &Path, shard: usize, mode: Mode, max_bytes: u64) -> io::Result<Option<Self>> {
         if mode == Mode::Off {
             return Ok(None);
@@ -70,7 +72,9 @@ impl Writer {
         if how == Start::Registered && self.capture {
             let data = store.checkpoint();
             let path = self.dir.join(INITIAL_FILE);
-            checkpoint::write_atomic(&path, |f| checkpoint::encode_to(f, store.layout(), store.hyper(), &data))?;
+            checkpoint::write_atomic(&path, |f| {
+                checkpoint::encode_to(f, store.layout(), store.hyper(), &data)
+            })?;
         }
         self.record(Entry::Started { version, how }, None);
         if how == Start::Seeded {
@@ -91,10 +95,23 @@ impl Writer {
 struct Files {
     dir: PathBuf,
     shard: usize,
-    lines: BufWriter<File>,
+    lines: File,
+    /// Bytes of `lines` known whole: a failed write is cut back to it.
     written: u64,
-    payloads: Option<(BufWriter<File>, u64)>,
+    /// The batch's lines, written at once when it ends.
+    batch: Vec<u8>,
+    batch_entries: u64,
+    /// Entries lost to failed writes since the last that succeeded: the next batch says so.
+    dropped: u64,
+    payloads: Option<Payloads>,
     max_bytes: Option<u64>,
+}
+
+struct Payloads {
+    file: File,
+    /// Bytes known whole, and bytes written so far (this batch's included).
+    good: u64,
+    len: u64,
 }
 
 impl Files {
@@ -102,78 +119,128 @@ impl Files {
         fs::create_dir_all(dir)?;
         let (lines, written) = open_lines(&dir.join(JOURNAL_FILE))?;
         let payloads = if capture {
-            let file = OpenOptions::new().create(true).append(true).open(dir.join(PAYLOADS_FILE))?;
+            let file =
+                OpenOptions::new().create(true).write(true).truncate(false).open(dir.join(PAYLOADS_FILE))?;
             let len = file.metadata()?.len();
-            Some((BufWriter::with_capacity(1 << 20, file), len))
+            Some(Payloads { file, good: len, len })
         } else {
             None
         };
         let max_bytes = (!capture).then_some(max_bytes.max(1));
-        Ok(Self { dir: dir.to_path_buf(), shard, lines, written, payloads, max_bytes })
+        let (batch, batch_entries, dropped) = (Vec::new(), 0, 0);
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            shard,
+            lines,
+            written,
+            batch,
+            batch_entries,
+            dropped,
+            payloads,
+            max_bytes,
+        })
     }
 
+    /// Takes batches until every sender is gone. A batch that cannot be written (a full disk)
+    /// is cut back out of the files, counted, and logged; the next one that can be says how
+    /// many entries are missing before it (a `gap` entry), and training never waits on it.
     fn run(mut self, rx: Receiver<Msg>) {
         while let Ok(first) = rx.recv() {
             let mut next = Some(first);
-            let mut result = Ok(());
-            // A batch: whatever is queued, then one flush.
+            let mut syncs = Vec::new();
             while let Some(msg) = next.take() {
-                result = result.and_then(|()| self.handle(msg));
+                match msg {
+                    Msg::Entry(entry, payload) => self.append(entry, payload),
+                    Msg::Sync(reply) => syncs.push(reply),
+                }
                 next = rx.try_recv().ok();
             }
-            if let Err(error) = result.and_then(|()| self.flush()) {
-                tracing::error!(dir = %self.dir.display(), %error, "the update journal cannot be written: it stops here");
-                return;
+            let mut result = self.end_batch();
+            if !syncs.is_empty() {
+                result = result.and_then(|()| self.sync_all());
+            }
+            if let Err(error) = &result {
+                tracing::error!(dir = %self.dir.display(), %error, dropped = self.dropped, "the update journal could not be written: its entries are missing until it can");
+            }
+            for reply in syncs {
+                let _ = reply
+                    .send(result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string())));
             }
         }
     }
 
-    fn handle(&mut self, msg: Msg) -> io::Result<()> {
-        match msg {
-            Msg::Entry(entry, payload) => self.append(entry, payload),
-            Msg::Sync(reply) => {
-                let synced = self.flush().and_then(|()| self.sync_all());
-                let _ = reply.send(synced);
-                Ok(())
+    fn append(&mut self, mut entry: Entry, payload: Option<Vec<f32>>) {
+        self.batch_entries += 1;
+        if let (Some(values), Some(p), Some(at)) = (payload, self.payloads.as_mut(), entry.payload_mut()) {
+            let bytes: &[u8] = bytemuck::cast_slice(&values);
+            // A failed write is found (and cut back) when the batch ends.
+            if p.file.write_all_at(bytes, p.len).is_ok() {
+                *at = Some(p.len);
             }
+            p.len += bytes.len() as u64;
         }
+        let line = Line { t_ms: now_ms(), shard: self.shard, entry };
+        serde_json::to_writer(&mut self.batch, &line).expect("entries serialize");
+        self.batch.push(b'\n');
     }
 
-    fn append(&mut self, mut entry: Entry, payload: Option<Vec<f32>>) -> io::Result<()> {
-        if let (Some(values), Some((file, len)), Some(at)) = (payload, self.payloads.as_mut(), entry.payload_mut()) {
-            file.write_all(bytemuck::cast_slice(&values))?;
-            *at = Some(*len);
-            *len += 4 * values.len() as u64;
+    /// Writes the batch: payloads first, so that a line on disk never points past them.
+    fn end_batch(&mut self) -> io::Result<()> {
+        let entries = std::mem::take(&mut self.batch_entries);
+        let mut batch = std::mem::take(&mut self.batch);
+        if entries == 0 {
+            return Ok(());
         }
-        let mut line = serde_json::to_vec(&Line { t_ms: now_ms(), shard: self.shard, entry })?;
-        line.push(b'\n');
-        if self.max_bytes.is_some_and(|max| self.written + line.len() as u64 > max) && self.written > 0 {
+        let result = self.write_batch(&mut batch);
+        if result.is_err() {
+            self.dropped += entries;
+            let _ = self.lines.set_len(self.written);
+            if let Some(p) = &mut self.payloads {
+                let _ = p.file.set_len(p.good);
+                p.len = p.good;
+            }
+        }
+        batch.clear();
+        self.batch = batch;
+        result
+    }
+
+    fn write_batch(&mut self, batch: &mut Vec<u8>) -> io::Result<()> {
+        if let Some(p) = &mut self.payloads {
+            let written = p.file.metadata()?.len();
+            if written < p.len {
+                return Err(io::Error::new(io::ErrorKind::StorageFull, "a payload was not written whole"));
+            }
+            p.good = p.len;
+        }
+        if self.dropped > 0 {
+            let mut gap = serde_json::to_vec(&Line {
+                t_ms: now_ms(),
+                shard: self.shard,
+                entry: Entry::Gap { entries: self.dropped },
+            })?;
+            gap.push(b'\n');
+            batch.splice(0..0, gap);
+        }
+        if self.max_bytes.is_some_and(|max| self.written + batch.len() as u64 > max) && self.written > 0 {
             self.rotate()?;
         }
-        self.lines.write_all(&line)?;
-        self.written += line.len() as u64;
+        self.lines.write_all(batch)?;
+        self.written += batch.len() as u64;
+        self.dropped = 0;
         Ok(())
     }
 
-    /// Payloads first: a line on disk never points past them.
-    fn flush(&mut self) -> io::Result<()> {
-        if let Some((file, _)) = &mut self.payloads {
-            file.flush()?;
-        }
-        self.lines.flush()
-    }
-
     fn sync_all(&mut self) -> io::Result<()> {
-        if let Some((file, _)) = &mut self.payloads {
-            file.get_ref().sync_data()?;
+        if let Some(p) = &self.payloads {
+            p.file.sync_data()?;
         }
-        self.lines.get_ref().sync_data()
+        self.lines.sync_data()
     }
 
     /// `journal.jsonl` becomes `.1`, `.1` becomes `.2`, …; the oldest past [`ROTATED_KEPT`] goes.
     fn rotate(&mut self) -> io::Result<()> {
-        self.flush()?;
-        self.lines.get_ref().sync_data()?;
+        self.lines.sync_data()?;
         let name = |n: u32| self.dir.join(format!("{JOURNAL_FILE}.{n}"));
         let _ = fs::remove_file(name(ROTATED_KEPT));
         for n in (1..ROTATED_KEPT).rev() {
@@ -189,7 +256,7 @@ impl Files {
 }
 
 /// Opens the journal for appending, first cutting a line a crash left without its newline.
-fn open_lines(path: &Path) -> io::Result<(BufWriter<File>, u64)> {
+fn open_lines(path: &Path) -> io::Result<(File, u64)> {
     let mut file = OpenOptions::new().create(true).read(true).append(true).open(path)?;
     let len = file.metadata()?.len();
     let mut kept = len;
@@ -204,5 +271,5 @@ fn open_lines(path: &Path) -> io::Result<(BufWriter<File>, u64)> {
             tracing::warn!(path = %path.display(), dropped = len - kept, "dropped the journal's last line, cut short by a crash");
         }
     }
-    Ok((BufWriter::with_capacity(1 << 16, file), kept))
+    Ok((file, kept))
 }

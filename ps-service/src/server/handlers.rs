@@ -456,23 +456,27 @@ async fn push_inner(
     let pace = pace_report(&q)?;
     worker_in_range(state, worker)?;
     let store = registered(state)?;
+    let p = Push { worker, generation, version, seq, epoch, body: None };
+    let refused = |e: ApiError| {
+        state.journal_refusal(&store, &p, e.reason);
+        e
+    };
     if let Some(pulled_from) = q.get::<String>("incarnation")? {
-        state.check_lineage(&pulled_from, version)?;
+        state.check_lineage(&pulled_from, version).map_err(refused)?;
     }
     if state.must_offer(worker) {
-        return Err(ApiError::lost_model());
+        return Err(refused(ApiError::lost_model()));
     }
     state.saw(worker);
     if state.seeding() {
-        return Err(ApiError::new(
+        return Err(refused(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "seeding",
             "the parameter server is collecting the workers' copies of the model it lost; retry shortly",
-        ));
+        )));
     }
     // A replay (a sync worker's periodic re-push, a retry whose answer was lost) or a refusal
     // needs no gradient: answered now, the body is never buffered (the guard drains it).
-    let p = Push { worker, generation, version, seq, epoch, body: None };
     if let Some(answer) = store.answer_before_body(p) {
         return Ok(push_response(state, &store, answer?, Duration::ZERO, (worker, pace)));
     }

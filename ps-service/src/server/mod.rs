@@ -27,8 +27,8 @@ use crate::client::PullDtype;
 use crate::optimizer::Hyper;
 use crate::pace::{LocalStepsPolicy, Pace, PaceReport};
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
-use crate::store::journal::Start;
-use crate::store::{CheckpointData, Store};
+use crate::store::journal::{Entry, Start};
+use crate::store::{CheckpointData, Push, Store};
 use crate::wire::buffers::Buffers;
 use crate::wire::final_model::FinalModel;
 use crate::wire::{Layout, shards};
@@ -262,10 +262,13 @@ impl AppState {
             None => None,
         };
         let journal = match &checkpoints {
-            Some(dir) => {
-                crate::journal::Writer::open(dir.path(), config.shard, config.journal, config.journal_max_bytes)
-                    .map_err(|source| CheckpointError::Io { path: dir.path().to_path_buf(), source })?
-            }
+            Some(dir) => crate::journal::Writer::open(
+                dir.path(),
+                config.shard,
+                config.journal,
+                config.journal_max_bytes,
+            )
+            .map_err(|source| CheckpointError::Io { path: dir.path().to_path_buf(), source })?,
             None => None,
         };
         let restoring = Instant::now();
@@ -706,12 +709,28 @@ impl AppState {
         Ok(Some(path))
     }
 
+    /// A push the server refused before the store saw it (another process's model, a model
+    /// lost, re-seeding), into the journal as the store's own refusals go.
+    pub(crate) fn journal_refusal(&self, store: &Store, p: &Push, reason: &str) {
+        if let Some(journal) = &self.journal {
+            let (worker, generation, seq, computed_on) = (p.worker, p.generation, p.seq, p.version);
+            let at_version = store.version();
+            journal.record(
+                Entry::Refused { worker, generation, seq, computed_on, at_version, reason: reason.into() },
+                None,
+            );
+        }
+    }
+
     fn write_checkpoint(&self, store: &Store, data: &CheckpointData) -> Result<PathBuf, CheckpointError> {
         let dir = self.checkpoints.as_ref().expect("caller checked");
         let started = Instant::now();
-        // The journal holds every update the checkpoint does before the checkpoint exists.
-        if let Some(journal) = &self.journal {
-            journal.sync().map_err(|source| CheckpointError::Io { path: dir.path().to_path_buf(), source })?;
+        // The journal holds every update the checkpoint does before the checkpoint exists. One it
+        // cannot write (its writer logged why, and marks the gap) never holds the checkpoint up.
+        if let Some(journal) = &self.journal
+            && let Err(error) = journal.sync()
+        {
+            tracing::warn!(%error, "the journal is behind this checkpoint");
         }
         let path = dir.write(store.layout(), store.hyper(), data)?;
         *self.last_checkpoint.lock() = Instant::now();

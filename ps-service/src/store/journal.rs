@@ -91,6 +91,11 @@ pub enum Entry {
         at_version: u64,
         reason: String,
     },
+    /// Nothing was heard from `worker` for the silence timeout (`silent`), or it was heard
+    /// again: `sync` rounds stop or start waiting for it.
+    Silence { worker: usize, silent: bool },
+    /// The writer could not write `entries` entries (a full disk): they are missing before this.
+    Gap { entries: u64 },
     /// A worker's copy of version `version` replaced the model.
     Reseeded {
         version: u64,
@@ -107,16 +112,16 @@ impl Entry {
             | Self::Applied { version, .. }
             | Self::Round { version, .. }
             | Self::Reseeded { version, .. } => Some(*version),
-            Self::Contributed { .. } | Self::Refused { .. } => None,
+            Self::Contributed { .. } | Self::Refused { .. } | Self::Silence { .. } | Self::Gap { .. } => None,
         }
     }
 
     /// Where its payload lies, once written.
     pub fn payload_mut(&mut self) -> Option<&mut Option<u64>> {
         match self {
-            Self::Applied { payload, .. } | Self::Contributed { payload, .. } | Self::Reseeded { payload, .. } => {
-                Some(payload)
-            }
+            Self::Applied { payload, .. }
+            | Self::Contributed { payload, .. }
+            | Self::Reseeded { payload, .. } => Some(payload),
             _ => None,
         }
     }
@@ -124,9 +129,10 @@ impl Entry {
     /// The worker whose push this entry is about.
     pub fn worker(&self) -> Option<usize> {
         match self {
-            Self::Applied { worker, .. } | Self::Contributed { worker, .. } | Self::Refused { worker, .. } => {
-                Some(*worker)
-            }
+            Self::Applied { worker, .. }
+            | Self::Contributed { worker, .. }
+            | Self::Refused { worker, .. }
+            | Self::Silence { worker, .. } => Some(*worker),
             _ => None,
         }
     }

@@ -1067,7 +1067,10 @@ impl Store {
         self.check_worker(worker).ok()?;
         // Lock order: round, then sequencer.
         let mut round = self.round.lock();
-        self.seq.lock().workers[worker].silent = silent;
+        let was = std::mem::replace(&mut self.seq.lock().workers[worker].silent, silent);
+        if was != silent {
+            self.record(|| Entry::Silence { worker, silent }, None);
+        }
         (silent && self.round_is_due(&round)).then(|| self.apply_round(&mut round))
     }
 
@@ -1152,7 +1155,10 @@ impl Store {
             let lr = self.hyper.lr.at(seq.epoch);
             let workers = round.contributed.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(i, _)| i);
             let momentum_step = self.momentum_steps_at(version);
-            self.record(|| Entry::Round { version, workers: workers.collect(), lr, momentum_step, short }, None);
+            self.record(
+                || Entry::Round { version, workers: workers.collect(), lr, momentum_step, short },
+                None,
+            );
             (op, version, lr)
         };
         // sync keeps no MeanSquare.
@@ -1174,7 +1180,13 @@ impl Store {
 
     /// Re-applies a journal's asynchronous update (`foresight replay`): `step`, `grad` and
     /// `backup` as recorded, making model `version`, which must be the next one.
-    pub fn apply_recorded(&self, version: u64, step: Step, grad: &[f32], backup: Option<&[f32]>) -> Result<(), u64> {
+    pub fn apply_recorded(
+        &self,
+        version: u64,
+        step: Step,
+        grad: &[f32],
+        backup: Option<&[f32]>,
+    ) -> Result<(), u64> {
         let op = self.next_update(version)?;
         self.apply_op(op, version, step, grad, backup);
         Ok(())
@@ -1182,7 +1194,13 @@ impl Store {
 
     /// Re-applies a journal's `sync` round: `sum` holds its `count` contributions summed in
     /// the journal's order (it is combined in place).
-    pub fn apply_recorded_round(&self, version: u64, lr: f32, sum: &mut [f32], count: usize) -> Result<(), u64> {
+    pub fn apply_recorded_round(
+        &self,
+        version: u64,
+        lr: f32,
+        sum: &mut [f32],
+        count: usize,
+    ) -> Result<(), u64> {
         optimizer::finish_combined(&self.hyper, sum, count);
         let op = self.next_update(version)?;
         self.apply_op(op, version, Step::at(lr, 0), sum, None);

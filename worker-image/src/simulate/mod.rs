@@ -212,7 +212,14 @@ impl Run<'_> {
 
     fn push(&mut self, slot: usize, version: u64, grad: &[f32], epoch: f64) -> Result<bool, SimError> {
         self.seqs[slot] += 1;
-        let p = Push { worker: slot, generation: None, version, seq: self.seqs[slot], epoch: Some(epoch), body: None };
+        let p = Push {
+            worker: slot,
+            generation: None,
+            version,
+            seq: self.seqs[slot],
+            epoch: Some(epoch),
+            body: None,
+        };
         let received = self.pusher.send(slot, p.seq, self.store.layout(), grad);
         let o = self.store.push(p, &received)?;
         self.pusher.taken(slot, p.seq);
