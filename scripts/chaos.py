@@ -65,8 +65,8 @@ def job_yaml(name, epochs, seed):
     )
 
 
-def children(pid, name):
-    """Processes started by `pid` whose executable is `name`: {pid: environ}."""
+def children(pid, name=None):
+    """Processes started by `pid` (whose executable is `name`, if given): {pid: environ}."""
     found = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -75,9 +75,9 @@ def children(pid, name):
             stat = (d / "stat").read_text()
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             exe = os.path.basename(os.readlink(d / "exe"))
-            if ppid == pid and exe == name:
+            if ppid == pid and name in (None, exe):
                 env = (d / "environ").read_bytes().split(b"\0")
-                found[int(d.name)] = dict(e.decode().split("=", 1) for e in env if b"=" in e)
+                found[int(d.name)] = dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
         except (OSError, ValueError, IndexError):
             continue
     return found

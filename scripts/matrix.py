@@ -52,6 +52,8 @@ import threading
 import time
 from pathlib import Path
 
+from chaos import children
+
 REPO = Path(__file__).resolve().parent.parent
 
 SPACE = {
@@ -163,25 +165,9 @@ def job_yaml(name, c, epochs):
     )
 
 
-def processes(parent):
-    """Children of `parent`: {pid: environ}."""
-    found = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != parent:
-                continue
-            env = (d / "environ").read_bytes().split(b"\0")
-            found[int(d.name)] = dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
 def find(parent, key, value):
-    for pid, env in processes(parent).items():
+    """The child of `parent` whose environment has `key`=`value`."""
+    for pid, env in children(parent).items():
         if env.get(key) == value:
             return pid
     return None

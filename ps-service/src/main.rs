@@ -176,6 +176,10 @@ struct Args {
     /// freed: a worker paused mid-push does not pin a model-sized buffer.
     #[arg(long, env = "FORESIGHT_BODY_IDLE_TIMEOUT", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     body_idle_timeout: u64,
+    /// Bytes a second a request body must average over each idle period while it is read; a
+    /// trickle below it is refused (408): K of them would hold every push slot. 0: no minimum.
+    #[arg(long, env = "FORESIGHT_BODY_MIN_RATE", default_value_t = 64 << 10)]
+    body_min_rate: u64,
     /// Connections open at once at most; further ones wait in the listen backlog.
     #[arg(long, env = "FORESIGHT_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: u64,
@@ -348,6 +352,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.control_token = args.control_token()?;
     config.body_limit = args.body_limit;
     config.body_idle_timeout = Duration::from_secs(args.body_idle_timeout);
+    config.body_min_rate = args.body_min_rate;
     config.checkpoint_dir = args.checkpoint_dir.clone();
     (config.journal, config.journal_max_bytes) = (args.journal, args.journal_max_bytes);
     config.checkpoint_interval =

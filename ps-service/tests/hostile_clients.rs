@@ -124,6 +124,52 @@ async fn a_stalled_upload_is_refused_and_changes_nothing() {
     assert_eq!(reply.version, 1);
 }
 
+/// A body that never pauses for the idle limit but trickles (a piece every 0.8 s under a 1 s
+/// limit: 20 bytes a second) is cut off at the end of the first period below the minimum rate,
+/// changes nothing, and frees the push slot it held: the same worker's next push is applied at
+/// once though the PS has one slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_upload_is_refused_below_the_minimum_rate_and_frees_its_slot() {
+    let mut cfg = config(Algorithm::Asgd, 1);
+    cfg.body_idle_timeout = Duration::from_secs(1);
+    cfg.push_slots = Some(1);
+    let ps = start(cfg).await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout_of(400_000);
+    c.register(&l, &vec![0.5; l.len()]).await.unwrap();
+    let before = ps.state.store().unwrap().checkpoint();
+    let body = foresight_ps::wire::encode_f32(&l, &vec![0.1; l.len()], &Default::default());
+
+    let mut s = partial_push(&ps, body.len(), 0);
+    let (answer, took) = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        s.set_read_timeout(Some(Duration::from_millis(800))).unwrap();
+        let mut buf = vec![0u8; 4096];
+        for piece in body.chunks(16) {
+            if s.write_all(piece).is_err() {
+                break;
+            }
+            // The answer, once the PS has cut the body off.
+            match s.read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    return (String::from_utf8_lossy(&buf[..n]).into_owned(), started.elapsed());
+                }
+                _ => assert!(started.elapsed() < Duration::from_secs(10), "no answer in 10 s"),
+            }
+        }
+        (String::new(), started.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_too_slow"), "{answer}");
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    assert_eq!(ps.state.store().unwrap().checkpoint(), before, "a trickled push changed the model");
+    let reply =
+        c.push(PushId::unjoined(0, 0, 1), None, &l, &vec![0.1; l.len()], GradDtype::F32).await.unwrap();
+    assert_eq!(reply.version, 1);
+}
+
 /// The idle limit is between frames, not for the whole body: a slow link that keeps sending is
 /// never cut off, however long the upload takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

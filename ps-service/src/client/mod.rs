@@ -94,7 +94,8 @@ impl ClientError {
         match self {
             Self::Transport(_) => true,
             Self::Refused { status, reason, .. } => {
-                status.is_server_error() || reason == "in_flight" || reason == "body_stalled"
+                status.is_server_error()
+                    || ["in_flight", "body_stalled", "body_too_slow"].contains(&reason.as_str())
             }
             _ => false,
         }

@@ -72,7 +72,7 @@ pub const COPY_HEADER: &str = "x-foresight-copy";
 pub const DELTA_FROM_HEADER: &str = "x-foresight-delta-from";
 
 pub fn router(state: Arc<AppState>) -> Router {
-    let guard = BodyGuard { idle: state.config.body_idle_timeout };
+    let guard = BodyGuard { idle: state.config.body_idle_timeout, min_rate: state.config.body_min_rate };
     let v1 = Router::new()
         .route("/v1/model", put(register).get(pull))
         .route("/v1/join", post(join))

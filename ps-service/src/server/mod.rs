@@ -55,6 +55,9 @@ pub struct PsConfig {
     pub body_limit: usize,
     /// A request body that sends nothing for this long is refused (408) and its buffer freed.
     pub body_idle_timeout: Duration,
+    /// Bytes a second a request body must average over each idle period while it is read; one
+    /// below it is refused (408 `body_too_slow`). 0: no minimum.
+    pub body_min_rate: u64,
     pub checkpoint_dir: Option<PathBuf>,
     pub checkpoint_interval: Option<Duration>,
     pub keep_checkpoints: usize,
@@ -113,6 +116,7 @@ impl PsConfig {
             control_token: None,
             body_limit: 1 << 30,
             body_idle_timeout: Duration::from_secs(30),
+            body_min_rate: 64 << 10,
             checkpoint_dir: None,
             checkpoint_interval: None,
             keep_checkpoints: 3,
