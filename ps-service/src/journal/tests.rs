@@ -214,6 +214,10 @@ fn journal_filters_select_by_worker_generation_staleness_and_versions() {
     assert_eq!(summarize(&lines).workers[&2].silences, 1);
     let count = |f: Filter| lines.iter().filter(|l| f.matches(l)).count();
     assert_eq!(count(Filter { kind: Some("silence".into()), ..Filter::default() }), 2);
+    // A worker that finished is not expected to talk: never marked silent.
+    store.leave(1, 1).unwrap();
+    store.set_silent(1, true);
+    assert!(!store.status().workers[1].silent);
     assert_eq!(count(Filter { worker: Some(1), ..Filter::default() }), 3);
     assert_eq!(count(Filter { worker: Some(2), ..Filter::default() }), 5);
     assert_eq!(count(Filter { worker: Some(1), generation: Some(2), ..Filter::default() }), 0);

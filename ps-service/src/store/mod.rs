@@ -1067,7 +1067,11 @@ impl Store {
         self.check_worker(worker).ok()?;
         // Lock order: round, then sequencer.
         let mut round = self.round.lock();
-        let was = std::mem::replace(&mut self.seq.lock().workers[worker].silent, silent);
+        let mut seq = self.seq.lock();
+        // A worker that finished its steps is not expected to talk: it is not silent.
+        let silent = silent && !seq.workers[worker].finished;
+        let was = std::mem::replace(&mut seq.workers[worker].silent, silent);
+        drop(seq);
         if was != silent {
             self.record(|| Entry::Silence { worker, silent }, None);
         }
