@@ -5,7 +5,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
 use super::{INITIAL_FILE, JOURNAL_FILE, Line, Mode, PAYLOADS_FILE, now_ms};
 use crate::store::Store;
@@ -26,6 +28,8 @@ pub struct Writer {
     tx: SyncSender<Msg>,
     capture: bool,
     dir: PathBuf,
+    /// Entries not queued because the queue was full (the disk fell behind); see [`Writer::sink`].
+    overflow: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -37,11 +41,12 @@ impl Writer {
             return Ok(None);
         }
         let capture = mode == Mode::Capture;
-        let files = Files::open(dir, shard, capture, max_bytes)?;
+        let overflow = Arc::new(AtomicU64::new(0));
+        let files = Files::open(dir, shard, capture, max_bytes, overflow.clone())?;
         // A captured entry holds a model-sized gradient while it waits: few of them.
         let (tx, rx) = sync_channel(if capture { 4 } else { 4096 });
         std::thread::Builder::new().name("journal".into()).spawn(move || files.run(rx))?;
-        Ok(Some(Self { tx, capture, dir: dir.to_path_buf() }))
+        Ok(Some(Self { tx, capture, dir: dir.to_path_buf(), overflow }))
     }
 
     /// Whether payloads are captured (and [`super::replay`] possible).
@@ -49,13 +54,19 @@ impl Writer {
         self.capture
     }
 
-    /// The store's sink: entries go to the writer in the order it is called.
+    /// The store's sink: entries go to the writer in the order it is called. It is called under
+    /// the store's locks, so training never waits on the disk: with 4,096 entries queued an
+    /// entry is counted as missing (the journal marks the gap) instead. Only a capture, whose
+    /// replay needs every entry, waits for room.
     pub fn sink(&self) -> JournalSink {
-        let (tx, capture) = (self.tx.clone(), self.capture);
+        let (tx, capture, overflow) = (self.tx.clone(), self.capture, self.overflow.clone());
         Box::new(move |entry, payload| {
-            let payload = payload.filter(|_| capture).map(<[f32]>::to_vec);
-            // The writer is gone only if its thread died: its error was logged there.
-            let _ = tx.send(Msg::Entry(entry, payload));
+            if capture {
+                // The writer is gone only if its thread panicked.
+                let _ = tx.send(Msg::Entry(entry, payload.map(<[f32]>::to_vec)));
+            } else if let Err(TrySendError::Full(_)) = tx.try_send(Msg::Entry(entry, None)) {
+                overflow.fetch_add(1, Ordering::Relaxed);
+            }
         })
     }
 
@@ -105,6 +116,7 @@ struct Files {
     dropped: u64,
     payloads: Option<Payloads>,
     max_bytes: Option<u64>,
+    overflow: Arc<AtomicU64>,
 }
 
 struct Payloads {
@@ -115,7 +127,13 @@ struct Payloads {
 }
 
 impl Files {
-    fn open(dir: &Path, shard: usize, capture: bool, max_bytes: u64) -> io::Result<Self> {
+    fn open(
+        dir: &Path,
+        shard: usize,
+        capture: bool,
+        max_bytes: u64,
+        overflow: Arc<AtomicU64>,
+    ) -> io::Result<Self> {
         fs::create_dir_all(dir)?;
         let (lines, written) = open_lines(&dir.join(JOURNAL_FILE))?;
         let payloads = if capture {
@@ -138,6 +156,7 @@ impl Files {
             dropped,
             payloads,
             max_bytes,
+            overflow,
         })
     }
 
@@ -186,6 +205,7 @@ impl Files {
 
     /// Writes the batch: payloads first, so that a line on disk never points past them.
     fn end_batch(&mut self) -> io::Result<()> {
+        self.dropped += self.overflow.swap(0, Ordering::Relaxed);
         let entries = std::mem::take(&mut self.batch_entries);
         let mut batch = std::mem::take(&mut self.batch);
         if entries == 0 {
