@@ -180,6 +180,10 @@ struct Args {
     /// trickle below it is refused (408): K of them would hold every push slot. 0: no minimum.
     #[arg(long, env = "FORESIGHT_BODY_MIN_RATE", default_value_t = 64 << 10)]
     body_min_rate: u64,
+    /// /healthz fails (503) when pushes have waited this many seconds in the model's store with
+    /// no update finishing: the liveness probe then restarts a PS that serves but trains nothing.
+    #[arg(long, env = "FORESIGHT_STORE_STUCK_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    store_stuck_seconds: u64,
     /// Connections open at once at most; further ones wait in the listen backlog.
     #[arg(long, env = "FORESIGHT_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: u64,
@@ -353,6 +357,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.body_limit = args.body_limit;
     config.body_idle_timeout = Duration::from_secs(args.body_idle_timeout);
     config.body_min_rate = args.body_min_rate;
+    config.store_stuck_after = Duration::from_secs(args.store_stuck_seconds);
     config.checkpoint_dir = args.checkpoint_dir.clone();
     (config.journal, config.journal_max_bytes) = (args.journal, args.journal_max_bytes);
     config.checkpoint_interval =

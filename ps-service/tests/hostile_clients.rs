@@ -170,6 +170,42 @@ async fn a_trickled_upload_is_refused_below_the_minimum_rate_and_frees_its_slot(
     assert_eq!(reply.version, 1);
 }
 
+/// A store that stops making progress (here: a model copy that holds its ticket and never
+/// runs, so every later update waits for it) fails `/healthz` once a push has waited the limit,
+/// naming why; when the copy runs, the push is applied and `/healthz` answers ok again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_store_fails_healthz_and_a_free_one_passes_again() {
+    let mut cfg = config(Algorithm::Asgd, 1);
+    cfg.store_stuck_after = Duration::from_secs(1);
+    let ps = start(cfg).await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout_of(4_000);
+    c.register(&l, &vec![0.5; l.len()]).await.unwrap();
+    c.push(PushId::unjoined(0, 0, 1), None, &l, &vec![0.1; l.len()], GradDtype::F32).await.unwrap();
+    let healthz = |url: String| async move {
+        let r = reqwest::Client::new().get(format!("{url}/healthz")).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    assert_eq!(healthz(ps.url.clone()).await, (200, "ok".into()));
+
+    let store = ps.state.store().unwrap().clone();
+    let (_snap, copy) = store.pull_copying(None).unwrap();
+    let copy = copy.expect("the first snapshot of version 1 is this call's to copy");
+    let (c2, l2) = (c.clone(), l.clone());
+    let pushed = tokio::spawn(async move {
+        c2.push(PushId::unjoined(0, 1, 2), None, &l2, &vec![0.1; l2.len()], GradDtype::F32).await
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, body) = healthz(ps.url.clone()).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("store_stuck") && body.contains("1 push(es)"), "{body}");
+    assert!(!pushed.is_finished(), "the push waits behind the copy");
+
+    copy.run(&|| ());
+    assert_eq!(pushed.await.unwrap().unwrap().version, 2);
+    assert_eq!(healthz(ps.url.clone()).await, (200, "ok".into()));
+}
+
 /// The idle limit is between frames, not for the whole body: a slow link that keeps sending is
 /// never cut off, however long the upload takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

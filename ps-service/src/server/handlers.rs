@@ -87,7 +87,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(v1)
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(|| async { "ready" }))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint") })
         .method_not_allowed_fallback(|| async {
@@ -101,6 +101,22 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(guard, guard_request_body))
         .with_state(state)
+}
+
+/// `GET /healthz`: the process serves, and its store is not stuck: pushes that have waited in it
+/// for `store_stuck_after` with no update finishing fail the liveness probe (503 `store_stuck`).
+async fn healthz(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
+    match state.store_watch.stuck(state.config.store_stuck_after) {
+        None => Ok("ok"),
+        Some((inside, waited)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_stuck",
+            format!(
+                "{inside} push(es) have waited {:.0} s in the model's store with no update finishing",
+                waited.as_secs_f64()
+            ),
+        )),
+    }
 }
 
 /// Query parameters, parsed by hand so that every mistake gets a message naming the field.
@@ -498,7 +514,7 @@ async fn push_inner(
             return Err(e);
         }
     };
-    let s2 = store.clone();
+    let (s2, watching) = (store.clone(), state.clone());
     let (buf, grad, result) = tokio::task::spawn_blocking(move || {
         let decoded = match received {
             Gradient::Direct { first_unusable: None } => Ok(()),
@@ -507,6 +523,7 @@ async fn push_inner(
         };
         let result = decoded.map_err(ApiError::from).and_then(|()| {
             let applying = Instant::now();
+            let _inside = watching.store_watch.enter();
             let outcome = s2.push(p, &grad).map_err(ApiError::from)?;
             Ok((outcome, applying.elapsed()))
         });

@@ -9,6 +9,7 @@ mod body;
 mod error;
 mod guarded_body;
 mod handlers;
+mod liveness;
 pub mod metrics;
 mod presence;
 mod replicas;
@@ -100,6 +101,8 @@ pub struct PsConfig {
     pub journal: crate::journal::Mode,
     /// Its size before it is rotated.
     pub journal_max_bytes: u64,
+    /// `/healthz` fails when pushes have waited in the store this long with no update finishing.
+    pub store_stuck_after: Duration,
 }
 
 impl PsConfig {
@@ -137,6 +140,7 @@ impl PsConfig {
             local_steps: None,
             journal: crate::journal::Mode::default(),
             journal_max_bytes: 64 << 20,
+            store_stuck_after: Duration::from_secs(60),
         }
     }
 }
@@ -191,6 +195,8 @@ pub struct AppState {
     /// job is the one whose buffers the final model holds.
     leaving: tokio::sync::Mutex<()>,
     journal: Option<crate::journal::Writer>,
+    /// Pushes inside the store, for `/healthz` ([`liveness`]).
+    pub(crate) store_watch: liveness::StoreWatch,
 }
 
 /// The buffers' file in the checkpoint directory.
@@ -318,6 +324,7 @@ impl AppState {
             buffers: Mutex::new(Buffers::default()),
             leaving: tokio::sync::Mutex::new(()),
             journal,
+            store_watch: liveness::StoreWatch::default(),
         });
         if let Some((path, layout, data, saved)) = restored {
             if saved.algorithm != state.config.hyper.algorithm {
