@@ -12,19 +12,22 @@ Configuration space (LeNet-5 on MNIST-5k, 3 workers, --journal capture):
   workers     rust (the built-in LeNet-5 worker), python (examples/python/mnist.py)
   every       pushEvery = pullEvery = 1 or 2
   fault       none; worker-kill (SIGKILL a worker, `foresight run` starts it again); worker-stop
-              (SIGSTOP a worker past the silence timeout, then SIGCONT); long-block (local steps
-              slowed so that one block outlasts the silence timeout); shard1-kill (SIGKILL PS
-              shard 1 of 3); shard0-kill (SIGKILL PS shard 0, which restores its checkpoint)
+              (SIGSTOP a worker past the silence timeout, then SIGCONT); long-block (Rust workers'
+              local steps slowed so that one block outlasts the silence timeout); shard1-kill
+              (SIGKILL PS shard 1 of 3); shard0-kill (SIGKILL PS shard 0, which restores its
+              checkpoint)
 
-Combinations that the validation refuses (localSteps with pushEvery > 1, a shard-1 kill with one
-shard) are run too: `foresight run` must refuse them with a message naming the fields.
+Pairs that only refused configurations hold (localSteps with pushEvery > 1; sync or
+maxStaleness on a sharded PS) get a refusal check each: `foresight run` must refuse the job with
+a message naming the fields.
 
 Invariants, each checked on every run from its own outputs:
   ends      the job ends (exit 0) within its bound (--bound seconds)
   accounted every push in each shard's journal is applied at most once and every refusal has a
             reason; a `sync` contribution is in exactly one applied round or counted dropped
-  untorn    a push has the same fate (applied, or refused and why) on every shard; pushes that a
-            killed worker or shard left on some shards only are counted apart (`partial`)
+  untorn    a push has the same fate (applied, or refused and why) on every shard; pushes lost
+            in a PS shard's restart, and those on some shards only (`partial`, allowed only when
+            a process was killed), are counted apart
   replay    `foresight replay` of every shard's journal reproduces its final checkpoint bit for bit
   alive     a worker in a block of local steps longer than the silence timeout is never marked
             silent (its heartbeats); a worker stopped past it is (worker-stop)
@@ -32,7 +35,8 @@ Invariants, each checked on every run from its own outputs:
   summary   summary.json exists and counts the restarts the fault caused
 
 The combinations cover every pair of values (greedy pairwise covering, seeded); --quick runs
-a subset in which every value appears at least once (what `make test` runs).
+a subset in which every value appears at least once, with every refusal check (what `make test`
+runs, on the debug binaries).
 
 Usage: scripts/matrix.py [--quick] [--epochs 3] [--out out/matrix] [--doc docs/reliability.md]
                          [--bin target/release] [--only N,M] [--seed 1]
