@@ -49,11 +49,6 @@ impl Writer {
         Ok(Some(Self { tx, capture, dir: dir.to_path_buf(), overflow }))
     }
 
-    /// Whether payloads are captured (and [`super::replay`] possible).
-    pub fn captures(&self) -> bool {
-        self.capture
-    }
-
     /// The store's sink: entries go to the writer in the order it is called. It is called under
     /// the store's locks, so training never waits on the disk: with 4,096 entries queued an
     /// entry is counted as missing (the journal marks the gap) instead. Only a capture, whose
