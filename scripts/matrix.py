@@ -364,7 +364,7 @@ def run_one(i, c, args):
     return inv, dropped, events, seconds
 
 
-def table(rows, args):
+def table(rows):
     names = list(SPACE)
     lines = ["| # | " + " | ".join(names) + " | invariants | dropped | s |",
              "|---|" + "---|" * len(names) + "---|---|---|"]
@@ -406,7 +406,7 @@ def main():
             print(f"       {'ok ' if ok else 'BAD'} {k}: {detail}", flush=True)
         rows.append((i, c, inv, dropped, seconds))
     total = time.time() - started
-    text = table(rows, args)
+    text = table(rows)
     print(text)
     print(f"matrix: {len(rows)} runs, {failed} failing, {total:.0f}s", flush=True)
     if args.doc:

@@ -61,7 +61,7 @@ pub fn replay(dir: &Path) -> Result<Replayed, ReplayError> {
     // the initial model was written.
     let origin = lines.iter().rposition(|l| matches!(l.entry, Entry::Started { how: Start::Registered, .. }));
     lines.drain(..origin.unwrap_or(0));
-    let payloads = Payloads::open(&dir.join(PAYLOADS_FILE), layout.len())?;
+    let payloads = Payloads::open(&dir.join(PAYLOADS_FILE), layout.len());
     let mut replay = Replaying::new(layout, hyper, data, &lines.iter().map(|l| &l.entry).collect::<Vec<_>>());
     for (i, line) in lines.iter().enumerate() {
         replay.step(&line.entry, &payloads).map_err(|why| ReplayError::Broken { line: i + 1, why })?;
@@ -230,9 +230,9 @@ struct Payloads {
 }
 
 impl Payloads {
-    fn open(path: &Path, len: usize) -> Result<Self, ReplayError> {
-        let file = File::open(path).ok();
-        Ok(Self { file, path: path.to_path_buf(), len })
+    /// Missing payloads are found when an entry needs one.
+    fn open(path: &Path, len: usize) -> Self {
+        Self { file: File::open(path).ok(), path: path.to_path_buf(), len }
     }
 
     fn read(&self, at: Option<u64>) -> Result<Vec<f32>, String> {

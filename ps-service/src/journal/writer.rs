@@ -54,20 +54,17 @@ impl Writer {
     /// entry is counted as missing (the journal marks the gap) instead. Only a capture, whose
     /// replay needs every entry, waits for room.
     pub fn sink(&self) -> JournalSink {
-        let (tx, capture, overflow) = (self.tx.clone(), self.capture, self.overflow.clone());
-        Box::new(move |entry, payload| {
-            if capture {
-                // The writer is gone only if its thread panicked.
-                let _ = tx.send(Msg::Entry(entry, payload.map(<[f32]>::to_vec)));
-            } else if let Err(TrySendError::Full(_)) = tx.try_send(Msg::Entry(entry, None)) {
-                overflow.fetch_add(1, Ordering::Relaxed);
-            }
-        })
+        let queue = self.queue();
+        Box::new(move |entry, payload| queue.send(entry, payload))
     }
 
     /// An entry from outside the store.
     pub fn record(&self, entry: Entry, payload: Option<&[f32]>) {
-        (self.sink())(entry, payload);
+        self.queue().send(entry, payload);
+    }
+
+    fn queue(&self) -> Queue {
+        Queue { tx: self.tx.clone(), capture: self.capture, overflow: self.overflow.clone() }
     }
 
     /// The first entries for a model that a process installed as `how`. A registered model is
@@ -95,6 +92,24 @@ impl Writer {
         let gone = || io::Error::other("the journal's writer has stopped");
         self.tx.send(Msg::Sync(tx)).map_err(|_| gone())?;
         rx.recv().map_err(|_| gone())?
+    }
+}
+
+/// The writer's end of the queue, as the store's sink holds it.
+struct Queue {
+    tx: SyncSender<Msg>,
+    capture: bool,
+    overflow: Arc<AtomicU64>,
+}
+
+impl Queue {
+    fn send(&self, entry: Entry, payload: Option<&[f32]>) {
+        if self.capture {
+            // The writer is gone only if its thread panicked.
+            let _ = self.tx.send(Msg::Entry(entry, payload.map(<[f32]>::to_vec)));
+        } else if let Err(TrySendError::Full(_)) = self.tx.try_send(Msg::Entry(entry, None)) {
+            self.overflow.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
