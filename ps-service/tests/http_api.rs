@@ -746,7 +746,7 @@ async fn joins_generations_and_reseeding() {
     }
     let other = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![3] }]).unwrap();
     let r = http
-        .put(format!("{}/v1/model?version=900", ps.url))
+        .put(format!("{}/v1/model?worker=0&version=900", ps.url))
         .bearer_auth(TOKEN)
         .body(wire::encode_f32(&other, &[1.0; 3], &BTreeMap::new()))
         .send()
@@ -903,6 +903,7 @@ async fn only_the_control_token_finalizes_or_rescales_the_job() {
     let control = PsClient::new(&ps.url, Some("control-secret".into())).unwrap();
     let anonymous = PsClient::new(&ps.url, Some("wrong".into())).unwrap();
     worker.register(&l, &init(&l)).await.unwrap();
+    worker.join(0, None).await.unwrap();
     worker.pull(0, None, Duration::ZERO).await.unwrap();
     for refused in [worker.set_workers(3).await.unwrap_err(), worker.finalize().await.unwrap_err()] {
         assert!(
@@ -919,6 +920,72 @@ async fn only_the_control_token_finalizes_or_rescales_the_job() {
     control.set_workers(3).await.unwrap();
     assert_eq!(control.finalize().await.unwrap().version, 0);
     assert_eq!(worker.status().await.unwrap()["workers_expected"], 3);
+}
+
+/// With a control token, each join answers a credential for that worker and generation, and
+/// every call that acts for a worker must carry its own: a process holding the workers' token
+/// (every worker pod does) cannot pull as another worker (taking its backup and int8 copy),
+/// push or heartbeat for it, end another's training with `leave` (four such calls ended a
+/// running job before), or replace the trained model with a "registration" of a later version.
+/// Each refusal changes nothing; the worker's own process carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_acts_only_for_itself() {
+    let mut cfg = config(Algorithm::Asgd, 2);
+    cfg.control_token = Some("control-secret".into());
+    let ps = start(cfg).await;
+    let (w0, w1, l) = (client(&ps), client(&ps), layout());
+    w0.register(&l, &init(&l)).await.unwrap();
+    let j0 = w0.join(0, None).await.unwrap();
+    let j1 = w1.join(1, None).await.unwrap();
+    w0.pull(0, None, Duration::ZERO).await.unwrap();
+    let id = |worker, generation, version, seq| PushId {
+        worker,
+        generation: Some(generation),
+        version,
+        incarnation: None,
+        seq,
+    };
+    let pushed = w0.push(id(0, j0.generation, 0, 1), None, &l, &grad(&l, 0), GradDtype::F32).await;
+    assert!(pushed.unwrap().applied);
+    let before = ps.state.store().unwrap().version();
+
+    // Worker 1's process, with its own credential, acting for worker 0.
+    let as_w0 = id(0, j0.generation, before, 1);
+    let refusals = [
+        w1.pull(0, None, Duration::ZERO).await.unwrap_err(),
+        w1.push(as_w0, None, &l, &grad(&l, 1), GradDtype::F32).await.unwrap_err(),
+        w1.heartbeat(0).await.unwrap_err(),
+        w1.leave(0, j0.generation, None).await.unwrap_err(),
+        // Its own worker, another generation.
+        w1.leave(1, j1.generation + 1, None).await.unwrap_err(),
+    ];
+    for e in &refusals {
+        assert_eq!(e.reason(), Some("credential_refused"), "{e}");
+        assert!(e.to_string().contains("credential of worker 1"), "{e}");
+    }
+    // The workers' token without any join carries no credential at all.
+    let bare = client(&ps);
+    let e = bare.leave(0, j0.generation, None).await.unwrap_err();
+    assert!(e.to_string().contains("no credential"), "{e}");
+    // A registration of a later version would replace the trained model: only an offer (with
+    // its worker's credential) may be a later version.
+    let later = wire::encode_f32(&l, &grad(&l, 3), &Default::default());
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let url = format!("{}/v1/model?version={}", ps.url, before + 10);
+    let r = http.put(url).bearer_auth(TOKEN).body(later).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("worker's copy"));
+
+    let store = ps.state.store().unwrap().clone();
+    assert_eq!(store.version(), before, "no refused call changed the model");
+    assert!(!store.all_finished());
+    // Each process acting for itself is taken: worker 0 pushes again, both leave, the job ends.
+    w0.pull(0, None, Duration::ZERO).await.unwrap();
+    let again = id(0, j0.generation, before, 2);
+    assert!(w0.push(again, None, &l, &grad(&l, 2), GradDtype::F32).await.unwrap().applied);
+    w1.heartbeat(1).await.unwrap();
+    assert_eq!(w1.leave(1, j1.generation, None).await.unwrap(), None);
+    assert!(w0.leave(0, j0.generation, None).await.unwrap().is_some(), "the last leave finalizes");
 }
 
 /// A push whose answer needs no gradient — a sync worker's re-push of a gradient already in the

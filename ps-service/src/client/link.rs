@@ -183,6 +183,7 @@ impl Link {
         wait: Duration,
     ) -> Result<Option<Model>, ClientError> {
         let (worker, min_version) = (self.worker, self.round.filter(|_| after_round).map(|v| v + 1));
+        let mut rejoined = false;
         loop {
             // The fields borrowed apart: the slice is read while the retry state changes. The
             // spare goes to the first try (a failed one drops it; a retry reads into a new one).
@@ -207,6 +208,12 @@ impl Link {
                 }
                 Ok(m) => return Ok(m),
                 Err(e) if e.reason() == Some("not_registered") => self.reseed(step).await?,
+                // The shard no longer takes this process's credential (it restarted with another
+                // control token): a join answers a new one, once.
+                Err(e) if e.reason() == Some("credential_refused") && !rejoined => {
+                    rejoined = true;
+                    self.join(Some(step)).await?;
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -279,7 +286,8 @@ impl Link {
                     self.reseed(step).await?;
                     Pushed::Dropped("not_registered".into())
                 }
-                Some(r @ ("rejoin_required" | "stale_seq")) => {
+                // `credential_refused`: as in a pull.
+                Some(r @ ("rejoin_required" | "stale_seq" | "credential_refused")) => {
                     let r = r.to_string();
                     self.join(Some(step)).await?;
                     Pushed::Dropped(r)

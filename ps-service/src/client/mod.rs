@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use crate::pace::PaceReport;
 use crate::server::{
-    CLIENT_VERSION_HEADER, COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, PS_VERSION,
-    Report, VERSION_HEADER,
+    CLIENT_VERSION_HEADER, COPY_HEADER, CREDENTIAL_HEADER, DELTA_FROM_HEADER, HELD_HEADER,
+    INCARNATION_HEADER, PS_VERSION, Report, VERSION_HEADER,
 };
 use crate::wire::final_model::FinalModel;
 use crate::wire::in_place::{Expected, InPlace};
@@ -290,6 +290,16 @@ pub struct Joined {
     pub heartbeat_ms: Option<u64>,
 }
 
+/// The join's answer as it comes: [`Joined`] and the credential of the process's calls (absent
+/// when the PS checks none).
+#[derive(Deserialize)]
+struct JoinAnswer {
+    #[serde(flatten)]
+    joined: Joined,
+    #[serde(default)]
+    credential: Option<String>,
+}
+
 /// The PS's answer to a push.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 pub struct PushReply {
@@ -336,6 +346,9 @@ pub struct PsClient {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// The credential of this client's last join ([`CREDENTIAL_HEADER`]), shared by its clones:
+    /// every later call carries it, so that the PS knows the call is this worker process's.
+    credential: std::sync::Arc<parking_lot::Mutex<Option<reqwest::header::HeaderValue>>>,
 }
 
 impl PsClient {
@@ -397,7 +410,7 @@ impl PsClient {
                 reqwest::header::HeaderValue::from_static(PS_VERSION),
             )]))
             .build()?;
-        Ok(Self { http, base: base.trim_end_matches('/').to_string(), token })
+        Ok(Self { http, base: base.trim_end_matches('/').to_string(), token, credential: Default::default() })
     }
 
     /// A call whose answer is small and immediate, cut off at [`SHORT_CALL_DEADLINE`] (then
@@ -408,7 +421,10 @@ impl PsClient {
     }
 
     fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let r = self.http.request(method, format!("{}{path}", self.base));
+        let mut r = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(c) = &*self.credential.lock() {
+            r = r.header(CREDENTIAL_HEADER, c.clone());
+        }
         match &self.token {
             Some(t) => r.bearer_auth(t),
             None => r,
@@ -473,7 +489,12 @@ impl PsClient {
         if let Some(s) = step {
             path += &format!("&step={s}");
         }
-        Ok(Self::check(self.short(reqwest::Method::POST, &path).send().await?).await?.json().await?)
+        let answer = Self::check(self.short(reqwest::Method::POST, &path).send().await?).await?;
+        let joined: JoinAnswer = answer.json().await?;
+        let credential = joined.credential.map(|c| reqwest::header::HeaderValue::from_str(&c)).transpose();
+        *self.credential.lock() = credential
+            .map_err(|_| ClientError::Config("the join's credential is not a header value".into()))?;
+        Ok(joined.joined)
     }
 
     /// Pulls the model as `worker` (recording it as that worker's backup). With `min_version`,

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use ring::digest::{SHA256, digest};
@@ -19,21 +19,25 @@ pub const CONTROL_ROUTES: [&str; 2] = ["/v1/finalize", "/v1/workers"];
 
 /// Whether `given` is `expected`, in time that depends on neither (both are hashed first, so
 /// not even the expected token's length shows).
-fn same(given: &[u8], expected: Option<&String>) -> bool {
+pub(super) fn same(given: &[u8], expected: Option<&String>) -> bool {
     expected.is_some_and(|e| {
         bool::from(digest(&SHA256, given).as_ref().ct_eq(digest(&SHA256, e.as_bytes()).as_ref()))
     })
 }
 
-pub async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let config = &state.config;
-    let given = req
-        .headers()
+/// The bearer token a request carries ("" without one).
+pub(super) fn bearer(headers: &HeaderMap) -> &[u8] {
+    headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("")
-        .as_bytes();
+        .as_bytes()
+}
+
+pub async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let config = &state.config;
+    let given = bearer(req.headers());
     let control = same(given, config.control_token.as_ref());
     let worker = config.token.is_none() || same(given, config.token.as_ref());
     let path = req.uri().path();

@@ -14,6 +14,7 @@ use axum::{Json, Router, middleware};
 use serde::{Deserialize, Serialize};
 
 use super::body::{Gradient, read_gradient, read_limited};
+use super::credential::Incarnation;
 use super::guarded_body::{BodyGuard, guard_request_body};
 use super::replicas::Answer;
 use super::{ApiError, AppState, auth, streamed_pull};
@@ -170,8 +171,20 @@ async fn register(
         )));
     }
     let worker: Option<usize> = q.get("worker")?;
-    if let Some(w) = worker {
-        worker_in_range(&state, w)?;
+    match worker {
+        Some(w) => {
+            worker_in_range(&state, w)?;
+            state.credentials.check(&headers, w, None)?;
+        }
+        // Only a worker's copy, offered to a PS that lost its model, may be of a later version
+        // than the initial model: a registration names none, so it cannot replace a model
+        // trained since.
+        None if version > 0 => {
+            return Err(ApiError::bad_request(
+                "a model of a version above 0 is a worker's copy: offer it with PUT /v1/model?worker=M&version=V",
+            ));
+        }
+        None => {}
     }
     let _one_at_a_time = state.registering.lock().await;
     if state.store().is_some_and(|s| !s.takes_copy(version)) {
@@ -203,7 +216,12 @@ async fn register(
             "the registered model has another layout: this worker trains a different model",
         ));
     }
-    if !state.offer(store, worker) {
+    // Installing writes the journal's initial model; a re-seed copies the whole model.
+    let offering = state.clone();
+    let taken = tokio::task::spawn_blocking(move || offering.offer(store, worker))
+        .await
+        .expect("offer task panicked");
+    if !taken {
         return Err(already_registered());
     }
     tracing::info!(params, tensors, version, "model registered");
@@ -225,13 +243,17 @@ async fn join(
     let step: Option<u64> = q.get("step")?;
     worker_in_range(&state, worker)?;
     let store = registered(&state)?;
-    state.saw(worker);
+    state.saw(worker).await;
     let joined = store.join(worker, step)?;
     // A process that joins after the PS lost its model has offered its copy, or has none.
     state.offered(Some(worker));
     state.metrics.joins.inc();
     tracing::info!(worker, generation = joined.generation, resume_step = joined.resume_step, "worker joined");
+    let generation = joined.generation;
     let mut answer = serde_json::to_value(joined).expect("plain data");
+    if let Some(c) = state.credentials.issue(Incarnation { worker, generation }) {
+        answer["credential"] = c.into();
+    }
     answer["heartbeat_ms"] = (state.heartbeat_every().as_millis() as u64).into();
     Ok(Json(answer))
 }
@@ -242,10 +264,12 @@ async fn join(
 async fn heartbeat(
     State(state): State<Arc<AppState>>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let worker: usize = Params(q).require("worker")?;
     worker_in_range(&state, worker)?;
-    state.heard_beat(worker);
+    state.credentials.check(&headers, worker, None)?;
+    state.heard_beat(worker).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -261,6 +285,7 @@ async fn pull(
     State(state): State<Arc<AppState>>,
     method: axum::http::Method,
     Query(q): Query<HashMap<String, String>>,
+    request: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Params(q);
     let worker: usize = q.require("worker")?;
@@ -268,11 +293,17 @@ async fn pull(
     let wait_ms: u64 = q.get("wait_ms")?.unwrap_or(0);
     let how = pull_as(&q)?;
     worker_in_range(&state, worker)?;
+    // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
+    let look_only = method == axum::http::Method::HEAD;
+    if !look_only {
+        // A pull becomes the worker's backup and int8 copy: only the worker's own may take it.
+        state.credentials.check(&request, worker, None)?;
+    }
     let store = registered(&state)?;
     if state.must_offer(worker) {
         return Err(ApiError::lost_model());
     }
-    state.saw(worker);
+    state.saw(worker).await;
     let holding = Instant::now();
     if let Some(min) = min_version {
         let wait = Duration::from_millis(wait_ms).min(state.config.max_long_poll);
@@ -288,8 +319,6 @@ async fn pull(
     }
     let held = holding.elapsed().as_millis() as u64;
     let started = Instant::now();
-    // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
-    let look_only = method == axum::http::Method::HEAD;
     let pulled = match how {
         PullAs::F32 => {
             let (snap, body) = streamed_pull::answer(&state, store, (!look_only).then_some(worker)).await?;
@@ -472,18 +501,21 @@ async fn push_inner(
     let pace = pace_report(&q)?;
     worker_in_range(state, worker)?;
     let store = registered(state)?;
-    let p = Push { worker, generation, version, seq, epoch, body: None };
-    let refused = |e: ApiError| {
-        state.journal_refusal(&store, &p, e.reason);
+    let mut p = Push { worker, generation, version, seq, epoch, body: None };
+    let refused = |p: &Push, e: ApiError| {
+        state.journal_refusal(&store, p, e.reason);
         e
     };
+    // The credential's generation is the push's: one of its own incarnations at most.
+    p.generation = state.credentials.check(headers, worker, generation).map_err(|e| refused(&p, e))?;
+    let refused = |e: ApiError| refused(&p, e);
     if let Some(pulled_from) = q.get::<String>("incarnation")? {
         state.check_lineage(&pulled_from, version).map_err(refused)?;
     }
     if state.must_offer(worker) {
         return Err(refused(ApiError::lost_model()));
     }
-    state.saw(worker);
+    state.saw(worker).await;
     if state.seeding() {
         return Err(refused(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -492,8 +524,13 @@ async fn push_inner(
         )));
     }
     // A replay (a sync worker's periodic re-push, a retry whose answer was lost) or a refusal
-    // needs no gradient: answered now, the body is never buffered (the guard drains it).
-    if let Some(answer) = store.answer_before_body(p) {
+    // needs no gradient: answered now, the body is never buffered (the guard drains it). It
+    // takes the round's lock, which a round being applied holds: waited for off the runtime.
+    let asking = store.clone();
+    let early = tokio::task::spawn_blocking(move || asking.answer_before_body(p))
+        .await
+        .expect("answer task panicked");
+    if let Some(answer) = early {
         return Ok(push_response(state, &store, answer?, Duration::ZERO, (worker, pace)));
     }
     // Held until the buffers are back in their pools: K bodies at most in memory at once.
@@ -659,6 +696,7 @@ async fn leave(
     let worker: usize = q.require("worker")?;
     let generation: u64 = q.require("generation")?;
     worker_in_range(&state, worker)?;
+    state.credentials.check(&headers, worker, Some(generation))?;
     let store = registered(&state)?;
     let mut buf = Vec::new();
     read_limited(&headers, body, state.config.body_limit, &mut buf).await?;
@@ -671,7 +709,7 @@ async fn leave(
             Some(read.await.expect("buffers task panicked")?)
         }
     };
-    state.saw(worker);
+    state.saw(worker).await;
     let one_at_a_time = state.leaving().await;
     let leaving = store.clone();
     let closed = tokio::task::spawn_blocking(move || leaving.leave(worker, generation))
@@ -728,8 +766,9 @@ async fn report(
     let r: Report = serde_json::from_slice(&buf)
         .map_err(|e| ApiError::bad_request(format!("invalid report JSON: {e}")))?;
     worker_in_range(&state, r.worker)?;
+    state.credentials.check(&headers, r.worker, None)?;
     r.validate().map_err(ApiError::bad_request)?;
-    state.saw(r.worker);
+    state.saw(r.worker).await;
     let w = r.worker;
     let mut reports = state.reports.lock();
     // Progress reports carry no accuracy and evaluations no throughput: keep the last known.

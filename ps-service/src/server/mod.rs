@@ -6,6 +6,7 @@
 mod admission;
 mod auth;
 mod body;
+mod credential;
 mod error;
 mod guarded_body;
 mod handlers;
@@ -35,6 +36,7 @@ use crate::wire::final_model::FinalModel;
 use crate::wire::{Layout, shards};
 
 pub use admission::cgroup_memory_limit;
+pub use credential::CREDENTIAL_HEADER;
 pub use error::ApiError;
 pub use handlers::{
     CLIENT_VERSION_HEADER, COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, PS_VERSION,
@@ -195,6 +197,8 @@ pub struct AppState {
     /// job is the one whose buffers the final model holds.
     leaving: tokio::sync::Mutex<()>,
     journal: Option<crate::journal::Writer>,
+    /// What each join hands its worker, and the check of what later calls carry.
+    credentials: credential::Credentials,
     /// Pushes inside the store, for `/healthz` ([`liveness`]).
     pub(crate) store_watch: liveness::StoreWatch,
 }
@@ -293,6 +297,7 @@ impl AppState {
         let (version_tx, _) = watch::channel(0);
         let restored_version = restored.as_ref().map(|(_, _, data, _)| data.version);
         let incarnation = rand::random::<u64>();
+        let credentials = credential::Credentials::new(config.control_token.as_deref(), config.shard);
         let state = Arc::new(Self {
             config,
             store: OnceLock::new(),
@@ -324,6 +329,7 @@ impl AppState {
             buffers: Mutex::new(Buffers::default()),
             leaving: tokio::sync::Mutex::new(()),
             journal,
+            credentials,
             store_watch: liveness::StoreWatch::default(),
         });
         if let Some((path, layout, data, saved)) = restored {
@@ -516,7 +522,11 @@ impl AppState {
                             && since.elapsed() >= timeout
                             && !state.round_waits_for_a_live_worker(timeout)
                         {
-                            state.close_round_short(round.0);
+                            // Applying a round is whole-model work: off the runtime's threads,
+                            // which serve every connection (`/healthz` included).
+                            let closing = state.clone();
+                            let _ =
+                                tokio::task::spawn_blocking(move || closing.close_round_short(round.0)).await;
                             seen = None;
                         }
                     }
@@ -655,17 +665,18 @@ impl AppState {
 
     /// A heartbeat from `worker`: as [`Self::saw`], and a `sync` round waiting for it is not
     /// closed short while its heartbeats come.
-    pub fn heard_beat(&self, worker: usize) {
+    pub async fn heard_beat(&self, worker: usize) {
         self.presence.beat(worker);
-        self.saw(worker);
+        self.saw(worker).await;
     }
 
     /// A request from `worker`: it counts in `sync` rounds again if it had fallen silent.
-    fn saw(&self, worker: usize) {
+    async fn saw(&self, worker: usize) {
         if self.presence.heard(worker) {
             tracing::info!(worker, "a silent worker was heard again");
-            if let Some(store) = self.store() {
-                store.set_silent(worker, false);
+            if let Some(store) = self.store().cloned() {
+                // The round's lock may be held by a round being applied: wait off the runtime.
+                let _ = tokio::task::spawn_blocking(move || store.set_silent(worker, false)).await;
             }
         }
         self.metrics.workers.set(self.presence.heard_within(Duration::from_secs(60)) as i64);
@@ -681,27 +692,38 @@ impl AppState {
                 tokio::time::interval((timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)));
             loop {
                 tick.tick().await;
-                let Some(store) = state.store() else { continue };
-                for worker in state.presence.newly_silent(state.workers(), timeout) {
-                    tracing::info!(worker, silent_for = ?timeout, "nothing heard from a worker: rounds stop waiting for it");
-                    state.forget_worker(worker);
-                    if let Some(o) = store.set_silent(worker, true) {
-                        tracing::warn!(
-                            version = o.version,
-                            worker,
-                            "sync round closed without a silent worker's gradient"
-                        );
-                        state.count_round_closed(o.version);
-                    }
-                    // Heard in the meantime: `saw` may have cleared the store's mark before it
-                    // was set.
-                    if !state.presence.is_silent(worker) {
-                        store.set_silent(worker, false);
-                    }
+                let Some(store) = state.store().cloned() else { continue };
+                let silent = state.presence.newly_silent(state.workers(), timeout);
+                if silent.is_empty() {
+                    continue;
                 }
+                // A silence may close the round, whole-model work: off the runtime's threads.
+                let marking = state.clone();
+                let _ =
+                    tokio::task::spawn_blocking(move || marking.mark_silent(&store, silent, timeout)).await;
                 state.metrics.workers.set(state.presence.heard_within(Duration::from_secs(60)) as i64);
             }
         });
+    }
+
+    /// The workers just found silent: `sync` rounds stop waiting for them.
+    fn mark_silent(&self, store: &Store, silent: Vec<usize>, timeout: Duration) {
+        for worker in silent {
+            tracing::info!(worker, silent_for = ?timeout, "nothing heard from a worker: rounds stop waiting for it");
+            self.forget_worker(worker);
+            if let Some(o) = store.set_silent(worker, true) {
+                tracing::warn!(
+                    version = o.version,
+                    worker,
+                    "sync round closed without a silent worker's gradient"
+                );
+                self.count_round_closed(o.version);
+            }
+            // Heard in the meantime: `saw` may have cleared the store's mark before it was set.
+            if !self.presence.is_silent(worker) {
+                store.set_silent(worker, false);
+            }
+        }
     }
 
     /// Writes a checkpoint now, if a directory is configured and a model registered.
