@@ -627,7 +627,7 @@ def write_doc(args, rows, checks, scaling, wall, load):
           "the same step decay by epoch.",
           f"- **slowed**: worker {args.slow_worker} made {args.slow:g}× slower. Foresight: `foresight run "
           f"--slow-worker {args.slow_worker}={args.slow:g}` (the worker sleeps {args.slow - 1:g}× each step's "
-          f"time). DDP: a comm hook on rank {args.slow_worker} sleeps {args.slow - 1:g}× the step's compute "
+          f"own work, its pull and push left out). DDP: a comm hook on rank {args.slow_worker} sleeps {args.slow - 1:g}× the step's compute "
           "time (forward and backward until the gradient bucket is ready) before its all-reduce.",
           *([f"- **foresight sync H={args.local_steps}**: low-communication training (examples/mnist-diloco.yaml's "
              f"rule): each worker trains {args.local_steps} steps with its own AdamW (lr 0.001) between exchanges "

@@ -29,7 +29,7 @@ With --straggler F it runs the straggler study instead, and rewrites its own sec
 seed, sync, asgd, dc-asgd-a and asgd with Delayed Nesterov (momentum 0.9, momentumDelay 4, lr
 --dn-lr) at H = --straggler-h, each once as above and once with worker 3
 slowed F× (`foresight run --slow-worker 3=F`: after each step it sleeps (F − 1) × the step's
-time), paired by seed in the same invocation. Measured: the final model's accuracy and the wall
+own work, its pull and push left out), paired by seed in the same invocation. Measured: the final model's accuracy and the wall
 time of each, and for the pairs the accuracy difference and the wall-time ratio.
 
 With --time-to-target it runs the time question in real runs, and rewrites its own section: the

@@ -69,6 +69,8 @@ class PhaseClock:
         self._timed_since_mark = 0.0
         # When the step now running began (the end of the one before).
         self.step_began = self._mark
+        # Pull and push seconds when it began: a slowdown stretches the rest of the step.
+        self._network_at_step = 0.0
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -87,14 +89,20 @@ class PhaseClock:
         self.seconds["compute"] += max(now - self._mark - self._timed_since_mark, 0.0)
         self._mark, self._timed_since_mark = now, 0.0
 
+    def _network(self) -> float:
+        return self.seconds["pull"] + self.seconds["push"]
+
     def slow_down(self, factor: float) -> None:
-        """At the end of a step: with ``factor`` above 1, sleeps (factor − 1) × the step's time
-        (the script's part included), as the Rust worker's ``--slowdown`` does. Then the next
-        step begins."""
+        """At the end of a step: with ``factor`` above 1, sleeps (factor − 1) × the step's own
+        work (the script's part included, the pull and push left out: a straggler is a slower
+        device, not a slower link or a longer wait for a round), as the Rust worker's
+        ``--slowdown`` does. Then the next step begins."""
         if factor > 1.0:
+            work = time.perf_counter() - self.step_began - (self._network() - self._network_at_step)
             with self.phase("slowdown"):
-                time.sleep((time.perf_counter() - self.step_began) * (factor - 1.0))
+                time.sleep(max(work, 0.0) * (factor - 1.0))
         self.step_began = time.perf_counter()
+        self._network_at_step = self._network()
 
 
 class Optimizer(torch.optim.Optimizer):

@@ -104,7 +104,8 @@ struct Args {
     /// Report progress every N steps.
     #[arg(long, env = "FORESIGHT_REPORT_EVERY", default_value_t = 20)]
     report_every: u64,
-    /// Slow this worker down by this factor (straggler experiments).
+    /// Slow this worker's computation down by this factor (straggler experiments): each step's
+    /// own work (load, compute, gather) is stretched, its pulls and pushes are not.
     #[arg(long, env = "FORESIGHT_SLOWDOWN", default_value_t = 1.0)]
     slowdown: f64,
     /// libtorch intra-op threads (0: libtorch's default).

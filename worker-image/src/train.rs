@@ -272,7 +272,9 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
             let (xs, ys) = (xs.to_device(device), ys.to_device(device));
             clock.end(Phase::Batch);
             let pulled = ps.pull_if_due().map_err(pull_error)?;
-            let mut step_time = clock.end(Phase::Pull);
+            // A straggler is a slower device, not a slower link or a longer wait for a round:
+            // the slowdown stretches only the step's own work, the exchange's time stays.
+            let mut network = clock.end(Phase::Pull);
             if let Some(m) = pulled {
                 load_params(&params, &m.values);
                 // The values no longer needed go back for the next pull to be copied into.
@@ -282,31 +284,32 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
                 };
                 ps.recycle(spent);
             }
-            step_time += clock.end(Phase::Load);
+            let mut work = clock.end(Phase::Load);
             let loss = backward(&mut model, &params, &xs, &ys)?;
             if let Some(l) = &mut local {
                 l.inner.step(&params);
             }
-            step_time += clock.end(Phase::Compute);
+            work += clock.end(Phase::Compute);
             match &local {
                 None => add_grads(&params, ps.grad_mut())?,
                 Some(l) if ps.push_due_next() => l.pseudo_gradient(&params, ps.grad_mut())?,
                 Some(_) => {}
             }
-            step_time += clock.end(Phase::Gather);
+            work += clock.end(Phase::Gather);
             let at = pos.epoch_at(ps.step() + 1);
             let end = ps
                 .end_step(Some(at))
                 .with_context(|| format!("pushing the gradient of step {}", ps.step()))?;
-            step_time += clock.end(Phase::Push);
+            network += clock.end(Phase::Push);
             if end == StepEnd::Finalized {
                 break 'epochs;
             }
             if cfg.slowdown > 1.0 {
-                std::thread::sleep(step_time.mul_f64(cfg.slowdown - 1.0));
+                std::thread::sleep(work.mul_f64(cfg.slowdown - 1.0));
                 clock.end(Phase::Slowdown);
             }
-            metrics.step(step_time.as_secs_f64() * cfg.slowdown.max(1.0), xs.size()[0] as u64, loss);
+            let step_time = network.as_secs_f64() + work.as_secs_f64() * cfg.slowdown.max(1.0);
+            metrics.step(step_time, xs.size()[0] as u64, loss);
             window.samples += xs.size()[0] as usize;
             if ps.step().is_multiple_of(cfg.report_every) {
                 let at = pos.epoch_at(ps.step());
