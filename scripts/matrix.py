@@ -6,20 +6,21 @@ checked against the same invariants; writes the table into docs/reliability.md.
 Configuration space (LeNet-5 on MNIST-5k, 3 workers, --journal capture):
   algorithm   asgd, dc-asgd-a, dc-asgd-c, sync, sync with backupWorkers: 1, dc-asgd-a with maxStaleness: 4
   shards      parameterServer.replicas 1 or 3
-  local       localSteps 1, fixed (8), adaptive (4 within [2, 16])
+  local       localSteps 1, fixed (8), adaptive (4 within [2, 16]; [8, 16] with long-block)
   push        gradientDtype f32, bf16, int8
   pull        pullDtype f32, int8
   workers     rust (the built-in LeNet-5 worker), python (examples/python/mnist.py)
   every       pushEvery = pullEvery = 1 or 2
   fault       none; worker-kill (SIGKILL a worker, `foresight run` starts it again); worker-stop
               (SIGSTOP a worker past the silence timeout, then SIGCONT); long-block (Rust workers'
-              local steps slowed so that one block outlasts the silence timeout); shard1-kill
+              computation slowed 100× so that one block of 8 or more local steps outlasts the
+              silence timeout, their exchanges not slowed); shard1-kill
               (SIGKILL PS shard 1 of 3); shard0-kill (SIGKILL PS shard 0, which restores its
               checkpoint)
 
 Pairs that only refused configurations hold (localSteps with pushEvery > 1; sync or
-maxStaleness on a sharded PS) get a refusal check each: `foresight run` must refuse the job with
-a message naming the fields.
+maxStaleness on a sharded PS; dc-asgd-c with localSteps) get a refusal check each: `foresight
+run` must refuse the job with a message naming the fields.
 
 Invariants, each checked on every run from its own outputs:
   ends      the job ends (exit 0) within its bound (--bound seconds)
@@ -80,6 +81,8 @@ def refusal(c):
     """The fields `foresight run` must name when it refuses `c`, or None when `c` is valid."""
     if c["local"] != "1" and c["every"] > 1:
         return ["localSteps"]
+    if c["algorithm"] == "dc-asgd-c" and c["local"] != "1":
+        return ["optimizer.algorithm", "localSteps"]
     if c["algorithm"] in ("sync", "sync-backup") and c["shards"] > 1:
         return ["optimizer.algorithm", "parameterServer.replicas"]
     if c["algorithm"] == "dc-asgd-a-maxstale" and c["shards"] > 1:
@@ -143,6 +146,11 @@ def job_yaml(name, c, epochs):
         opt.append(f"syncRoundTimeoutSeconds: {SILENCE_S}")
     if c["local"] == "fixed":
         opt.append("localSteps: 8")
+    elif c["local"] == "adaptive" and c["fault"] == "long-block":
+        # A slowed worker's exchange is short next to its work, so the PS would advise the
+        # fewest steps: the least it may advise is a block past the silence timeout.
+        opt.append("localSteps: 8")
+        opt.append("adaptiveLocalSteps: {min: 8, max: 16}")
     elif c["local"] == "adaptive":
         opt.append("localSteps: 4")
         opt.append("adaptiveLocalSteps: {min: 2, max: 16}")
@@ -336,9 +344,10 @@ def run_one(i, c, args):
     env = dict(os.environ, PATH=path, FORESIGHT_WORKER_SILENCE_TIMEOUT=str(SILENCE_S), RUST_LOG="warn")
     cmd = [str(BIN / "foresight"), "run", str(job), "--out", str(out), "--no-progress", "--journal", "capture"]
     if c["fault"] == "long-block":
-        # Every step 50× slower (LeNet-5: about 0.5 s a step): a block of 8 local steps lasts
-        # about 4 s, past a 3 s silence timeout that a held-out evaluation (not slowed) fits in.
-        cmd += [arg for w in range(WORKERS) for arg in ("--slow-worker", f"{w}=50")]
+        # Every step's work 100× slower (LeNet-5: about 0.7 s a step): a block of 8 local steps
+        # or more lasts about 6 s, twice a 3 s silence timeout that a held-out evaluation (not
+        # slowed) fits in.
+        cmd += [arg for w in range(WORKERS) for arg in ("--slow-worker", f"{w}=100")]
         env["FORESIGHT_WORKER_SILENCE_TIMEOUT"] = "3"
     proc = Proc(cmd, env, out / "run.log")
     events = []

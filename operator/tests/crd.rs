@@ -291,6 +291,11 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.optimizer.algorithm: Invalid value: |sync needs parameterServer.replicas: 1",
         ),
         (
+            &[("spec.optimizer", json!({"algorithm": "dc-asgd-c", "localSteps": 8}))],
+            "optimizer.algorithm",
+            "spec.optimizer.algorithm: Invalid value: |dc-asgd-c does not take localSteps",
+        ),
+        (
             &[
                 ("spec.parameterServer", json!({"replicas": 2})),
                 ("spec.optimizer", json!({"maxStaleness": 4})),

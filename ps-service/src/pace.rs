@@ -17,11 +17,18 @@
 //! Measurements are smoothed (an exponential moving average) so that one slow exchange does
 //! not swing H, and a worker not yet measured is advised the job's starting H. A worker that
 //! finished or fell silent is forgotten, so a dead worker's slow link does not keep setting the
-//! others' rounds. Nothing here is checkpointed: a restarted PS advises the starting H until the
-//! first reports arrive, and those carry each worker's last exchange that needed no retry (the
-//! worker does not time an exchange stretched by the PS's restart, `client::exchange`).
+//! others' rounds. Nothing here is checkpointed: a restarted PS advises the starting H until each
+//! worker's second report arrives (the first is not bounded, below), carrying its last exchange
+//! that needed no retry (the worker does not time an exchange stretched by the PS's restart,
+//! `client::exchange`).
+//!
+//! A report is the worker's word, and the slowest link sets every worker's round: one report of
+//! an exchange of an hour would advise everyone the job's largest H. So a report never claims more
+//! exchange than the time that passed at the PS since the same worker's previous push
+//! ([`Pace::record_at`]): the exchange happened in between.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 /// The bounds and target the job set.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -70,6 +77,8 @@ const SMOOTHING: f64 = 0.3;
 struct WorkerPace {
     step_seconds: Option<f64>,
     exchange_seconds: Option<f64>,
+    /// When its last report arrived.
+    reported_at: Option<Instant>,
 }
 
 fn smooth(old: Option<f64>, new: f64) -> f64 {
@@ -83,6 +92,22 @@ pub struct Pace {
 }
 
 impl Pace {
+    /// Records a report that arrived at `now`, its exchange bounded by the time since the
+    /// worker's previous report: that exchange took place in between. A first report has
+    /// nothing to bound it by and its exchange is not taken (the client times exchanges from
+    /// its first push on; after a PS restart, the worker's second push brings it). Its step
+    /// time needs no bound: it sets only the worker's own steps.
+    pub fn record_at(&mut self, worker: usize, r: PaceReport, now: Instant) {
+        let previous = self.workers.get(&worker).and_then(|p| p.reported_at);
+        let exchange_seconds = match previous {
+            Some(at) => r.exchange_seconds.map(|c| c.min(now.saturating_duration_since(at).as_secs_f64())),
+            None => None,
+        };
+        let r = PaceReport { exchange_seconds, ..r };
+        self.record(worker, r);
+        self.workers.entry(worker).or_default().reported_at = Some(now);
+    }
+
     pub fn record(&mut self, worker: usize, r: PaceReport) {
         let p = self.workers.entry(worker).or_default();
         if r.steps > 0 {
@@ -185,6 +210,23 @@ mod tests {
         assert_eq!(pace.advise(0, &policy()), 300);
         pace.forget(2);
         assert_eq!(pace.advise(0, &policy()), 50);
+    }
+
+    #[test]
+    fn a_report_claims_no_more_time_than_passed_between_pushes() {
+        use std::time::Duration;
+        let (mut pace, t0) = (Pace::default(), Instant::now());
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        pace.record_at(0, report(0.010, 0.050), at(0));
+        pace.record_at(0, report(0.010, 0.050), at(200));
+        // An honest worker: 10 steps of 10 ms and a 50 ms exchange in 200 ms.
+        assert_eq!(pace.advise(0, &policy()), 50);
+        // Another claims exchanges of an hour: bounded by the 200 ms between its pushes, not
+        // the job's largest H for everyone. Its first report (unbounded) carries no exchange.
+        pace.record_at(1, report(0.010, 3600.0), at(0));
+        assert_eq!(pace.advise(0, &policy()), 50, "a first report sets no round");
+        pace.record_at(1, report(0.010, 3600.0), at(200));
+        assert_eq!(pace.advise(0, &policy()), 200, "0.2 s over the 10 % fraction: 2 s, 200 steps of 10 ms");
     }
 
     #[test]

@@ -53,9 +53,12 @@ fn the_ps_advises_each_worker_the_steps_that_fill_one_round() {
         // Nothing measured: the starting steps.
         let first = push(0, 1, pace(20, 10, None)).await.unwrap();
         assert_eq!(first.local_steps, Some(20), "no exchange measured yet");
+        // An exchange is taken only as long as the time since the worker's last push.
+        tokio::time::sleep(Duration::from_millis(60)).await;
         // 10 ms and 30 ms steps, 50 ms exchanges at 10 %: a round of 0.5 s.
         assert_eq!(push(0, 2, pace(20, 10, Some(50))).await.unwrap().local_steps, Some(50));
-        assert_eq!(push(1, 1, pace(20, 30, Some(50))).await.unwrap().local_steps, Some(17));
+        // Worker 1's first report: its exchange, which nothing bounds, is not taken.
+        assert_eq!(push(1, 1, pace(20, 30, Some(5000))).await.unwrap().local_steps, Some(17));
         // A push that reports nothing is answered from what is known.
         assert_eq!(push(0, 3, None).await.unwrap().local_steps, Some(50));
 
@@ -112,13 +115,20 @@ fn a_silent_worker_s_slow_link_stops_setting_the_round() {
         c.register(&l, &init(&l)).await.unwrap();
         let c = &c;
         let push = |m, seq, p| async move { push_paced(c, m, seq, p).await.unwrap() };
-        assert_eq!(push(0, 1, pace(20, 10, Some(50))).await.local_steps, Some(50));
-        // Worker 1's exchanges take 200 ms: everyone's rounds last 2 s.
-        assert_eq!(push(1, 1, pace(20, 10, Some(200))).await.local_steps, Some(200));
-        assert_eq!(push(0, 2, pace(20, 10, Some(50))).await.local_steps, Some(200));
-        // Both fall silent; worker 0 comes back, worker 1 does not.
+        assert_eq!(push(0, 1, pace(20, 10, None)).await.local_steps, Some(20));
+        assert_eq!(push(1, 1, pace(20, 10, None)).await.local_steps, Some(20));
+        // (An exchange is taken only as long as the time since the worker's last push.)
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(push(0, 2, pace(20, 10, Some(50))).await.local_steps, Some(50));
+        // Worker 1's exchanges take 100 ms: everyone's rounds last 1 s.
+        assert_eq!(push(1, 2, pace(20, 10, Some(100))).await.local_steps, Some(100));
+        assert_eq!(push(0, 3, None).await.local_steps, Some(100));
+        // Both fall silent; worker 0 comes back, worker 1 does not. Worker 0 is measured
+        // afresh (the starting steps first), and its rounds are its own link's again.
         tokio::time::sleep(Duration::from_millis(900)).await;
-        assert_eq!(push(0, 3, pace(20, 10, Some(50))).await.local_steps, Some(50));
+        assert_eq!(push(0, 4, pace(20, 10, Some(50))).await.local_steps, Some(20));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(push(0, 5, pace(20, 10, Some(50))).await.local_steps, Some(50));
     });
 }
 

@@ -1099,3 +1099,35 @@ async fn a_short_call_to_a_stuck_ps_fails_at_its_deadline_instead_of_hanging() {
     assert!(e.to_string().contains(&url), "names the PS: {e}");
     assert!(took >= SHORT_CALL_DEADLINE && took < SHORT_CALL_DEADLINE * 2, "{took:?}");
 }
+
+/// The same stuck PS for the calls that carry a model: a push and a pull fail at their
+/// transfer deadline (the floor, here 1 s, plus the body at the minimum rate) as transient
+/// errors naming the PS, where they used to wait for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_or_pull_to_a_stuck_ps_fails_at_its_transfer_deadline() {
+    let stuck = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", stuck.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = stuck.accept().await {
+            open.push(socket);
+        }
+    });
+    let floor = Duration::from_secs(1);
+    let c = PsClient::new(&url, Some(TOKEN.into())).unwrap().with_transfer_deadline_floor(floor);
+    let l = layout();
+    let expected = ExpectedModel::new(l.clone());
+    let timed = |what: &str, started: std::time::Instant, e: ClientError| {
+        let took = started.elapsed();
+        assert!(e.is_transient(), "{what}: retried by the worker: {e}");
+        assert!(e.to_string().contains(&url), "{what}: names the PS: {e}");
+        assert!(took >= floor && took < floor * 3, "{what}: {took:?}");
+    };
+    let started = std::time::Instant::now();
+    let e = c.push(PushId::unjoined(0, 0, 1), None, &l, &grad(&l, 0), GradDtype::F32).await.unwrap_err();
+    timed("push", started, e);
+    let started = std::time::Instant::now();
+    let e = c.pull_expecting(0, None, Duration::ZERO, Some(&expected), Vec::new()).await.unwrap_err();
+    timed("pull", started, e);
+    held.abort();
+}

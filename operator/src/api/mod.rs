@@ -461,11 +461,14 @@ pub struct AdaptiveLocalStepsSpec {
 #[x_kube(validation = Rule::new("!has(self.momentumDelay) || self.momentumDelay == 1 || (has(self.momentum) && self.momentum > 0.0)").message("momentumDelay needs a momentum > 0").field_path(".momentumDelay"))]
 #[x_kube(validation = Rule::new("!has(self.momentumDelay) || self.momentumDelay == 1 || self.algorithm != 'sync'").message("momentumDelay only applies to the asynchronous rules: a sync round already averages the workers' updates").field_path(".momentumDelay"))]
 #[x_kube(validation = Rule::new("!has(self.innerOptimizer) || (has(self.localSteps) && self.localSteps > 1)").message("innerOptimizer trains local steps: it needs localSteps above 1").field_path(".innerOptimizer"))]
+#[x_kube(validation = Rule::new("!has(self.localSteps) || self.localSteps == 1 || self.algorithm != 'dc-asgd-c'").message(validate::LOCAL_STEPS_DC_ASGD_C).field_path(".algorithm"))]
 #[x_kube(validation = Rule::new("!has(self.localSteps) || self.localSteps == 1 || (self.pullEvery == 1 && self.pushEvery == 1)").message("localSteps replaces pullEvery and pushEvery (a worker pulls and pushes once per localSteps steps): leave them at 1").field_path(".localSteps"))]
 #[serde(rename_all = "camelCase")]
 pub struct OptimizerSpec {
     /// sync (synchronous SGD), asgd, dc-asgd-c (DC-ASGD, constant λ) or dc-asgd-a (DC-ASGD,
-    /// adaptive λ_t; the default). Cannot change after the job is created.
+    /// adaptive λ_t; the default). Cannot change after the job is created. With localSteps,
+    /// set asgd or sync: the compensation buys nothing measurable on pseudo-gradients
+    /// (docs/convergence.md), and dc-asgd-c is refused.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("algorithm cannot change after the job is created (the parameter server's state and checkpoints belong to it); create a new TrainingJob"))]
     pub algorithm: Algorithm,

@@ -13,6 +13,8 @@ use super::{
 
 /// Why `sync` needs one shard (the conformance matrix found the tear: `make matrix`).
 pub const SHARDED_SYNC: &str = "sync needs parameterServer.replicas: 1: each shard closes its rounds on its own (arrival order with backupWorkers, its own timeouts and silences), so one worker's step could be averaged into some slices of the model and dropped from others";
+/// Why `dc-asgd-c` does not take local steps.
+pub const LOCAL_STEPS_DC_ASGD_C: &str = "dc-asgd-c does not take localSteps: its constant λ0 is scaled for one gradient, and a pseudo-gradient of H inner steps is about η_in·H times one, so the compensation would be off by that factor; use asgd (docs/convergence.md finds it the safer asynchronous outer step), sync or dc-asgd-a";
 /// Why `maxStaleness` needs one shard.
 pub const SHARDED_MAX_STALENESS: &str = "maxStaleness needs parameterServer.replicas: 1: each shard judges a push's staleness by its own version, so one shard could refuse a step the others apply";
 
@@ -154,6 +156,11 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     }
     if let Some(h) = o.local_steps {
         check(h >= 1, "optimizer.localSteps", "must be at least 1".into());
+        check(
+            h <= 1 || o.algorithm != Algorithm::DcAsgdC,
+            "optimizer.algorithm",
+            LOCAL_STEPS_DC_ASGD_C.into(),
+        );
         check(
             h <= 1 || (o.pull_every == 1 && o.push_every == 1),
             "optimizer.localSteps",

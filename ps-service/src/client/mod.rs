@@ -340,12 +340,22 @@ pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// The deadline of a call whose answer is small and immediate (join, report, heartbeat, status,
 /// scale): a PS that is alive but stuck answers pings and nothing else.
 pub const SHORT_CALL_DEADLINE: Duration = Duration::from_secs(10);
+/// The deadline of a call that carries a model-sized body (push, pull, registration, leave) is
+/// this floor plus the body at [`TRANSFER_MIN_RATE`] (and a pull's long-poll wait): a PS that is
+/// alive but stuck (its pings answered, its requests not) fails the call, which is retried
+/// until the worker's own deadline, instead of hanging the worker for ever.
+pub const TRANSFER_DEADLINE_FLOOR: Duration = Duration::from_secs(60);
+/// Bytes a second below which a body's transfer counts as stuck: 1 MiB/s, a hundredth of a
+/// 1 Gbit/s link (a 100M-parameter float32 model: 60 s + 381 s).
+pub const TRANSFER_MIN_RATE: u64 = 1 << 20;
 
 #[derive(Clone)]
 pub struct PsClient {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// [`TRANSFER_DEADLINE_FLOOR`], or what [`Self::with_transfer_deadline_floor`] set.
+    transfer_floor: Duration,
     /// The credential of this client's last join ([`CREDENTIAL_HEADER`]), shared by its clones:
     /// every later call carries it, so that the PS knows the call is this worker process's.
     credential: std::sync::Arc<parking_lot::Mutex<Option<reqwest::header::HeaderValue>>>,
@@ -410,7 +420,32 @@ impl PsClient {
                 reqwest::header::HeaderValue::from_static(PS_VERSION),
             )]))
             .build()?;
-        Ok(Self { http, base: base.trim_end_matches('/').to_string(), token, credential: Default::default() })
+        Ok(Self {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            token,
+            transfer_floor: TRANSFER_DEADLINE_FLOOR,
+            credential: Default::default(),
+        })
+    }
+
+    /// The floor of a model-sized call's deadline ([`TRANSFER_DEADLINE_FLOOR`] by default).
+    pub fn with_transfer_deadline_floor(mut self, floor: Duration) -> Self {
+        self.transfer_floor = floor;
+        self
+    }
+
+    /// A call that moves `bytes` of body (either way) after the PS held it up to `wait` (a
+    /// long-poll), cut off at its transfer deadline.
+    fn transfer(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        bytes: usize,
+        wait: Duration,
+    ) -> reqwest::RequestBuilder {
+        let at_min_rate = Duration::from_secs_f64(bytes as f64 / TRANSFER_MIN_RATE as f64);
+        self.req(method, path).timeout(self.transfer_floor + wait + at_min_rate)
     }
 
     /// A call whose answer is small and immediate, cut off at [`SHORT_CALL_DEADLINE`] (then
@@ -475,7 +510,8 @@ impl PsClient {
 
     async fn put_model(&self, path: &str, layout: &Layout, values: &[f32]) -> Result<bool, ClientError> {
         let body = wire::encode_f32(layout, values, &Default::default());
-        let resp = self.req(reqwest::Method::PUT, path).body(body).send().await?;
+        let resp =
+            self.transfer(reqwest::Method::PUT, path, body.len(), Duration::ZERO).body(body).send().await?;
         if resp.status() == StatusCode::CONFLICT {
             return Ok(false);
         }
@@ -547,7 +583,10 @@ impl PsClient {
         if let Some(v) = min_version {
             path += &format!("&min_version={v}&wait_ms={}", wait.as_millis());
         }
-        let resp = Self::check(self.req(reqwest::Method::GET, &path).send().await?).await?;
+        // The model's float32 size bounds every encoding's (an unknown layout: a gigabyte).
+        let bytes = expected.map_or(1 << 30, |e| e.layout.len() * 4);
+        let held = if min_version.is_some() { wait } else { Duration::ZERO };
+        let resp = Self::check(self.transfer(reqwest::Method::GET, &path, bytes, held).send().await?).await?;
         if resp.status() == StatusCode::NO_CONTENT {
             return Ok(None);
         }
@@ -621,7 +660,8 @@ impl PsClient {
                 path += &format!("&exchange_ms={}", c * 1e3);
             }
         }
-        let resp = self.req(reqwest::Method::POST, &path).body(body).send().await?;
+        let resp =
+            self.transfer(reqwest::Method::POST, &path, body.len(), Duration::ZERO).body(body).send().await?;
         Ok(Self::check(resp).await?.json().await?)
     }
 
@@ -645,7 +685,8 @@ impl PsClient {
             final_model: Option<FinalModel>,
         }
         let path = format!("/v1/leave?worker={worker}&generation={generation}");
-        let mut req = self.req(reqwest::Method::POST, &path);
+        let bytes = buffers.as_ref().map_or(0, |b| b.len());
+        let mut req = self.transfer(reqwest::Method::POST, &path, bytes, Duration::ZERO);
         if let Some(body) = buffers {
             req = req.header(reqwest::header::CONTENT_TYPE, "application/octet-stream").body(body);
         }

@@ -646,7 +646,7 @@ impl AppState {
     fn pace_push(&self, worker: usize, report: Option<PaceReport>) -> Option<u64> {
         let mut pace = self.pace.lock();
         if let Some(r) = report {
-            pace.record(worker, r);
+            pace.record_at(worker, r, Instant::now());
         }
         let advice = self.config.local_steps.as_ref().map(|policy| pace.advise(worker, policy));
         if let Some(h) = advice.or(report.map(|r| r.steps)) {
