@@ -145,7 +145,7 @@ impl Replaying {
                     "{entries} entries are missing here (the disk was full): no replay past them"
                 ));
             }
-            Entry::Applied { version: v, computed_on, lr, mean_square_step, payload, .. } => {
+            Entry::Applied { version: v, computed_on, lr, mean_square_step, backup_as, payload, .. } => {
                 let grad = payloads.read(*payload)?;
                 let backup = if self.hyper.algorithm.is_delay_compensated() {
                     Some(self.backup(*computed_on)?)
@@ -153,7 +153,8 @@ impl Replaying {
                     None
                 };
                 let step = Step::at(*lr, *mean_square_step);
-                self.store.apply_recorded(*v, step, &grad, backup.as_deref()).map_err(|at| gap(*v, at))?;
+                let backup = backup.as_deref().map(|b| (b, *backup_as));
+                self.store.apply_recorded(*v, step, &grad, backup).map_err(|at| gap(*v, at))?;
                 self.updates += 1;
             }
             Entry::Contributed { round, payload, .. } => {

@@ -4,7 +4,7 @@ use super::*;
 use crate::optimizer::{Algorithm, Hyper};
 use crate::store::checkpoint::CheckpointDir;
 use crate::store::journal::{Entry, Start};
-use crate::store::{Push, Store};
+use crate::store::{BackupAs, Push, Store};
 use crate::wire::{Layout, TensorSpec};
 
 /// Three shards of the store's default length and a bit.
@@ -50,11 +50,13 @@ fn checkpoint(dir: &Path, store: &Store, writer: &Writer) {
 }
 
 /// Three workers pushing on stale pulls, one push refused: what the DC rules see in a job.
+/// Worker 2 pulls bf16, so its backups are the rounded model (journaled, and replayed so).
 fn train_async(store: &Store, seqs: std::ops::Range<u64>) {
     for seq in seqs {
         for w in 0..3 {
             if (seq + w as u64).is_multiple_of(2) {
-                store.pull(w).unwrap();
+                let pulled_as = if w == 2 { BackupAs::Bf16 } else { BackupAs::F32 };
+                store.pull_as(w, pulled_as).unwrap();
             }
             let pulled = store.status().workers[w].pulled_version.unwrap_or(0);
             store.push(push(store, w, pulled, seq), &gradient(seq * 3 + w as u64)).unwrap();

@@ -21,7 +21,7 @@ use super::{ApiError, AppState, auth, streamed_pull};
 use crate::pace::PaceReport;
 use crate::pool::lend;
 use crate::store::journal::BodyInfo;
-use crate::store::{MAX_EPOCH, MAX_VERSION, Push, Store};
+use crate::store::{BackupAs, MAX_EPOCH, MAX_VERSION, Push, Store};
 use crate::wire;
 use crate::wire::final_model::FinalModel;
 
@@ -375,7 +375,8 @@ fn answer_pull(
     how: PullAs,
     look_only: bool,
 ) -> Result<Pulled, ApiError> {
-    let snap = if look_only { store.snapshot_now() } else { store.pull(worker)? };
+    let backup_as = if matches!(how, PullAs::Bf16) { BackupAs::Bf16 } else { BackupAs::F32 };
+    let snap = if look_only { store.snapshot_now() } else { store.pull_as(worker, backup_as)? };
     let version = snap.version();
     let whole = |snap| bytes::Bytes::from_owner(SnapshotBody(snap));
     let pulled = |body: bytes::Bytes, copy, delta_from| {

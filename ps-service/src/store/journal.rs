@@ -6,6 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::BackupAs;
+
+fn is_f32(b: &BackupAs) -> bool {
+    *b == BackupAs::F32
+}
+
 /// Receives each entry and, for the entries a replay needs it for, the gradient (or model) the
 /// entry applied: `Applied` and `Contributed` give the decoded f32 gradient, `Reseeded` the
 /// worker's copy it installed.
@@ -54,6 +60,10 @@ pub enum Entry {
         mean_square_step: u64,
         /// The delayed momentum stepped with this update (`momentumDelay` > 1).
         momentum_step: bool,
+        /// How the worker received the model it computed on (the delay-compensated rules'
+        /// backup is the model rounded to bf16 when it pulled bf16); absent: f32.
+        #[serde(default, skip_serializing_if = "is_f32")]
+        backup_as: BackupAs,
         epoch: Option<f64>,
         body: Option<BodyInfo>,
         /// Offset of the gradient in the payload file, when payloads are captured.

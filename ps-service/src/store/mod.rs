@@ -271,7 +271,7 @@ struct Sequencer {
     cached: Option<Arc<Snapshot>>,
     pending: Option<(u64, PendingSnapshot)>,
     /// w_bak(m), kept only by the delay-compensated rules.
-    backups: Vec<Option<Arc<Snapshot>>>,
+    backups: Vec<Option<Backup>>,
     workers: Vec<WorkerStatus>,
     staleness: StalenessCounts,
     /// The version the model was seeded or restored at, while no update has been applied
@@ -433,7 +433,7 @@ impl Store {
         let store = Self::build(layout, hyper, workers, shard_len, data);
         if version == 0 && store.hyper.algorithm.is_delay_compensated() {
             let w0 = store.snapshot_now();
-            store.seq.lock().backups.fill(Some(w0));
+            store.seq.lock().backups.fill(Some(Backup { snap: w0, pulled_as: BackupAs::F32 }));
         }
         store
     }
@@ -604,7 +604,13 @@ impl Store {
 
     /// Pull: the current model, recorded as w_bak(worker).
     pub fn pull(&self, worker: usize) -> Result<Arc<Snapshot>, StoreError> {
-        let (snap, copy) = self.pull_copying(Some(worker))?;
+        self.pull_as(worker, BackupAs::F32)
+    }
+
+    /// A pull that the worker receives `as_` (bf16: the model rounded; its backup is then what
+    /// it trained on, the snapshot rounded the same way when an update uses it).
+    pub fn pull_as(&self, worker: usize, as_: BackupAs) -> Result<Arc<Snapshot>, StoreError> {
+        let (snap, copy) = self.pull_copying_as(Some(worker), as_)?;
         if let Some(copy) = copy {
             copy.run(&|| ());
         }
@@ -629,6 +635,14 @@ impl Store {
         &self,
         worker: Option<usize>,
     ) -> Result<(Arc<Snapshot>, Option<SnapshotCopy<'_>>), StoreError> {
+        self.pull_copying_as(worker, BackupAs::F32)
+    }
+
+    fn pull_copying_as(
+        &self,
+        worker: Option<usize>,
+        pulled_as: BackupAs,
+    ) -> Result<(Arc<Snapshot>, Option<SnapshotCopy<'_>>), StoreError> {
         if let Some(w) = worker {
             self.check_worker(w)?;
         }
@@ -636,7 +650,7 @@ impl Store {
         if let Some(w) = worker {
             let mut seq = self.seq.lock();
             if self.hyper.algorithm.is_delay_compensated() {
-                seq.backups[w] = Some(snap.clone());
+                seq.backups[w] = Some(Backup { snap: snap.clone(), pulled_as });
             }
             seq.workers[w].pulled_version = Some(snap.version());
         }
@@ -818,7 +832,7 @@ impl Store {
             match self.admit(p, None, grad)? {
                 Admission::Replay(outcome) => return Ok(outcome),
                 Admission::Ticket(t) => {
-                    let backup = t.backup.as_deref().map(Snapshot::params);
+                    let backup = t.backup.as_ref().map(|b| (b.snap.params(), b.pulled_as));
                     let stats = self.apply_op(t.op, t.version, t.step, grad, backup);
                     self.notify(t.version);
                     Ok(PushOutcome {
@@ -906,6 +920,7 @@ impl Store {
                 lr: step.lr,
                 mean_square_step: step.mean_square_updates,
                 momentum_step: self.momentum_steps_at(version),
+                backup_as: backup.as_ref().map_or(BackupAs::F32, |b| b.pulled_as),
                 epoch: p.epoch,
                 body: p.body,
                 payload: None,
@@ -967,9 +982,9 @@ impl Store {
         }
         let backup = if self.hyper.algorithm.is_delay_compensated() {
             match &seq.backups[p.worker] {
-                Some(b) if b.version() == p.version => Some(b.clone()),
+                Some(b) if b.snap.version() == p.version => Some(b.clone()),
                 other => {
-                    let pulled = other.as_ref().map(|b| b.version());
+                    let pulled = other.as_ref().map(|b| b.snap.version());
                     return Err(StoreError::PullRequired { worker: p.worker, got: p.version, pulled });
                 }
             }
@@ -1189,7 +1204,7 @@ impl Store {
         version: u64,
         step: Step,
         grad: &[f32],
-        backup: Option<&[f32]>,
+        backup: Option<(&[f32], BackupAs)>,
     ) -> Result<(), u64> {
         let op = self.next_update(version)?;
         self.apply_op(op, version, step, grad, backup);
@@ -1227,14 +1242,24 @@ impl Store {
         version: u64,
         step: Step,
         grad: &[f32],
-        backup: Option<&[f32]>,
+        backup: Option<(&[f32], BackupAs)>,
     ) -> UpdateStats {
         let delay = u64::from(self.hyper.momentum_delay);
         let states = vec![UpdateStats::default(); self.groups.len()];
         let per_group = self.walk_grouped(op, states, |stats, shard, d| {
             let r = shard.range.clone();
             let st = &mut d.state;
-            let bak = backup.map(|b| &b[r.clone()]);
+            // A bf16 puller trained on the rounded model: its backup is rounded here, a shard
+            // at a time, rather than kept as a model-sized copy per worker.
+            let rounded: Vec<f32>;
+            let bak = match backup {
+                Some((b, BackupAs::F32)) => Some(&b[r.clone()]),
+                Some((b, BackupAs::Bf16)) => {
+                    rounded = b[r.clone()].iter().map(|&v| crate::wire::bf16_round_trip(v)).collect();
+                    Some(&rounded[..])
+                }
+                None => None,
+            };
             let (w, g, ms) = (&mut d.w, &grad[r], &mut st.mean_square);
             let s = if delay > 1 {
                 // Versions count updates, so every shard (and a restored PS) agrees on the cycle.
@@ -1322,7 +1347,8 @@ impl Store {
     /// Distinct model copies held for backups and the pull cache (for memory accounting).
     pub fn snapshots_held(&self) -> usize {
         let seq = self.seq.lock();
-        let mut seen: Vec<*const Snapshot> = seq.backups.iter().flatten().map(Arc::as_ptr).collect();
+        let mut seen: Vec<*const Snapshot> =
+            seq.backups.iter().flatten().map(|b| Arc::as_ptr(&b.snap)).collect();
         seen.extend(seq.cached.iter().map(Arc::as_ptr));
         seen.sort();
         seen.dedup();
@@ -1333,7 +1359,7 @@ impl Store {
 /// What the checks make of a push.
 enum Judged {
     Replay(PushOutcome),
-    Accept { staleness: u64, backup: Option<Arc<Snapshot>> },
+    Accept { staleness: u64, backup: Option<Backup> },
 }
 
 enum Admission {
@@ -1347,8 +1373,26 @@ struct Ticket {
     op: u64,
     version: u64,
     step: Step,
-    backup: Option<Arc<Snapshot>>,
+    backup: Option<Backup>,
     staleness: u64,
+}
+
+/// How a worker received the model it computed on, which the delay-compensated rules' w_bak
+/// must be: the snapshot itself, or the snapshot rounded to bf16 (an int8 pull's copy is the
+/// snapshot up to the rounding of the last difference, error fed back: taken as the snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackupAs {
+    #[default]
+    F32,
+    Bf16,
+}
+
+/// w_bak(m): the snapshot worker m pulled, and how it received it.
+#[derive(Clone)]
+struct Backup {
+    snap: Arc<Snapshot>,
+    pulled_as: BackupAs,
 }
 
 /// Takes the next operation number for an update and advances the version.

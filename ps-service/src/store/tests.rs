@@ -69,6 +69,33 @@ fn dc_asgd_compensates_against_the_model_the_worker_pulled() {
     assert!(o.stats.compensation_ratio() > 0.0);
 }
 
+/// A worker that pulled the model as bf16 computed its gradient on the model rounded: its
+/// w_bak is that rounded model, not the float32 snapshot (the difference is rounding error the
+/// compensation would otherwise take for drift).
+#[test]
+fn dc_asgd_compensates_a_bf16_puller_against_the_rounded_model_it_trained_on() {
+    let mut hyper = Hyper::new(Algorithm::DcAsgdC, 0.1);
+    hyper.lambda0 = 0.5;
+    // Values bf16 cannot hold: rounding moves each by up to 2^-8 of its size.
+    let init = vec![1.001, 2.003, 3.007];
+    let s = Store::with_shard_len(layout(3), init.clone(), hyper.clone(), 2, 2);
+    let pulled = s.pull_as(1, BackupAs::Bf16).unwrap().params().to_vec();
+    let trained_on: Vec<f32> = pulled.iter().map(|&v| crate::wire::bf16_round_trip(v)).collect();
+    assert_ne!(pulled, trained_on);
+    let v = s.pull(0).unwrap().version();
+    s.push(push(0, v, 1), &[0.5, -0.5, 1.0]).unwrap();
+    let w_now = s.snapshot_now().params().to_vec();
+    let g1 = [2.0, -1.0, 0.5];
+    s.push(push(1, 0, 1), &g1).unwrap();
+    let got = s.snapshot_now().params().to_vec();
+    for i in 0..3 {
+        let expect = w_now[i] - 0.1 * (g1[i] + 0.5 * g1[i] * g1[i] * (w_now[i] - trained_on[i]));
+        let against_f32 = w_now[i] - 0.1 * (g1[i] + 0.5 * g1[i] * g1[i] * (w_now[i] - pulled[i]));
+        assert!((got[i] - expect).abs() < 1e-7, "{i}: {} vs {expect}", got[i]);
+        assert!((got[i] - against_f32).abs() > 1e-5, "{i}: the float32 snapshot was used");
+    }
+}
+
 #[test]
 fn refusals_change_nothing() {
     let mut hyper = Hyper::new(Algorithm::DcAsgdA, 0.1);
