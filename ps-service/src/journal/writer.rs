@@ -303,3 +303,31 @@ fn open_lines(path: &Path) -> io::Result<(File, u64)> {
     }
     Ok((file, kept))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::journal::Start;
+
+    /// The disk falls behind: the store's sink never waits, it counts each entry that finds
+    /// the queue full, and the next batch written opens with a `gap` entry saying how many.
+    #[test]
+    fn a_full_queue_counts_what_it_drops_and_the_next_batch_marks_the_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let overflow = Arc::new(AtomicU64::new(0));
+        let files = Files::open(dir.path(), 0, false, u64::MAX, overflow.clone()).unwrap();
+        // A queue of one that nothing drains yet: the writer is "behind".
+        let (tx, rx) = sync_channel(1);
+        let queue = Queue { tx, capture: false, overflow: overflow.clone() };
+        for version in 0..3 {
+            queue.send(Entry::Started { version, how: Start::Restored }, None);
+        }
+        assert_eq!(overflow.load(Ordering::Relaxed), 2, "one queued, two dropped, none waited for");
+        drop(queue);
+        files.run(rx);
+        let lines = crate::journal::read(dir.path()).unwrap();
+        let entries: Vec<_> = lines.into_iter().map(|l| l.entry).collect();
+        assert_eq!(entries, [Entry::Gap { entries: 2 }, Entry::Started { version: 0, how: Start::Restored }]);
+        assert_eq!(overflow.load(Ordering::Relaxed), 0, "counted once");
+    }
+}
