@@ -31,7 +31,8 @@ Invariants, each checked on every run from its own outputs:
             a process was killed), are counted apart
   replay    `foresight replay` of every shard's journal reproduces its final checkpoint bit for bit
   alive     a worker in a block of local steps longer than the silence timeout is never marked
-            silent (its heartbeats); a worker stopped past it is (worker-stop)
+            silent once it has pushed (its heartbeats; before, it may still be starting); a
+            worker stopped past it is (worker-stop)
   accuracy  the final model's held-out accuracy (summary.json) reaches --floor
   summary   summary.json exists and counts the restarts the fault caused
 
@@ -322,8 +323,15 @@ def check(c, out, rc, seconds, bound, floor, shards):
     restarts = len(summary.get("restarts", [])) if summary else -1
     want = 1 if c["fault"] in ("worker-kill", "shard1-kill", "shard0-kill") else 0
     # A worker in a long block is alive (its heartbeats); one stopped past the timeout is not.
+    # Counted once the worker has trained (its first push): a worker process that took longer
+    # than the timeout to start (3 on 2 cores) is silent before it ever joined, rightly so.
     try:
-        silences = sum(1 for l in journal_lines(dirs[0]) if l["kind"] == "silence" and l["silent"])
+        trained, silences = set(), 0
+        for l in journal_lines(dirs[0]):
+            if l["kind"] in ("applied", "contributed"):
+                trained.add(l["worker"])
+            elif l["kind"] == "silence" and l["silent"] and l["worker"] in trained:
+                silences += 1
     except OSError:
         silences = -1
     if c["fault"] in ("long-block", "worker-stop"):
