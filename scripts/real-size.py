@@ -58,6 +58,7 @@ class Sampler(threading.Thread):
         self.pid, self.url, self.token = pid, url, token
         self.samples: list[tuple[float, int]] = []
         self.events: dict[str, float] = {}
+        self.memory_plan: dict | None = None
         self.stop = threading.Event()
 
     def status(self) -> dict:
@@ -83,6 +84,8 @@ class Sampler(threading.Thread):
                 workers = st.get("workers") or []
                 if workers and all(w["pushes"] > 0 for w in workers):
                     self.events["joined"] = now
+                    # The PS's own memory plan (--memory-limit): the peak it plans for.
+                    self.memory_plan = st.get("memory")
             time.sleep(0.02)
 
     def at(self, t: float) -> int:
@@ -155,7 +158,14 @@ def figures(args, shard: Shard, sampler: Sampler, times: dict, restored: tuple[i
     ev, (t_start, t_trained, t_end, t_stopped) = sampler.events, (times[k] for k in ("start", "trained", "end", "stopped"))
     joined = ev.get("joined", t_trained)
     restored_rss, restored_hwm = restored
+    plan = sampler.memory_plan or {}
+    planned = plan.get("planned_peak_bytes")
+    # Every phase's peak against the plan's, measured from outside the process (VmRSS, VmHWM).
+    peaks = [sampler.peak(t_start, t_trained), sampler.peak(t_end, t_stopped), restored_hwm]
     return {
+        "memory_plan": plan,
+        "within_plan": None if planned is None else max(peaks) <= planned,
+        "peak_over_plan": None if planned is None else max(peaks) / planned,
         "params": params,
         "rss_gib": {
             "start": sampler.at(t_start) / GIB,

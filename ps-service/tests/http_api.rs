@@ -644,11 +644,12 @@ async fn the_memory_plan_counts_what_workers_pulling_bf16_or_int8_cost() {
     let mut slots = Vec::new();
     for pulled_as in [PullDtype::F32, PullDtype::Bf16, PullDtype::Int8] {
         let mut c = config(Algorithm::Asgd, 4);
-        // 15 copies planned: the model, 4 backups and a pull cache, 4 snapshots being sent
-        // (10), and room for 5 pushes (capped at the 4 workers); with bf16 pulls, for their 4
-        // bodies in flight (4 halves) and 3 pushes; with int8, for the workers' 4 copies, their
-        // bodies in flight (4 quarters) and the 1 push always allowed.
-        c.memory_limit = Some((15.0 * model_bytes / 0.9).ceil() as u64);
+        // 20 copies planned: the model, 4 backups and a pull cache, 4 snapshots being sent
+        // (10), a checkpoint's copy, 4 pushes waiting for a slot (each a stream window, here
+        // the whole small model), and room for 5 pushes (capped at the 4 workers); with bf16
+        // pulls, for their 4 bodies in flight (4 halves) and 3 pushes; with int8, for the
+        // workers' 4 copies, their bodies in flight (4 quarters) and the 1 push always allowed.
+        c.memory_limit = Some((20.0 * model_bytes / 0.9).ceil() as u64);
         c.pulled_as = pulled_as;
         let ps = start(c).await;
         client(&ps).register(&layout(), &init(&layout())).await.unwrap();
@@ -1130,4 +1131,27 @@ async fn a_push_or_pull_to_a_stuck_ps_fails_at_its_transfer_deadline() {
     let e = c.pull_expecting(0, None, Duration::ZERO, Some(&expected), Vec::new()).await.unwrap_err();
     timed("pull", started, e);
     held.abort();
+}
+
+/// The memory plan follows the job's worker count: push slots are recomputed when the job is
+/// scaled (here the cap of one per worker moves them), and `/v1/status` says what the plan is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_plan_is_recomputed_when_the_job_is_scaled() {
+    let mut cfg = config(Algorithm::DcAsgdA, 2);
+    cfg.memory_limit = Some(1 << 30);
+    let ps = start(cfg).await;
+    let (c, l) = (client(&ps), layout());
+    c.register(&l, &init(&l)).await.unwrap();
+    let slots = || async { metric(&scrape(&ps.url).await, "foresight_ps_push_slots", &[]) };
+    assert_eq!(slots().await, 2.0);
+    c.set_workers(4).await.unwrap();
+    assert_eq!(slots().await, 4.0);
+    let memory = &c.status().await.unwrap()["memory"];
+    assert_eq!(memory["push_slots"], 4);
+    assert_eq!(memory["model_bytes"], 4 * l.len() as u64);
+    let (peak, resident) =
+        (memory["planned_peak_bytes"].as_u64().unwrap(), memory["resident_bytes"].as_u64().unwrap());
+    assert_eq!(peak, resident + 4 * 4 * l.len() as u64);
+    c.set_workers(1).await.unwrap();
+    assert_eq!(slots().await, 1.0);
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
@@ -27,40 +28,87 @@ pub fn resident_copies(workers: usize, state_copies: usize) -> usize {
     1 + state_copies + (workers + 1) + workers
 }
 
-/// K, the push bodies buffered at once: what fits in the memory limit beside
-/// [`resident_copies`], at least 1 (training goes on, slowly) and at most one per worker (a
-/// worker has at most one push in flight). `None` without a limit: no bound.
-pub fn push_slots(
-    memory_limit: Option<u64>,
-    model_bytes: u64,
-    workers: usize,
-    state_copies: usize,
-) -> Option<usize> {
-    let workers = workers.max(1);
-    let model_bytes = model_bytes.max(1) as f64;
-    let planned = memory_limit? as f64 * PLANNED_SHARE;
-    let free = planned - resident_copies(workers, state_copies) as f64 * model_bytes;
-    Some(((free / model_bytes).floor().max(1.0) as usize).min(workers))
+/// What the PS plans its memory by: every model-sized buffer it can hold, counted once, so that
+/// with K push bodies buffered it stays within [`MemoryPlan::peak_bytes`]. Recomputed when the
+/// job's worker count changes (each worker adds a backup, a snapshot being sent, a window).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryPlan {
+    pub model_bytes: u64,
+    pub workers: usize,
+    /// Optimizer state and the pull encodings' copies, as [`resident_copies`] takes them.
+    pub state_copies: usize,
+    /// What a checkpoint holds while it is written: a copy of the model and of its state.
+    pub checkpoint_copies: usize,
 }
 
-/// The slots, made once the model's size is known.
+impl MemoryPlan {
+    /// Bytes held apart from the push bodies: the resident copies, a checkpoint being written,
+    /// and for each worker the start of its next push, which HTTP/2 flow control lets into the
+    /// server's buffers (up to a stream window) while it waits for a slot. A restore at start
+    /// (the checkpoint file read whole, then the store built from it: about three copies of the
+    /// model and its state, before any backup exists) stays below it.
+    pub fn resident_bytes(&self) -> u64 {
+        let copies = (resident_copies(self.workers, self.state_copies) + self.checkpoint_copies) as u64;
+        let windows = self.workers as u64 * self.model_bytes.min(u64::from(super::serve::STREAM_WINDOW));
+        copies * self.model_bytes + windows
+    }
+
+    /// K, the push bodies buffered at once: what fits in `memory_limit` beside
+    /// [`Self::resident_bytes`], at least 1 (training goes on, slowly) and at most one per
+    /// worker (a worker has at most one push in flight). `None` without a limit: no bound.
+    pub fn push_slots(&self, memory_limit: Option<u64>) -> Option<usize> {
+        let model_bytes = self.model_bytes.max(1) as f64;
+        let planned = memory_limit? as f64 * PLANNED_SHARE;
+        let free = planned - self.resident_bytes() as f64;
+        Some(((free / model_bytes).floor().max(1.0) as usize).min(self.workers.max(1)))
+    }
+
+    /// The most the plan lets the PS hold with `slots` push bodies buffered.
+    pub fn peak_bytes(&self, slots: usize) -> u64 {
+        self.resident_bytes() + slots as u64 * self.model_bytes
+    }
+}
+
+/// The slots, made once the model's size is known and resized when the worker count changes.
 pub struct PushSlots {
     slots: Arc<Semaphore>,
     /// K; `None`: unbounded.
-    pub count: Option<usize>,
+    count: Mutex<Option<usize>>,
 }
 
 impl PushSlots {
     pub fn new(count: Option<usize>) -> Self {
         let permits = count.map_or(Semaphore::MAX_PERMITS, |k| k.max(1));
-        Self { slots: Arc::new(Semaphore::new(permits)), count }
+        Self { slots: Arc::new(Semaphore::new(permits)), count: Mutex::new(count) }
+    }
+
+    pub fn count(&self) -> Option<usize> {
+        *self.count.lock()
+    }
+
+    /// Makes K `new`: slots are added at once; taken away as pushes give them back (a task
+    /// holds the surplus and forgets it). Unbounded stays unbounded: the limit is set at start.
+    pub fn resize(&self, new: Option<usize>) {
+        let mut count = self.count.lock();
+        let (Some(old), Some(new)) = (*count, new.map(|k| k.max(1))) else { return };
+        if new > old {
+            self.slots.add_permits(new - old);
+        } else if new < old {
+            let (slots, surplus) = (self.slots.clone(), (old - new) as u32);
+            tokio::spawn(async move {
+                if let Ok(taken) = slots.acquire_many_owned(surplus).await {
+                    taken.forget();
+                }
+            });
+        }
+        *count = Some(new);
     }
 
     /// A slot, held until the push's buffers are back in their pools; `busy` after [`QUEUE_WAIT`].
     pub async fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
         match tokio::time::timeout(QUEUE_WAIT, self.slots.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
-            _ => Err(ApiError::busy(self.count.unwrap_or(0))),
+            _ => Err(ApiError::busy(self.count().unwrap_or(0))),
         }
     }
 }
@@ -95,20 +143,58 @@ mod tests {
 
     const GB: u64 = 1 << 30;
 
-    #[test]
-    fn without_a_limit_pushes_are_not_bounded() {
-        assert_eq!(push_slots(None, 400_000_000, 8, 1), None);
+    fn plan(workers: usize, state_copies: usize) -> MemoryPlan {
+        // 100M parameters (400 MB), a checkpoint holding the model and one state copy.
+        MemoryPlan { model_bytes: 400_000_000, workers, state_copies, checkpoint_copies: 2 }
     }
 
     #[test]
-    fn a_limit_leaves_room_for_the_resident_copies_first() {
-        // 100M parameters (400 MB), 4 workers, dc-asgd-a (MeanSquare): 11 resident copies,
-        // 4.4 GB. A 6 GiB limit plans 5.8 GB: 3 bodies fit.
+    fn without_a_limit_pushes_are_not_bounded() {
+        assert_eq!(plan(8, 1).push_slots(None), None);
+    }
+
+    #[test]
+    fn a_limit_leaves_room_for_every_resident_buffer_first() {
+        // 4 workers, dc-asgd-a (MeanSquare): 11 resident copies, 2 for a checkpoint, and 4
+        // stream windows of 64 MiB: 5.47 GB. A 7 GiB limit plans 6.76 GB: 3 bodies fit.
         assert_eq!(resident_copies(4, 1), 11);
-        assert_eq!(push_slots(Some(6 * GB), 400_000_000, 4, 1), Some(3));
+        assert_eq!(plan(4, 1).resident_bytes(), 13 * 400_000_000 + 4 * (64 << 20));
+        assert_eq!(plan(4, 1).push_slots(Some(7 * GB)), Some(3));
+        assert!(plan(4, 1).peak_bytes(3) <= (7.0 * GB as f64 * PLANNED_SHARE) as u64);
         // Plenty of memory: no more than one per worker.
-        assert_eq!(push_slots(Some(64 * GB), 400_000_000, 4, 1), Some(4));
+        assert_eq!(plan(4, 1).push_slots(Some(64 * GB)), Some(4));
         // Too little for even the resident copies: still one, so that training goes on.
-        assert_eq!(push_slots(Some(GB), 400_000_000, 4, 1), Some(1));
+        assert_eq!(plan(4, 1).push_slots(Some(GB)), Some(1));
+        // A small model's window is the model, not 64 MiB.
+        let small = MemoryPlan { model_bytes: 1000, workers: 2, state_copies: 0, checkpoint_copies: 1 };
+        assert_eq!(small.resident_bytes(), (resident_copies(2, 0) as u64 + 1) * 1000 + 2 * 1000);
+    }
+
+    #[test]
+    fn a_scale_up_leaves_fewer_slots_under_the_same_limit() {
+        // Each worker adds a backup, a snapshot being sent and a window.
+        let (four, eight) = (plan(4, 1).push_slots(Some(10 * GB)), plan(8, 1).push_slots(Some(10 * GB)));
+        assert_eq!((four, eight), (Some(4), Some(1)));
+    }
+
+    #[tokio::test]
+    async fn resized_slots_admit_as_many_pushes_as_the_new_count() {
+        let slots = PushSlots::new(Some(3));
+        let held: Vec<_> = [slots.admit().await.unwrap(), slots.admit().await.unwrap()].into();
+        slots.resize(Some(1));
+        assert_eq!(slots.count(), Some(1));
+        tokio::task::yield_now().await; // the surplus's task takes the free slot and waits
+        drop(held);
+        // The two given back: one is taken away, one is left.
+        let one = slots.admit().await.unwrap();
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(100), slots.slots.clone().acquire_owned())
+                .await
+                .is_err()
+        );
+        drop(one);
+        slots.resize(Some(4));
+        let four: Vec<_> = futures_util::future::join_all((0..4).map(|_| slots.admit())).await;
+        assert!(four.iter().all(Result::is_ok));
     }
 }

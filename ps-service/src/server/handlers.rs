@@ -816,6 +816,7 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         body["optimizer_epoch"] = st.epoch.into();
         body["staleness"] = serde_json::to_value(&st.staleness).expect("plain data");
         body["workers"] = serde_json::to_value(&st.workers).expect("plain data");
+        body["memory"] = state.memory_status();
     }
     Json(body)
 }

@@ -349,9 +349,10 @@ impl AppState {
 
     /// K for [`admission`]: set explicitly, or from the memory limit and the model's size (for
     /// the worker count of this moment; `None`: unbounded).
-    fn push_slot_count(&self, store: &Store) -> Option<usize> {
+    /// The memory plan for the job's worker count now ([`admission::MemoryPlan`]).
+    fn memory_plan(&self, store: &Store) -> admission::MemoryPlan {
         let state = crate::optimizer::OptimizerState::new(store.hyper(), 1);
-        let (limit, workers) = (self.config.memory_limit, self.workers());
+        let workers = self.workers();
         // The body each worker may be sent at once when pulls are encoded per request (bf16: half
         // a copy, int8: a quarter), and with int8 each worker's copy.
         let pull_copies = match self.config.pulled_as {
@@ -359,14 +360,42 @@ impl AppState {
             PullDtype::Bf16 => workers.div_ceil(2),
             PullDtype::Int8 => workers + workers.div_ceil(4),
         };
-        let state_copies = state.copies() + pull_copies;
-        let model_bytes = 4 * store.layout().len() as u64;
-        let count = self
-            .config
-            .push_slots
-            .or_else(|| admission::push_slots(limit, model_bytes, workers, state_copies));
-        tracing::info!(?count, memory_limit = limit, model_bytes, "push slots");
+        admission::MemoryPlan {
+            model_bytes: 4 * store.layout().len() as u64,
+            workers,
+            state_copies: state.copies() + pull_copies,
+            checkpoint_copies: 1 + state.copies(),
+        }
+    }
+
+    fn push_slot_count(&self, store: &Store) -> Option<usize> {
+        let (plan, limit) = (self.memory_plan(store), self.config.memory_limit);
+        let count = self.config.push_slots.or_else(|| plan.push_slots(limit));
+        let planned_peak = count.map(|k| plan.peak_bytes(k));
+        tracing::info!(
+            ?count,
+            memory_limit = limit,
+            model_bytes = plan.model_bytes,
+            planned_peak,
+            "push slots"
+        );
         count
+    }
+
+    /// `/v1/status`'s `memory`: the limit, the push slots and the peak they plan for.
+    pub(crate) fn memory_status(&self) -> serde_json::Value {
+        let (Some(store), Some(slots)) = (self.store(), self.push_slots.get()) else {
+            return serde_json::Value::Null;
+        };
+        let plan = self.memory_plan(store);
+        let count = slots.count();
+        serde_json::json!({
+            "limit_bytes": self.config.memory_limit,
+            "push_slots": count,
+            "model_bytes": plan.model_bytes,
+            "resident_bytes": plan.resident_bytes(),
+            "planned_peak_bytes": count.map(|k| plan.peak_bytes(k)),
+        })
     }
 
     /// A slot for a push body ([`admission`]). The slots are sized just after the store becomes
@@ -409,7 +438,7 @@ impl AppState {
             store.set_workers(self.workers());
             let slots =
                 self.push_slots.get_or_init(|| admission::PushSlots::new(self.push_slot_count(store)));
-            self.metrics.push_slots.set(slots.count.map_or(0, |k| k as i64));
+            self.metrics.push_slots.set(slots.count().map_or(0, |k| k as i64));
         }
         if ok {
             self.version_tx.send_replace(version);
@@ -615,6 +644,14 @@ impl AppState {
         }
         let old = self.workers.swap(n, std::sync::atomic::Ordering::AcqRel);
         self.metrics.workers_expected.set(n as i64);
+        // More workers, more resident copies: fewer push bodies fit under the same limit.
+        if let (Some(store), Some(slots)) = (self.store(), self.push_slots.get())
+            && self.config.push_slots.is_none()
+        {
+            let count = self.memory_plan(store).push_slots(self.config.memory_limit);
+            slots.resize(count);
+            self.metrics.push_slots.set(count.map_or(0, |k| k as i64));
+        }
         // A worker scaled away no longer sets the others' rounds, nor holds a copy here.
         self.pace.lock().retain_below(n);
         self.replicas.retain_below(n);

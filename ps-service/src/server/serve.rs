@@ -19,7 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 /// HTTP/2's default 64 KiB stream window makes a 100 MB upload crawl (REFERENCE.md).
-const STREAM_WINDOW: u32 = 64 << 20;
+pub(super) const STREAM_WINDOW: u32 = 64 << 20;
 const CONNECTION_WINDOW: u32 = 128 << 20;
 /// h2's maximum; 1 << 24 panics inside h2.
 const MAX_FRAME: u32 = 16_777_215;
