@@ -236,6 +236,11 @@ def journal_lines(journal_dir):
     return [json.loads(l) for l in (journal_dir / "journal.jsonl").read_text().splitlines() if l.endswith("}")]
 
 
+# How a restarted PS process begins: from its checkpoint, or (none written yet) from a
+# worker's copy. A round it had not closed is gone with the process either way.
+RESTARTS = ("restored", "seeded")
+
+
 def fates(journal_dir):
     """Per push (worker, generation, seq) on one shard: its fate, and any broken accounting."""
     lines = journal_lines(journal_dir)
@@ -246,8 +251,9 @@ def fates(journal_dir):
         if k == "applied":
             if fate.get(key) == "applied":
                 broken.append(f"{key} applied twice")
-            # Lost when a later restart restored a version below it.
-            later = [l2["version"] for l2 in lines[i + 1:] if l2["kind"] == "started" and l2["how"] == "restored"]
+            # Lost when a later process took a version below it (its checkpoint, or a worker's
+            # copy when it had none).
+            later = [l2["version"] for l2 in lines[i + 1:] if l2["kind"] == "started" and l2["how"] in RESTARTS]
             fate[key] = "lost" if any(v < l["version"] for v in later) else "applied"
         elif k == "contributed":
             pending.setdefault(l["round"], []).append(key)
@@ -262,7 +268,7 @@ def fates(journal_dir):
             if not l.get("reason"):
                 broken.append(f"{key} refused without a reason")
             fate.setdefault(key, "refused:" + l["reason"])
-        elif k == "started" and l["how"] == "restored":
+        elif k == "started" and l["how"] in RESTARTS:
             for keys in pending.values():
                 for key2 in keys:
                     fate[key2] = "dropped:restart"
