@@ -16,7 +16,7 @@ Configuration space (LeNet-5 on MNIST-5k, 3 workers, --journal capture):
               computation slowed 100× so that one block of 8 or more local steps outlasts the
               silence timeout, their exchanges not slowed); shard1-kill
               (SIGKILL PS shard 1 of 3); shard0-kill (SIGKILL PS shard 0, which restores its
-              checkpoint)
+              checkpoint); each once shard 0's journal holds 12 entries and worker 1 has pushed
 
 Pairs that only refused configurations hold (localSteps with pushEvery > 1; sync or
 maxStaleness on a sharded PS; dc-asgd-c with localSteps) get a refusal check each: `foresight
@@ -186,9 +186,25 @@ def find(parent, key, value):
     return None
 
 
+# Entries in shard 0's journal before the fault: early enough that every worker is still
+# training in the shortest runs (local steps: about 50 entries in all).
+INJECT_AFTER = 12
+
+
+def ready_for_fault(journal):
+    """INJECT_AFTER entries, worker 1 (the one a worker fault hits) among those that pushed."""
+    try:
+        lines = [json.loads(l) for l in journal.read_text().splitlines() if l.endswith("}")]
+    except OSError:
+        return False
+    return len(lines) >= INJECT_AFTER and any(
+        l["kind"] in ("applied", "contributed") and l["worker"] == 1 for l in lines)
+
+
 def inject(fault, proc, journal, events):
-    """Once `journal` (shard 0's) holds 40 entries, injects `fault` into the run's processes."""
-    while not (journal.exists() and journal.stat().st_size > 40 * 250):
+    """Once `journal` (shard 0's) is `ready_for_fault`, injects `fault` into the run's
+    processes."""
+    while not ready_for_fault(journal):
         if proc.wait_until(time.time() - proc.t0 + 0.2):
             return
     target = {
