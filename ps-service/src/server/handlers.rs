@@ -206,7 +206,8 @@ async fn register(
     })
     .await
     .expect("decode task panicked");
-    state.bodies.give(buf);
+    // Freed, not pooled: the pool's bodies are the K pushes' that the memory plan counts.
+    drop(buf);
     let store = built?;
     let (params, tensors) = (store.layout().len(), store.layout().tensors().len());
     if state.store().is_some_and(|s| s.layout() != store.layout()) {
@@ -285,7 +286,7 @@ async fn pull(
     State(state): State<Arc<AppState>>,
     method: axum::http::Method,
     Query(q): Query<HashMap<String, String>>,
-    request: HeaderMap,
+    request_headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let q = Params(q);
     let worker: usize = q.require("worker")?;
@@ -297,7 +298,7 @@ async fn pull(
     let look_only = method == axum::http::Method::HEAD;
     if !look_only {
         // A pull becomes the worker's backup and int8 copy: only the worker's own may take it.
-        state.credentials.check(&request, worker, None)?;
+        state.credentials.check(&request_headers, worker, None)?;
     }
     let store = registered(&state)?;
     if state.must_offer(worker) {
