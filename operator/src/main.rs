@@ -41,7 +41,8 @@ enum Cmd {
         /// libtorch threads per worker (default: cores / workers).
         #[arg(long)]
         torch_threads: Option<usize>,
-        /// Slow worker N down by factor F (straggler experiments), as N=F.
+        /// Slow worker N's computation down by factor F (straggler experiments), as N=F: each
+        /// step's own work takes F times as long, its pulls and pushes do not.
         #[arg(long, value_parser = parse_slowdown)]
         slow_worker: Vec<(usize, f64)>,
         /// No progress bar.
