@@ -289,10 +289,11 @@ impl Ps {
                 PsClient::new(&format!("http://127.0.0.1:{}", self.port), Some(self.token.clone())).unwrap();
             let layout = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![4] }]).unwrap();
             c.register(&layout, &[0.0; 4]).await.unwrap();
+            // A worker joins first: its calls carry the credential the join answers.
+            let generation = Some(c.join(0, None).await.unwrap().generation);
             let m = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
-            c.push(PushId::unjoined(0, m.version, 1), Some(0.5), &layout, &[1.0; 4], GradDtype::F32)
-                .await
-                .unwrap();
+            let id = PushId { worker: 0, generation, version: m.version, incarnation: None, seq: 1 };
+            c.push(id, Some(0.5), &layout, &[1.0; 4], GradDtype::F32).await.unwrap();
         });
     }
 
@@ -305,14 +306,14 @@ impl Ps {
             let c =
                 PsClient::new(&format!("http://127.0.0.1:{}", self.port), Some(self.token.clone())).unwrap();
             let layout = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![4] }]).unwrap();
+            let generation = Some(c.join(0, None).await.unwrap().generation);
             let end = std::time::Instant::now() + duration;
             let mut seq = 100;
             while std::time::Instant::now() < end {
                 let m = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap();
                 seq += 1;
-                c.push(PushId::unjoined(0, m.version, seq), Some(0.5), &layout, &[0.01; 4], GradDtype::F32)
-                    .await
-                    .unwrap();
+                let id = PushId { worker: 0, generation, version: m.version, incarnation: None, seq };
+                c.push(id, Some(0.5), &layout, &[0.01; 4], GradDtype::F32).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             seq - 100
