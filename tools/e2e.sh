@@ -124,6 +124,13 @@ wait_for() {
     sleep 0.5
   done
 }
+# log_has NS POD TEXT: whether POD's log has a line containing TEXT. The whole log is read:
+# `kubectl logs | grep -q` (or `grep -m1`) stops reading at the first match, kubectl then dies of
+# SIGPIPE while the PS keeps logging, and under pipefail that is a failure (an assignment from it
+# ended a case without a word).
+log_has() { kc -n "$1" logs "$2" 2>/dev/null | awk -v t="$3" 'index($0, t) {found = 1} END {exit !found}'; }
+# first_log_line NS POD TEXT: the first line of POD's log containing TEXT (the whole log read).
+first_log_line() { kc -n "$1" logs "$2" | awk -v t="$3" 'index($0, t) && !n++'; }
 # field NS KIND/NAME JSONPATH: one field, empty when the object or the field is absent.
 field() { kc -n "$1" get "$2" -o "jsonpath=$3" 2>/dev/null || true; }
 phase_is() { [[ $(field "$1" "tj/$2" '{.status.phase}') == "$3" ]]; }
@@ -539,8 +546,8 @@ case_suspend() {
   wait_for 300 "a PS pod for the resumed tj/$name" eval '[[ -n $(pods_of '$ns' '$name' parameter-server) ]]'
   local ps
   ps=$(pods_of $ns $name parameter-server | awk 'NR == 1')
-  wait_for 300 "the resumed PS $ps logs its restore" eval 'kc -n '$ns' logs '"$ps"' 2>/dev/null | grep -q "restored checkpoint"'
-  log "resumed PS: $(kc -n $ns logs "$ps" | grep -m1 'restored checkpoint')"
+  wait_for 300 "the resumed PS $ps logs its restore" log_has $ns "$ps" "restored checkpoint"
+  log "resumed PS: $(first_log_line $ns "$ps" 'restored checkpoint')"
   wait_for 300 "tj/$name resumed (Running)" eval '[[ $(field '$ns' tj/'$name' "{.status.phase}") =~ ^(Running|Succeeded)$ ]]'
   local after
   after=$(children $ns $name)
@@ -684,7 +691,7 @@ EOF
 # checkpoint directory's lock), so nothing seen before the delete is lost.
 restored_no_older() {
   local line seen=${3:-0}
-  line=$(kc -n "$1" logs "$2" | grep -m1 'restored checkpoint')
+  line=$(first_log_line "$1" "$2" 'restored checkpoint')
   read -r restored seconds < <(python3 -c 'import json, sys
 f = json.loads(sys.argv[1])["fields"]
 print(f["version"], round(f["seconds"], 2))' "$line" 2>/dev/null || true)
@@ -718,7 +725,7 @@ case_ps_kill() {
   log "deleted PS $old at version $v; checkpoints: $(ls "$dir" | paste -sd' ')"
   local new=
   await_new_ps $ns $name "$old"
-  wait_for 300 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
+  wait_for 300 "the new PS $new logs its restore" log_has $ns "$new" "restored checkpoint"
   local restored seconds
   restored_no_older $ns "$new" "$v"
   log "new PS $new restored version $restored (≥ $v, seen before the delete) in $seconds s"
@@ -806,7 +813,7 @@ EOF
   kc -n $ns delete "$old" --wait=false
   local new= restored seconds
   await_new_ps $ns $name "$old"
-  wait_for 600 "the new PS $new logs its restore" eval 'kc -n '$ns' logs '"$new"' 2>/dev/null | grep -q "restored checkpoint"'
+  wait_for 600 "the new PS $new logs its restore" log_has $ns "$new" "restored checkpoint"
   restored_no_older $ns "$new" "$v"
   wait_for 600 "the new PS $new Ready" eval '[[ $(field '$ns' '"$new"' "{.status.conditions[?(@.type==\"Ready\")].status}") == True ]]'
   local started ready restarts
