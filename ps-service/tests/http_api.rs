@@ -1076,13 +1076,9 @@ async fn the_last_leaves_buffers_go_into_the_final_model_and_a_bad_set_changes_n
     assert_eq!(kept[2].3, 20i64.to_le_bytes());
 }
 
-/// A PS that is alive but stuck: it accepts connections and never answers. A short call (join,
-/// status, report, heartbeat, scale) fails at its deadline as a transient error, which the
-/// worker retries until its own deadline and then names; before, it waited for ever.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_short_call_to_a_stuck_ps_fails_at_its_deadline_instead_of_hanging() {
-    use foresight_ps::client::SHORT_CALL_DEADLINE;
-
+/// A PS that is alive but stuck: it accepts connections and never answers. Its URL, and the task
+/// that holds it (abort it when done).
+async fn stuck_ps() -> (String, tokio::task::JoinHandle<()>) {
     let stuck = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", stuck.local_addr().unwrap());
     let held = tokio::spawn(async move {
@@ -1091,6 +1087,17 @@ async fn a_short_call_to_a_stuck_ps_fails_at_its_deadline_instead_of_hanging() {
             open.push(socket); // read nothing, answer nothing, close nothing
         }
     });
+    (url, held)
+}
+
+/// A short call (join, status, report, heartbeat, scale) to a stuck PS fails at its deadline as
+/// a transient error, which the worker retries until its own deadline and then names; before,
+/// it waited for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_call_to_a_stuck_ps_fails_at_its_deadline_instead_of_hanging() {
+    use foresight_ps::client::SHORT_CALL_DEADLINE;
+
+    let (url, held) = stuck_ps().await;
     let c = PsClient::new(&url, Some(TOKEN.into())).unwrap();
     let started = std::time::Instant::now();
     let e = c.join(0, None).await.unwrap_err();
@@ -1106,14 +1113,7 @@ async fn a_short_call_to_a_stuck_ps_fails_at_its_deadline_instead_of_hanging() {
 /// errors naming the PS, where they used to wait for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_or_pull_to_a_stuck_ps_fails_at_its_transfer_deadline() {
-    let stuck = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", stuck.local_addr().unwrap());
-    let held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = stuck.accept().await {
-            open.push(socket);
-        }
-    });
+    let (url, held) = stuck_ps().await;
     let floor = Duration::from_secs(1);
     let c = PsClient::new(&url, Some(TOKEN.into())).unwrap().with_transfer_deadline_floor(floor);
     let l = layout();
