@@ -526,12 +526,15 @@ async fn push_inner(
         )));
     }
     // A replay (a sync worker's periodic re-push, a retry whose answer was lost) or a refusal
-    // needs no gradient: answered now, the body is never buffered (the guard drains it). It
-    // takes the round's lock, which a round being applied holds: waited for off the runtime.
-    let asking = store.clone();
-    let early = tokio::task::spawn_blocking(move || asking.answer_before_body(p))
-        .await
-        .expect("answer task panicked");
+    // needs no gradient: answered now, the body is never buffered (the guard drains it). Under
+    // `sync` it takes the round's lock, which a round being applied holds: waited for off the
+    // runtime. The other rules' checks take only the sequencer's, held briefly: answered here.
+    let early = if state.config.hyper.algorithm == crate::optimizer::Algorithm::Sync {
+        let asking = store.clone();
+        tokio::task::spawn_blocking(move || asking.answer_before_body(p)).await.expect("answer task panicked")
+    } else {
+        store.answer_before_body(p)
+    };
     if let Some(answer) = early {
         return Ok(push_response(state, &store, answer?, Duration::ZERO, (worker, pace)));
     }

@@ -1249,27 +1249,21 @@ impl Store {
         let per_group = self.walk_grouped(op, states, |stats, shard, d| {
             let r = shard.range.clone();
             let st = &mut d.state;
-            // A bf16 puller trained on the rounded model: its backup is rounded here, a shard
-            // at a time, rather than kept as a model-sized copy per worker.
-            let rounded: Vec<f32>;
-            let bak = match backup {
-                Some((b, BackupAs::F32)) => Some(&b[r.clone()]),
-                Some((b, BackupAs::Bf16)) => {
-                    rounded = b[r.clone()].iter().map(|&v| crate::wire::bf16_round_trip(v)).collect();
-                    Some(&rounded[..])
+            let s = with_backup(backup, r.clone(), |bak| {
+                let (w, g, ms) = (&mut d.w, &grad[r], &mut st.mean_square);
+                if delay > 1 {
+                    // Versions count updates, so every shard (and a restored PS) agrees on the cycle.
+                    let milestone = version.is_multiple_of(delay);
+                    let delayed = optimizer::Delayed {
+                        momentum: &mut st.momentum,
+                        pending: &mut st.pending,
+                        milestone,
+                    };
+                    optimizer::apply_delayed(&self.hyper, step, w, g, bak, ms, delayed)
+                } else {
+                    optimizer::apply(&self.hyper, step, w, g, bak, ms, &mut st.momentum)
                 }
-                None => None,
-            };
-            let (w, g, ms) = (&mut d.w, &grad[r], &mut st.mean_square);
-            let s = if delay > 1 {
-                // Versions count updates, so every shard (and a restored PS) agrees on the cycle.
-                let milestone = version.is_multiple_of(delay);
-                let delayed =
-                    optimizer::Delayed { momentum: &mut st.momentum, pending: &mut st.pending, milestone };
-                optimizer::apply_delayed(&self.hyper, step, w, g, bak, ms, delayed)
-            } else {
-                optimizer::apply(&self.hyper, step, w, g, bak, ms, &mut st.momentum)
-            };
+            });
             stats.merge(s);
         });
         per_group.into_iter().fold(UpdateStats::default(), |mut all, s| {
@@ -1386,6 +1380,28 @@ pub enum BackupAs {
     #[default]
     F32,
     Bf16,
+}
+
+/// Calls `f` with the shard `range` of `backup` as the worker received it. A bf16 puller trained
+/// on the rounded model: its shard is rounded here, into a buffer each thread reuses, rather than
+/// kept as a model-sized copy per worker.
+fn with_backup<R>(
+    backup: Option<(&[f32], BackupAs)>,
+    range: Range<usize>,
+    f: impl FnOnce(Option<&[f32]>) -> R,
+) -> R {
+    thread_local! {
+        static ROUNDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    match backup {
+        None => f(None),
+        Some((b, BackupAs::F32)) => f(Some(&b[range])),
+        Some((b, BackupAs::Bf16)) => ROUNDED.with_borrow_mut(|rounded| {
+            rounded.clear();
+            rounded.extend(b[range].iter().map(|&v| wire::bf16_round_trip(v)));
+            f(Some(&rounded[..]))
+        }),
+    }
 }
 
 /// w_bak(m): the snapshot worker m pulled, and how it received it.
