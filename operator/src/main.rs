@@ -7,9 +7,7 @@ mod journal;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use foresight_operator::controller::{
-    self,
-    children::ChildDefaults,
-    leader::LeaseConfig,
+    self, ChildDefaults, LeaseConfig,
     token::{self, TokenKey},
 };
 use foresight_operator::local::{self, RunOptions};

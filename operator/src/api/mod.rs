@@ -23,6 +23,15 @@ pub use pod::{
 pub(crate) use validate::is_dns_name;
 pub use validate::{ValidationError, validate, validate_name, validate_update};
 
+/// The worker's exit status for a failure no retry can fix (bad configuration or data, a wrong
+/// token, a model the PS does not hold): the worker Job's podFailurePolicy fails the job at once,
+/// and so does `foresight run`.
+pub const WORKER_EXIT_PERMANENT: i32 = 3;
+
+/// `runPolicy.backoffLimit` when the spec leaves it out: Kubernetes' default for a Job, which
+/// `foresight run` applies to its processes too.
+pub const DEFAULT_BACKOFF_LIMIT: u32 = 6;
+
 /// The CustomResourceDefinition of `TrainingJob`, as `foresight crd` prints it and
 /// `crds/trainingjob.yaml` holds it.
 ///

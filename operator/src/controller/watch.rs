@@ -26,7 +26,7 @@ impl Watch {
     }
 
     /// One scope per set of watches: `None` is every namespace.
-    pub(super) fn scopes(&self) -> Vec<Option<String>> {
+    pub(crate) fn scopes(&self) -> Vec<Option<String>> {
         match self {
             Watch::All => vec![None],
             Watch::Namespaces(names) => names.iter().cloned().map(Some).collect(),

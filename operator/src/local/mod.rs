@@ -18,8 +18,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-use crate::api::{self, TrainingJob};
-use crate::controller::children::WORKER_EXIT_PERMANENT;
+use crate::api::{self, DEFAULT_BACKOFF_LIMIT, TrainingJob, WORKER_EXIT_PERMANENT};
 use servers::Servers;
 pub use summary::Summary;
 use summary::{FinalEvaluation, History, WorkerEvent};
@@ -276,9 +275,6 @@ const NAMESPACE: &str = "local";
 fn job_name(job: &TrainingJob) -> String {
     job.metadata.name.clone().unwrap_or_else(|| "local".into())
 }
-
-/// Kubernetes' default `backoffLimit` for a Job, used when the spec names none.
-const DEFAULT_BACKOFF_LIMIT: u32 = 6;
 
 /// A process `foresight run` started again after it failed, as a Deployment or a Job would.
 #[derive(Clone, Debug, serde::Serialize)]

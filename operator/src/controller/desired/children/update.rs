@@ -8,7 +8,7 @@
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 
-use super::WORKER_TEMPLATE_HASH;
+use crate::controller::names::WORKER_TEMPLATE_HASH;
 
 /// What to do with the worker Job this reconcile.
 #[derive(Clone, Debug, PartialEq)]

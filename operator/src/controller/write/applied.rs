@@ -20,11 +20,11 @@ use ring::digest::{Context as Digest, SHA256};
 const KEEP: Duration = Duration::from_secs(3600);
 
 /// A child, by kind, namespace and name.
-pub(super) type Key = (String, String, String);
+pub(crate) type Key = (String, String, String);
 
 /// The memo, shared by every reconcile.
 #[derive(Default)]
-pub(super) struct Applied {
+pub(crate) struct Applied {
     entries: Mutex<HashMap<Key, Entry>>,
 }
 
@@ -36,11 +36,11 @@ struct Entry {
 /// A digest of what identifies one write's result: the object's UID and resourceVersion and
 /// the operator's intent.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) struct Fingerprint([u8; 32]);
+pub(crate) struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
     /// Of `parts`, each length-prefixed so that no two lists of parts run together alike.
-    pub(super) fn of(parts: &[&[u8]]) -> Self {
+    pub(crate) fn of(parts: &[&[u8]]) -> Self {
         let mut d = Digest::new(&SHA256);
         for p in parts {
             d.update(&(p.len() as u64).to_le_bytes());
@@ -54,7 +54,7 @@ impl Fingerprint {
 
 impl Applied {
     /// Whether the last write recorded for `key` had this fingerprint.
-    pub(super) fn holds(&self, key: &Key, fingerprint: Fingerprint) -> bool {
+    pub(crate) fn holds(&self, key: &Key, fingerprint: Fingerprint) -> bool {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         match entries.get_mut(key) {
             Some(e) if e.fingerprint == fingerprint => {
@@ -65,14 +65,14 @@ impl Applied {
         }
     }
 
-    pub(super) fn record(&self, key: Key, fingerprint: Fingerprint) {
+    pub(crate) fn record(&self, key: Key, fingerprint: Fingerprint) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         entries.retain(|_, e| now.duration_since(e.used) < KEEP);
         entries.insert(key, Entry { fingerprint, used: now });
     }
 
-    pub(super) fn forget(&self, key: &Key) {
+    pub(crate) fn forget(&self, key: &Key) {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 }

@@ -17,12 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
-use super::Watch;
-use super::leader::LeaseConfig;
-use super::scope::{LEASE_LABEL, SCOPE_ANNOTATION, survey_every};
-
-/// On a claim: `namespace/name` of the Lease of the operator that wrote it.
-pub const CLAIM_OF_ANNOTATION: &str = "foresight.dev/claim-of";
+use super::{CLAIM_OF_ANNOTATION, LEASE_LABEL, LeaseConfig, SCOPE_ANNOTATION, survey_every};
+use crate::controller::watch::Watch;
 
 /// The name of this operator's claim in each namespace it watches (the chart grants get,
 /// update and delete on that name only).

@@ -6,7 +6,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::children::{LABEL_JOB, labels};
+use crate::controller::names::{LABEL_JOB, labels};
 
 /// How a child shows that it is the job's.
 #[derive(Clone, Copy, Debug)]

@@ -4,12 +4,12 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use super::trouble::{Trouble, is_trouble_reason};
 use crate::api::{
     DefaultImages, FinalModelStatus, ParameterServerStatus, Phase, Progress, TrainingJobStatus, WorkersStatus,
 };
-use crate::controller::children::ModelPlace;
 use crate::controller::kueue::Admission;
-use crate::controller::trouble::{Trouble, is_trouble_reason};
+use crate::controller::names::ModelPlace;
 
 /// The worker Job as the Job controller reports it.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -21,14 +21,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::children::LABEL_JOB;
-use super::kueue::Workload;
 use super::pod_index::PodsByJob;
-use super::{MANAGED, scoped};
 use crate::api::TrainingJob;
+use crate::controller::kueue::Workload;
+use crate::controller::names::{LABEL_JOB, MANAGED};
 
 /// The caches of every watched scope.
-pub(super) struct Caches {
+pub(crate) struct Caches {
     scopes: Vec<ScopeCaches>,
     /// Set once every cache has held its first full list. Reconciles wait on this cell, not on
     /// the stores: a store's readiness signal (a oneshot receiver) wakes only the last of several
@@ -53,7 +52,7 @@ struct ScopeCaches {
 impl Caches {
     /// One controller per scope (`None`: every namespace), woken by the children it owns, and
     /// the caches those same watches fill.
-    pub(super) fn with_controllers(
+    pub(crate) fn with_controllers(
         client: &Client,
         scopes: &[Option<String>],
         kueue: bool,
@@ -66,7 +65,7 @@ impl Caches {
 
     /// Waits until every cache holds its first full list: before that, a child missing from a
     /// cache may exist. One task waits on the stores; every other waits on the cell.
-    pub(super) async fn ready(&self) {
+    pub(crate) async fn ready(&self) {
         self.ready
             .get_or_init(|| async {
                 for c in &self.scopes {
@@ -88,31 +87,31 @@ impl Caches {
             .await;
     }
 
-    pub(super) fn deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
+    pub(crate) fn deployment(&self, namespace: &str, name: &str) -> Option<Deployment> {
         self.get(|c| Some(&c.deployments), namespace, name)
     }
 
-    pub(super) fn disruption_budget(&self, namespace: &str, name: &str) -> Option<PodDisruptionBudget> {
+    pub(crate) fn disruption_budget(&self, namespace: &str, name: &str) -> Option<PodDisruptionBudget> {
         self.get(|c| Some(&c.disruption_budgets), namespace, name)
     }
 
-    pub(super) fn job(&self, namespace: &str, name: &str) -> Option<Job> {
+    pub(crate) fn job(&self, namespace: &str, name: &str) -> Option<Job> {
         self.get(|c| Some(&c.jobs), namespace, name)
     }
 
-    pub(super) fn service(&self, namespace: &str, name: &str) -> Option<Service> {
+    pub(crate) fn service(&self, namespace: &str, name: &str) -> Option<Service> {
         self.get(|c| Some(&c.services), namespace, name)
     }
 
-    pub(super) fn claim(&self, namespace: &str, name: &str) -> Option<PersistentVolumeClaim> {
+    pub(crate) fn claim(&self, namespace: &str, name: &str) -> Option<PersistentVolumeClaim> {
         self.get(|c| Some(&c.claims), namespace, name)
     }
 
-    pub(super) fn workload(&self, namespace: &str, name: &str) -> Option<Workload> {
+    pub(crate) fn workload(&self, namespace: &str, name: &str) -> Option<Workload> {
         self.get(|c| c.workloads.as_ref(), namespace, name)
     }
 
-    pub(super) fn network_policy(&self, namespace: &str, name: &str) -> Option<NetworkPolicy> {
+    pub(crate) fn network_policy(&self, namespace: &str, name: &str) -> Option<NetworkPolicy> {
         self.get(|c| c.network_policies.as_ref(), namespace, name)
     }
 
@@ -131,7 +130,7 @@ impl Caches {
     }
 
     /// The pods the operator's children made for the TrainingJob `job`.
-    pub(super) fn pods(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
+    pub(crate) fn pods(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
         self.scopes.iter().flat_map(|c| c.pods.of(namespace, job)).collect()
     }
 }
@@ -216,4 +215,15 @@ where
 {
     let managed = watcher::Config::default().labels(MANAGED);
     watcher(api, managed).default_backoff().modify(|o| o.meta_mut().managed_fields = None)
+}
+
+/// The API of `K` in `namespace`, or in every namespace for `None` (a cluster-wide watch).
+pub(crate) fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
 }

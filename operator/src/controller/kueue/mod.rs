@@ -17,6 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
+pub mod admission;
+pub mod flavors;
+
 /// The label that names the job's LocalQueue (the one Kueue's own integrations use).
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The digest of the pod sets a Workload was made with: a job whose pod sets no longer match
@@ -428,7 +431,7 @@ pub fn podsets_hash(sets: &[PodSet]) -> String {
             })
         })
         .collect();
-    super::children::digest(&serde_json::to_vec(&admitted).expect("JSON values serialize"))
+    crate::controller::names::digest(&serde_json::to_vec(&admitted).expect("JSON values serialize"))
 }
 
 /// The priority of a PriorityClass, as a Workload records it.

@@ -17,7 +17,10 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{COMPONENT_PS, COMPONENT_WORKER, LABEL_COMPONENT, LABEL_JOB, Owner, PS_PORT, ps_name};
+use super::Owner;
+use crate::controller::names::{
+    COMPONENT_PS, COMPONENT_WORKER, LABEL_COMPONENT, LABEL_JOB, PS_PORT, ps_name,
+};
 
 impl Owner<'_> {
     /// The NetworkPolicy `<job>-ps`: ingress to every shard's PS pods only from the job's

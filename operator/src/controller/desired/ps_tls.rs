@@ -17,6 +17,7 @@ use rustls::pki_types::PrivatePkcs8KeyDer;
 use foresight_ps::client::ClientTls;
 
 use super::token::TokenKey;
+use crate::api::TrainingJob;
 
 /// Keys of the job's TLS Secret (`kubernetes.io/tls`, with the CA as cert-manager writes it).
 pub const CA_KEY: &str = "ca.crt";
@@ -137,6 +138,12 @@ fn ed25519(key: &TokenKey, label: &str) -> Result<KeyPair, rcgen::Error> {
     let mut der = PREFIX.to_vec();
     der.extend_from_slice(&key.seed(label));
     KeyPair::from_pkcs8_der_and_sign_algo(&PrivatePkcs8KeyDer::from(der), &PKCS_ED25519)
+}
+
+/// The job's creation time in Unix seconds (its certificates' validity starts there); 0 when
+/// it has none yet, as an object read from the API server always has.
+pub(crate) fn created_s(job: &TrainingJob) -> i64 {
+    job.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second())
 }
 
 #[cfg(test)]

@@ -11,11 +11,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::applied::{Fingerprint, Key};
-use super::ownership::{Holder, Mark, holder};
-use super::{Context, Error, MANAGER, Result, is_status};
+use crate::controller::context::Context;
+use crate::controller::desired::ownership::Mark;
+use crate::controller::error::{Error, Result, is_status};
+use crate::controller::names::MANAGER;
 
 /// A namespaced object the operator writes.
-pub(super) trait Child:
+pub(crate) trait Child:
     Resource<Scope = NamespaceResourceScope, DynamicType = ()>
     + Clone
     + Serialize
@@ -33,21 +35,11 @@ impl<K> Child for K where
 {
 }
 
-/// The UID of `obj` when it is the job's (as `mark` tells), else the conflict to report.
-pub(super) fn ours<K: Child>(obj: &K, mark: Mark<'_>) -> Result<String> {
-    match holder(obj.meta(), mark) {
-        Holder::ThisJob { uid } => Ok(uid),
-        Holder::Other(holder) => {
-            Err(Error::NotOurs { kind: K::kind(&()).into_owned(), name: obj.name_any(), holder })
-        }
-    }
-}
-
 /// Makes the API server's copy of child `obj` what the operator built, given the object the
 /// caches hold under its name (`seen`; `None`: none of the operator's labelled objects).
 /// Returns the object as the API server has it. Sends nothing when `seen` is what the last
 /// write of the same intent returned (`applied`).
-pub(super) async fn apply<K: Child>(ctx: &Context, obj: K, seen: Option<K>, mark: Mark<'_>) -> Result<K> {
+pub(crate) async fn apply<K: Child>(ctx: &Context, obj: K, seen: Option<K>, mark: Mark<'_>) -> Result<K> {
     let api: Api<K> =
         Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
     let name = obj.meta().name.clone().ok_or(Error::Incomplete)?;
@@ -68,7 +60,7 @@ pub(super) async fn apply<K: Child>(ctx: &Context, obj: K, seen: Option<K>, mark
             Err(e) => return Err(e.into()),
         },
     };
-    let uid = ours(&seen, mark)?;
+    let uid = crate::controller::observe::ours(&seen, mark)?;
     if ctx.applied.holds(&key, result_of(&seen, &intent)) {
         return Ok(seen);
     }
@@ -104,7 +96,7 @@ fn result_of<K: Child>(obj: &K, intent: &[u8]) -> Fingerprint {
 /// which the operator may create but not read or patch; their names carry the job's UID, so
 /// only an earlier reconcile can have made them. `make` runs only when the object is not known
 /// to exist (the PS's certificates take signatures to build).
-pub(super) async fn create_once<K: Child>(
+pub(crate) async fn create_once<K: Child>(
     ctx: &Context,
     namespace: &str,
     name: &str,
@@ -132,8 +124,8 @@ pub(super) async fn create_once<K: Child>(
 /// Deletes the job's child `obj` (as the caches saw it) if it is still that object. One that is
 /// someone else's is left alone (the apply that would need it reports the conflict), one
 /// already gone is no error.
-pub(super) async fn delete<K: Child>(ctx: &Context, obj: &K, mark: Mark<'_>) -> Result<()> {
-    let Ok(uid) = ours(obj, mark) else { return Ok(()) };
+pub(crate) async fn delete<K: Child>(ctx: &Context, obj: &K, mark: Mark<'_>) -> Result<()> {
+    let Ok(uid) = crate::controller::observe::ours(obj, mark) else { return Ok(()) };
     let api: Api<K> =
         Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
     let params = DeleteParams {

@@ -22,18 +22,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
-#[derive(Clone, Debug)]
-pub struct LeaseConfig {
-    pub name: String,
-    pub namespace: String,
-    /// This replica's name in `holderIdentity` (the pod name in a cluster).
-    pub identity: String,
-    pub lease_duration: Duration,
-    pub renew_deadline: Duration,
-    pub retry_period: Duration,
-    /// What this operator watches, written on the Lease for the others' surveys (`scope`).
-    pub watch: super::Watch,
-}
+use super::LeaseConfig;
+use crate::controller::error::is_status;
 
 pub struct LeaderElector {
     api: Api<Lease>,
@@ -157,9 +147,9 @@ impl LeaderElector {
     /// Labels the Lease as an operator's and names what it watches (`scope`).
     fn mark(&self, lease: &mut Lease) {
         let meta = &mut lease.metadata;
-        meta.labels.get_or_insert_default().insert(super::scope::LEASE_LABEL.into(), "true".into());
+        meta.labels.get_or_insert_default().insert(super::LEASE_LABEL.into(), "true".into());
         let scope = self.cfg.watch.annotation();
-        meta.annotations.get_or_insert_default().insert(super::scope::SCOPE_ANNOTATION.into(), scope);
+        meta.annotations.get_or_insert_default().insert(super::SCOPE_ANNOTATION.into(), scope);
     }
 
     async fn try_acquire_or_renew(&self) -> Result<Attempt, kube::Error> {
@@ -220,10 +210,6 @@ impl LeaderElector {
             Err(e) => Err(e),
         }
     }
-}
-
-pub fn is_status(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 #[cfg(test)]

@@ -25,37 +25,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 
-use super::Watch;
-use super::claims::{self, CLAIM_OF_ANNOTATION};
-use super::leader::LeaseConfig;
-
-/// The label that marks an operator's Lease.
-pub const LEASE_LABEL: &str = "foresight.dev/operator-lease";
-/// The Lease's annotation naming what its operator watches: `*`, or namespaces separated by
-/// commas.
-pub const SCOPE_ANNOTATION: &str = "foresight.dev/watch-namespaces";
-/// How often a leader surveys the other operators' Leases: four lease durations (a minute by
-/// default), so that a survey costs less than the renewals.
-pub fn survey_every(lease_duration: Duration) -> Duration {
-    lease_duration * 4
-}
-
-impl Watch {
-    /// The value of [`SCOPE_ANNOTATION`].
-    pub fn annotation(&self) -> String {
-        match self {
-            Watch::All => "*".into(),
-            Watch::Namespaces(names) => names.join(","),
-        }
-    }
-
-    fn from_annotation(value: &str) -> Option<Watch> {
-        match value {
-            "*" => Some(Watch::All),
-            list => Watch::parse(list).ok().filter(|w| *w != Watch::All),
-        }
-    }
-}
+use super::{CLAIM_OF_ANNOTATION, LEASE_LABEL, LeaseConfig, SCOPE_ANNOTATION, claims, survey_every};
+use crate::controller::watch::Watch;
 
 /// Another operator's live Lease.
 #[derive(Clone, Debug, PartialEq)]

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
-use super::children::LABEL_JOB;
+use crate::controller::names::LABEL_JOB;
 
 /// namespace, name: of a pod, or of the job a pod belongs to.
 type Key = (String, String);
@@ -59,7 +59,7 @@ struct State {
 }
 
 /// The index shared by the watch that fills it and the reconciles that read it.
-pub(super) struct PodsByJob {
+pub(crate) struct PodsByJob {
     state: RwLock<State>,
     /// True once the first full list is in.
     ready: tokio::sync::watch::Sender<bool>,
@@ -73,7 +73,7 @@ impl Default for PodsByJob {
 
 impl PodsByJob {
     /// Takes one event of the pod watch into the index.
-    pub(super) fn apply(&self, event: &Event<Pod>) {
+    pub(crate) fn apply(&self, event: &Event<Pod>) {
         let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
         match event {
             Event::Apply(pod) => state.current.apply(pod),
@@ -88,14 +88,14 @@ impl PodsByJob {
     }
 
     /// The pods of TrainingJob `namespace/job`.
-    pub(super) fn of(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
+    pub(crate) fn of(&self, namespace: &str, job: &str) -> Vec<Arc<Pod>> {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
         let key = (namespace.to_string(), job.to_string());
         state.current.by_job.get(&key).map(|pods| pods.values().cloned().collect()).unwrap_or_default()
     }
 
     /// Waits until the index holds its first full list.
-    pub(super) async fn wait_until_ready(&self) {
+    pub(crate) async fn wait_until_ready(&self) {
         // Errs only when the sender is gone, which `self` holds.
         let _ = self.ready.subscribe().wait_for(|ready| *ready).await;
     }

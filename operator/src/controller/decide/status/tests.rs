@@ -496,7 +496,7 @@ fn a_sharded_parameter_server_reports_its_ready_shards() {
 
 #[test]
 fn pods_that_cannot_run_are_named_blamed_on_their_role_and_fail_the_job_after_the_bound() {
-    use crate::controller::trouble::{Role, Trouble};
+    use crate::controller::decide::trouble::{Role, Trouble};
     let oom = Trouble {
         role: Role::ParameterServer,
         reason: "OOMKilled".into(),

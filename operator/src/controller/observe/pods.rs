@@ -13,15 +13,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
-use super::children::{self, COMPONENT_PS, Owner};
-use super::status::{self, Placement};
-use super::trouble::{self, Role, Trouble};
-use super::{Context, Result};
 use crate::api::TrainingJobStatus;
+use crate::controller::context::Context;
+use crate::controller::decide::status::{self, Placement};
+use crate::controller::decide::trouble::{self, Role, Trouble};
+use crate::controller::desired::children::Owner;
+use crate::controller::error::Result;
+use crate::controller::names::{self, COMPONENT_PS};
 
 /// The job's pods that cannot start or keep failing (`trouble`): the parameter server's first,
 /// since workers fail for want of it.
-pub(super) async fn trouble(
+pub(crate) async fn trouble(
     ctx: &Context,
     owner: &Owner<'_>,
     ps: &[Deployment],
@@ -31,7 +33,7 @@ pub(super) async fn trouble(
         return Ok(Some(t));
     }
     let pods = ctx.caches.pods(&owner.namespace, &owner.name);
-    let role = |p: &Pod| match p.labels().get(children::LABEL_COMPONENT).map(String::as_str) {
+    let role = |p: &Pod| match p.labels().get(names::LABEL_COMPONENT).map(String::as_str) {
         Some(COMPONENT_PS) => Role::ParameterServer,
         _ => Role::Workers,
     };
@@ -78,7 +80,7 @@ async fn worker_creation_trouble(ctx: &Context, owner: &Owner<'_>, workers: &Job
 }
 
 /// Whether the pods have been failing (condition `PodsFailing` True) for longer than `bound`.
-pub(super) fn trouble_older_than(old: &TrainingJobStatus, bound: Duration) -> bool {
+pub(crate) fn trouble_older_than(old: &TrainingJobStatus, bound: Duration) -> bool {
     old.conditions.iter().any(|c| {
         c.type_ == status::PODS_FAILING
             && c.status == "True"
@@ -88,12 +90,12 @@ pub(super) fn trouble_older_than(old: &TrainingJobStatus, bound: Duration) -> bo
 
 /// Whether the scheduler placed the job's pods (`status::unschedulable_pod` says what an
 /// unschedulable one means).
-pub(super) async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
+pub(crate) async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let mut waiting = None;
     for pod in ctx.caches.pods(&owner.namespace, &owner.name) {
         let Some(message) = unschedulable_condition(&pod) else { continue };
-        let who = if pod.labels().get(children::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
+        let who = if pod.labels().get(names::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
             "parameter server"
         } else {
             "worker"
@@ -136,7 +138,7 @@ fn claim_names(pod: &Pod) -> impl Iterator<Item = &str> {
 /// The final model the job's last worker recorded in its termination message (the PS told it
 /// where it wrote the model when it left): proof of the model that needs no connection to the
 /// PS. Only pods of this worker Job (`job_uid`) count.
-pub(super) fn final_model_reported(ctx: &Context, owner: &Owner<'_>, workers: &Job) -> Option<FinalModel> {
+pub(crate) fn final_model_reported(ctx: &Context, owner: &Owner<'_>, workers: &Job) -> Option<FinalModel> {
     let uid = workers.metadata.uid.as_deref()?;
     final_model_in(&ctx.caches.pods(&owner.namespace, &owner.name), uid)
 }

@@ -2,9 +2,6 @@
 //! given back its quota after an eviction, released and marked finished, and the priority it
 //! carries.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
-
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -12,13 +9,14 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::children::{self, ChildDefaults, Owner};
-use super::kueue::{
-    self, Admission, FlavorPlacement, Plan, ResourceFlavor, ResourceFlavorSpec, Workload, WorkloadSpec,
-};
-use super::leader::is_status;
-use super::{Context, MANAGER, Result, publish, writes};
+use super::{self as kueue, Admission, FlavorPlacement, Plan, Workload, WorkloadSpec};
 use crate::api::TrainingJob;
+use crate::controller::context::Context;
+use crate::controller::desired::children::{self, ChildDefaults, Owner};
+use crate::controller::error::{Result, is_status};
+use crate::controller::names::{self, MANAGER};
+use crate::controller::write::job::publish;
+use crate::controller::write::writes;
 
 /// The name of a job's Workload.
 pub fn workload_name(job: &str) -> String {
@@ -27,7 +25,7 @@ pub fn workload_name(job: &str) -> String {
 
 /// Kueue's say on the job: makes its Workload, or replaces or releases it as `kueue::plan`
 /// decides; once it is admitted, where its flavors place the pods and how many workers run.
-pub(super) async fn admit(
+pub(crate) async fn admit(
     ctx: &Context,
     job: &TrainingJob,
     owner: &Owner<'_>,
@@ -45,13 +43,11 @@ pub(super) async fn admit(
     }
     let ns = &owner.namespace;
     let name = workload_name(&owner.name);
-    let stopped = ctx
-        .caches
-        .job(ns, &children::workers_name(&owner.name))
-        .is_none_or(|j| children::is_idle_suspended(&j));
+    let stopped =
+        ctx.caches.job(ns, &names::workers_name(&owner.name)).is_none_or(|j| children::is_idle_suspended(&j));
     let existing = ctx.caches.workload(ns, &name);
     if let Some(w) = &existing {
-        writes::ours(w, owner.mark())?;
+        crate::controller::observe::ours(w, owner.mark())?;
     }
     let sets = kueue::pod_sets(
         owner.ps_deployment(defaults, job.spec.workers.replicas, 0).spec.template,
@@ -98,7 +94,7 @@ pub const DEFAULT_QUEUE: &str = "default";
 /// (`LocalQueueDefaulting`): on the job's first reconcile only, before any of its pods exist, so
 /// that a default queue made later never stops a job already running. Returns whether it
 /// labelled the job (the watch then brings the labelled job back).
-pub(super) async fn default_queue(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<bool> {
+pub(crate) async fn default_queue(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<bool> {
     let first = job.status.as_ref().and_then(|s| s.phase).is_none();
     if !ctx.settings.kueue || !first || job.labels().contains_key(kueue::QUEUE_LABEL) {
         return Ok(false);
@@ -153,33 +149,6 @@ async fn placement(ctx: &Context, workload: &Workload, name: &str) -> Result<Fla
     Ok(kueue::placement(&specs))
 }
 
-/// ResourceFlavors as last read, for a minute: every reconcile of an admitted job places its
-/// pods by them, and a GET per flavor each time would be most of what such a reconcile asks
-/// the API server. (A watch would need `list` and `watch` on a cluster-scoped kind; the chart
-/// grants `get` only.) A flavor changed meanwhile places pods made after the minute.
-#[derive(Default)]
-pub(super) struct Flavors(std::sync::Mutex<HashMap<String, (Instant, ResourceFlavorSpec)>>);
-
-const FLAVOR_TTL: Duration = Duration::from_secs(60);
-
-impl Flavors {
-    async fn spec(&self, client: &kube::Client, name: &str) -> Result<ResourceFlavorSpec> {
-        let fresh = |(read, _): &(Instant, ResourceFlavorSpec)| read.elapsed() < FLAVOR_TTL;
-        if let Some((_, spec)) = self.lock().get(name).filter(|e| fresh(e)) {
-            return Ok(spec.clone());
-        }
-        let spec = Api::<ResourceFlavor>::all(client.clone()).get(name).await?.spec;
-        let mut cached = self.lock();
-        cached.retain(|_, e| fresh(e));
-        cached.insert(name.to_string(), (Instant::now(), spec.clone()));
-        Ok(spec)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, ResourceFlavorSpec)>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
 async fn create(
     ctx: &Context,
     owner: &Owner<'_>,
@@ -200,7 +169,7 @@ async fn create(
         WorkloadSpec { queue_name: queue.into(), pod_sets, priority_class_ref, priority, active: None },
     );
     workload.metadata.namespace = Some(owner.namespace.clone());
-    workload.metadata.labels = Some(children::labels(&owner.name, "workload"));
+    workload.metadata.labels = Some(names::labels(&owner.name, "workload"));
     workload.metadata.annotations = Some([(kueue::PODSETS_HASH.to_string(), hash)].into());
     workload.metadata.owner_references = Some(vec![owner.owner_reference()]);
     match api
@@ -209,7 +178,7 @@ async fn create(
     {
         // Made by a reconcile whose write the cache had not seen yet, or by someone else.
         Err(e) if is_status(&e, 409) => {
-            writes::ours(&api.get(&workload.name_any()).await?, owner.mark()).map(|_| ())
+            crate::controller::observe::ours(&api.get(&workload.name_any()).await?, owner.mark()).map(|_| ())
         }
         r => r.map(|_| ()).map_err(Into::into),
     }
@@ -245,13 +214,13 @@ async fn unreserve(api: &Api<Workload>, w: &Workload, why: &kueue::Eviction) -> 
 }
 
 /// Marks the ended job's Workload `Finished`, which gives its quota back.
-pub(super) async fn finish(ctx: &Context, owner: &Owner<'_>, succeeded: bool, message: &str) -> Result<()> {
+pub(crate) async fn finish(ctx: &Context, owner: &Owner<'_>, succeeded: bool, message: &str) -> Result<()> {
     if !ctx.settings.kueue {
         return Ok(());
     }
     let name = workload_name(&owner.name);
     let Some(workload) = ctx.caches.workload(&owner.namespace, &name) else { return Ok(()) };
-    if writes::ours(&workload, owner.mark()).is_err() {
+    if crate::controller::observe::ours(&workload, owner.mark()).is_err() {
         return Ok(());
     }
     if workload.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Finished" && c.status == "True")

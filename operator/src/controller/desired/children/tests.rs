@@ -1,5 +1,6 @@
 use super::*;
 use crate::api::TrainingJob;
+use crate::controller::names::LABEL_JOB;
 use std::collections::BTreeSet;
 
 fn job(yaml: &str) -> TrainingJob {
