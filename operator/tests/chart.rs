@@ -385,7 +385,7 @@ fn cluster_wide_rules() -> Value {
 }
 
 /// A Role in a namespace a release watches other than its own: the same, and the Leases there
-/// (the other operators', its own claim: operator/src/controller/claims.rs).
+/// (the other operators', its own claim: operator/src/controller/leadership/claims.rs).
 fn watched_namespace_rules() -> Value {
     let mut rules = expected_rules();
     rules.as_array_mut().unwrap().extend([

@@ -1,4 +1,4 @@
-//! Several operators in one cluster (`controller/scope.rs`), each the real binary against a real
+//! Several operators in one cluster (`controller/leadership/scope.rs`), each the real binary against a real
 //! control plane of this test binary's own: a cluster-wide operator here would take every other
 //! test's jobs.
 

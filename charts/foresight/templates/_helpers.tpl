@@ -96,7 +96,7 @@ other; the default release, `foresight`, keeps the name it always had.
 
 {{/*
 The claim a namespaced release writes in each other namespace it watches
-(operator/src/controller/claims.rs `claim_name`).
+(operator/src/controller/leadership/claims.rs `claim_name`).
 */}}
 {{- define "foresight.claimName" -}}
 {{- printf "foresight-claim.%s.%s" .Release.Namespace (include "foresight.leaseName" .) }}

@@ -37,7 +37,7 @@ pub struct Settings {
     /// Whether Kueue admits the jobs labelled for one of its queues (`kueue`).
     pub kueue: bool,
     /// `Some`: each job gets a NetworkPolicy letting only its workers and these peers reach its
-    /// parameter servers (`children/guards.rs`).
+    /// parameter servers (`desired/children/guards.rs`).
     pub ps_ingress_from: Option<Vec<NetworkPolicyPeer>>,
     /// `None`: no leader election (one replica).
     pub lease: Option<LeaseConfig>,
