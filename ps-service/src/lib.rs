@@ -22,3 +22,6 @@ pub mod pool;
 pub mod server;
 pub mod store;
 pub mod wire;
+
+#[cfg(test)]
+mod layers;

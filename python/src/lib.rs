@@ -15,8 +15,8 @@ use std::time::Duration;
 use foresight_ps::client::{
     Cadence, ClientError, ClientTls, Exchange, GradDtype, PsClient, PullDtype, Retry, Session, StepEnd, shard,
 };
-use foresight_ps::server::Report;
 use foresight_ps::wire::buffers::{self, Buffers};
+use foresight_ps::wire::protocol::Report;
 use foresight_ps::wire::{Layout, TensorSpec};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;

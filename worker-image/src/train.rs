@@ -11,8 +11,8 @@ use anyhow::Context;
 use foresight_ps::client::{
     Cadence, ClientError, ClientTls, Exchange, Joined, PsClient, Retry, Session, StepEnd, shard,
 };
-use foresight_ps::server::Report;
 use foresight_ps::wire::progress::WorkerEvent as Event;
+use foresight_ps::wire::protocol::Report;
 use foresight_ps::wire::{Layout, TensorSpec, buffers};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;

@@ -15,7 +15,7 @@ use clap::{Parser, ValueEnum};
 use foresight_ps::client::{
     Base, ClientError, ExpectedModel, GradDtype, Model, PsClient, PullDtype, PushId, PushReply,
 };
-use foresight_ps::server::Report;
+use foresight_ps::wire::protocol::Report;
 use foresight_ps::wire::shards::ShardMap;
 use foresight_ps::wire::{Layout, TensorSpec};
 use futures_util::future::join_all;

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use super::session::{Pushed, Session};
 use super::{ClientError, GradDtype, Joined, Model, PullDtype};
 use crate::pace::PaceReport;
-use crate::server::Report;
 use crate::wire::Layout;
 use crate::wire::final_model::{FinalModel, termination_message_file};
+use crate::wire::protocol::Report;
 
 /// How often a worker talks to the PS. Build it with [`Cadence::new`], which refuses the
 /// combinations that would mislabel a gradient.

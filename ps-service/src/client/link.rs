@@ -14,12 +14,12 @@ use super::{
 };
 use crate::pace::PaceReport;
 use crate::pool::{Pool, lend};
-use crate::server::Report;
 use crate::wire::final_model::FinalModel;
+use crate::wire::protocol::{Report, reason};
 use crate::wire::{self, Layout};
 
 /// Refusals after which a gradient is dropped and the model pulled again.
-const DROPPED: [&str; 4] = ["pull_required", "too_stale", "round_closed", "future_version"];
+const DROPPED: [&str; 4] = ["pull_required", reason::TOO_STALE, reason::ROUND_CLOSED, reason::FUTURE_VERSION];
 
 pub(super) struct Link {
     client: PsClient,
@@ -136,7 +136,7 @@ impl Link {
         let worker = self.worker;
         // `unknown_worker` at join: the job was scaled up and the Job started this pod before
         // the operator told the PS the new count; it is told within seconds.
-        let scaling = |e: &ClientError| e.is_transient() || e.reason() == Some("unknown_worker");
+        let scaling = |e: &ClientError| e.is_transient() || e.reason() == Some(reason::UNKNOWN_WORKER);
         let joined = self
             .retry
             .run(&self.client, "joining", scaling, |c| async move { c.join(worker, step).await })
@@ -207,10 +207,10 @@ impl Link {
                     self.copy = None;
                 }
                 Ok(m) => return Ok(m),
-                Err(e) if e.reason() == Some("not_registered") => self.reseed(step).await?,
+                Err(e) if e.reason() == Some(reason::NOT_REGISTERED) => self.reseed(step).await?,
                 // The shard no longer takes this process's credential (it restarted with another
                 // control token): a join answers a new one, once.
-                Err(e) if e.reason() == Some("credential_refused") && !rejoined => {
+                Err(e) if e.reason() == Some(reason::CREDENTIAL_REFUSED) && !rejoined => {
                     rejoined = true;
                     self.join(Some(step)).await?;
                 }
@@ -280,14 +280,14 @@ impl Link {
                 Some(r) if DROPPED.contains(&r) => Pushed::Dropped(r.to_string()),
                 // A round of this version holds this worker's gradient already (a retry of a
                 // push whose answer was lost, after a restart of this process).
-                Some("already_contributed") => Pushed::InRound { version },
-                Some("finalized") => Pushed::Finalized,
-                Some("not_registered") => {
+                Some(reason::ALREADY_CONTRIBUTED) => Pushed::InRound { version },
+                Some(reason::FINALIZED) => Pushed::Finalized,
+                Some(reason::NOT_REGISTERED) => {
                     self.reseed(step).await?;
-                    Pushed::Dropped("not_registered".into())
+                    Pushed::Dropped(reason::NOT_REGISTERED.into())
                 }
                 // `credential_refused`: as in a pull.
-                Some(r @ ("rejoin_required" | "stale_seq" | "credential_refused")) => {
+                Some(r @ (reason::REJOIN_REQUIRED | reason::STALE_SEQ | reason::CREDENTIAL_REFUSED)) => {
                     let r = r.to_string();
                     self.join(Some(step)).await?;
                     Pushed::Dropped(r)

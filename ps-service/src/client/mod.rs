@@ -7,12 +7,13 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use crate::pace::PaceReport;
-use crate::server::{
-    CLIENT_VERSION_HEADER, COPY_HEADER, CREDENTIAL_HEADER, DELTA_FROM_HEADER, HELD_HEADER,
-    INCARNATION_HEADER, PS_VERSION, Report, VERSION_HEADER,
-};
 use crate::wire::final_model::FinalModel;
 use crate::wire::in_place::{Expected, InPlace};
+pub use crate::wire::protocol::PullDtype;
+use crate::wire::protocol::{
+    CLIENT_VERSION_HEADER, COPY_HEADER, CREDENTIAL_HEADER, DELTA_FROM_HEADER, HELD_HEADER,
+    INCARNATION_HEADER, PS_VERSION, Report, VERSION_HEADER, reason, route,
+};
 use crate::wire::{self, Layout, WireError};
 
 mod exchange;
@@ -85,8 +86,13 @@ pub enum ClientError {
 
 /// Refusals of the parameter server that the same request will meet again, whoever sends it.
 /// (`unknown_worker` is not one: a job being scaled may know the index a moment later.)
-const PERMANENT_REFUSALS: [&str; 5] =
-    ["unauthorized", "layout_mismatch", "shape_mismatch", "dtype_mismatch", "version_mismatch"];
+const PERMANENT_REFUSALS: [&str; 5] = [
+    "unauthorized",
+    reason::LAYOUT_MISMATCH,
+    reason::SHAPE_MISMATCH,
+    reason::DTYPE_MISMATCH,
+    reason::VERSION_MISMATCH,
+];
 
 impl ClientError {
     /// Worth retrying: the PS was unreachable, restarting or overloaded.
@@ -95,7 +101,7 @@ impl ClientError {
             Self::Transport(_) => true,
             Self::Refused { status, reason, .. } => {
                 status.is_server_error()
-                    || ["in_flight", "body_stalled", "body_too_slow"].contains(&reason.as_str())
+                    || ["in_flight", reason::BODY_STALLED, reason::BODY_TOO_SLOW].contains(&reason.as_str())
             }
             _ => false,
         }
@@ -171,40 +177,6 @@ impl ExpectedModel {
     pub fn pulled_as(layout: Layout, dtype: PullDtype) -> Self {
         let header = wire::header(&layout, dtype.wire(), &Default::default());
         Self { layout, dtype, header }
-    }
-}
-
-/// Element type a model is pulled in; the PS keeps float32 either way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PullDtype {
-    #[default]
-    F32,
-    /// Half the bytes: the worker computes on the model rounded to bf16, as mixed-precision
-    /// training computes on a bf16 copy of float32 master weights.
-    Bf16,
-    /// A quarter of the bytes: the int8 difference between the model and the copy the worker
-    /// holds, which the PS tracks (the first pull, and any after the PS lost track, is F32).
-    /// What a pull's rounding leaves out is in the next pull's difference, so the worker's copy
-    /// stays within one pull's rounding of the model.
-    Int8,
-}
-
-impl PullDtype {
-    /// The encoding a whole model arrives in (an int8 pull's whole answer is F32).
-    fn wire(self) -> wire::WireDtype {
-        match self {
-            Self::F32 | Self::Int8 => wire::WireDtype::F32,
-            Self::Bf16 => wire::WireDtype::Bf16,
-        }
-    }
-
-    /// The name the PS's `dtype` query parameter and the job's settings use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-            Self::Int8 => "int8",
-        }
     }
 }
 
@@ -492,7 +464,7 @@ impl PsClient {
 
     /// Registers the model; `Ok(false)` when another worker registered it first.
     pub async fn register(&self, layout: &Layout, values: &[f32]) -> Result<bool, ClientError> {
-        self.put_model("/v1/model", layout, values).await
+        self.put_model(route::MODEL, layout, values).await
     }
 
     /// Offers this worker's copy of the model, of `version`, to a PS that lost its model:
@@ -505,7 +477,7 @@ impl PsClient {
         layout: &Layout,
         values: &[f32],
     ) -> Result<bool, ClientError> {
-        self.put_model(&format!("/v1/model?worker={worker}&version={version}"), layout, values).await
+        self.put_model(&format!("{}?worker={worker}&version={version}", route::MODEL), layout, values).await
     }
 
     async fn put_model(&self, path: &str, layout: &Layout, values: &[f32]) -> Result<bool, ClientError> {
@@ -521,7 +493,7 @@ impl PsClient {
 
     /// Joins as a new process of `worker`; `step` is its own position, when it has one.
     pub async fn join(&self, worker: usize, step: Option<u64>) -> Result<Joined, ClientError> {
-        let mut path = format!("/v1/join?worker={worker}");
+        let mut path = format!("{}?worker={worker}", route::JOIN);
         if let Some(s) = step {
             path += &format!("&step={s}");
         }
@@ -571,7 +543,7 @@ impl PsClient {
         reuse: Vec<f32>,
         base: Option<Base<'_>>,
     ) -> Result<Option<Model>, ClientError> {
-        let mut path = format!("/v1/model?worker={worker}");
+        let mut path = format!("{}?worker={worker}", route::MODEL);
         let dtype = expected.map_or(PullDtype::F32, |e| e.dtype);
         if dtype != PullDtype::F32 {
             path += &format!("&dtype={}", dtype.as_str());
@@ -644,7 +616,7 @@ impl PsClient {
     ) -> Result<PushReply, ClientError> {
         let body = body.into();
         let PushId { worker, generation, version, incarnation, seq } = id;
-        let mut path = format!("/v1/gradients?worker={worker}&version={version}&seq={seq}");
+        let mut path = format!("{}?worker={worker}&version={version}&seq={seq}", route::GRADIENTS);
         if let Some(g) = generation {
             path += &format!("&generation={g}");
         }
@@ -666,7 +638,7 @@ impl PsClient {
     }
 
     pub async fn report(&self, report: &Report) -> Result<(), ClientError> {
-        Self::check(self.short(reqwest::Method::POST, "/v1/report").json(report).send().await?).await?;
+        Self::check(self.short(reqwest::Method::POST, route::REPORT).json(report).send().await?).await?;
         Ok(())
     }
 
@@ -684,7 +656,7 @@ impl PsClient {
             #[serde(default)]
             final_model: Option<FinalModel>,
         }
-        let path = format!("/v1/leave?worker={worker}&generation={generation}");
+        let path = format!("{}?worker={worker}&generation={generation}", route::LEAVE);
         let bytes = buffers.as_ref().map_or(0, |b| b.len());
         let mut req = self.transfer(reqwest::Method::POST, &path, bytes, Duration::ZERO);
         if let Some(body) = buffers {
@@ -696,24 +668,24 @@ impl PsClient {
 
     /// `POST /v1/heartbeat`: `worker` is alive and training (between exchanges).
     pub async fn heartbeat(&self, worker: usize) -> Result<(), ClientError> {
-        let path = format!("/v1/heartbeat?worker={worker}");
+        let path = format!("{}?worker={worker}", route::HEARTBEAT);
         Self::check(self.short(reqwest::Method::POST, &path).send().await?).await?;
         Ok(())
     }
 
     pub async fn status(&self) -> Result<serde_json::Value, ClientError> {
-        Ok(Self::check(self.short(reqwest::Method::GET, "/v1/status").send().await?).await?.json().await?)
+        Ok(Self::check(self.short(reqwest::Method::GET, route::STATUS).send().await?).await?.json().await?)
     }
 
     /// `PUT /v1/workers?count=N`: tells the PS the job now has `count` workers.
     pub async fn set_workers(&self, count: usize) -> Result<(), ClientError> {
-        let req = self.short(reqwest::Method::PUT, &format!("/v1/workers?count={count}"));
+        let req = self.short(reqwest::Method::PUT, &format!("{}?count={count}", route::WORKERS));
         Self::check(req.send().await?).await?;
         Ok(())
     }
 
     /// `POST /v1/finalize`: the model becomes read-only and the final model is written.
     pub async fn finalize(&self) -> Result<FinalModel, ClientError> {
-        Ok(Self::check(self.req(reqwest::Method::POST, "/v1/finalize").send().await?).await?.json().await?)
+        Ok(Self::check(self.req(reqwest::Method::POST, route::FINALIZE).send().await?).await?.json().await?)
     }
 }

@@ -26,9 +26,9 @@ use tokio::runtime::Handle;
 use super::link::Link;
 use super::{ClientError, GradDtype, Joined, Model, PsClient, PullDtype, PushReply};
 use crate::pace::PaceReport;
-use crate::server::Report;
 use crate::wire::Layout;
 use crate::wire::final_model::FinalModel;
+use crate::wire::protocol::Report;
 use crate::wire::shards::ShardMap;
 
 /// What became of a pushed gradient.

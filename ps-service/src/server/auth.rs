@@ -13,9 +13,10 @@ use ring::digest::{SHA256, digest};
 use subtle::ConstantTimeEq;
 
 use super::{ApiError, AppState};
+use crate::wire::protocol::{reason, route};
 
 /// Routes that need the control token when one is configured.
-pub const CONTROL_ROUTES: [&str; 2] = ["/v1/finalize", "/v1/workers"];
+pub const CONTROL_ROUTES: [&str; 2] = [route::FINALIZE, route::WORKERS];
 
 /// Whether `given` is `expected`, in time that depends on neither (both are hashed first, so
 /// not even the expected token's length shows).
@@ -48,8 +49,8 @@ pub async fn require_token(State(state): State<Arc<AppState>>, req: Request, nex
     if allowed {
         return next.run(req).await;
     }
-    if path == "/v1/gradients" {
-        state.metrics.reject("unauthorized");
+    if path == route::GRADIENTS {
+        state.metrics.reject(reason::UNAUTHORIZED);
     }
     if worker {
         tracing::warn!(path, "refused a control call made with the workers' token");

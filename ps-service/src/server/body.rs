@@ -11,15 +11,16 @@ use super::error::ApiError;
 use super::guarded_body::{BodyStalled, stalled};
 use crate::wire;
 use crate::wire::in_place::{Expected, InPlace};
+use crate::wire::protocol::reason;
 
 /// A failed body read: a stalled upload is a 408 (the client may retry), anything else a 400.
 fn body_error(e: axum::Error) -> ApiError {
     match stalled(&e) {
         Some(s @ BodyStalled::Idle(_)) => {
-            ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_stalled", s.to_string())
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, reason::BODY_STALLED, s.to_string())
         }
         Some(s @ BodyStalled::TooSlow { .. }) => {
-            ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_too_slow", s.to_string())
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, reason::BODY_TOO_SLOW, s.to_string())
         }
         None => ApiError::bad_request(format!("failed to read the request body: {e}")),
     }

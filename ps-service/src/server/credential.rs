@@ -15,9 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use ring::hmac;
 
 use super::{ApiError, auth};
-
-/// The header a worker's calls carry the credential in: `WORKER.GENERATION.MAC` (MAC in hex).
-pub const CREDENTIAL_HEADER: &str = "x-foresight-credential";
+use crate::wire::protocol::{CREDENTIAL_HEADER, reason};
 
 /// What a credential says its holder is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +83,7 @@ impl Credentials {
 fn refused(worker: usize, carried: &str) -> ApiError {
     ApiError::new(
         StatusCode::FORBIDDEN,
-        "credential_refused",
+        reason::CREDENTIAL_REFUSED,
         format!(
             "this call acts for worker {worker} but carries {carried}: each worker process sends the \
              credential its join answered ({CREDENTIAL_HEADER})"

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::store::StoreError;
 use crate::wire::WireError;
+use crate::wire::protocol::reason;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -27,13 +28,13 @@ impl ApiError {
     }
 
     pub fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token")
+        Self::new(StatusCode::UNAUTHORIZED, reason::UNAUTHORIZED, "missing or invalid bearer token")
     }
 
     pub fn not_registered() -> Self {
         Self::new(
             StatusCode::CONFLICT,
-            "not_registered",
+            reason::NOT_REGISTERED,
             "no model is registered yet: the first worker registers it with PUT /v1/model",
         )
     }
@@ -43,7 +44,7 @@ impl ApiError {
     pub fn lost_model() -> Self {
         Self::new(
             StatusCode::CONFLICT,
-            "not_registered",
+            reason::NOT_REGISTERED,
             "the parameter server lost its model: offer your copy with PUT /v1/model?version=V&worker=M, then join",
         )
     }

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router, middleware};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::body::{Gradient, read_gradient, read_limited};
 use super::credential::Incarnation;
@@ -24,25 +24,10 @@ use crate::store::journal::BodyInfo;
 use crate::store::{BackupAs, MAX_EPOCH, MAX_VERSION, Push, Store};
 use crate::wire;
 use crate::wire::final_model::FinalModel;
-
-pub const VERSION_HEADER: &str = "x-foresight-version";
-/// The Foresight version of the client that joins (the Rust worker's, the Python wheel's): the
-/// PS refuses a join from a version it cannot speak to, naming both.
-pub const CLIENT_VERSION_HEADER: &str = "x-foresight-client-version";
-/// This PS's Foresight version.
-pub const PS_VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// Whether a client of version `client` speaks this PS's protocol: the same release line (the
-/// same major version, and from 1.0 on any minor; before 1.0, the same minor, as semver has it).
-pub fn speaks_our_protocol(client: &str) -> bool {
-    let line = |v: &str| -> Option<(u64, u64)> {
-        let mut parts = v.split('.');
-        let major = parts.next()?.parse().ok()?;
-        let minor = parts.next()?.parse().ok()?;
-        Some(if major == 0 { (0, minor) } else { (major, 0) })
-    };
-    line(client).is_some() && line(client) == line(PS_VERSION)
-}
+use crate::wire::protocol::{
+    CLIENT_VERSION_HEADER, COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, PS_VERSION,
+    Report, VERSION_HEADER, reason, route, speaks_our_protocol,
+};
 
 fn check_client_version(headers: &HeaderMap) -> Result<(), ApiError> {
     // A client that names no version (curl, an older worker) is taken: the layout checks still apply.
@@ -53,37 +38,26 @@ fn check_client_version(headers: &HeaderMap) -> Result<(), ApiError> {
     }
     Err(ApiError::new(
         StatusCode::BAD_REQUEST,
-        "version_mismatch",
+        reason::VERSION_MISMATCH,
         format!(
             "this worker's Foresight {client} cannot work with parameter server {PS_VERSION}: \
              run the worker image (or the foresight wheel) of the operator's release"
         ),
     ))
 }
-/// This PS process (`/v1/status` `process.incarnation`), on every model a pull sends.
-pub const INCARNATION_HEADER: &str = "x-foresight-incarnation";
-/// How long a pull was held waiting for the version it asked for (a `sync` round), in
-/// milliseconds: the client leaves it out of the exchange's time it reports.
-pub const HELD_HEADER: &str = "x-foresight-held-ms";
-/// On an int8 pull's answer: the tag of the copy the worker holds once it took this answer;
-/// the next int8 pull names it as `base`.
-pub const COPY_HEADER: &str = "x-foresight-copy";
-/// On an int8 pull's answer that is a difference: the tag of the copy it is the difference
-/// from. Absent: the body is the whole model in F32.
-pub const DELTA_FROM_HEADER: &str = "x-foresight-delta-from";
 
 pub fn router(state: Arc<AppState>) -> Router {
     let guard = BodyGuard { idle: state.config.body_idle_timeout, min_rate: state.config.body_min_rate };
     let v1 = Router::new()
-        .route("/v1/model", put(register).get(pull))
-        .route("/v1/join", post(join))
-        .route("/v1/gradients", post(push))
-        .route("/v1/report", post(report))
-        .route("/v1/leave", post(leave))
-        .route("/v1/heartbeat", post(heartbeat))
-        .route("/v1/status", get(status))
-        .route("/v1/finalize", post(finalize))
-        .route("/v1/workers", put(set_workers))
+        .route(route::MODEL, put(register).get(pull))
+        .route(route::JOIN, post(join))
+        .route(route::GRADIENTS, post(push))
+        .route(route::REPORT, post(report))
+        .route(route::LEAVE, post(leave))
+        .route(route::HEARTBEAT, post(heartbeat))
+        .route(route::STATUS, get(status))
+        .route(route::FINALIZE, post(finalize))
+        .route(route::WORKERS, put(set_workers))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
     Router::new()
         .merge(v1)
@@ -148,7 +122,7 @@ fn worker_in_range(state: &AppState, worker: usize) -> Result<(), ApiError> {
     if worker >= workers {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "unknown_worker",
+            reason::UNKNOWN_WORKER,
             format!("worker {worker} is out of range: this job has {workers} workers (0..{workers})"),
         ));
     }
@@ -213,7 +187,7 @@ async fn register(
     if state.store().is_some_and(|s| s.layout() != store.layout()) {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "layout_mismatch",
+            reason::LAYOUT_MISMATCH,
             "the registered model has another layout: this worker trains a different model",
         ));
     }
@@ -650,43 +624,6 @@ fn push_response(
     ([(VERSION_HEADER, HeaderValue::from(o.version))], Json(body)).into_response()
 }
 
-/// What a worker reports about its training (`POST /v1/report`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Report {
-    pub worker: usize,
-    pub step: u64,
-    pub epoch: f64,
-    pub loss: f64,
-    #[serde(default)]
-    pub accuracy: Option<f64>,
-    #[serde(default)]
-    pub samples_per_second: Option<f64>,
-}
-
-impl Report {
-    fn validate(&self) -> Result<(), String> {
-        let finite_nonneg = |name: &str, v: f64| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err(format!("{name} must be a finite number ≥ 0, got {v}"))
-            }
-        };
-        finite_nonneg("epoch", self.epoch)?;
-        finite_nonneg("loss", self.loss)?;
-        if let Some(a) = self.accuracy
-            && !(0.0..=1.0).contains(&a)
-        {
-            return Err(format!("accuracy must be in [0, 1], got {a}"));
-        }
-        if let Some(s) = self.samples_per_second {
-            finite_nonneg("samples_per_second", s)?;
-        }
-        Ok(())
-    }
-}
-
 /// `POST /v1/leave?worker=&generation=`: the worker has trained all its steps. Under `sync`, a
 /// round that holds every still-training worker's gradient closes at once. A body, when there
 /// is one, holds the worker's buffers (`wire::buffers`): the last leave's go into the final
@@ -850,24 +787,4 @@ async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     }
     let content_type = HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8");
     ([(header::CONTENT_TYPE, content_type)], state.metrics.encode())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::speaks_our_protocol;
-
-    #[test]
-    fn a_client_speaks_our_protocol_on_the_same_release_line_only() {
-        let ours: Vec<u64> = super::PS_VERSION.split('.').map(|p| p.parse().unwrap()).collect();
-        let (major, minor) = (ours[0], ours[1]);
-        assert!(speaks_our_protocol(super::PS_VERSION));
-        assert!(speaks_our_protocol(&format!("{major}.{minor}.99")), "a patch release");
-        assert!(!speaks_our_protocol(&format!("{}.0.0", major + 1)), "the next major");
-        if major == 0 {
-            assert!(!speaks_our_protocol(&format!("0.{}.0", minor + 1)), "before 1.0 a minor breaks");
-        }
-        for junk in ["", "x", "1", "1.x.0", "-1.0.0"] {
-            assert!(!speaks_our_protocol(junk), "{junk:?}");
-        }
-    }
 }

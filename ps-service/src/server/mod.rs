@@ -12,6 +12,7 @@ mod guarded_body;
 mod handlers;
 mod liveness;
 pub mod metrics;
+mod peers;
 mod presence;
 mod replicas;
 mod serve;
@@ -25,7 +26,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::client::PullDtype;
 use crate::optimizer::Hyper;
 use crate::pace::{LocalStepsPolicy, Pace, PaceReport};
 use crate::store::checkpoint::{self, CheckpointDir, CheckpointError};
@@ -33,15 +33,12 @@ use crate::store::journal::{Entry, Start};
 use crate::store::{CheckpointData, Push, Store};
 use crate::wire::buffers::Buffers;
 use crate::wire::final_model::FinalModel;
+use crate::wire::protocol::{PullDtype, Report};
 use crate::wire::{Layout, shards};
 
 pub use admission::cgroup_memory_limit;
-pub use credential::CREDENTIAL_HEADER;
 pub use error::ApiError;
-pub use handlers::{
-    CLIENT_VERSION_HEADER, COPY_HEADER, DELTA_FROM_HEADER, HELD_HEADER, INCARNATION_HEADER, PS_VERSION,
-    Report, VERSION_HEADER, router, speaks_our_protocol,
-};
+pub use handlers::router;
 pub use serve::{ConnectionLimits, Listener, TlsFiles, serve};
 pub use snapshots::{SNAPSHOT_INDEX, SnapshotPolicy, SnapshotRecord};
 
@@ -94,7 +91,7 @@ pub struct PsConfig {
     /// them too and writes the whole model's final file from every shard's slice.
     pub peers: Vec<String>,
     /// The roots trusted for https:// peers.
-    pub peer_tls: Option<crate::client::ClientTls>,
+    pub peer_tls: Option<peers::ClientTls>,
     /// This process's shard of a sharded PS (0 when unsharded): the `shard` label of its series.
     pub shard: usize,
     /// `optimizer.adaptiveLocalSteps`: the PS advises each worker its local steps ([`crate::pace`]).
@@ -148,6 +145,7 @@ impl PsConfig {
 }
 
 pub use crate::store::MAX_WORKERS;
+use crate::wire::protocol::reason;
 
 /// Shared state of the running PS.
 pub struct AppState {
@@ -492,7 +490,7 @@ impl AppState {
         }
         Err(ApiError::new(
             axum::http::StatusCode::CONFLICT,
-            "pull_required",
+            reason::PULL_REQUIRED,
             format!(
                 "version {version} was served by an earlier parameter-server process ({incarnation}); \
                  this one ({here}) shares {} with it: pull the model again",
@@ -603,16 +601,7 @@ impl AppState {
     /// caller retries a failure, and telling a shard again is harmless).
     pub async fn scale(&self, n: usize) -> Result<(), ApiError> {
         self.check_worker_count(n)?;
-        for url in &self.config.peers {
-            let failed = |e: crate::client::ClientError| internal(format!("scaling shard {url}: {e}"));
-            let peer = crate::client::PsClient::with_tls(
-                url,
-                self.config.peer_token(),
-                self.config.peer_tls.as_ref(),
-            )
-            .map_err(failed)?;
-            peer.set_workers(n).await.map_err(failed)?;
-        }
+        peers::scale(&self.config, n).await?;
         self.set_workers(n)
     }
 
@@ -860,7 +849,7 @@ impl AppState {
     async fn write_final_model(self: &Arc<Self>) -> Result<FinalModel, ApiError> {
         let store = self.store().cloned().ok_or_else(ApiError::not_registered)?;
         let _guard = self.checkpoint_lock.lock().await;
-        let peers = self.finalize_peers().await?;
+        let peers = peers::finalize(&self.config).await?;
         let state = self.clone();
         tokio::task::spawn_blocking(move || {
             // A PS that restored a finalized job wrote the file there itself: only a first
@@ -907,25 +896,6 @@ impl AppState {
         })
         .await
         .expect("finalize task panicked")
-    }
-
-    /// The other shards, finalized, and their read-only slices (in shard order).
-    async fn finalize_peers(&self) -> Result<Vec<crate::client::Model>, ApiError> {
-        let mut slices = Vec::with_capacity(self.config.peers.len());
-        for url in &self.config.peers {
-            let failed = |e: crate::client::ClientError| internal(format!("finalizing shard {url}: {e}"));
-            let peer = crate::client::PsClient::with_tls(
-                url,
-                self.config.peer_token(),
-                self.config.peer_tls.as_ref(),
-            )
-            .map_err(failed)?;
-            peer.finalize().await.map_err(failed)?;
-            // As worker 0: once finalized, the backup that records is never used.
-            let slice = peer.pull(0, None, Duration::ZERO).await.map_err(failed)?;
-            slices.push(slice.ok_or_else(|| internal(format!("shard {url} sent no model")))?);
-        }
-        Ok(slices)
     }
 
     /// Runs periodic checkpoints until the process ends.

@@ -34,6 +34,7 @@ use crate::optimizer::{self, Algorithm, Hyper, OptimizerState, Step, UpdateStats
 use crate::wire::in_place::Expected;
 use crate::wire::{self, Layout, WireDtype};
 
+use crate::wire::protocol::reason;
 pub use checkpoint::CheckpointData;
 use journal::{BodyInfo, Entry, JournalSink};
 use snapshot::SnapshotBuffers;
@@ -126,17 +127,17 @@ impl StoreError {
     /// Bounded label for metrics and the JSON error's `reason`.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::UnknownWorker { .. } => "unknown_worker",
-            Self::Finalized => "finalized",
-            Self::StaleSeq { .. } => "stale_seq",
-            Self::InFlight { .. } => "in_flight",
-            Self::FutureVersion { .. } => "future_version",
+            Self::UnknownWorker { .. } => reason::UNKNOWN_WORKER,
+            Self::Finalized => reason::FINALIZED,
+            Self::StaleSeq { .. } => reason::STALE_SEQ,
+            Self::InFlight { .. } => reason::IN_FLIGHT,
+            Self::FutureVersion { .. } => reason::FUTURE_VERSION,
             Self::Superseded { .. } => "superseded",
-            Self::RejoinRequired { .. } => "rejoin_required",
-            Self::TooStale { .. } => "too_stale",
-            Self::RoundClosed { .. } => "round_closed",
-            Self::PullRequired { .. } => "pull_required",
-            Self::AlreadyContributed { .. } => "already_contributed",
+            Self::RejoinRequired { .. } => reason::REJOIN_REQUIRED,
+            Self::TooStale { .. } => reason::TOO_STALE,
+            Self::RoundClosed { .. } => reason::ROUND_CLOSED,
+            Self::PullRequired { .. } => reason::PULL_REQUIRED,
+            Self::AlreadyContributed { .. } => reason::ALREADY_CONTRIBUTED,
         }
     }
 }

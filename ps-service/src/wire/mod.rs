@@ -15,7 +15,10 @@ pub mod final_model;
 pub mod in_place;
 pub mod int8;
 pub mod progress;
+pub mod protocol;
 pub mod shards;
+
+use protocol::reason;
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("safetensors is little-endian; the PS maps it onto f32 slices directly");
@@ -238,9 +241,9 @@ impl WireError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Malformed(_) => "malformed_body",
-            Self::UnknownTensor(_) | Self::MissingTensor(_) => "layout_mismatch",
-            Self::Shape { .. } => "shape_mismatch",
-            Self::Dtype { .. } => "dtype_mismatch",
+            Self::UnknownTensor(_) | Self::MissingTensor(_) => reason::LAYOUT_MISMATCH,
+            Self::Shape { .. } => reason::SHAPE_MISMATCH,
+            Self::Dtype { .. } => reason::DTYPE_MISMATCH,
             Self::NonFinite { .. } => "non_finite",
             Self::TooLarge { .. } => "too_large",
         }
