@@ -2,21 +2,22 @@
 //! is the spine: apply the children, read back what runs, move the state machine, write the
 //! status and the Events, finalize, remove the PS after the end.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use std::sync::Arc;
-use std::time::Duration;
 
 use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
 use crate::controller::context::Context;
 use crate::controller::decide::status::{
     self, Finalize, Observed, Placement, PsProcess, ShardsReady, State, WorkerJob,
 };
-use crate::controller::desired::children::Owner;
+use crate::controller::desired::children::{ChildDefaults, Owner};
 use crate::controller::error::{Error, Result};
 use crate::controller::kueue::{Admission, admission};
 use crate::controller::names::{self, MANAGER};
@@ -95,6 +96,8 @@ pub(crate) async fn report_failure(job: &TrainingJob, ctx: &Context, error: &Err
     }
 }
 
+/// The spine of a reconcile: write the children, observe what runs, decide the job's state,
+/// write the status; after the end, remove what the job no longer needs.
 pub(crate) async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     if job.metadata.deletion_timestamp.is_some() {
         // The garbage collector removes the children (owner references).
@@ -104,47 +107,90 @@ pub(crate) async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Ac
     ctx.caches.ready().await;
     let old = job.status.clone().unwrap_or_default();
     if matches!(old.phase, Some(Phase::Succeeded | Phase::Failed)) {
-        remove_ps(ctx, &owner).await?;
-        let reason = old.reason.clone().unwrap_or_default();
-        admission::finish(ctx, &owner, old.phase == Some(Phase::Succeeded), &reason).await?;
-        return expire(ctx, job, &owner, &old).await;
+        return after_the_end(ctx, job, &owner, &old).await;
     }
     let now = Time(Timestamp::now());
-    let mut invalid: Vec<String> =
-        crate::api::validate(&job.spec).err().unwrap_or_default().iter().map(ToString::to_string).collect();
-    invalid.extend(crate::api::validate_name(&owner.name).err().map(String::from));
-    if !invalid.is_empty() {
+    if let Some(message) = invalid_spec(job, &owner) {
         // The CRD's rules refuse such a job; this catches a CRD older than the operator.
-        let state = State { phase: Phase::Failed, reason: "InvalidSpec".into(), message: invalid.join("; ") };
-        let observed = observed_nothing(job);
-        write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
+        let state = State { phase: Phase::Failed, reason: "InvalidSpec".into(), message };
+        write_status(ctx, job, &owner, &old, &observed_nothing(job), &state, &now).await?;
         return Ok(Action::await_change());
     }
-
     if admission::default_queue(ctx, job, &owner).await? {
         return Ok(Action::await_change());
     }
+
     let defaults = job_defaults(ctx, &owner, &old);
     let token = apply_stable_children(ctx, &owner, &defaults).await?;
-    let admission = admission::admit(ctx, job, &owner, &defaults).await?;
-    let owner = owner.with_admission(admission);
-    let PodChildren { ps: ps_deployments, ready_shards, workers, failed_earlier, deferred } =
-        apply_pod_children(ctx, job, &owner, &defaults).await?;
+    let admitted = admission::admit(ctx, job, &owner, &defaults).await?;
+    let owner = owner.with_admission(admitted);
+    let children = apply_pod_children(ctx, job, &owner, &defaults).await?;
+    let seen = observe(ctx, job, &owner, &old, &defaults, token, children, &now).await?;
+
+    let state = status::decide(&seen.observed);
+    let new = write_status(ctx, job, &owner, &old, &seen.observed, &state, &now).await?;
+    if state.is_finished() {
+        return finished(ctx, job, &owner, &state, &new).await;
+    }
+    Ok(Action::requeue(next_look(ctx, state.phase, &seen)))
+}
+
+/// A job that has ended: its PS removed, its Workload marked finished, itself deleted after
+/// its TTL.
+async fn after_the_end(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    old: &TrainingJobStatus,
+) -> Result<Action> {
+    remove_ps(ctx, owner).await?;
+    let reason = old.reason.clone().unwrap_or_default();
+    admission::finish(ctx, owner, old.phase == Some(Phase::Succeeded), &reason).await?;
+    expire(ctx, job, owner, old).await
+}
+
+/// What the operator's own validation says against the spec and the name, if anything.
+fn invalid_spec(job: &TrainingJob, owner: &Owner<'_>) -> Option<String> {
+    let mut invalid: Vec<String> =
+        crate::api::validate(&job.spec).err().unwrap_or_default().iter().map(ToString::to_string).collect();
+    invalid.extend(crate::api::validate_name(&owner.name).err().map(String::from));
+    (!invalid.is_empty()).then(|| invalid.join("; "))
+}
+
+/// What a reconcile saw, for `decide` and for when to look again.
+struct Seen {
+    observed: Observed,
+    /// Seconds left before runPolicy.activeDeadlineSeconds (negative: past it).
+    deadline_left: Option<f64>,
+}
+
+/// Reads back what runs: the worker Job, the pods (placement, trouble), the PS (progress, its
+/// process; the control token it takes) and, once the workers are done, the final model, which
+/// asks the PS to finalize if no worker reported it.
+#[allow(clippy::too_many_arguments)]
+async fn observe(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    old: &TrainingJobStatus,
+    defaults: &ChildDefaults,
+    token: String,
+    children: PodChildren,
+    now: &Time,
+) -> Result<Seen> {
+    let PodChildren { ps: ps_deployments, ready_shards, workers, failed_earlier, deferred } = children;
     let shards = job.spec.parameter_server.shards() as u32;
     let ps_ready = ready_shards == shards;
-
     let worker_job = WorkerJob { failed_earlier, ..worker_state(&workers) };
-    let placement = pods::placement(ctx, &owner).await?;
-    let trouble = pods::trouble(ctx, &owner, &ps_deployments, &workers).await?;
-    let trouble_expired =
-        trouble.is_some() && pods::trouble_older_than(&old, ctx.settings.stuck_pods_timeout);
-    // Seconds left before runPolicy.activeDeadlineSeconds (negative: past it).
+    let placement = pods::placement(ctx, owner).await?;
+    let trouble = pods::trouble(ctx, owner, &ps_deployments, &workers).await?;
+    let trouble_expired = trouble.is_some() && pods::trouble_older_than(old, ctx.settings.stuck_pods_timeout);
     let deadline = job.spec.run_policy.active_deadline_seconds;
     let deadline_left = deadline.and_then(|d| {
-        let since = status::active_since(&old)?;
+        let since = status::active_since(old)?;
         Some(d as f64 - now.0.duration_since(since.0).as_secs_f64())
     });
-    let ps = ctx.ps_addr(&owner, defaults.ps_tls);
+    let ps = ctx.ps_addr(owner, defaults.ps_tls);
     // Only when a call to the PS is due: a PS not ready (scaled to 0 by Kueue, starting) would
     // cost a request, up to its timeout, on every reconcile.
     let token = if ps_ready || worker_job.complete {
@@ -153,9 +199,9 @@ pub(crate) async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Ac
         token
     };
     let (progress, ps_process) =
-        if ps_ready { observe_ps(ctx, job, &old, &ps, &token).await } else { (None, None) };
+        if ps_ready { observe_ps(ctx, job, old, &ps, &token).await } else { (None, None) };
     let finalize = if worker_job.complete {
-        match pods::final_model_reported(ctx, &owner, &workers) {
+        match pods::final_model_reported(ctx, owner, &workers) {
             Some(m) => Finalize::Done { version: m.version, path: m.path, earlier: m.earlier },
             None => finalize(&ps, &token, &workers, ctx.settings.finalize_grace).await,
         }
@@ -180,35 +226,45 @@ pub(crate) async fn reconcile_job(job: &TrainingJob, ctx: &Context) -> Result<Ac
         deadline_exceeded: deadline.filter(|_| deadline_left.is_some_and(|l| l <= 0.0)),
         finalize,
         model_place: owner.model_place(),
-        default_images: Some((&defaults).into()),
+        default_images: Some(defaults.into()),
         progress,
         ps_process,
         has_run: matches!(old.phase, Some(Phase::Running | Phase::Restarting)),
     };
-    let state = status::decide(&observed);
-    let new = write_status(ctx, job, &owner, &old, &observed, &state, &now).await?;
-    if state.is_finished() {
-        ctx.forget_progress(owner.uid());
-        admission::finish(ctx, &owner, state.phase == Phase::Succeeded, &state.message).await?;
-        remove_ps(ctx, &owner).await?;
-        if let (Some(start), Some(end)) = (&new.start_time, &new.completion_time) {
-            let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);
-            ctx.metrics.job_duration.with_label_values(&[phase_name(state.phase)]).observe(seconds);
-        }
-        return expire(ctx, job, &owner, &new).await;
+    Ok(Seen { observed, deadline_left })
+}
+
+/// The job has just ended: its Workload finished, its PS removed, its duration counted, and
+/// itself deleted after its TTL.
+async fn finished(
+    ctx: &Context,
+    job: &TrainingJob,
+    owner: &Owner<'_>,
+    state: &State,
+    new: &TrainingJobStatus,
+) -> Result<Action> {
+    ctx.forget_progress(owner.uid());
+    admission::finish(ctx, owner, state.phase == Phase::Succeeded, &state.message).await?;
+    remove_ps(ctx, owner).await?;
+    if let (Some(start), Some(end)) = (&new.start_time, &new.completion_time) {
+        let seconds = end.0.duration_since(start.0).as_secs_f64().max(0.0);
+        ctx.metrics.job_duration.with_label_values(&[phase_name(state.phase)]).observe(seconds);
     }
-    let next = match (state.phase, &observed.finalize) {
+    expire(ctx, job, owner, new).await
+}
+
+/// When to reconcile a running job again if nothing changes before.
+fn next_look(ctx: &Context, phase: Phase, seen: &Seen) -> Duration {
+    let next = match (phase, &seen.observed.finalize) {
         (_, Finalize::Failed(_)) => Duration::from_secs(5),
         // Failing pods fail the job once the bound has passed: look again by then.
-        _ if observed.trouble.is_some() => ctx.settings.stuck_pods_timeout.min(Duration::from_secs(60)),
+        _ if seen.observed.trouble.is_some() => ctx.settings.stuck_pods_timeout.min(Duration::from_secs(60)),
         (Phase::Running, _) => ctx.settings.progress_every,
         // Watches bring every change of the children; this only bounds a missed one.
         _ => Duration::from_secs(60),
     };
     // And at the deadline.
-    let next =
-        deadline_left.filter(|l| *l > 0.0).map_or(next, |l| next.min(Duration::from_secs_f64(l + 0.5)));
-    Ok(Action::requeue(next))
+    seen.deadline_left.filter(|l| *l > 0.0).map_or(next, |l| next.min(Duration::from_secs_f64(l + 0.5)))
 }
 
 pub(crate) fn observed_nothing(job: &TrainingJob) -> Observed {
