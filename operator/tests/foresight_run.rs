@@ -226,6 +226,32 @@ fn a_bad_job_fails_with_a_clear_message() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("kind TrainingJob"));
 }
 
+/// A parameter server that exits at start (here a stand-in that prints an error and exits 2)
+/// fails the run with its name and log within seconds: the run holds the PS's listening socket,
+/// so its readiness calls were accepted by the kernel and, without a deadline, waited for ever
+/// (and SIGTERM could not stop the run). And `lrDecay` with no milestones starts a PS (it was
+/// given an empty `--lr-milestones`, which it refused).
+#[test]
+fn a_parameter_server_that_exits_at_start_fails_the_run_at_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = tmp.path().join("foresight-ps");
+    std::fs::write(&fake, "#!/bin/sh\necho 'error: a flag it refuses' >&2\nexit 2\n").unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = "spec:\n  model: {name: mlp}\n  dataset: {format: csv, path: data/mnist5k}\n  training: {epochs: 1, lrDecay: {factor: 0.1, milestones: []}}\n  workers: {replicas: 1}\n";
+    let yaml = job(tmp.path(), spec);
+    let out = tmp.path().join("o");
+    let (yaml, out) = (yaml.to_str().unwrap(), out.to_str().unwrap());
+    let started = std::time::Instant::now();
+    let o = foresight(&["run", yaml, "--out", out, "--no-progress", "--ps-bin", fake.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(stderr.contains("parameter server"), "names the PS: {stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "{:?}", started.elapsed());
+    let o = foresight(&["run", yaml, "--out", out, "--no-progress"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn a_failing_worker_stops_the_run_and_says_which() {
     let tmp = tempfile::tempdir().unwrap();

@@ -745,6 +745,14 @@ async fn joins_generations_and_reseeding() {
         let r = http.post(format!("{}{path}", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
     }
+    // A step above any job's (2^53) is refused, and the refusal changes nothing: the next join
+    // is the next generation, resuming where worker 1 was.
+    let before = c.join(1, None).await.unwrap();
+    let huge = format!("{}/v1/join?worker=1&step={}", ps.url, 1u64 << 53);
+    let r = http.post(huge).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let after = c.join(1, None).await.unwrap();
+    assert_eq!((after.generation, after.resume_step), (before.generation + 1, before.resume_step));
     let other = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![3] }]).unwrap();
     let r = http
         .put(format!("{}/v1/model?worker=0&version=900", ps.url))
@@ -1088,6 +1096,48 @@ async fn stuck_ps() -> (String, tokio::task::JoinHandle<()>) {
         }
     });
     (url, held)
+}
+
+/// A process on the PS's port that answers JSON without end (a job's own sidecar, a custom PS
+/// image): the operator reads every job's `/v1/status` and `/v1/finalize` through this client,
+/// so an answer above `MAX_JSON_ANSWER` fails the call, with or without a Content-Length,
+/// instead of being read into memory. A real HTTP/2 server on loopback plays that process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_larger_than_any_ps_sends_fails_the_call_instead_of_filling_memory() {
+    use axum::body::Body;
+    use foresight_ps::client::MAX_JSON_ANSWER;
+
+    // 64 KiB chunks of a JSON string that never ends within the limit.
+    let chunks = || {
+        let mut first = true;
+        futures_util::stream::iter(std::iter::from_fn(move || {
+            let chunk =
+                if std::mem::take(&mut first) { "{\"a\":\"".to_string() } else { "x".repeat(64 << 10) };
+            Some(Ok::<_, std::io::Error>(chunk))
+        }))
+        .take(2 * MAX_JSON_ANSWER / (64 << 10))
+    };
+    use futures_util::StreamExt;
+    let app = axum::Router::new()
+        .route("/v1/status", axum::routing::get(move || async move { Body::from_stream(chunks()) }))
+        .route(
+            "/v1/finalize",
+            axum::routing::post(|| async { format!("{{\"a\":\"{}\"}}", "x".repeat(2 * MAX_JSON_ANSWER)) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let c = PsClient::new(&url, Some(TOKEN.into())).unwrap();
+
+    let streamed = c.status().await.unwrap_err();
+    assert!(matches!(streamed, ClientError::AnswerTooLarge { .. }), "{streamed}");
+    assert!(!streamed.is_transient(), "not retried: {streamed}");
+    let sized = c.finalize().await.unwrap_err();
+    assert!(
+        matches!(sized, ClientError::AnswerTooLarge { bytes, .. } if bytes > MAX_JSON_ANSWER as u64),
+        "refused by its Content-Length: {sized}"
+    );
+    server.abort();
 }
 
 /// A short call (join, status, report, heartbeat, scale) to a stuck PS fails at its deadline as

@@ -111,6 +111,13 @@ def _env_int(name: str, default: int | None, minimum: int) -> int:
     return value
 
 
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "0")
+    if raw not in ("0", "1"):
+        raise ConfigError(f"${name}={raw!r}: expected 0 or 1")
+    return raw == "1"
+
+
 def _token() -> str | None:
     token = os.environ.get("FORESIGHT_TOKEN")
     path = os.environ.get("FORESIGHT_TOKEN_FILE")
@@ -157,6 +164,10 @@ class Job:
     #: ``$FORESIGHT_SLOWDOWN`` (``foresight run --slow-worker W=F``): after each step the worker
     #: sleeps (F − 1) × the step's time, a straggler for experiments, as the Rust worker does.
     slowdown: float = 1.0
+    #: ``$FORESIGHT_ALGORITHM``: the parameter server's update rule (``sync`` waits for rounds).
+    algorithm: str = "dc-asgd-a"
+    #: ``$FORESIGHT_OVERLAP`` (``1`` or ``0``): the Optimizer's default for ``overlap=``.
+    overlap: bool = False
     token: str | None = field(default=None, repr=False)
     #: ``$FORESIGHT_PS_CA_FILE``: PEM certificates trusted for an ``https://`` PS (in a cluster,
     #: the job's certificate, which the operator mounts).
@@ -210,6 +221,8 @@ class Job:
             report_every=_env_int("FORESIGHT_REPORT_EVERY", 20, 1),
             torch_threads=_env_int("FORESIGHT_TORCH_THREADS", 0, 0),
             slowdown=_env_float("FORESIGHT_SLOWDOWN", 1.0, 1.0),
+            algorithm=os.environ.get("FORESIGHT_ALGORITHM") or "dc-asgd-a",
+            overlap=_env_flag("FORESIGHT_OVERLAP"),
             token=_token(),
             ps_ca_file=os.environ.get("FORESIGHT_PS_CA_FILE") or None,
         )

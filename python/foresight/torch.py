@@ -130,6 +130,15 @@ class Optimizer(torch.optim.Optimizer):
     parameter server applies the job's rule to it (``asgd`` at learning rate 1 adds it as it is),
     asynchronous training with the user's own optimizer.
 
+    ``overlap=True`` (default ``$FORESIGHT_OVERLAP``) overlaps communication with computation:
+    ``step()`` hands the gradient to a background exchange (push, then pull) and returns, and the
+    next step computes while it runs; the model it pulls is loaded at the step after, so each
+    gradient is computed on the model pulled one exchange earlier, one update staler. Its push
+    says which model that was, and a delay-compensated rule compensates against exactly that
+    one (the parameter server keeps the worker's last two pulls). Refused with ``sync`` and with
+    an inner optimizer (local steps, or ``inner=``). A ``foresight.report`` between two steps
+    waits for the exchange in flight.
+
     ``torch.compile``'s and ``DataParallel``'s wrappers are seen through: names are the module's
     own. A learning-rate scheduler on this Optimizer, further parameter groups and sparse
     gradients are refused with :class:`foresight.ConfigError`.
@@ -143,8 +152,21 @@ class Optimizer(torch.optim.Optimizer):
         pull_dtype: str | None = None,
         steps_per_epoch: int | None = None,
         inner: torch.optim.Optimizer | None = None,
+        overlap: bool | None = None,
     ) -> None:
         job = foresight.init()
+        overlap = job.overlap if overlap is None else overlap
+        if overlap and (inner is not None or job.local_steps > 1):
+            raise foresight.ConfigError(
+                "overlap=True pushes each step's gradient while the next step computes: not with an inner "
+                "optimizer (optimizer.localSteps above 1, or inner=), whose update is taken against the model "
+                "it started from"
+            )
+        if overlap and job.algorithm == "sync":
+            raise foresight.ConfigError(
+                "overlap=True computes each gradient on the model pulled one exchange earlier, which a sync "
+                "round (optimizer.algorithm sync) refuses as stale: leave overlap off or use an asynchronous rule"
+            )
         if job.local_steps == 1 and inner is not None and (job.push_every, job.pull_every) != (1, 1):
             raise foresight.ConfigError(
                 "inner= with optimizer.localSteps 1 sends each step's change of the model, which pushEvery and "
@@ -203,6 +225,8 @@ class Optimizer(torch.optim.Optimizer):
             job.local_steps,
             job.ps_ca_file,
             pull_dtype or job.pull_dtype,
+            overlap,
+            job.algorithm == "sync",
         )
         self._inner = inner if inner is not None or job.local_steps == 1 else self._job_inner(job)
         job.native = self._native
@@ -215,6 +239,9 @@ class Optimizer(torch.optim.Optimizer):
                 self._native.workers,
             )
         self.finished = False
+        self.overlap = overlap
+        # Overlapped: the version the last exchange pulled into _flat, not yet loaded.
+        self._pulled: int | None = None
         # Set by foresight.transformers' callback: the Trainer always attaches a scheduler.
         self._scheduler_allowed = False
         self._warned_no_epoch = False
@@ -228,6 +255,8 @@ class Optimizer(torch.optim.Optimizer):
                 flush=True,
             )
         self._pull()
+        if overlap:
+            self._native.mark_loaded()  # the first step computes on the model just pulled
         self.clock = PhaseClock()  # the join and the first pull are set-up, not training
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -266,9 +295,13 @@ class Optimizer(torch.optim.Optimizer):
         if self.finished:
             return loss
         self._refuse_a_scheduler()
-        self._pin_for_the_device()
         clock = self.clock
         clock.script_ran()
+        if self.overlap:
+            self._end_exchange()  # the one this step computed beside
+            if self.finished:
+                return loss
+        self._pin_for_the_device()
         job = self._job
         epoch = job.epoch_at(self._native.step + 1)
         if epoch is None and not self._warned_no_epoch:
@@ -282,6 +315,10 @@ class Optimizer(torch.optim.Optimizer):
         if self._inner is not None:
             with clock.phase("compute"):
                 self._inner.step()
+        if self.overlap:
+            self._overlapped_exchange(epoch, loss)
+            clock.slow_down(job.slowdown)
+            return loss
         if self._inner is not None and not self._native.push_due_next:
             with clock.phase("push"):
                 self._native.end_local_step(epoch)  # a local step: nothing is sent
@@ -299,6 +336,32 @@ class Optimizer(torch.optim.Optimizer):
             foresight.report(loss=float(loss))
         clock.slow_down(job.slowdown)
         return loss
+
+    def _overlapped_exchange(self, epoch: float | None, loss: torch.Tensor | None) -> None:
+        """Sends this step's gradient in the background: the model the last exchange pulled is
+        loaded first (this step's gradient was computed on the one before it, which the push
+        names), then the exchange pushes and pulls while the script computes the next step."""
+        job, clock = self._job, self.clock
+        with clock.phase("gather"):
+            self._gather()
+        loaded = self._pulled is not None
+        if loaded:
+            with clock.phase("load"):
+                self._load()
+            self._pulled = None
+        if job.report_every and (self._native.step + 1) % job.report_every == 0 and loss is not None:
+            foresight.report(loss=float(loss))  # before the exchange takes the client
+        self._flat_is_free()
+        with clock.phase("push"):
+            self._native.begin_exchange(self._grad.data_ptr(), self._flat.data_ptr(), self._numel, loaded, epoch)
+
+    def _end_exchange(self) -> None:
+        """Waits for the exchange in flight, if any (counted as push time: the step waits on the
+        network only for what the computation did not cover)."""
+        with self.clock.phase("push"):
+            done = self._native.end_exchange()
+        if done is not None:
+            self.finished, self._pulled = done
 
     def _refuse_a_scheduler(self) -> None:
         """A learning-rate scheduler writes ``initial_lr`` into the groups it drives; on this
@@ -375,6 +438,8 @@ class Optimizer(torch.optim.Optimizer):
         than pushEvery or localSteps), tells the parameter server this worker trained all its
         steps (``sync`` rounds stop waiting for it), then loads its model (the job's result) into
         the parameters."""
+        if self.overlap:
+            self._end_exchange()
         pseudo = None
         if self._inner is not None and self._native.steps_unsent > 0:
             # Local steps since the last exchange: their pseudo-gradient goes with the finish.

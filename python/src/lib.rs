@@ -8,7 +8,8 @@
 //! Python 3.10, which this abi3 module supports. The network waits run without the GIL.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::{RecvTimeoutError, sync_channel};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -80,6 +81,11 @@ fn to_py(py: Python<'_>, e: ClientError) -> PyErr {
 /// deadline). An interrupted call's thread finishes on its own; what it writes lies in the
 /// Optimizer's buffers, which the job keeps for the life of the process.
 fn wait<T: Send + 'static>(py: Python<'_>, call: impl FnOnce() -> T + Send + 'static) -> PyResult<T> {
+    wait_for(py, &mut spawn(call)?)
+}
+
+/// Starts `call` on a thread of its own; its result arrives on the receiver.
+fn spawn<T: Send + 'static>(call: impl FnOnce() -> T + Send + 'static) -> PyResult<Receiver<T>> {
     let (tx, rx) = sync_channel(1);
     std::thread::Builder::new()
         .name("foresight-call".into())
@@ -87,11 +93,16 @@ fn wait<T: Send + 'static>(py: Python<'_>, call: impl FnOnce() -> T + Send + 'st
             let _ = tx.send(call());
         })
         .map_err(|e| PyRuntimeError::new_err(format!("starting the client's call: {e}")))?;
-    let mut rx = rx;
+    Ok(rx)
+}
+
+/// Waits for a call [`spawn`] started, as [`wait`] says; an interrupted wait leaves the call
+/// running and its receiver with the caller, who may wait again.
+fn wait_for<T: Send>(py: Python<'_>, rx: &mut Receiver<T>) -> PyResult<T> {
     loop {
-        // The receiver travels into the GIL-free closure and back (it is Send, not Sync).
-        let (got, back) = py.detach(move || (rx.recv_timeout(TICK), rx));
-        rx = back;
+        // The receiver goes into the GIL-free closure as `&mut` (it is Send, not Sync).
+        let r = &mut *rx;
+        let got = py.detach(move || r.recv_timeout(TICK));
         logs::deliver(py);
         match got {
             Ok(done) => return Ok(done),
@@ -127,10 +138,21 @@ struct Shared {
     worker: usize,
 }
 
+/// What an overlapped exchange came to: whether the job was finalized, and the version of the
+/// model it pulled into the flat buffer (`None`: no pull was due).
+type Exchanged = Result<(bool, Option<u64>), ClientError>;
+
 /// One worker process's connection to the job: joined at construction.
 #[pyclass(module = "foresight._native")]
 struct Worker {
     shared: Arc<Mutex<Shared>>,
+    /// Steps of this worker in the model so far, as the exchange counts them (one per
+    /// `end_step`, `end_local_step` or `begin_exchange`): read without waiting for an exchange
+    /// in flight, which a script's `foresight.job().step` between two steps would otherwise do.
+    steps: AtomicU64,
+    /// The overlapped exchange in flight ([`Worker::begin_exchange`]), until
+    /// [`Worker::end_exchange`] takes its result.
+    in_flight: Mutex<Option<Receiver<Exchanged>>>,
     workers: usize,
     resume_step: u64,
     generation: u64,
@@ -142,7 +164,7 @@ struct Worker {
 impl Worker {
     /// Registers the model from the `init_addr` values (when this worker is the first) and joins.
     #[new]
-    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1, ps_ca_file=None, pull_dtype="f32"))]
+    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1, ps_ca_file=None, pull_dtype="f32", overlap=false, sync=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -160,6 +182,8 @@ impl Worker {
         local_steps: u64,
         ps_ca_file: Option<std::path::PathBuf>,
         pull_dtype: &str,
+        overlap: bool,
+        sync: bool,
     ) -> PyResult<Self> {
         let dtype = match grad_dtype {
             "f32" => GradDtype::F32,
@@ -196,9 +220,14 @@ impl Worker {
         let init = unsafe { floats(init_addr, layout.len()) }.to_vec();
         let started = wait(py, move || Session::start(clients, handle, worker, layout, &init, retry))?;
         let (session, joined) = started.map_err(|e| to_py(py, e))?;
-        let exchange = Exchange::new(session, &joined, cadence);
+        let mut exchange = Exchange::new(session, &joined, cadence);
+        if overlap {
+            exchange.overlap(sync).map_err(|e| config_error(py, e.to_string()))?;
+        }
         Ok(Self {
             shared: Arc::new(Mutex::new(Shared { exchange, worker })),
+            in_flight: Mutex::new(None),
+            steps: AtomicU64::new(joined.resume_step),
             workers: joined.workers,
             resume_step: joined.resume_step,
             generation: joined.generation,
@@ -226,8 +255,8 @@ impl Worker {
 
     /// Steps of this worker in the model so far.
     #[getter]
-    fn step(&self, py: Python<'_>) -> u64 {
-        self.read(py, |s| s.exchange.step())
+    fn step(&self) -> u64 {
+        self.steps.load(Ordering::Acquire)
     }
 
     /// Steps ended since the last push (`finish` pushes them).
@@ -312,11 +341,72 @@ impl Worker {
     #[pyo3(signature = (addr, len, epoch=None))]
     fn end_step(&self, py: Python<'_>, addr: usize, len: usize, epoch: Option<f64>) -> PyResult<bool> {
         self.check_len(py, len)?;
+        self.steps.fetch_add(1, Ordering::AcqRel); // the step ends whatever the push comes to
         self.call(py, move |s| {
             // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout).
             let grad: &[f32] = unsafe { floats(addr, len) };
             Ok(s.exchange.end_step_with(grad, epoch)? == StepEnd::Finalized)
         })
+    }
+
+    /// Starts an overlapped exchange and returns at once: the step whose gradient is the `len`
+    /// floats at `grad_addr` ends (its gradient pushed when a push is due, named as computed on
+    /// the model loaded before `loaded`), then, if `loaded`, the model pulled by the exchange
+    /// before counts as the one the next gradients are computed on, and the PS's model is pulled
+    /// into the floats at `flat_addr` when a pull is due. Neither buffer may be touched until
+    /// [`Self::end_exchange`] returned.
+    #[pyo3(signature = (grad_addr, flat_addr, len, loaded, epoch=None))]
+    fn begin_exchange(
+        &self,
+        py: Python<'_>,
+        grad_addr: usize,
+        flat_addr: usize,
+        len: usize,
+        loaded: bool,
+        epoch: Option<f64>,
+    ) -> PyResult<()> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if in_flight.is_some() {
+            return Err(PyRuntimeError::new_err("an exchange is in flight: end_exchange first"));
+        }
+        self.check_len(py, len)?;
+        let shared = self.shared.clone();
+        self.steps.fetch_add(1, Ordering::AcqRel);
+        *in_flight = Some(spawn(move || -> Exchanged {
+            let s = &mut Self::lock(&shared);
+            // SAFETY: the wrapper's gradient and flat model buffers, `len` values each (checked
+            // against the layout), which it neither reads nor writes until end_exchange.
+            let (grad, flat) = unsafe { (floats(grad_addr, len), floats(flat_addr, len)) };
+            if s.exchange.end_step_with(grad, epoch)? == StepEnd::Finalized {
+                return Ok((true, None));
+            }
+            if loaded {
+                s.exchange.loaded();
+            }
+            Ok((false, s.exchange.pull_if_due_into(flat)?))
+        })?);
+        Ok(())
+    }
+
+    /// The model last pulled into the flat buffer is in the parameters now: with an overlapped
+    /// exchange, the next gradients are computed on it (the first pull, before any step).
+    fn mark_loaded(&self, py: Python<'_>) {
+        py.detach(|| Self::lock(&self.shared).exchange.loaded());
+    }
+
+    /// Waits for the exchange [`Self::begin_exchange`] started (Ctrl-C and SIGTERM act within a
+    /// tick; the exchange stays in flight and a later call waits for it again): (finalized,
+    /// version pulled into the flat buffer), or `None` when none is in flight.
+    fn end_exchange(&self, py: Python<'_>) -> PyResult<Option<(bool, Option<u64>)>> {
+        let taken = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(mut rx) = taken else { return Ok(None) };
+        match wait_for(py, &mut rx) {
+            Ok(done) => done.map(Some).map_err(|e| to_py(py, e)),
+            Err(interrupted) => {
+                *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some(rx);
+                Err(interrupted)
+            }
+        }
     }
 
     /// Ends one of the local steps between exchanges: counts it, sends nothing. Refused at the
@@ -330,6 +420,7 @@ impl Worker {
                 step + 1
             )));
         }
+        self.steps.fetch_add(1, Ordering::AcqRel);
         self.call(py, move |s| s.exchange.end_step(epoch).map(|_| ()))
     }
 

@@ -109,6 +109,56 @@ def test_a_step_changes_the_model_by_the_rule_exactly(ps_factory, job_env, dtype
         assert not torch.equal(p.detach(), before[name]), name
 
 
+def test_an_overlapped_exchange_computes_on_the_model_one_exchange_older_and_is_compensated_for_it(
+    ps_factory, job_env
+):
+    """overlap=True: step 2 computes on the initial model still (the model pulled by step 1's
+    exchange is loaded only at step 2's end), so its gradient is one update staler, and its push
+    names the model it was computed on. dc-asgd-c compensates against exactly that one: the PS's
+    second update is w1 − η·(g + λ0·g⊙g⊙(w1 − w0)), w0 being the initial model, not w1 (which a
+    PS keeping only the last pull's backup would refuse as pull_required)."""
+    lam = 100.0  # large, so that the compensation term stands well clear of float32 rounding
+    ps = ps_factory(workers=1, algorithm="dc-asgd-c", learning_rate=LR, lambda0=lam)
+    job_env(ps)
+    model = tiny_model()
+    w0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = foresight.torch.Optimizer(model, overlap=True)
+    g1 = one_step(model, opt)
+    assert all(torch.equal(p.detach(), w0[n]) for n, p in model.named_parameters()), "not loaded yet"
+    g2 = one_step(model, opt)  # computed on w0 again: the same batch gives the same gradient
+    assert all(torch.equal(g1[n], g2[n]) for n in g1)
+    w1 = {n: w0[n] - LR * g1[n] for n in w0}  # the first update: w_bak = w0 = w, no compensation
+    assert all(torch.allclose(p.detach(), w1[n], rtol=0, atol=1e-6) for n, p in model.named_parameters())
+    foresight.finish()
+    status = ps.status()
+    assert status["version"] == 2
+    pushes, discarded, staleness = foresight.job().native.push_stats
+    assert (pushes, discarded, staleness) == (2, 0, 1), "the second gradient is one update stale, taken"
+    gap = 0.0
+    for name, p in model.named_parameters():
+        g = g2[name]
+        compensated = w1[name] - LR * (g + lam * g * g * (w1[name] - w0[name]))
+        assert torch.allclose(p.detach(), compensated, rtol=0, atol=1e-6), name
+        gap = max(gap, (compensated - (w1[name] - LR * g)).abs().max().item())
+    assert gap > 1e-4, f"the compensation stands clear of the tolerance: {gap}"
+
+
+def test_overlap_is_refused_where_it_cannot_work(ps_factory, job_env):
+    """With sync (a round takes only gradients of its own version) and with an inner optimizer
+    (local steps), overlap=True is a ConfigError naming the fields, before anything is sent."""
+    ps = ps_factory(workers=1, algorithm="sync", learning_rate=LR)
+    job_env(ps, algorithm="sync")
+    with pytest.raises(foresight.ConfigError, match="optimizer.algorithm sync"):
+        foresight.torch.Optimizer(tiny_model(), overlap=True)
+    job_env(ps, local_steps=4, algorithm="asgd")
+    with pytest.raises(foresight.ConfigError, match="optimizer.localSteps"):
+        foresight.torch.Optimizer(tiny_model(), overlap=True)
+    job_env(ps, overlap=2)
+    with pytest.raises(foresight.ConfigError, match="FORESIGHT_OVERLAP='2'"):
+        foresight.init()
+    assert ps.status()["registered"] is False, "nothing was sent"
+
+
 def test_a_model_pulled_in_bf16_is_the_ps_float32_model_rounded(ps_factory, job_env):
     """pull_dtype="bf16": the worker computes on the PS's model rounded to bf16, and the PS keeps
     and steps its float32 model (w ← w − η·g on the unrounded weights)."""

@@ -21,7 +21,10 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     if let Some(d) = &spec.training.lr_decay {
         push(&mut env, "FORESIGHT_LR_DECAY_FACTOR", d.factor);
         let ms: Vec<String> = d.milestones.iter().map(f64::to_string).collect();
-        push(&mut env, "FORESIGHT_LR_MILESTONES", ms.join(","));
+        // No milestones, no decay: the PS takes no empty list.
+        if !ms.is_empty() {
+            push(&mut env, "FORESIGHT_LR_MILESTONES", ms.join(","));
+        }
     }
     if let Some(w) = spec.training.lr_warmup_epochs {
         push(&mut env, "FORESIGHT_LR_WARMUP_EPOCHS", w);

@@ -1,11 +1,12 @@
 //! What every reconcile shares: the operator's settings and the handles on the cluster (the
 //! client, the caches, the record of what was written), given to the observe and write steps.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use kube::Client;
 use kube::runtime::events::Recorder;
-use std::sync::Arc;
-use std::time::Duration;
 
 use crate::controller::desired::children::ChildDefaults;
 use crate::controller::desired::token::TokenKey;

@@ -2,12 +2,13 @@
 //! (the Lease, the first surveys of other operators' scopes), one controller per scope, the
 //! jobs-by-phase gauge, and shutdown.
 
+use std::pin::Pin;
+use std::sync::Arc;
+
 use futures_util::StreamExt;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use std::pin::Pin;
-use std::sync::Arc;
 
 use crate::api::{Phase, TrainingJob};
 use crate::controller::context::{Context, Settings};

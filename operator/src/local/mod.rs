@@ -719,9 +719,12 @@ async fn wait_ready(url: &str, child: &mut Child, ps: &Proc) -> Result<(), RunEr
     Err(setup("the parameter server did not become ready within 30 s"))
 }
 
-/// GET `url`, the body on a 200.
+/// GET `url`, the body on a 200, within two seconds: the run keeps a PS's listening socket (the
+/// PS inherits it), so a PS that died still has its connections accepted by the kernel, and a
+/// call without a deadline would wait on them for ever instead of seeing the PS exit.
 async fn reqwest_text(url: &str) -> Option<String> {
-    let resp = reqwest::get(url).await.ok()?;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
+    let resp = client.get(url).send().await.ok()?;
     if !resp.status().is_success() {
         return None;
     }

@@ -299,6 +299,29 @@ impl Exchange {
         }
     }
 
+    /// From now on the worker overlaps its exchange with its next step: it pulls while it
+    /// computes on the model it loaded before, and says when it loads a pulled one
+    /// ([`Self::loaded`]); its gradients name the model they were computed on, which a
+    /// delay-compensated PS keeps for it. Refused under `sync` (a round takes gradients of its
+    /// own version only) and with local steps (a block's pseudo-gradient is taken against the
+    /// model pulled at its start).
+    pub fn overlap(&mut self, sync: bool) -> Result<(), ClientError> {
+        if sync || self.cadence.kind == Pushes::PseudoGradient {
+            return Err(ClientError::Config(
+                "an overlapped exchange needs an asynchronous rule and a gradient every step: not with \
+                 optimizer.algorithm sync or optimizer.localSteps above 1"
+                    .into(),
+            ));
+        }
+        self.session.overlap();
+        Ok(())
+    }
+
+    /// An overlapping worker loaded the model it pulled last into the parameters it computes on.
+    pub fn loaded(&mut self) {
+        self.session.loaded();
+    }
+
     /// The next step's gradient is added into this (flat, in layout order).
     pub fn grad_mut(&mut self) -> &mut [f32] {
         &mut self.grad

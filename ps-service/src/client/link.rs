@@ -19,7 +19,8 @@ use crate::wire::protocol::{Report, reason};
 use crate::wire::{self, Layout};
 
 /// Refusals after which a gradient is dropped and the model pulled again.
-const DROPPED: [&str; 4] = ["pull_required", reason::TOO_STALE, reason::ROUND_CLOSED, reason::FUTURE_VERSION];
+const DROPPED: [&str; 4] =
+    [reason::PULL_REQUIRED, reason::TOO_STALE, reason::ROUND_CLOSED, reason::FUTURE_VERSION];
 
 pub(super) struct Link {
     client: PsClient,
@@ -34,6 +35,10 @@ pub(super) struct Link {
     spare: Vec<f32>,
     /// The `sync` round this worker's last gradient is in, until a pull after it.
     round: Option<u64>,
+    /// The slice the next gradient is computed on, as (version, PS process): the one kept last,
+    /// or for a worker that overlaps its exchange with its next step, the one it loaded last
+    /// ([`Self::loaded`]), pulled one exchange before.
+    computed_on: Option<(u64, Option<u64>)>,
     /// Int8 pushes: what rounding left out, carried into the next push.
     feedback: ErrorFeedback,
     /// The local steps the shard advised in its last answer to a push (adaptive local steps).
@@ -103,6 +108,7 @@ impl Link {
             copy: None,
             spare: Vec::new(),
             round: None,
+            computed_on: None,
             feedback: ErrorFeedback::default(),
             advised: None,
             bodies: Arc::default(),
@@ -111,7 +117,24 @@ impl Link {
 
     /// Pulls from now on in `dtype`.
     pub(super) fn pull_as(&mut self, dtype: PullDtype) {
-        self.slice = ExpectedModel::pulled_as(self.slice.layout.clone(), dtype);
+        let slice = ExpectedModel::pulled_as(self.slice.layout.clone(), dtype);
+        self.slice = if self.overlaps() { slice.overlapping() } else { slice };
+    }
+
+    /// From now on this worker overlaps its exchange with its next step: a gradient is computed
+    /// on the slice it loaded last ([`Self::loaded`]), not on the one it pulled last.
+    pub(super) fn overlap(&mut self) {
+        self.slice = self.slice.clone().overlapping();
+    }
+
+    fn overlaps(&self) -> bool {
+        self.slice.overlaps
+    }
+
+    /// An overlapping worker loaded the slice it pulled last: its next gradient is computed on
+    /// that one.
+    pub(super) fn loaded(&mut self) {
+        self.computed_on = self.copy.as_ref().map(|c| (c.version, c.incarnation));
     }
 
     pub(super) fn generation(&self) -> u64 {
@@ -233,6 +256,9 @@ impl Link {
     /// becomes the buffer the next pull is read into.
     pub(super) fn keep(&mut self, m: Model) {
         self.round = None;
+        if !self.overlaps() {
+            self.computed_on = Some((m.version, m.incarnation));
+        }
         if let Some(old) = self.copy.replace(m) {
             self.spare = old.values;
         }
@@ -247,8 +273,7 @@ impl Link {
         dtype: GradDtype,
         pace: Option<PaceReport>,
     ) -> Result<Pushed, ClientError> {
-        let copy = self.copy.as_ref().ok_or(ClientError::NotPulled)?;
-        let (version, incarnation) = (copy.version, copy.incarnation);
+        let (version, incarnation) = self.computed_on.ok_or(ClientError::NotPulled)?;
         let id = PushId {
             worker: self.worker,
             generation: Some(self.generation),

@@ -82,12 +82,18 @@ pub enum ClientError {
     UnknownCopy,
     #[error("{what} got no answer from the parameter server within {seconds} s")]
     TimedOut { what: &'static str, seconds: f64 },
+    #[error(
+        "the parameter server's answer is {bytes} bytes or more, above the {limit} a JSON answer may have"
+    )]
+    AnswerTooLarge { bytes: u64, limit: usize },
+    #[error("the parameter server's answer is not the JSON expected: {0}")]
+    BadAnswer(String),
 }
 
 /// Refusals of the parameter server that the same request will meet again, whoever sends it.
 /// (`unknown_worker` is not one: a job being scaled may know the index a moment later.)
 const PERMANENT_REFUSALS: [&str; 5] = [
-    "unauthorized",
+    reason::UNAUTHORIZED,
     reason::LAYOUT_MISMATCH,
     reason::SHAPE_MISMATCH,
     reason::DTYPE_MISMATCH,
@@ -101,7 +107,8 @@ impl ClientError {
             Self::Transport(_) => true,
             Self::Refused { status, reason, .. } => {
                 status.is_server_error()
-                    || ["in_flight", reason::BODY_STALLED, reason::BODY_TOO_SLOW].contains(&reason.as_str())
+                    || [reason::IN_FLIGHT, reason::BODY_STALLED, reason::BODY_TOO_SLOW]
+                        .contains(&reason.as_str())
             }
             _ => false,
         }
@@ -165,6 +172,9 @@ pub struct ExpectedModel {
     pub layout: Layout,
     dtype: PullDtype,
     header: Vec<u8>,
+    /// The worker overlaps its exchange with its next step: its pulls say so (`overlap=true`),
+    /// so that the PS keeps the backup its next gradient is computed on.
+    overlaps: bool,
 }
 
 impl ExpectedModel {
@@ -176,7 +186,12 @@ impl ExpectedModel {
     /// A model pulled in `dtype`.
     pub fn pulled_as(layout: Layout, dtype: PullDtype) -> Self {
         let header = wire::header(&layout, dtype.wire(), &Default::default());
-        Self { layout, dtype, header }
+        Self { layout, dtype, header, overlaps: false }
+    }
+
+    /// The same, pulled by a worker that overlaps its exchange with its next step.
+    pub fn overlapping(self) -> Self {
+        Self { overlaps: true, ..self }
     }
 }
 
@@ -320,6 +335,15 @@ pub const TRANSFER_DEADLINE_FLOOR: Duration = Duration::from_secs(60);
 /// Bytes a second below which a body's transfer counts as stuck: 1 MiB/s, a hundredth of a
 /// 1 Gbit/s link (a 100M-parameter float32 model: 60 s + 381 s).
 pub const TRANSFER_MIN_RATE: u64 = 1 << 20;
+/// The deadline of `POST /v1/finalize`, which writes the final model (and, on shard 0, waits for
+/// every other shard's finalize): a PS that never answers fails the call instead of holding the
+/// operator's reconcile or shard 0 for ever.
+pub const FINALIZE_DEADLINE: Duration = Duration::from_secs(600);
+/// The largest JSON answer read from a PS (`/v1/status` of 1,024 workers, all joined and
+/// reporting, measured 263 KB): a process on the PS's port that streams more (a job's own
+/// sidecar, a custom image) fails the call instead of filling the caller's memory; the operator
+/// reads every job's PS.
+pub const MAX_JSON_ANSWER: usize = 4 << 20;
 
 #[derive(Clone)]
 pub struct PsClient {
@@ -449,9 +473,25 @@ impl PsClient {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
             .map(|s| Duration::from_secs(s.min(3600)));
-        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+        let body: serde_json::Value = Self::json(resp).await.unwrap_or_default();
         let text = |k: &str| body.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
         Err(ClientError::Refused { status, reason: text("reason"), message: text("error"), retry_after })
+    }
+
+    /// The answer's JSON body, read up to [`MAX_JSON_ANSWER`] bytes.
+    async fn json<T: serde::de::DeserializeOwned>(mut resp: reqwest::Response) -> Result<T, ClientError> {
+        let too_big = |n: u64| ClientError::AnswerTooLarge { bytes: n, limit: MAX_JSON_ANSWER };
+        if let Some(n) = resp.content_length().filter(|&n| n > MAX_JSON_ANSWER as u64) {
+            return Err(too_big(n));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await? {
+            if body.len() + chunk.len() > MAX_JSON_ANSWER {
+                return Err(too_big((body.len() + chunk.len()) as u64));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::BadAnswer(e.to_string()))
     }
 
     fn version_of(resp: &reqwest::Response) -> Result<u64, ClientError> {
@@ -498,7 +538,7 @@ impl PsClient {
             path += &format!("&step={s}");
         }
         let answer = Self::check(self.short(reqwest::Method::POST, &path).send().await?).await?;
-        let joined: JoinAnswer = answer.json().await?;
+        let joined: JoinAnswer = Self::json(answer).await?;
         let credential = joined.credential.map(|c| reqwest::header::HeaderValue::from_str(&c)).transpose();
         *self.credential.lock() = credential
             .map_err(|_| ClientError::Config("the join's credential is not a header value".into()))?;
@@ -554,6 +594,9 @@ impl PsClient {
         }
         if let Some(v) = min_version {
             path += &format!("&min_version={v}&wait_ms={}", wait.as_millis());
+        }
+        if expected.is_some_and(|e| e.overlaps) {
+            path += "&overlap=true";
         }
         // The model's float32 size bounds every encoding's (an unknown layout: a gigabyte).
         let bytes = expected.map_or(1 << 30, |e| e.layout.len() * 4);
@@ -634,7 +677,7 @@ impl PsClient {
         }
         let resp =
             self.transfer(reqwest::Method::POST, &path, body.len(), Duration::ZERO).body(body).send().await?;
-        Ok(Self::check(resp).await?.json().await?)
+        Self::json(Self::check(resp).await?).await
     }
 
     pub async fn report(&self, report: &Report) -> Result<(), ClientError> {
@@ -662,7 +705,7 @@ impl PsClient {
         if let Some(body) = buffers {
             req = req.header(reqwest::header::CONTENT_TYPE, "application/octet-stream").body(body);
         }
-        let left: Left = Self::check(req.send().await?).await?.json().await?;
+        let left: Left = Self::json(Self::check(req.send().await?).await?).await?;
         Ok(left.final_model)
     }
 
@@ -674,7 +717,7 @@ impl PsClient {
     }
 
     pub async fn status(&self) -> Result<serde_json::Value, ClientError> {
-        Ok(Self::check(self.short(reqwest::Method::GET, route::STATUS).send().await?).await?.json().await?)
+        Self::json(Self::check(self.short(reqwest::Method::GET, route::STATUS).send().await?).await?).await
     }
 
     /// `PUT /v1/workers?count=N`: tells the PS the job now has `count` workers.
@@ -686,6 +729,7 @@ impl PsClient {
 
     /// `POST /v1/finalize`: the model becomes read-only and the final model is written.
     pub async fn finalize(&self) -> Result<FinalModel, ClientError> {
-        Ok(Self::check(self.req(reqwest::Method::POST, route::FINALIZE).send().await?).await?.json().await?)
+        let finalize = self.req(reqwest::Method::POST, route::FINALIZE).timeout(FINALIZE_DEADLINE);
+        Self::json(Self::check(finalize.send().await?).await?).await
     }
 }

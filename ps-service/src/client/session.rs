@@ -176,6 +176,22 @@ impl Session {
         &self.layout
     }
 
+    /// From now on this worker overlaps its exchange with its next step: each gradient is
+    /// computed on the model it loaded last ([`Self::loaded`]), pulled one exchange before the
+    /// one it pulls meanwhile; its pulls tell every shard so.
+    pub fn overlap(&mut self) {
+        for l in &mut self.links {
+            l.overlap();
+        }
+    }
+
+    /// An overlapping worker loaded the model it pulled last: its next gradient is computed on it.
+    pub fn loaded(&mut self) {
+        for l in &mut self.links {
+            l.loaded();
+        }
+    }
+
     /// Pulls the model from every shard in `dtype` from now on.
     pub fn pull_as(&mut self, dtype: PullDtype) {
         for l in &mut self.links {

@@ -216,6 +216,13 @@ async fn join(
     let q = Params(q);
     let worker: usize = q.require("worker")?;
     let step: Option<u64> = q.get("step")?;
+    if let Some(s) = step.filter(|&s| s > MAX_VERSION) {
+        // A worker's position counts its steps, as versions count updates: no more than a model
+        // can have (its resume step would skip all its training).
+        return Err(ApiError::bad_request(format!(
+            "step {s} is above {MAX_VERSION}, more steps than any job has"
+        )));
+    }
     worker_in_range(&state, worker)?;
     let store = registered(&state)?;
     state.saw(worker).await;
@@ -267,6 +274,9 @@ async fn pull(
     let min_version: Option<u64> = q.get("min_version")?;
     let wait_ms: u64 = q.get("wait_ms")?.unwrap_or(0);
     let how = pull_as(&q)?;
+    // `overlap=true`: the worker computes its next gradient on the model it pulled before this
+    // one (it pulls while it computes); a delay-compensated rule keeps that backup too.
+    let overlaps: bool = q.get("overlap")?.unwrap_or(false);
     worker_in_range(&state, worker)?;
     // HEAD (which axum routes here too) only looks: it must not become the worker's w_bak.
     let look_only = method == axum::http::Method::HEAD;
@@ -279,6 +289,9 @@ async fn pull(
         return Err(ApiError::lost_model());
     }
     state.saw(worker).await;
+    if !look_only {
+        store.overlaps(worker, overlaps)?;
+    }
     let holding = Instant::now();
     if let Some(min) = min_version {
         let wait = Duration::from_millis(wait_ms).min(state.config.max_long_poll);

@@ -167,6 +167,10 @@ pub struct WorkerStatus {
     /// Nothing was heard from the worker for the PS's silence timeout ([`Store::set_silent`]):
     /// `sync` rounds stop waiting for it until it is heard again.
     pub silent: bool,
+    /// The worker's last pull said it overlaps its exchange with its next step
+    /// ([`Store::overlaps`]): a delay-compensated rule keeps its previous backup too.
+    #[serde(skip)]
+    overlaps: bool,
 }
 
 /// What [`Store::join`] hands a new incarnation of a worker.
@@ -272,7 +276,7 @@ struct Sequencer {
     cached: Option<Arc<Snapshot>>,
     pending: Option<(u64, PendingSnapshot)>,
     /// w_bak(m), kept only by the delay-compensated rules.
-    backups: Vec<Option<Backup>>,
+    backups: Vec<Backups>,
     workers: Vec<WorkerStatus>,
     staleness: StalenessCounts,
     /// The version the model was seeded or restored at, while no update has been applied
@@ -434,7 +438,8 @@ impl Store {
         let store = Self::build(layout, hyper, workers, shard_len, data);
         if version == 0 && store.hyper.algorithm.is_delay_compensated() {
             let w0 = store.snapshot_now();
-            store.seq.lock().backups.fill(Some(Backup { snap: w0, pulled_as: BackupAs::F32 }));
+            let first = Backups::of(Backup { snap: w0, pulled_as: BackupAs::F32 });
+            store.seq.lock().backups.fill(first);
         }
         store
     }
@@ -476,7 +481,7 @@ impl Store {
             finalized: false,
             cached: None,
             pending: None,
-            backups: vec![None; workers],
+            backups: vec![Backups::default(); workers],
             workers: vec![WorkerStatus::default(); workers],
             staleness: StalenessCounts::default(),
             seeded_at: Some(data.version),
@@ -569,9 +574,9 @@ impl Store {
             let mut seq = self.seq.lock();
             if seq.workers.len() < n {
                 seq.workers.resize(n, WorkerStatus::default());
-                seq.backups.resize(n, None);
+                seq.backups.resize(n, Backups::default());
             }
-            seq.backups[n..].fill(None);
+            seq.backups[n..].fill(Backups::default());
         }
         {
             let mut round = self.round.lock();
@@ -604,6 +609,15 @@ impl Store {
     }
 
     /// Pull: the current model, recorded as w_bak(worker).
+    /// Whether `worker` overlaps its exchange with its next step, as its pulls say: its next
+    /// gradient is computed on the model it pulled before the one it pulls now, so a
+    /// delay-compensated rule keeps that backup too (the gradient names its version).
+    pub fn overlaps(&self, worker: usize, overlaps: bool) -> Result<(), StoreError> {
+        self.check_worker(worker)?;
+        self.seq.lock().workers[worker].overlaps = overlaps;
+        Ok(())
+    }
+
     pub fn pull(&self, worker: usize) -> Result<Arc<Snapshot>, StoreError> {
         self.pull_as(worker, BackupAs::F32)
     }
@@ -651,7 +665,8 @@ impl Store {
         if let Some(w) = worker {
             let mut seq = self.seq.lock();
             if self.hyper.algorithm.is_delay_compensated() {
-                seq.backups[w] = Some(Backup { snap: snap.clone(), pulled_as });
+                let keep_previous = seq.workers[w].overlaps;
+                seq.backups[w].record(Backup { snap: snap.clone(), pulled_as }, keep_previous);
             }
             seq.workers[w].pulled_version = Some(snap.version());
         }
@@ -794,7 +809,7 @@ impl Store {
             (seq.origin, seq.lineage_from) = (Origin::Kept, version);
             seq.mean_square_origin = version;
             seq.cached = None;
-            seq.backups.fill(None);
+            seq.backups.fill(Backups::default());
             self.record(|| Entry::Reseeded { version, payload: None }, Some(values));
             op
         };
@@ -982,10 +997,10 @@ impl Store {
             return Err(StoreError::TooStale { staleness, max });
         }
         let backup = if self.hyper.algorithm.is_delay_compensated() {
-            match &seq.backups[p.worker] {
-                Some(b) if b.snap.version() == p.version => Some(b.clone()),
-                other => {
-                    let pulled = other.as_ref().map(|b| b.snap.version());
+            match seq.backups[p.worker].computed_on(p.version) {
+                Some(b) => Some(b.clone()),
+                None => {
+                    let pulled = seq.backups[p.worker].latest.as_ref().map(|b| b.snap.version());
                     return Err(StoreError::PullRequired { worker: p.worker, got: p.version, pulled });
                 }
             }
@@ -1343,7 +1358,7 @@ impl Store {
     pub fn snapshots_held(&self) -> usize {
         let seq = self.seq.lock();
         let mut seen: Vec<*const Snapshot> =
-            seq.backups.iter().flatten().map(|b| Arc::as_ptr(&b.snap)).collect();
+            seq.backups.iter().flat_map(Backups::all).map(|b| Arc::as_ptr(&b.snap)).collect();
         seen.extend(seq.cached.iter().map(Arc::as_ptr));
         seen.sort();
         seen.dedup();
@@ -1410,6 +1425,37 @@ fn with_backup<R>(
 struct Backup {
     snap: Arc<Snapshot>,
     pulled_as: BackupAs,
+}
+
+/// A worker's backups: the model it pulled last and, when it overlaps its exchange with its
+/// next step ([`Store::overlaps`]), the one it pulled before, which its next gradient is
+/// computed on (it pulls the newer one while it computes). Two per worker at most: the memory
+/// plan counts a backup and a snapshot being sent per worker, which they are.
+#[derive(Clone, Default)]
+struct Backups {
+    latest: Option<Backup>,
+    previous: Option<Backup>,
+}
+
+impl Backups {
+    fn of(b: Backup) -> Self {
+        Self { latest: Some(b), previous: None }
+    }
+
+    /// A pull recorded `b`; the one before stays only for a worker that overlaps.
+    fn record(&mut self, b: Backup, keep_previous: bool) {
+        let before = self.latest.replace(b);
+        self.previous = before.filter(|_| keep_previous);
+    }
+
+    /// The backup of `version`, the model a pushed gradient says it was computed on.
+    fn computed_on(&self, version: u64) -> Option<&Backup> {
+        self.all().find(|b| b.snap.version() == version)
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Backup> {
+        self.latest.iter().chain(&self.previous)
+    }
 }
 
 /// Takes the next operation number for an update and advances the version.

@@ -69,6 +69,37 @@ fn dc_asgd_compensates_against_the_model_the_worker_pulled() {
     assert!(o.stats.compensation_ratio() > 0.0);
 }
 
+/// A worker that overlaps its exchange with its next step computes each gradient on the model it
+/// pulled one pull before: its pushes name that version, and the PS keeps that backup too and
+/// compensates against it. A worker that does not overlap keeps one backup: the older version
+/// is refused as `pull_required`, as before.
+#[test]
+fn an_overlapping_worker_is_compensated_against_the_model_it_pulled_one_pull_before() {
+    let mut hyper = Hyper::new(Algorithm::DcAsgdC, 0.1);
+    hyper.lambda0 = 0.5;
+    let s = Store::with_shard_len(layout(3), vec![1.0, 2.0, 3.0], hyper, 2, 2);
+    s.overlaps(0, true).unwrap();
+    let w0 = s.pull(0).unwrap().params().to_vec();
+    s.push(push(0, 0, 1), &[0.5, -0.5, 1.0]).unwrap();
+    assert_eq!(s.pull(0).unwrap().version(), 1, "pulled while step 2 computes on w0");
+    assert_eq!(s.snapshots_held(), 2, "both backups held (w0, and w1 which is also the cache)");
+    let w1 = s.snapshot_now().params().to_vec();
+    let g = [2.0, -1.0, 0.5];
+    let o = s.push(push(0, 0, 2), &g).unwrap();
+    assert_eq!((o.version, o.staleness), (2, 1));
+    let got = s.snapshot_now().params().to_vec();
+    for i in 0..3 {
+        let expect = w1[i] - 0.1 * (g[i] + 0.5 * g[i] * g[i] * (w1[i] - w0[i]));
+        assert!((got[i] - expect).abs() < 1e-6, "{got:?}: element {i} should be {expect}");
+    }
+    // Worker 1 does not overlap: a pull replaces its backup, and the older version is refused.
+    assert_eq!(s.pull(1).unwrap().version(), 2);
+    s.push(push(0, 1, 3), &g).unwrap();
+    assert_eq!(s.pull(1).unwrap().version(), 3);
+    let refused = s.push(push(1, 2, 1), &g).unwrap_err();
+    assert!(matches!(refused, StoreError::PullRequired { got: 2, pulled: Some(3), .. }), "{refused:?}");
+}
+
 /// A worker that pulled the model as bf16 computed its gradient on the model rounded: its
 /// w_bak is that rounded model, not the float32 snapshot (the difference is rounding error the
 /// compensation would otherwise take for drift).

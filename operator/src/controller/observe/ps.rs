@@ -1,9 +1,10 @@
 //! Reads from a job's parameter server: its `/v1/status` (progress, process, worker count) and
 //! which control token it accepts.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use std::time::Duration;
 
 use crate::api::Progress;
 use crate::controller::context::Context;

@@ -1,12 +1,13 @@
 //! Writes to the TrainingJob itself: its status, its Events, and its deletion after its TTL.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use std::time::Duration;
 
 use crate::api::{TrainingJob, TrainingJobStatus};
 use crate::controller::context::Context;

@@ -1,9 +1,10 @@
 //! Control calls to a job's parameter server: its worker count told, the model finalized.
 
+use std::time::Duration;
+
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
-use std::time::Duration;
 
 use crate::api::TrainingJob;
 use crate::controller::context::Context;
