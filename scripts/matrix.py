@@ -9,7 +9,10 @@ Configuration space (LeNet-5 on MNIST-5k, 3 workers, --journal capture):
   local       localSteps 1, fixed (8), adaptive (4 within [2, 16]; [8, 16] with long-block)
   push        gradientDtype f32, bf16, int8
   pull        pullDtype f32, int8
-  workers     rust (the built-in LeNet-5 worker), python (examples/python/mnist.py)
+  workers     rust (the built-in LeNet-5 worker), python (examples/python/mnist.py), python-overlap
+              (the same with FORESIGHT_OVERLAP=1: each exchange overlapped with the next step; the
+              package refuses it with sync and with local steps, which python/tests checks, so
+              those pairs are not runs)
   every       pushEvery = pullEvery = 1 or 2
   fault       none; worker-kill (SIGKILL a worker, `foresight run` starts it again); worker-stop
               (SIGSTOP a worker past the silence timeout, then SIGCONT); long-block (Rust workers'
@@ -68,7 +71,7 @@ SPACE = {
     "local": ["1", "fixed", "adaptive"],
     "push": ["f32", "bf16", "int8"],
     "pull": ["f32", "int8"],
-    "workers": ["rust", "python"],
+    "workers": ["rust", "python", "python-overlap"],
     "every": [1, 2],
     "fault": ["none", "worker-kill", "worker-stop", "long-block", "shard1-kill", "shard0-kill"],
 }
@@ -97,6 +100,8 @@ def runnable(c):
     copy at every epoch's end, a pause without steps that is silence by design (heartbeats come
     from the training loop); the package's heartbeats in a block are python/tests/test_cadence.py's."""
     if c["fault"] == "shard1-kill" and c["shards"] == 1:
+        return False
+    if c["workers"] == "python-overlap" and (c["algorithm"].startswith("sync") or c["local"] != "1"):
         return False
     return c["fault"] != "long-block" or (c["local"] != "1" and c["workers"] == "rust")
 
@@ -161,7 +166,7 @@ def job_yaml(name, c, epochs):
     lr = 0.5 if c["local"] != "1" else 0.05
     workers = f"replicas: {WORKERS}"
     model = "  model: {name: lenet5}\n"
-    if c["workers"] == "python":
+    if c["workers"].startswith("python"):
         workers += ", command: [python, examples/python/mnist.py]"
         model = ""
     return (
@@ -372,6 +377,7 @@ def run_one(i, c, args):
     job.write_text(job_yaml(name, c, args.epochs))
     path = f"{REPO / '.venv/bin'}:{os.environ.get('PATH', '')}"
     env = dict(os.environ, PATH=path, FORESIGHT_WORKER_SILENCE_TIMEOUT=str(SILENCE_S), RUST_LOG="warn")
+    env["FORESIGHT_OVERLAP"] = "1" if c["workers"] == "python-overlap" else "0"
     cmd = [str(BIN / "foresight"), "run", str(job), "--out", str(out), "--no-progress", "--journal", "capture"]
     if c["fault"] == "long-block":
         # Every step's work 100× slower (LeNet-5: about 0.7 s a step): a block of 8 local steps

@@ -40,6 +40,8 @@ def job_text(model: str, rule: str, seed: int, epochs: int) -> str:
     text = re.sub(r"algorithm: [\w-]+", f"algorithm: {rule}", text, count=1)
     text = re.sub(r"seed: \d+", f"seed: {seed}", text, count=1)
     text = re.sub(r"epochs: \d+", f"epochs: {epochs}", text, count=1)
+    if not rule.startswith("dc-asgd"):
+        text = re.sub(r"\n *lambda0: [\d.]+", "", text)  # the compensation's strength: dc-asgd-* only
     # The schedule's milestones are epochs of the full run: keep those that still fall inside.
     return re.sub(r"milestones: \[[^\]]*\]", lambda m: "milestones: [" + ", ".join(
         x for x in re.findall(r"\d+", m.group(0)) if int(x) < epochs) + "]", text)
