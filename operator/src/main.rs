@@ -412,6 +412,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
             ps_image: a.ps_image.clone(),
             worker_image: a.worker_image.clone(),
             ps_tls: a.ps_tls,
+            secret_suffix: None,
         },
         token_key,
         previous_token_key,

@@ -291,10 +291,15 @@ fn default_render_is_the_operator_and_nothing_optional() {
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     .map(String::from)
     .into();
     assert_eq!(kinds(&objs), expected, "no Secret: the operator keeps the token key");
+    find(&objs, "ValidatingAdmissionPolicy", "foresight-trainingjob-author");
+    let off = objects(&template(&["--set", "authorPolicy.enabled=false"]));
+    assert!(!kinds(&off).contains("ValidatingAdmissionPolicy"));
     // Nothing random: GitOps tools (which cannot `lookup`) see the same manifest every render.
     assert_eq!(template(&[]), template(&[]));
 
@@ -1519,4 +1524,229 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
     );
     assert!(unlabel(&elsewhere).status.success(), "outside the watched namespaces the policy is not bound");
     helm_ok(&["uninstall", "policy", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
+}
+
+/// A TrainingJob gives its author nothing they could not do themselves (issue #48): the chart's
+/// default author policy asks the API server's authorizer, for the user who writes the spec,
+/// about every Secret, ConfigMap, claim, ServiceAccount and PriorityClass the job names. A tenant
+/// who may only create TrainingJobs (and get one Secret of their own) is refused each path by
+/// which a job used to reach what is not theirs, naming the field; the same spec passes for an
+/// author with the rights, and an edit that leaves the spec alone is not checked.
+#[test]
+fn a_job_may_name_only_what_its_author_may_use() {
+    let cp = control_plane();
+    let ns = cp.namespace("chart-author");
+    let jobs = cp.namespace("chart-author-jobs");
+    let watch = format!("watchNamespace={jobs}");
+    let out = helm_ok(
+        &[
+            "install",
+            "author",
+            chart().to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--set",
+            "crds.enabled=false",
+            "--set",
+            &watch,
+        ],
+        Some(cp.kubeconfig.as_path()),
+    );
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let rbac = |yaml: String| cp.kubectl_ok(&["apply", "-f", "-"], Some(&yaml));
+    let tenant_role = format!(
+        r#"{{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {{"name": "tenant", "namespace": "{jobs}"}},
+            "rules": [{{"apiGroups": ["foresight.dev"], "resources": ["trainingjobs"], "verbs": ["create", "get", "update", "patch"]}},
+                      {{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]}}]}}"#
+    );
+    rbac(tenant_role);
+    rbac(format!(
+        r#"{{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {{"name": "tenant", "namespace": "{jobs}"}},
+            "roleRef": {{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"}},
+            "subjects": [{{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant"}}]}}"#
+    ));
+    let can_get = cp.kubectl(&["auth", "can-i", "get", "secrets", "-n", &jobs, "--as=tenant"], None);
+    assert_eq!(text(&can_get).trim(), "no", "the tenant may not read the namespace's Secrets");
+    let create = |spec: Value, user: Option<&str>| {
+        let mut args = vec!["create", "--dry-run=server", "-n", &jobs, "-f", "-"];
+        let as_user = user.map(|u| format!("--as={u}"));
+        args.extend(as_user.as_deref());
+        let out = cp.kubectl(&args, Some(&job("probe", spec)));
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let theirs = json!({"workers": {"replicas": 1, "pod": {"env": [{"name": "PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "team-b-db", "key": "password"}}}]}}});
+    // The policy takes a moment to reach the API server's admission.
+    wait_for("the author policy to refuse another team's Secret", LONG, || {
+        let (ok, err) = create(theirs.clone(), Some("tenant"));
+        (!ok && err.contains("workers.pod.env[].valueFrom.secretKeyRef names Secret team-b-db")).then_some(())
+    });
+    let init = |c: Value| json!({"workers": {"replicas": 1, "pod": {"initContainers": [c]}}});
+    let ps_volume = |v: Value| json!({"parameterServer": {"pod": {"volumes": [v]}}});
+    let refused = [
+        (
+            json!({"workers": {"replicas": 1, "pod": {"envFrom": [{"secretRef": {"name": "mine"}}, {"secretRef": {"name": "team-b-env"}}]}}}),
+            "workers.pod.envFrom[].secretRef names Secret team-b-env",
+        ),
+        (
+            init(
+                json!({"name": "fetch", "image": "busybox", "envFrom": [{"secretRef": {"name": "team-b-env"}}]}),
+            ),
+            "workers.pod.initContainers[].envFrom[].secretRef names Secret team-b-env",
+        ),
+        (
+            ps_volume(
+                json!({"name": "p", "projected": {"sources": [{"secret": {"name": "other-job-token-1234abcd"}}]}}),
+            ),
+            "parameterServer.pod.volumes[].projected.sources[].secret names Secret other-job-token-1234abcd",
+        ),
+        (
+            json!({"parameterServer": {"pod": {"imagePullSecrets": [{"name": "team-b-registry"}]}}}),
+            "parameterServer.pod.imagePullSecrets[] names Secret team-b-registry",
+        ),
+        (
+            ps_volume(json!({"name": "c", "configMap": {"name": "team-b-config"}})),
+            "parameterServer.pod.volumes[].configMap names ConfigMap team-b-config",
+        ),
+        (json!({"output": {"claimName": "mnist5k"}}), "output.claimName names PersistentVolumeClaim mnist5k"),
+        (
+            json!({"dataset": {"format": "csv", "path": "/data/x", "volume": {"name": "d", "persistentVolumeClaim": {"claimName": "team-b-data"}}}}),
+            "dataset.volume.persistentVolumeClaim names PersistentVolumeClaim team-b-data",
+        ),
+        (
+            ps_volume(
+                json!({"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}, "dataSource": {"kind": "PersistentVolumeClaim", "name": "team-b-data"}}}}}),
+            ),
+            "parameterServer.pod.volumes[].ephemeral.volumeClaimTemplate.spec.dataSource names PersistentVolumeClaim team-b-data",
+        ),
+        (
+            ps_volume(json!({"name": "s", "csi": {"driver": "secrets-store.csi.k8s.io"}})),
+            "parameterServer.pod.volumes[] s is of a type whose content this policy cannot check",
+        ),
+        (
+            json!({"workers": {"replicas": 1, "pod": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}}}),
+            "workers.pod.volumes[] host is of a type whose content this policy cannot check",
+        ),
+        (
+            init(json!({"name": "root", "image": "busybox", "securityContext": {"privileged": true}})),
+            "workers.pod.initContainers[] root asks for privileges",
+        ),
+        (
+            json!({"workers": {"replicas": 1, "pod": {"serviceAccountName": "deployer"}}}),
+            "workers.pod.serviceAccountName names ServiceAccount deployer, which its author may not impersonate",
+        ),
+        (
+            json!({"parameterServer": {"pod": {"priorityClassName": "system-cluster-critical"}}}),
+            "parameterServer.pod.priorityClassName names PriorityClass system-cluster-critical, which its author may not use",
+        ),
+        (
+            json!({"parameterServer": {"disruptionBudget": true}}),
+            "parameterServer.disruptionBudget asks for a PodDisruptionBudget, which its author may not create",
+        ),
+    ];
+    for (spec, refusal) in refused {
+        let (ok, err) = create(spec.clone(), Some("tenant"));
+        assert!(!ok && err.contains(refusal), "{spec}: {err}");
+        // What is refused is the author's want of rights, not the field: an administrator (who may
+        // create pods, and so could use all of it anyway) passes with the same spec.
+        let (ok, err) = create(spec.clone(), None);
+        assert!(ok, "{spec}: {err}");
+    }
+    // Their own Secret, a ConfigMap-free job and the default ServiceAccount pass.
+    let own = json!({"workers": {"replicas": 1, "pod": {"serviceAccountName": "default",
+        "env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "mine", "key": "k"}}}]}}});
+    let (ok, err) = create(own, Some("tenant"));
+    assert!(ok, "{err}");
+
+    // Rights granted name by name count: given `get` on team-b-db, the tenant may name it.
+    rbac(format!(
+        r#"{{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {{"name": "tenant", "namespace": "{jobs}"}},
+            "rules": [{{"apiGroups": ["foresight.dev"], "resources": ["trainingjobs"], "verbs": ["create", "get", "update", "patch"]}},
+                      {{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine", "team-b-db"], "verbs": ["get"]}}]}}"#
+    ));
+    wait_for("the granted Secret to pass", LONG, || create(theirs.clone(), Some("tenant")).0.then_some(()));
+
+    // The API server's cost budget holds the most checks a job can ask for: 4 Secrets, 4
+    // ConfigMaps and 4 claims granted name by name, the output claim, a ServiceAccount and a
+    // PriorityClass for each role, a PodDisruptionBudget and whether they may create pods (22
+    // authorizer calls). A fifth
+    // Secret is refused, naming the limit.
+    let names = |p: &str| (1..=4).map(|i| format!("\"{p}{i}\"")).collect::<Vec<_>>().join(", ");
+    rbac(format!(
+        r#"{{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {{"name": "many", "namespace": "{jobs}"}},
+            "rules": [{{"apiGroups": [""], "resources": ["secrets", "configmaps", "persistentvolumeclaims"], "verbs": ["get", "update"],
+                        "resourceNames": [{}, {}, {}, "out"]}},
+                      {{"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["trainer"], "verbs": ["impersonate"]}},
+                      {{"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["create"]}}]}}"#,
+        names("s"),
+        names("c"),
+        names("p")
+    ));
+    rbac(format!(
+        r#"{{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {{"name": "many", "namespace": "{jobs}"}},
+            "roleRef": {{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "many"}},
+            "subjects": [{{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant"}}]}}"#
+    ));
+    rbac(format!(
+        r#"{{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {{"name": "{jobs}-use-high"}},
+            "rules": [{{"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "resourceNames": ["high"], "verbs": ["use"]}}]}}"#
+    ));
+    rbac(format!(
+        r#"{{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {{"name": "{jobs}-use-high"}},
+            "roleRef": {{"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "{jobs}-use-high"}},
+            "subjects": [{{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant"}}]}}"#
+    ));
+    let pod = |secrets: [&str; 2]| {
+        json!({"serviceAccountName": "trainer", "priorityClassName": "high",
+            "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": secrets[0], "key": "k"}}},
+                    {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "c1", "key": "k"}}}],
+            "envFrom": [{"secretRef": {"name": secrets[1]}}, {"configMapRef": {"name": "c2"}}],
+            "volumes": [{"name": "p", "projected": {"sources": [{"configMap": {"name": "c3"}}]}},
+                        {"name": "q", "persistentVolumeClaim": {"claimName": "p1"}}]})
+    };
+    let most = |pull: &[&str]| {
+        let mut ps = pod(["s3", "s4"]);
+        ps["imagePullSecrets"] = pull.iter().map(|n| json!({"name": n})).collect();
+        ps["volumes"] = json!([{"name": "p", "projected": {"sources": [{"configMap": {"name": "c4"}}]}},
+                               {"name": "q", "persistentVolumeClaim": {"claimName": "p2"}}]);
+        let mut workers = pod(["s1", "s2"]);
+        workers["volumes"].as_array_mut().unwrap().push(json!({"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}}, "dataSource": {"kind": "PersistentVolumeClaim", "name": "p4"}}}}}));
+        json!({"dataset": {"format": "csv", "path": "/data/x", "volume": {"name": "d", "persistentVolumeClaim": {"claimName": "p3"}}},
+               "output": {"claimName": "out"},
+               "workers": {"replicas": 1, "pod": workers},
+               "parameterServer": {"disruptionBudget": true, "pod": ps}})
+    };
+    wait_for("the name-by-name grants to pass", LONG, || {
+        create(most(&["s1"]), Some("tenant")).0.then_some(())
+    });
+    let (ok, err) = create(most(&["s5"]), Some("tenant"));
+    assert!(!ok && err.contains("the job names more than 4 Secrets"), "{err}");
+
+    // An edit that leaves the spec alone (the operator's finalizers, a label) is not the
+    // editor's to answer for; an edit of the spec is.
+    let admins = job(
+        "admins",
+        json!({"workers": {"replicas": 1, "pod": {"envFrom": [{"secretRef": {"name": "team-b-env"}}]}}}),
+    );
+    cp.kubectl_ok(&["create", "-n", &jobs, "-f", "-"], Some(&admins));
+    cp.kubectl_ok(&["label", "-n", &jobs, "tj", "admins", "team=b", "--as=tenant"], None);
+    let out = cp.kubectl(
+        &[
+            "patch",
+            "-n",
+            &jobs,
+            "tj",
+            "admins",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"workers":{"replicas":2}}}"#,
+            "--as=tenant",
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("names Secret team-b-env"), "{err}");
+    helm_ok(&["uninstall", "author", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
 }

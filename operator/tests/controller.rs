@@ -934,8 +934,8 @@ fn new_default_images_never_roll_a_running_job() {
         env.into_iter().find(|e| e["name"] == name).map(|e| e["value"].clone())
     };
     let tls_secret = |job: &str| {
-        let uid = cp.get_json(&ns, &format!("trainingjob/{job}"))?["metadata"]["uid"].as_str()?.to_string();
-        cp.get_json(&ns, &format!("secret/{job}-ps-tls-{}", &uid[..8]))
+        let suffix = secret_suffix(cp, &ns, job);
+        cp.get_json(&ns, &format!("secret/{job}-ps-tls-{suffix}"))
     };
     let ps_image = |job: &str| {
         cp.get_json(&ns, &format!("deployment/{job}-ps"))
@@ -958,9 +958,12 @@ fn new_default_images_never_roll_a_running_job() {
         let s = status(cp, &ns, "old");
         s["defaultImages"].is_object().then_some(s)
     });
+    let suffix = st["defaultImages"]["secretSuffix"].as_str().unwrap_or_default().to_string();
+    assert_eq!(suffix.len(), 16, "{st:#}");
     assert_eq!(
         st["defaultImages"],
-        json!({"parameterServer": "example.com/ps:1", "worker": "example.com/worker:1", "parameterServerTls": false})
+        json!({"parameterServer": "example.com/ps:1", "worker": "example.com/worker:1", "parameterServerTls": false,
+               "secretSuffix": suffix})
     );
     drop(op);
 
@@ -1009,6 +1012,7 @@ fn new_default_images_never_roll_a_running_job() {
     assert_eq!(ps_image("old"), Some(json!("example.com/ps:1")));
     assert_eq!(worker_image("old"), Some(json!("example.com/worker:1")));
     assert_eq!(ps_env("old", "FORESIGHT_TLS_CERT"), None);
+    assert_eq!(st["defaultImages"]["secretSuffix"], suffix, "the running PS keeps its Secrets: {st:#}");
 }
 
 #[test]
@@ -1599,8 +1603,9 @@ fn failures_of_a_replaced_worker_job_still_count_against_the_backoff_limit() {
     );
 }
 
-/// `--ps-network-policy`: each job gets a NetworkPolicy that admits only its own workers and the
-/// given peers to its parameter servers (every shard), on the PS port; one of that name made by
+/// `--ps-network-policy`: each job gets a NetworkPolicy that admits only its own workers, its own
+/// PS pods (shard 0 calls the others) and the given peers to its parameter servers (every shard),
+/// on the PS port; one of that name made by
 /// someone else is left alone and the job waits, saying why. (Whether the network enforces it
 /// is the CNI's part: the bridge plugin of the real node here does not.)
 #[test]
@@ -1630,7 +1635,11 @@ fn with_a_ps_network_policy_only_the_jobs_workers_and_the_given_peers_reach_its_
     let rules = spec["ingress"].as_array().unwrap();
     assert_eq!(rules.len(), 1, "{spec:#}");
     let workers = json!({"foresight.dev/job": "sharded", "app.kubernetes.io/component": "worker"});
-    assert_eq!(rules[0]["from"], json!([{"podSelector": {"matchLabels": workers}}, operator_pods]));
+    // Its own PS pods too: shard 0 calls the other shards (finalize, pulls, rescaling).
+    assert_eq!(
+        rules[0]["from"],
+        json!([{"podSelector": {"matchLabels": workers}}, {"podSelector": {"matchLabels": ps}}, operator_pods])
+    );
     assert_eq!(rules[0]["ports"], json!([{"port": 8080, "protocol": "TCP"}]));
     // The selectors match the pods the operator made: both shards' PS pods and the workers'.
     for (component, selector) in [("parameter-server", &ps), ("worker", &workers)] {
@@ -1650,7 +1659,7 @@ fn with_a_ps_network_policy_only_the_jobs_workers_and_the_given_peers_reach_its_
     cp.kubectl_ok(&["patch", "networkpolicy", "sharded-ps", "-n", &ns, "--type=json", "-p", open], None);
     wait_for("the policy put back", LONG, || {
         let p = cp.get_json(&ns, "networkpolicy/sharded-ps")?;
-        (p["spec"]["ingress"][0]["from"].as_array().map(Vec::len) == Some(2)).then_some(())
+        (p["spec"]["ingress"][0]["from"].as_array().map(Vec::len) == Some(3)).then_some(())
     });
 
     // Someone else's policy of that name: untouched, and the job says why it waits.
@@ -1734,4 +1743,49 @@ fn check_certificate(secret: &Value, host: &str) {
         String::from_utf8_lossy(&ok.stderr)
     );
     assert!(!verify("another-ps.elsewhere.svc").status.success(), "the certificate holds another name");
+}
+
+/// A Secret planted before the job's first reconcile is never taken for the job's (issue #48):
+/// the operator may create Secrets but not read them, so it used to take a 409 on
+/// `<job>-token-<first 8 of the UID>` (known as soon as the job exists) as its own, and the job
+/// ran with tokens (or, for the TLS Secret, a CA and key) its author chose. The names now end
+/// with 16 hex digits derived from the operator's key, recorded in the job's status.
+#[test]
+fn a_secret_planted_under_the_jobs_uid_is_never_the_jobs() {
+    let cp = control_plane();
+    let ns = cp.namespace("planted");
+    apply_job(cp, &ns, "target", json!({"workers": {"replicas": 1}}));
+    let uid = cp.get_json(&ns, "tj/target").unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
+    let planted = |kind: &str| format!("target-{kind}-{}", &uid[..8]);
+    for (kind, data) in [("token", "token=known,control-token=known"), ("ps-tls", "ca.crt=mine")] {
+        let mut args = vec![
+            "create".to_string(),
+            "secret".into(),
+            "generic".into(),
+            planted(kind),
+            "-n".into(),
+            ns.clone(),
+        ];
+        args.extend(data.split(',').map(|kv| format!("--from-literal={kv}")));
+        cp.kubectl_ok(&args.iter().map(String::as_str).collect::<Vec<_>>(), None);
+    }
+    let _op = Operator::start(cp, &ns, &["--leader-elect=false", "--ps-tls"]);
+    let deploy = wait_for("the PS Deployment", LONG, || cp.get_json(&ns, "deployment/target-ps"));
+    let pod = &deploy["spec"]["template"]["spec"];
+    let env = pod["containers"][0]["env"].as_array().unwrap().clone();
+    let token_ref = env.iter().find(|e| e["name"] == "FORESIGHT_TOKEN").unwrap()["valueFrom"]["secretKeyRef"]
+        ["name"]
+        .clone();
+    let secret = token_secret(cp, &ns, "target");
+    assert_eq!(token_ref, &secret["secret/".len()..], "the PS reads the operator's Secret");
+    assert_ne!(token_ref, planted("token").as_str());
+    let tls = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "ps-tls").unwrap()["secret"]["secretName"].clone();
+    assert_eq!(tls, format!("target-ps-tls-{}", secret_suffix(cp, &ns, "target")));
+    let made = wait_for("the job's Secret", LONG, || cp.get_json(&ns, &secret));
+    assert_eq!(made["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    assert_ne!(support::base64_decode(made["data"]["token"].as_str().unwrap()), "known");
+    // The planted ones are left as they were: not the job's, not the operator's to delete.
+    let left = cp.get_json(&ns, &format!("secret/{}", planted("token"))).unwrap();
+    assert_eq!(support::base64_decode(left["data"]["token"].as_str().unwrap()), "known");
+    assert!(left["metadata"]["ownerReferences"].is_null());
 }

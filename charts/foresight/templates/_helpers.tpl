@@ -133,3 +133,114 @@ A CEL condition that volume expression (index . 0) has none of the sources in (i
 {{- $v := index . 0 }}{{ $banned := index . 1 -}}
 {{- range $i, $s := $banned }}{{ if $i }} && {{ end }}!has({{ $v }}.{{ $s }}){{ end }}
 {{- end }}
+
+
+{{/*
+The author policy's building blocks (templates/author-policy.yaml).
+
+A CEL condition: the user making the request may (index . 0: verb) (index . 1: API group)
+(index . 2: resource) named (index . 3: a CEL string; '' for any) in the request's namespace, or
+cluster-wide when (index . 4) is "cluster".
+*/}}
+{{- define "foresight.may" -}}
+authorizer.group('{{ index . 1 }}').resource('{{ index . 2 }}')
+{{- if not (and (gt (len .) 4) (eq (index . 4) "cluster")) }}.namespace(request.namespace){{ end -}}
+.name({{ index . 3 }}).check('{{ index . 0 }}').allowed()
+{{- end }}
+
+{{/*
+"(a) + (b) + ...": CEL lists joined (the list of CEL expressions in .).
+*/}}
+{{- define "foresight.concat" -}}
+{{- printf "(%s)" (join ") + (" .) }}
+{{- end }}
+
+{{/*
+A CEL list of references {field, name} to objects of one kind (index . 2: secrets, configmaps
+or claims) that volumes (index . 1, a CEL list of core/v1 Volumes under field (index . 0)) name.
+*/}}
+{{- define "foresight.volumeRefs" -}}
+{{- $f := index . 0 }}{{ $vs := index . 1 }}{{ $kind := index . 2 }}
+{{- $parts := list }}
+{{- if eq $kind "secrets" }}
+{{- $parts = list
+  (printf "%s.filter(v, has(v.secret)).map(v, {'field': '%s.secret', 'name': string(v.secret.?secretName.orValue(''))})" $vs $f)
+  (printf "%s.filter(v, has(v.projected)).map(v, v.projected.?sources.orValue([]).filter(s, has(s.secret)).map(s, {'field': '%s.projected.sources[].secret', 'name': string(s.secret.?name.orValue(''))})).flatten()" $vs $f) }}
+{{- else if eq $kind "configmaps" }}
+{{- $parts = list
+  (printf "%s.filter(v, has(v.configMap)).map(v, {'field': '%s.configMap', 'name': string(v.configMap.?name.orValue(''))})" $vs $f)
+  (printf "%s.filter(v, has(v.projected)).map(v, v.projected.?sources.orValue([]).filter(s, has(s.configMap)).map(s, {'field': '%s.projected.sources[].configMap', 'name': string(s.configMap.?name.orValue(''))})).flatten()" $vs $f) }}
+{{- else }}
+{{- $parts = list (printf "%s.filter(v, has(v.persistentVolumeClaim)).map(v, {'field': '%s.persistentVolumeClaim', 'name': string(v.persistentVolumeClaim.claimName)})" $vs $f) }}
+{{- range $src := list "dataSource" "dataSourceRef" }}
+{{- $parts = append $parts (printf "%s.filter(d, %s).map(d, {'field': '%s.ephemeral.volumeClaimTemplate.spec.%s', 'name': string(d.name)})" (include "foresight.claimSources" (list $vs $src)) (include "foresight.isClaim" "d") $f $src) }}
+{{- end }}
+{{- end }}
+{{- include "foresight.concat" $parts }}
+{{- end }}
+
+{{/*
+The dataSource or dataSourceRef (index . 1) of the ephemeral volumes among volumes (index . 0).
+*/}}
+{{- define "foresight.claimSources" -}}
+{{- $t := "v.ephemeral.volumeClaimTemplate.spec" -}}
+{{ index . 0 }}.filter(v, has(v.ephemeral) && has(v.ephemeral.volumeClaimTemplate) && has({{ $t }}.{{ index . 1 }})).map(v, {{ $t }}.{{ index . 1 }})
+{{- end }}
+
+{{/*
+A CEL condition: a volume source (.) is a claim of the request's namespace.
+*/}}
+{{- define "foresight.isClaim" -}}
+{{ . }}.kind == 'PersistentVolumeClaim' && {{ . }}.?apiGroup.orValue('') == '' && {{ . }}.?namespace.orValue(request.namespace) == request.namespace
+{{- end }}
+
+{{/*
+A CEL list of references {field, name} to objects of one kind (index . 1) that a role's pod block
+(index . 0: workers or parameterServer) names.
+*/}}
+{{- define "foresight.podRefs" -}}
+{{- $r := index . 0 }}{{ $kind := index . 1 }}{{ $p := printf "object.spec.?%s.?pod" $r }}{{ $f := printf "%s.pod" $r }}
+{{- $parts := list (include "foresight.volumeRefs" (list (printf "%s.volumes[]" $f) (printf "%s.?volumes.orValue([])" $p) $kind)) }}
+{{- $env := dict "secrets" (list "secretKeyRef" "secretRef") "configmaps" (list "configMapKeyRef" "configMapRef") }}
+{{- with get $env $kind }}
+{{- $key := index . 0 }}{{ $from := index . 1 }}
+{{- $envRefs := printf "filter(e, has(e.valueFrom) && has(e.valueFrom.%s)).map(e, {'field': '%%s.env[].valueFrom.%s', 'name': string(e.valueFrom.%s.?name.orValue(''))})" $key $key $key }}
+{{- $fromRefs := printf "filter(e, has(e.%s)).map(e, {'field': '%%s.envFrom[].%s', 'name': string(e.%s.?name.orValue(''))})" $from $from $from }}
+{{- $parts = append $parts (printf (printf "%s.?env.orValue([]).%s" $p $envRefs) $f) }}
+{{- $parts = append $parts (printf (printf "%s.?envFrom.orValue([]).%s" $p $fromRefs) $f) }}
+{{- $parts = append $parts (printf (printf "%s.?initContainers.orValue([]).map(c, c.?env.orValue([]).%s).flatten()" $p $envRefs) (printf "%s.initContainers[]" $f)) }}
+{{- $parts = append $parts (printf (printf "%s.?initContainers.orValue([]).map(c, c.?envFrom.orValue([]).%s).flatten()" $p $fromRefs) (printf "%s.initContainers[]" $f)) }}
+{{- end }}
+{{- if eq $kind "secrets" }}
+{{- $parts = append $parts (printf "%s.?imagePullSecrets.orValue([]).map(s, {'field': '%s.imagePullSecrets[]', 'name': string(s.?name.orValue(''))})" $p $f) }}
+{{- end }}
+{{- include "foresight.concat" $parts }}
+{{- end }}
+
+{{/*
+A CEL list of messages, one per volume among volumes (index . 1, under field (index . 0)) that the
+policy cannot look into: a type whose content it cannot see (hostPath, csi, nfs, the in-tree
+drivers), or an ephemeral volume cloned from something other than a claim of the namespace.
+*/}}
+{{- define "foresight.volumeUnchecked" -}}
+{{- $f := index . 0 }}{{ $vs := index . 1 }}
+{{- $types := list "awsElasticBlockStore" "azureDisk" "azureFile" "cephfs" "cinder" "csi" "fc" "flexVolume" "flocker" "gcePersistentDisk" "gitRepo" "glusterfs" "hostPath" "iscsi" "nfs" "photonPersistentDisk" "portworxVolume" "quobyte" "rbd" "scaleIO" "storageos" "vsphereVolume" }}
+{{- $any := list }}{{ range $types }}{{ $any = append $any (printf "has(v.%s)" .) }}{{ end }}
+{{- $parts := list (printf "%s.filter(v, %s).map(v, '%s ' + v.name + ' is of a type whose content this policy cannot check')" $vs (join " || " $any) $f) }}
+{{- range $src := list "dataSource" "dataSourceRef" }}
+{{- $parts = append $parts (printf "%s.filter(d, !(%s)).map(d, '%s.ephemeral.volumeClaimTemplate.spec.%s is ' + d.kind + ' ' + d.name + ', not a claim of this namespace')" (include "foresight.claimSources" (list $vs $src)) (include "foresight.isClaim" "d") $f $src) }}
+{{- end }}
+{{- include "foresight.concat" $parts }}
+{{- end }}
+
+{{/*
+A CEL list of messages, one per thing a role's pod block (.) asks for that only whoever may
+create pods may give: the volumes above, and init containers (sidecars too) asking for privileges.
+*/}}
+{{- define "foresight.podUnchecked" -}}
+{{- $p := printf "object.spec.?%s.?pod" . }}{{ $f := printf "%s.pod" . }}
+{{- $privileged := "c.securityContext.?privileged.orValue(false) || c.securityContext.?allowPrivilegeEscalation.orValue(false) || c.securityContext.?runAsUser.orValue(1) == 0 || c.securityContext.?capabilities.?add.orValue([]).size() > 0" }}
+{{- include "foresight.concat" (list
+  (include "foresight.volumeUnchecked" (list (printf "%s.volumes[]" $f) (printf "%s.?volumes.orValue([])" $p)))
+  (printf "%s.?initContainers.orValue([]).filter(c, has(c.securityContext) && (%s)).map(c, '%s.initContainers[] ' + c.name + ' asks for privileges (privileged, allowPrivilegeEscalation, runAsUser 0 or capabilities.add)')" $p $privileged $f)) }}
+{{- end }}

@@ -775,6 +775,12 @@ pub struct DefaultImages {
     /// keeps h2c.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameter_server_tls: Option<bool>,
+    /// The end of the names of the job's token and TLS Secrets (`<job>-token-<suffix>`,
+    /// `<job>-ps-tls-<suffix>`), derived from the operator's token key and the job's UID: nobody
+    /// without the key can make a Secret of that name before the job's first reconcile. Absent
+    /// for a job started before it, whose Secrets end with the first 8 characters of its UID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_suffix: Option<String>,
 }
 
 /// The phase of a TrainingJob.

@@ -54,15 +54,16 @@ pub fn digest(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Names of a job's children. The token Secret's carries the start of the job's UID: the
-/// operator may create Secrets but not read them, so it cannot tell a Secret of its own from one
-/// that was there before the job; a name nobody could know before the job existed settles it.
-pub fn secret_name(job: &str, uid: &str) -> String {
-    format!("{job}-token-{}", uid.chars().take(8).collect::<String>())
+/// Names of a job's children. The token Secret's ends with `suffix`: the operator may create
+/// Secrets but not read them, so it cannot tell a Secret of its own from one that was there
+/// before the job; a name nobody without the operator's key can know settles it
+/// ([`crate::controller::desired::token::TokenKey::secret_suffix`]).
+pub fn secret_name(job: &str, suffix: &str) -> String {
+    format!("{job}-token-{suffix}")
 }
 /// The job's TLS Secret (its CA, the PS's certificate and key), named like the token Secret.
-pub fn tls_secret_name(job: &str, uid: &str) -> String {
-    format!("{job}-ps-tls-{}", uid.chars().take(8).collect::<String>())
+pub fn tls_secret_name(job: &str, suffix: &str) -> String {
+    format!("{job}-ps-tls-{suffix}")
 }
 pub fn ps_name(job: &str) -> String {
     format!("{job}-ps")

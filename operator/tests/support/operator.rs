@@ -130,11 +130,18 @@ pub fn job(name: &str, spec: Value) -> String {
 }
 
 /// `kubectl patch tj <name> --type=merge -p <patch>`.
-/// `secret/<name>-token-<UID prefix>`: the job's token Secret, once the job exists.
+/// `secret/<name>-token-<suffix>`: the job's token Secret, once the operator has recorded the
+/// suffix (derived from its key: nobody can make a Secret of that name before it).
 pub fn token_secret(cp: &ControlPlane, ns: &str, name: &str) -> String {
-    let job = wait_for("the TrainingJob", LONG, || cp.get_json(ns, &format!("tj/{name}")));
-    let uid = job["metadata"]["uid"].as_str().expect("a TrainingJob has a UID");
-    format!("secret/{name}-token-{}", &uid[..8])
+    format!("secret/{name}-token-{}", secret_suffix(cp, ns, name))
+}
+
+/// The end of the job's Secrets' names, once the operator has recorded it.
+pub fn secret_suffix(cp: &ControlPlane, ns: &str, name: &str) -> String {
+    wait_for("the job's recorded Secret suffix", LONG, || {
+        let job = cp.get_json(ns, &format!("tj/{name}"))?;
+        job["status"]["defaultImages"]["secretSuffix"].as_str().map(String::from)
+    })
 }
 
 pub fn patch_job(cp: &ControlPlane, ns: &str, name: &str, patch: &str) {

@@ -71,8 +71,8 @@ pub struct Observed {
     pub placement: Placement,
     /// Pods that cannot start or keep failing, the parameter server's first.
     pub trouble: Option<Trouble>,
-    /// That has lasted longer than the operator's bound (`--stuck-pods-timeout-seconds`).
-    pub trouble_expired: bool,
+    /// Whether that has outlasted what the job allows.
+    pub trouble_bound: TroubleBound,
     /// Spec changes the children do not have (yet), each saying why.
     pub deferred: Vec<String>,
     /// `runPolicy.activeDeadlineSeconds` when the job has been active longer (`active_since`).
@@ -90,6 +90,17 @@ pub struct Observed {
     /// back to Created (a worker pod that finished, or was replaced, is briefly not ready before
     /// the Job counts it).
     pub has_run: bool,
+}
+
+/// Whether pods' trouble has outlasted what the job allows: then it fails the job.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TroubleBound {
+    #[default]
+    Within,
+    /// Failing longer than the operator's bound (`--stuck-pods-timeout-seconds`).
+    TimedOut,
+    /// The parameter server restarted more often than `runPolicy.backoffLimit` (its message says so).
+    RestartsExhausted,
 }
 
 /// What the scheduler did with the job's pods.
@@ -246,6 +257,11 @@ pub fn decide(o: &Observed) -> State {
             )
         };
     }
+    // A PS restarting more often than backoffLimit fails the job whatever else holds: it runs
+    // (and may turn ready) between crashes, and workers waiting for a node do not save it.
+    if let (Some(t), TroubleBound::RestartsExhausted) = (&o.trouble, o.trouble_bound) {
+        return State::new(Phase::Failed, &t.reason, t.message.clone());
+    }
     match &o.placement {
         Placement::Unschedulable(msg) => {
             return State::new(Phase::Created, "Unschedulable", format!("pods cannot be scheduled: {msg}"));
@@ -264,7 +280,7 @@ pub fn decide(o: &Observed) -> State {
     // Pods that cannot start or keep failing, unless the job trains without them; named before
     // the workers' failures, which a parameter server that cannot run causes.
     if let Some(t) = o.trouble.as_ref().filter(|_| !training) {
-        if o.trouble_expired {
+        if o.trouble_bound == TroubleBound::TimedOut {
             let message = format!(
                 "{}; failing for longer than the operator allows (--stuck-pods-timeout-seconds)",
                 t.message

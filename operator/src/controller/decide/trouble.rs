@@ -91,6 +91,38 @@ fn container_trouble(c: &ContainerStatus) -> Option<(&'static str, String)> {
     Some((reason, if message.is_empty() { reason.to_string() } else { format!("{reason}: {message}") }))
 }
 
+/// A parameter server whose container has restarted more often than the job allows
+/// (`runPolicy.backoffLimit`, `limit`, the bound the workers' failed pods have): a crash or OOM
+/// loop, which the kubelet repeats for ever. Counted from the containers' restart counts, since
+/// a PS restarts in place and briefly runs (even turns ready) between crashes: each such moment
+/// ended the `PodsFailing` condition, so its stuck-pods clock never reached its bound and the
+/// job stayed `Restarting` for good. The reason is the last termination's (OOMKilled, Error).
+pub fn ps_restarts_exhausted(pods: &[&Pod], limit: u32) -> Option<Trouble> {
+    let (pod, c) = pods
+        .iter()
+        .filter_map(|p| Some((*p, p.status.as_ref()?)))
+        .flat_map(|(p, s)| {
+            s.init_container_statuses.iter().chain(&s.container_statuses).flatten().map(move |c| (p, c))
+        })
+        .max_by_key(|(_, c)| c.restart_count)?;
+    let restarts = u32::try_from(c.restart_count).unwrap_or(0);
+    if restarts <= limit {
+        return None;
+    }
+    let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+    let reason = last.and_then(|t| t.reason.as_deref()).unwrap_or("Error");
+    let how = last.map_or(String::new(), |t| format!(": {reason} (exit code {})", t.exit_code));
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    Some(Trouble::new(
+        Role::ParameterServer,
+        reason,
+        format!(
+            "pod {name}, container {} restarted {restarts} times, more than runPolicy.backoffLimit ({limit}); the last time{how}",
+            c.name
+        ),
+    ))
+}
+
 /// A Deployment whose ReplicaSet cannot create its pod (condition `ReplicaFailure`).
 pub fn deployment_trouble(d: &Deployment) -> Option<Trouble> {
     let c = d
@@ -163,6 +195,27 @@ mod tests {
         // Waiting while the image is pulled or the container created is normal.
         assert_eq!(pod_trouble(Role::Workers, &pod(waiting("ContainerCreating", ""), None)), None);
         assert_eq!(pod_trouble(Role::Workers, &pod(ContainerState::default(), None)), None);
+    }
+
+    #[test]
+    fn a_ps_restarting_more_often_than_the_backoff_limit_has_exhausted_it_even_while_running() {
+        // Running again between two OOM kills (the moment that reset the stuck-pods clock).
+        let running = ContainerState { running: Some(Default::default()), ..Default::default() };
+        let looping = pod(running, Some(terminated("OOMKilled")));
+        assert_eq!(pod_trouble(Role::ParameterServer, &looping), None, "running: no trouble of the moment");
+        assert_eq!(ps_restarts_exhausted(&[&looping], 3), None, "3 restarts, backoffLimit 3");
+        let t = ps_restarts_exhausted(&[&looping], 2).unwrap();
+        assert_eq!((t.role, t.reason.as_str()), (Role::ParameterServer, "OOMKilled"));
+        assert_eq!(
+            t.message,
+            "parameter server: pod job-ps-1, container ps restarted 3 times, more than runPolicy.backoffLimit (2); the last time: OOMKilled (exit code 137)"
+        );
+        // The shard that restarted most speaks; no status yet is no trouble.
+        let fresh = pod(waiting("ContainerCreating", ""), None);
+        let mut calm = fresh.clone();
+        calm.status.as_mut().unwrap().container_statuses.as_mut().unwrap()[0].restart_count = 0;
+        assert_eq!(ps_restarts_exhausted(&[&calm, &looping], 2).unwrap().reason, "OOMKilled");
+        assert_eq!(ps_restarts_exhausted(&[&Pod::default()], 0), None);
     }
 
     #[test]

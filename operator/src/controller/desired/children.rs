@@ -61,6 +61,10 @@ pub struct ChildDefaults {
     /// Whether workers reach the PS over TLS with certificates the operator issues
     /// ([`super::ps_tls`]).
     pub ps_tls: bool,
+    /// The end of the job's Secrets' names ([`crate::api::DefaultImages::secret_suffix`]);
+    /// `None`: the start of its UID (a job started before the suffix, and the operator-wide
+    /// default, which [`crate::controller::observe::children::job_defaults`] fills in per job).
+    pub secret_suffix: Option<String>,
 }
 
 impl From<&DefaultImages> for ChildDefaults {
@@ -70,6 +74,7 @@ impl From<&DefaultImages> for ChildDefaults {
             worker_image: d.worker.clone(),
             // A job started by an operator before TLS keeps h2c: turning it on would restart its PS.
             ps_tls: d.parameter_server_tls.unwrap_or(false),
+            secret_suffix: d.secret_suffix.clone(),
         }
     }
 }
@@ -80,6 +85,7 @@ impl From<&ChildDefaults> for DefaultImages {
             parameter_server: d.ps_image.clone(),
             worker: d.worker_image.clone(),
             parameter_server_tls: Some(d.ps_tls),
+            secret_suffix: d.secret_suffix.clone(),
         }
     }
 }
@@ -142,13 +148,20 @@ impl<'a> Owner<'a> {
     }
 
     /// The name of the job's token Secret.
-    pub fn secret_name(&self) -> String {
-        secret_name(&self.name, self.uid())
+    pub fn secret_name(&self, defaults: &ChildDefaults) -> String {
+        secret_name(&self.name, &self.secret_suffix(defaults))
     }
 
     /// The name of the job's TLS Secret.
-    pub fn tls_secret_name(&self) -> String {
-        tls_secret_name(&self.name, self.uid())
+    pub fn tls_secret_name(&self, defaults: &ChildDefaults) -> String {
+        tls_secret_name(&self.name, &self.secret_suffix(defaults))
+    }
+
+    fn secret_suffix(&self, defaults: &ChildDefaults) -> String {
+        match &defaults.secret_suffix {
+            Some(s) => s.clone(),
+            None => self.uid().chars().take(8).collect(),
+        }
     }
 
     /// The Services whose names the PS's certificate holds: one per shard.
@@ -157,11 +170,11 @@ impl<'a> Owner<'a> {
     }
 
     /// The Secret holding the job's CA and the PS's certificate and key.
-    pub fn tls_secret(&self, certs: &JobCertificates) -> Secret {
+    pub fn tls_secret(&self, defaults: &ChildDefaults, certs: &JobCertificates) -> Secret {
         let data = [(CA_KEY, &certs.ca), (CERT_KEY, &certs.cert), (PRIVATE_KEY_KEY, &certs.key)]
             .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())));
         Secret {
-            metadata: self.meta(self.tls_secret_name(), COMPONENT_PS),
+            metadata: self.meta(self.tls_secret_name(defaults), COMPONENT_PS),
             type_: Some("kubernetes.io/tls".into()),
             data: Some(BTreeMap::from(data)),
             ..Default::default()
@@ -231,11 +244,11 @@ impl<'a> Owner<'a> {
     }
 
     /// The Secret holding the job's tokens: the workers' and the control token.
-    pub fn secret(&self, token: &str, control: &str) -> Secret {
+    pub fn secret(&self, defaults: &ChildDefaults, token: &str, control: &str) -> Secret {
         let data = [(TOKEN_KEY, token), (CONTROL_TOKEN_KEY, control)]
             .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())));
         Secret {
-            metadata: self.meta(self.secret_name(), COMPONENT_PS),
+            metadata: self.meta(self.secret_name(defaults), COMPONENT_PS),
             type_: Some("Opaque".into()),
             data: Some(BTreeMap::from(data)),
             ..Default::default()
@@ -259,6 +272,13 @@ impl<'a> Owner<'a> {
         if (self.stopped() && keeps_checkpoint) || (self.admission.holds() && no_model_yet) { 0 } else { 1 }
     }
 
+    /// Whether the job's PS is the only place its model lives: it has trained, and no
+    /// checkpoint claim keeps the model (stopping that PS would lose it).
+    pub fn ps_holds_model(&self) -> bool {
+        let trained = self.job.status.as_ref().is_some_and(|s| s.progress.is_some());
+        trained && self.checkpoint_storage().is_none()
+    }
+
     /// The PS Deployment; its pod starts with `workers` as the job's worker count. That is the
     /// count the running Deployment was made with, not today's `workers.replicas`: scaling the
     /// job must not roll the PS (it is told the new count over HTTP instead).
@@ -275,8 +295,8 @@ impl<'a> Owner<'a> {
             }
         }
         let mut env = vars(ps_settings);
-        env.push(token_var(&self.secret_name(), "FORESIGHT_TOKEN", TOKEN_KEY));
-        env.push(token_var(&self.secret_name(), "FORESIGHT_CONTROL_TOKEN", CONTROL_TOKEN_KEY));
+        env.push(token_var(&self.secret_name(defaults), "FORESIGHT_TOKEN", TOKEN_KEY));
+        env.push(token_var(&self.secret_name(defaults), "FORESIGHT_CONTROL_TOKEN", CONTROL_TOKEN_KEY));
         // Only shard 0 writes the model: the others' final slices stay beside their checkpoints.
         let output_dir = if shard == 0 { self.model_place().ps_dir() } else { CHECKPOINT_DIR.to_string() };
         env.extend(vars([
@@ -318,7 +338,7 @@ impl<'a> Owner<'a> {
         let mut volumes = vec![checkpoints, empty_dir("tmp")];
         let mut mounts = vec![mount("checkpoints", CHECKPOINT_DIR, false), mount("tmp", "/tmp", false)];
         if defaults.ps_tls {
-            volumes.push(secret_volume("ps-tls", &self.tls_secret_name(), None));
+            volumes.push(secret_volume("ps-tls", &self.tls_secret_name(defaults), None));
             mounts.push(mount("ps-tls", TLS_DIR, true));
         }
         if let (0, ModelPlace::Output { claim, .. }) = (shard, self.model_place()) {
@@ -462,7 +482,7 @@ impl<'a> Owner<'a> {
             }),
             ..Default::default()
         });
-        env.push(token_var(&self.secret_name(), "FORESIGHT_TOKEN", TOKEN_KEY));
+        env.push(token_var(&self.secret_name(defaults), "FORESIGHT_TOKEN", TOKEN_KEY));
         if defaults.ps_tls {
             env.extend(vars([("FORESIGHT_PS_CA_FILE", format!("{PS_CA_DIR}/{CA_KEY}"))]));
         }
@@ -484,7 +504,7 @@ impl<'a> Owner<'a> {
         }
         if defaults.ps_tls {
             // The CA alone: a worker pod never holds the PS's key.
-            volumes.push(secret_volume("ps-ca", &self.tls_secret_name(), Some(CA_KEY)));
+            volumes.push(secret_volume("ps-ca", &self.tls_secret_name(defaults), Some(CA_KEY)));
             mounts.push(mount("ps-ca", PS_CA_DIR, true));
         }
         let container = Container {

@@ -40,6 +40,13 @@ impl TokenKey {
         self.derive(&format!("foresight.dev/control-token/v1/{uid}"))
     }
 
+    /// The end of the names of the job's Secrets: 16 hex digits nobody without the key can
+    /// predict, so that nobody can plant a Secret of that name before the operator makes it
+    /// (it may create Secrets but not read them, so a 409 cannot tell it whose one is there).
+    pub fn secret_suffix(&self, uid: &str) -> String {
+        self.derive(&format!("foresight.dev/secret-name/v1/{uid}"))[..16].to_string()
+    }
+
     fn derive(&self, label: &str) -> String {
         self.seed(label).iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -118,6 +125,12 @@ mod tests {
         assert_ne!(t, TokenKey::new(&[8u8; 32]).unwrap().job_token("uid-1"));
         assert_ne!(t, k.control_token("uid-1"));
         assert_eq!(k.control_token("uid-1"), k.control_token("uid-1"));
+        // The Secrets' suffix: stable, 16 hex digits, and not the start of either token.
+        let s = k.secret_suffix("uid-1");
+        assert_eq!((s.len(), s == k.secret_suffix("uid-1")), (16, true));
+        assert!(s.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(s, k.secret_suffix("uid-2"));
+        assert!(!t.starts_with(&s) && !k.control_token("uid-1").starts_with(&s));
     }
 
     #[test]

@@ -57,7 +57,9 @@ pub(crate) async fn admit(
         job.spec.workers.min_replicas,
     );
     let hash = kueue::podsets_hash(&sets);
-    let (plan, mut admission) = kueue::plan(queue, existing.as_ref(), &hash, !owner.suspended(), stopped);
+    let holds_model = owner.ps_holds_model();
+    let (plan, mut admission) =
+        kueue::plan(queue, existing.as_ref(), &hash, !owner.suspended(), stopped, holds_model);
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), ns);
     match plan {
         Plan::Keep => {}

@@ -199,12 +199,15 @@ pub enum Admission {
     /// Admitted: the flavors' placement (filled in by `admission.rs`, which reads them) and the
     /// worker count.
     Admitted(Admitted),
+    /// Labelled for a queue, and suspended by its user: it holds no quota, so no pod of it runs
+    /// but a parameter server that is the only place its model lives (whose Workload is kept).
+    Suspended,
 }
 
 impl Admission {
-    /// Whether the job's pods must stay stopped.
+    /// Whether the job's pods must stay stopped (a PS that holds a model excepted).
     pub fn holds(&self) -> bool {
-        matches!(self, Admission::Pending(_))
+        matches!(self, Admission::Pending(_) | Admission::Suspended)
     }
 }
 
@@ -281,26 +284,33 @@ impl std::fmt::Display for Eviction {
 
 /// What a job of queue `queue` does with its Workload `existing`: `desired_hash` is the digest
 /// of the pod sets it would make now, `wanted` false while the user suspends the job,
-/// `stopped` whether no worker pod runs or terminates. Returns the plan and what it means for
-/// the job's pods.
+/// `stopped` whether no worker pod runs or terminates, `ps_holds_model` whether its PS is the
+/// only place its model lives (trained, no checkpoint storage: that PS keeps running). Returns
+/// the plan and what it means for the job's pods.
 pub fn plan(
     queue: &str,
     existing: Option<&Workload>,
     desired_hash: &str,
     wanted: bool,
     stopped: bool,
+    ps_holds_model: bool,
 ) -> (Plan, Admission) {
     let waiting = |why: String| Admission::Pending(why);
     let Some(w) = existing else {
+        // Created suspended: no Workload, and so no pod (its PS too) until it is resumed and
+        // admitted. Before, its PS ran at once, outside the quota.
         return if wanted {
             (Plan::Create, waiting(format!("queued in LocalQueue {queue}: creating its Workload")))
         } else {
-            (Plan::Keep, Admission::NotQueued)
+            (Plan::Keep, Admission::Suspended)
         };
     };
     if !wanted {
-        // A suspended job gives its quota back once its pods are gone.
-        return (if stopped { Plan::Release } else { Plan::Keep }, Admission::NotQueued);
+        // A suspended job gives its quota back once its pods are gone, but never while its PS
+        // runs because it holds the model: that PS stays counted. Before, the Workload went and
+        // the PS ran on outside the quota.
+        let release = stopped && !ps_holds_model;
+        return (if release { Plan::Release } else { Plan::Keep }, Admission::Suspended);
     }
     let reserved = w.condition("QuotaReserved").is_some();
     let requeue = match w.podsets_hash() {

@@ -86,7 +86,7 @@ fn the_digest_follows_what_kueue_counts_and_nothing_else() {
 
 #[test]
 fn a_job_without_a_workload_makes_one_and_waits() {
-    let (plan, admission) = plan("team", None, "h", true, true);
+    let (plan, admission) = plan("team", None, "h", true, true, false);
     assert_eq!(plan, Plan::Create);
     assert!(matches!(&admission, Admission::Pending(m) if m.contains("LocalQueue team")), "{admission:?}");
     assert!(admission.holds());
@@ -98,7 +98,7 @@ fn a_pending_workload_passes_on_kueues_reason() {
         "h",
         &[("QuotaReserved", "False", "Pending", "insufficient unused quota for nvidia.com/gpu")],
     );
-    let (plan, admission) = plan("team", Some(&w), "h", true, true);
+    let (plan, admission) = plan("team", Some(&w), "h", true, true, false);
     assert_eq!(plan, Plan::Keep);
     assert_eq!(
         admission,
@@ -108,7 +108,7 @@ fn a_pending_workload_passes_on_kueues_reason() {
 
 #[test]
 fn an_admitted_workload_lets_the_job_run() {
-    let (plan, admission) = plan("team", Some(&workload("h", &ADMITTED)), "h", true, false);
+    let (plan, admission) = plan("team", Some(&workload("h", &ADMITTED)), "h", true, false, false);
     assert_eq!((plan, admission.holds()), (Plan::Keep, false));
     assert_eq!(admission, Admission::Admitted(Admitted::default()));
 }
@@ -118,10 +118,10 @@ fn an_evicted_job_stops_its_workers_then_gives_its_quota_back_and_keeps_its_work
     let mut conditions = ADMITTED.to_vec();
     conditions.push(("Evicted", "True", "Preempted", "preempted by a higher priority workload"));
     let w = workload("h", &conditions);
-    let (plan_running, admission) = plan("team", Some(&w), "h", true, false);
+    let (plan_running, admission) = plan("team", Some(&w), "h", true, false, false);
     assert_eq!(plan_running, Plan::Keep, "pods still run: quota stays reserved meanwhile");
     assert!(admission.holds(), "and they are being stopped");
-    let (plan_stopped, admission) = plan("team", Some(&w), "h", true, true);
+    let (plan_stopped, admission) = plan("team", Some(&w), "h", true, true, false);
     let Plan::Unreserve(why) = plan_stopped else { panic!("{plan_stopped:?}") };
     assert_eq!(why.to_string(), "evicted by Kueue (Preempted): preempted by a higher priority workload");
     assert!(admission.holds());
@@ -136,7 +136,7 @@ fn an_evicted_job_stops_its_workers_then_gives_its_quota_back_and_keeps_its_work
         ],
     );
     for stopped in [true, false] {
-        let (plan, admission) = plan("team", Some(&given_back), "h", true, stopped);
+        let (plan, admission) = plan("team", Some(&given_back), "h", true, stopped, false);
         assert_eq!(plan, Plan::Keep);
         let Admission::Pending(why) = admission else { panic!("{admission:?}") };
         assert!(
@@ -201,31 +201,44 @@ fn a_deactivated_workload_is_not_replaced_by_an_active_one() {
         workload("old", &[("QuotaReserved", "False", "Pending", ""), ("Evicted", "True", "Deactivated", "")]);
     w.spec.active = Some(false);
     for (queue, hash) in [("team", "new"), ("other", "old")] {
-        let (plan, admission) = plan(queue, Some(&w), hash, true, true);
+        let (plan, admission) = plan(queue, Some(&w), hash, true, true, false);
         assert_eq!(plan, Plan::Keep, "{queue} {hash}");
         let Admission::Pending(why) = admission else { panic!("{admission:?}") };
         assert!(why.contains("deactivated (spec.active: false)"), "{why}");
     }
     w.spec.active = Some(true);
-    assert_eq!(plan("team", Some(&w), "new", true, true).0, Plan::Requeue(Requeue::Resized), "active again");
+    assert_eq!(
+        plan("team", Some(&w), "new", true, true, false).0,
+        Plan::Requeue(Requeue::Resized),
+        "active again"
+    );
 }
 
 #[test]
 fn a_resized_job_is_queued_again_with_its_new_size() {
     let admitted = workload("old", &ADMITTED);
-    assert_eq!(plan("team", Some(&admitted), "new", true, false).0, Plan::Keep, "running: stop first");
-    assert!(plan("team", Some(&admitted), "new", true, false).1.holds());
-    assert_eq!(plan("team", Some(&admitted), "new", true, true).0, Plan::Requeue(Requeue::Resized));
+    assert_eq!(plan("team", Some(&admitted), "new", true, false, false).0, Plan::Keep, "running: stop first");
+    assert!(plan("team", Some(&admitted), "new", true, false, false).1.holds());
+    assert_eq!(plan("team", Some(&admitted), "new", true, true, false).0, Plan::Requeue(Requeue::Resized));
     let pending = workload("old", &[("QuotaReserved", "False", "Pending", "no quota")]);
-    assert!(matches!(plan("team", Some(&pending), "new", true, false).0, Plan::Requeue(_)), "holds no quota");
+    assert!(
+        matches!(plan("team", Some(&pending), "new", true, false, false).0, Plan::Requeue(_)),
+        "holds no quota"
+    );
 }
 
 #[test]
 fn a_suspended_job_releases_its_quota_once_its_workers_are_gone() {
     let w = workload("h", &ADMITTED);
-    assert_eq!(plan("team", Some(&w), "h", false, false), (Plan::Keep, Admission::NotQueued));
-    assert_eq!(plan("team", Some(&w), "h", false, true), (Plan::Release, Admission::NotQueued));
-    assert_eq!(plan("team", None, "h", false, true), (Plan::Keep, Admission::NotQueued), "and makes none");
+    assert_eq!(plan("team", Some(&w), "h", false, false, false), (Plan::Keep, Admission::Suspended));
+    assert_eq!(plan("team", Some(&w), "h", false, true, false), (Plan::Release, Admission::Suspended));
+    // Created suspended: no Workload, and its pods (the PS's too) held (issue #48: its PS ran
+    // at once, outside the quota).
+    let (p, a) = plan("team", None, "h", false, true, false);
+    assert_eq!((p, a.holds()), (Plan::Keep, true), "and makes none");
+    // A PS that is the only place the model lives keeps running, so its Workload keeps the
+    // quota (issue #48: the Workload went, the PS ran on outside it).
+    assert_eq!(plan("team", Some(&w), "h", false, true, true), (Plan::Keep, Admission::Suspended));
 }
 
 #[test]
@@ -254,7 +267,7 @@ fn the_assigned_flavors_place_the_pods() {
 #[test]
 fn a_job_moved_to_another_queue_is_queued_there() {
     let pending = workload("h", &[("QuotaReserved", "False", "Pending", "no quota")]);
-    let (plan_pending, admission) = plan("other", Some(&pending), "h", true, false);
+    let (plan_pending, admission) = plan("other", Some(&pending), "h", true, false, false);
     assert!(
         matches!(&plan_pending, Plan::Requeue(r @ Requeue::QueueChanged { .. }) if r.to_string().contains("from team")),
         "{plan_pending:?}"
@@ -262,6 +275,6 @@ fn a_job_moved_to_another_queue_is_queued_there() {
     assert!(matches!(&admission, Admission::Pending(m) if m.contains("LocalQueue other")), "{admission:?}");
     // Admitted and running: the workers stop first, as for a resize.
     let admitted = workload("h", &ADMITTED);
-    assert_eq!(plan("other", Some(&admitted), "h", true, false).0, Plan::Keep);
-    assert!(matches!(plan("other", Some(&admitted), "h", true, true).0, Plan::Requeue(_)));
+    assert_eq!(plan("other", Some(&admitted), "h", true, false, false).0, Plan::Keep);
+    assert!(matches!(plan("other", Some(&admitted), "h", true, true, false).0, Plan::Requeue(_)));
 }

@@ -15,7 +15,7 @@ use crate::controller::names::{self};
 /// running job's pods. A job an operator before that record started keeps the images its
 /// children run (read from the caches, and only from children that are the job's); a new job
 /// takes the operator's defaults. The same for TLS between workers and PS: a running PS keeps
-/// the transport it has.
+/// the transport it has, and the names of its Secrets.
 pub(crate) fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobStatus) -> ChildDefaults {
     if let Some(d) = &old.default_images {
         return d.into();
@@ -29,9 +29,16 @@ pub(crate) fn job_defaults(ctx: &Context, owner: &Owner<'_>, old: &TrainingJobSt
         .deployment(&owner.namespace, &names::ps_name(&owner.name))
         .filter(|d| crate::controller::observe::ours(d, owner.mark()).is_ok())
         .and_then(|d| d.spec.template.spec);
+    // A new job's Secrets are named so that nobody can have made them before; a running PS
+    // keeps the Secrets it names.
+    defaults.secret_suffix = Some(ctx.settings.token_key.secret_suffix(owner.uid()));
     if let Some(pod) = &running_ps {
         let env = pod.containers.first().and_then(|c| c.env.as_ref());
         defaults.ps_tls = env.is_some_and(|env| env.iter().any(|e| e.name == "FORESIGHT_TLS_CERT"));
+        let token = env.and_then(|env| env.iter().find(|e| e.name == "FORESIGHT_TOKEN"));
+        let secret = token.and_then(|e| Some(e.value_from.as_ref()?.secret_key_ref.as_ref()?.name.clone()));
+        let prefix = names::secret_name(&owner.name, "");
+        defaults.secret_suffix = secret.and_then(|s| s.strip_prefix(&prefix).map(String::from));
     }
     if spec.parameter_server.image.is_none()
         && let Some(i) = image(running_ps)

@@ -47,6 +47,18 @@ pub(crate) async fn trouble(
     Ok(of(Role::Workers))
 }
 
+/// The parameter server's pods whose containers restarted more often than `limit`
+/// (`trouble::ps_restarts_exhausted`).
+pub(crate) fn ps_restarts_exhausted(ctx: &Context, owner: &Owner<'_>, limit: u32) -> Option<Trouble> {
+    let pods = ctx.caches.pods(&owner.namespace, &owner.name);
+    let ps: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.labels().get(names::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS))
+        .map(|p| p.as_ref())
+        .collect();
+    trouble::ps_restarts_exhausted(&ps, limit)
+}
+
 /// How long ago a `FailedCreate` event still tells about the worker Job's pods now.
 const RECENT_EVENT: Duration = Duration::from_secs(300);
 

@@ -12,10 +12,10 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use crate::api::{Phase, Progress, TrainingJob, TrainingJobStatus};
+use crate::api::{DEFAULT_BACKOFF_LIMIT, Phase, Progress, TrainingJob, TrainingJobStatus};
 use crate::controller::context::Context;
 use crate::controller::decide::status::{
-    self, Finalize, Observed, Placement, PsProcess, ShardsReady, State, WorkerJob,
+    self, Finalize, Observed, Placement, PsProcess, ShardsReady, State, TroubleBound, WorkerJob,
 };
 use crate::controller::desired::children::{ChildDefaults, Owner};
 use crate::controller::error::{Error, Result};
@@ -183,8 +183,15 @@ async fn observe(
     let ps_ready = ready_shards == shards;
     let worker_job = WorkerJob { failed_earlier, ..worker_state(&workers) };
     let placement = pods::placement(ctx, owner).await?;
-    let trouble = pods::trouble(ctx, owner, &ps_deployments, &workers).await?;
-    let trouble_expired = trouble.is_some() && pods::trouble_older_than(old, ctx.settings.stuck_pods_timeout);
+    let backoff_limit = job.spec.run_policy.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT);
+    let (trouble, trouble_bound) = match pods::ps_restarts_exhausted(ctx, owner, backoff_limit) {
+        Some(t) => (Some(t), TroubleBound::RestartsExhausted),
+        None => {
+            let t = pods::trouble(ctx, owner, &ps_deployments, &workers).await?;
+            let timed_out = t.is_some() && pods::trouble_older_than(old, ctx.settings.stuck_pods_timeout);
+            (t, if timed_out { TroubleBound::TimedOut } else { TroubleBound::Within })
+        }
+    };
     let deadline = job.spec.run_policy.active_deadline_seconds;
     let deadline_left = deadline.and_then(|d| {
         let since = status::active_since(old)?;
@@ -221,7 +228,7 @@ async fn observe(
         ps_shards: (shards > 1).then_some(ShardsReady { count: shards, ready: ready_shards }),
         placement,
         trouble,
-        trouble_expired,
+        trouble_bound,
         deferred,
         deadline_exceeded: deadline.filter(|_| deadline_left.is_some_and(|l| l <= 0.0)),
         finalize,
@@ -281,7 +288,7 @@ pub(crate) fn observed_nothing(job: &TrainingJob) -> Observed {
         ps_shards: None,
         placement: Placement::Scheduled,
         trouble: None,
-        trouble_expired: false,
+        trouble_bound: TroubleBound::Within,
         deferred: Vec::new(),
         deadline_exceeded: None,
         finalize: Finalize::NotYet,

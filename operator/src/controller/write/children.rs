@@ -29,12 +29,15 @@ pub(crate) async fn apply_stable_children(
     let (workers_token, token) =
         (ctx.settings.token_key.job_token(owner.uid()), ctx.settings.token_key.control_token(owner.uid()));
     let ns = &owner.namespace;
-    writes::create_once(ctx, ns, &owner.secret_name(), || Ok(owner.secret(&workers_token, &token))).await?;
+    writes::create_once(ctx, ns, &owner.secret_name(defaults), || {
+        Ok(owner.secret(defaults, &workers_token, &token))
+    })
+    .await?;
     if defaults.ps_tls {
-        writes::create_once(ctx, ns, &owner.tls_secret_name(), || {
+        writes::create_once(ctx, ns, &owner.tls_secret_name(defaults), || {
             let names = ps_tls::server_names(owner.ps_service_names(), ns);
             let certs = ps_tls::issue(&ctx.settings.token_key, owner.uid(), created_s(owner.job), names)?;
-            Ok(owner.tls_secret(&certs))
+            Ok(owner.tls_secret(defaults, &certs))
         })
         .await?;
     }

@@ -14,7 +14,7 @@ fn observed() -> Observed {
         ps_shards: None,
         placement: Placement::Scheduled,
         trouble: None,
-        trouble_expired: false,
+        trouble_bound: TroubleBound::Within,
         deferred: Vec::new(),
         deadline_exceeded: None,
         finalize: Finalize::NotYet,
@@ -519,7 +519,7 @@ fn pods_that_cannot_run_are_named_blamed_on_their_role_and_fail_the_job_after_th
     let later = next_status(&st, &o, &s, &t("2026-01-01T00:05:00Z"));
     let c = later.conditions.iter().find(|c| c.type_ == PODS_FAILING).unwrap();
     assert_eq!(c.last_transition_time, now);
-    let s = decide(&Observed { trouble_expired: true, ..o.clone() });
+    let s = decide(&Observed { trouble_bound: TroubleBound::TimedOut, ..o.clone() });
     assert_eq!((s.phase, s.reason.as_str()), (Phase::Failed, "OOMKilled"));
     // Once the pods run, the condition turns False.
     let well = Observed { ps_ready: true, ..with_workers(|w| (w.active, w.ready) = (4, 4)) };
@@ -534,10 +534,31 @@ fn pods_that_cannot_run_are_named_blamed_on_their_role_and_fail_the_job_after_th
     let o = Observed {
         min_replicas: Some(2),
         trouble: Some(stuck),
-        trouble_expired: true,
+        trouble_bound: TroubleBound::TimedOut,
         ..with_workers(|w| (w.active, w.ready) = (4, 3))
     };
     assert_eq!(decide(&Observed { ps_ready: true, ..o }).phase, Phase::Running);
+    // A PS that restarted more often than backoffLimit fails the job, even in a moment when it
+    // runs and the job trains (its crash loop ended the condition above every time).
+    let looping = Trouble {
+        role: Role::ParameterServer,
+        reason: "OOMKilled".into(),
+        message:
+            "parameter server: pod p, container c restarted 7 times, more than runPolicy.backoffLimit (6)"
+                .into(),
+    };
+    let o = Observed {
+        ps_ready: true,
+        trouble: Some(looping),
+        trouble_bound: TroubleBound::RestartsExhausted,
+        ..with_workers(|w| (w.active, w.ready) = (4, 4))
+    };
+    let s = decide(&o);
+    assert_eq!((s.phase, s.reason.as_str()), (Phase::Failed, "OOMKilled"));
+    assert!(s.message.ends_with("backoffLimit (6)"), "no word of the stuck-pods timeout: {}", s.message);
+    // Workers waiting for a node do not keep it waiting either.
+    let s = decide(&Observed { placement: Placement::Unschedulable("0/1 nodes".into()), ..o });
+    assert_eq!((s.phase, s.reason.as_str()), (Phase::Failed, "OOMKilled"));
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! What guards a job's parameter servers, the one place its model lives while it trains.
 //!
 //! The NetworkPolicy (`--ps-network-policy`): the PS pods accept connections on their port only
-//! from the job's own worker pods and from the peers the operator was given (the chart passes
-//! the operator's pods and whoever scrapes metrics). The PS takes gradients from anyone holding
+//! from the job's own worker pods, its own PS pods (shard 0 calls the other shards to finalize,
+//! to assemble a pull and to pass on a rescale) and the peers the operator was given (the chart
+//! passes the operator's pods and whoever scrapes metrics). The PS takes gradients from anyone holding
 //! the job's token; with the policy, a pod of another job or tenant cannot even open a
 //! connection to it.
 //!
@@ -24,7 +25,7 @@ use crate::controller::names::{
 
 impl Owner<'_> {
     /// The NetworkPolicy `<job>-ps`: ingress to every shard's PS pods only from the job's
-    /// workers and `peers`, only on the PS port. Egress is not restricted.
+    /// workers, its PS pods and `peers`, only on the PS port. Egress is not restricted.
     pub fn ps_network_policy(&self, peers: &[NetworkPolicyPeer]) -> NetworkPolicy {
         let port = NetworkPolicyPort {
             port: Some(IntOrString::Int(PS_PORT)),
@@ -32,11 +33,12 @@ impl Owner<'_> {
             ..Default::default()
         };
         // A peer with only a pod selector means pods of the job's own namespace.
-        let workers = NetworkPolicyPeer {
-            pod_selector: Some(self.role_selector(COMPONENT_WORKER)),
+        let own = |component| NetworkPolicyPeer {
+            pod_selector: Some(self.role_selector(component)),
             ..Default::default()
         };
-        let from = std::iter::once(workers).chain(peers.iter().cloned()).collect();
+        let from =
+            [own(COMPONENT_WORKER), own(COMPONENT_PS)].into_iter().chain(peers.iter().cloned()).collect();
         NetworkPolicy {
             metadata: self.meta(ps_name(&self.name), COMPONENT_PS),
             spec: Some(NetworkPolicySpec {

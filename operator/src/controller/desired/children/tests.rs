@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::TrainingJob;
+use crate::api::{TrainingJob, TrainingJobStatus};
 use crate::controller::names::LABEL_JOB;
 use std::collections::BTreeSet;
 
@@ -25,7 +25,12 @@ spec:
 "#;
 
 fn defaults() -> ChildDefaults {
-    ChildDefaults { ps_image: "ps:1".into(), worker_image: "worker:1".into(), ps_tls: false }
+    ChildDefaults {
+        ps_image: "ps:1".into(),
+        worker_image: "worker:1".into(),
+        ps_tls: false,
+        secret_suffix: None,
+    }
 }
 
 fn env<'a>(c: &'a Container, name: &str) -> &'a EnvVar {
@@ -37,7 +42,7 @@ fn every_child_is_owned_by_the_job_and_labelled() {
     let j = job(BASE);
     let o = Owner::new(&j).unwrap();
     let metas = [
-        o.secret("t", "c").metadata,
+        o.secret(&defaults(), "t", "c").metadata,
         o.ps_service(0, false).metadata,
         o.ps_deployment(&defaults(), 3, 0).metadata,
         o.worker_job(&defaults()).metadata,
@@ -131,7 +136,17 @@ fn the_parameter_server_gets_its_settings_and_a_pvc_only_when_asked() {
         let from = env(c, var).value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
         assert_eq!((from.name.as_str(), from.key.as_str()), ("mnist-token-uid-1", key));
     }
-    let secret = o.secret("t", "c").data.unwrap();
+    // A job started since the keyed suffix: its Secrets' names end with it, everywhere.
+    let keyed = ChildDefaults { secret_suffix: Some("0123456789abcdef".into()), ..defaults() };
+    let name = o.secret(&keyed, "t", "c").metadata.name.unwrap();
+    assert_eq!(name, "mnist-token-0123456789abcdef");
+    let ps = o.ps_deployment(&keyed, 3, 0).spec.template.spec.unwrap();
+    let workers = o.worker_job(&keyed).spec.unwrap().template.spec.unwrap();
+    for c in [&ps.containers[0], &workers.containers[0]] {
+        let from = env(c, "FORESIGHT_TOKEN").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!(from.name, name);
+    }
+    let secret = o.secret(&defaults(), "t", "c").data.unwrap();
     assert_eq!((secret["token"].0.as_slice(), secret["control-token"].0.as_slice()), (&b"t"[..], &b"c"[..]));
     assert_eq!(env(c, "FORESIGHT_WORKERS").value.as_deref(), Some("3"));
     assert_eq!(env(c, "FORESIGHT_CHECKPOINT_INTERVAL").value.as_deref(), Some("30"));
@@ -160,6 +175,14 @@ fn suspending_stops_the_ps_only_when_a_pvc_keeps_its_checkpoint() {
     assert_eq!(Owner::new(&j).unwrap().worker_job(&defaults()).spec.unwrap().suspend, Some(true));
     let j = job(&format!("{suspended}  parameterServer: {{checkpoint: {{storage: 1Gi}}}}\n"));
     assert_eq!(Owner::new(&j).unwrap().ps_replicas(), 0);
+    // Labelled for a queue and suspended: no PS before it holds a model (it would run outside
+    // the quota); one that holds the only copy keeps running (its Workload is kept).
+    let mut j = job(&suspended);
+    let queued = |j: &TrainingJob| Owner::new(j).unwrap().with_admission(Admission::Suspended).ps_replicas();
+    assert_eq!(queued(&j), 0);
+    j.status = Some(TrainingJobStatus { progress: Some(Default::default()), ..Default::default() });
+    assert_eq!(queued(&j), 1);
+    assert!(Owner::new(&j).unwrap().ps_holds_model());
 }
 
 #[test]
@@ -492,7 +515,7 @@ fn with_tls_the_ps_mounts_its_certificate_and_the_workers_only_the_ca() {
     let o = Owner::new(&j).unwrap();
     let tls = ChildDefaults { ps_tls: true, ..defaults() };
     let certs = JobCertificates { ca: "ca".into(), cert: "cert".into(), key: "key".into() };
-    let secret = o.tls_secret(&certs);
+    let secret = o.tls_secret(&tls, &certs);
     assert_eq!(secret.metadata.name.as_deref(), Some("mnist-ps-tls-uid-1"));
     assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
     let keys: Vec<&String> = secret.data.as_ref().unwrap().keys().collect();
