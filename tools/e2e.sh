@@ -25,6 +25,8 @@
 #                   child is gone;
 #      badpath      a dataset path that does not exist: the worker exits 3, the Job's
 #                   podFailurePolicy fails it, the TrainingJob is Failed with that reason;
+#      ps-oom       a PS limited to 6 Mi, OOM-killed at every start: the job is Failed
+#                   (OOMKilled) once it restarted more often than backoffLimit;
 #      suspend      training.epochs changed mid-run: refused by the API server; suspended: worker
 #                   pods gone, phase Suspended; the same change taken: the worker Job recreated
 #                   with it (WorkersRecreated); the operator's pod is
@@ -63,7 +65,7 @@
 #
 # Environment: RELEASE_DIR (the workspace's binaries for the images; default
 # <repo>/target/release), DATA_DIR (MNIST-5k, default <repo>/data/mnist5k), E2E_OUT (default
-# <repo>/out/e2e), E2E_CASES (default "main unsched badpath suspend worker-kill ps-kill python kueue"),
+# <repo>/out/e2e), E2E_CASES (default "main unsched badpath ps-oom suspend worker-kill ps-kill python kueue"),
 # E2E_DASHBOARD_PNG (draw the dashboard figure from the main case's Prometheus data there),
 # KEEP_CLUSTER=1 leaves the cluster up (and a later run reuses it), E2E_LOCK_WAIT (seconds to
 # wait for another e2e on this machine to end, default 3600).
@@ -73,7 +75,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 release=${RELEASE_DIR:-$repo/target/release}
 data=${DATA_DIR:-$repo/data/mnist5k}
 out=${E2E_OUT:-$repo/out/e2e}
-cases=${E2E_CASES:-main unsched badpath suspend worker-kill ps-kill python kueue}
+cases=${E2E_CASES:-main unsched badpath ps-oom suspend worker-kill ps-kill python kueue}
 t0=$SECONDS
 exec 3>&2 # the terminal: case logs go to files, their log lines here too
 case_name=""
@@ -490,6 +492,26 @@ case_badpath() {
   local failed
   failed=$(kc -n $ns get job $name-workers -o jsonpath='{.status.failed}')
   ((failed <= 2)) || fail "$failed worker pods failed: exit 3 must not be retried"
+  wait_for 120 "PS of $name gone after Failed" gone $ns deploy/$name-ps
+}
+
+# A parameter server that can never run (6 Mi of memory: OOM-killed at every start on this node,
+# 8 Mi ran) fails the job once its container has restarted more often than backoffLimit, with
+# the kill's reason. Before, each moment it ran between two kills reset the stuck-pods clock, and
+# the job stayed Restarting for good. Its workers wait for a node (8 GPUs), so only the PS decides.
+case_ps_oom() {
+  local ns=e2e-ps-oom name=ps-oom
+  kc create namespace $ns
+  bare_job $ns $name /data/mnist5k '{replicas: 1, gpus: 8}' '  runPolicy: {backoffLimit: 1}
+  parameterServer: {resources: {limits: {memory: 6Mi}}}'
+  wait_phase $ns $name Failed 300
+  local reason msg
+  reason=$(condition $ns $name Failed reason)
+  msg=$(condition $ns $name Failed message)
+  log "Failed: $reason: $msg"
+  [[ $reason == OOMKilled ]] || fail "the reason is '$reason', expected OOMKilled"
+  [[ $msg == *"more than runPolicy.backoffLimit (1)"* && $msg == *"OOMKilled (exit code 137)"* ]] ||
+    fail "the message does not name the restarts and the kill: $msg"
   wait_for 120 "PS of $name gone after Failed" gone $ns deploy/$name-ps
 }
 

@@ -179,6 +179,12 @@ struct OperatorArgs {
     /// Namespace of the Lease (in a cluster: the operator's own, from the downward API).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
+    /// Namespaces, besides the Lease's own, whose marked Leases may speak for every namespace:
+    /// another release watching every namespace is believed only from these (comma-separated).
+    /// A Lease anywhere else speaks only for the namespace it lives in, so a tenant who may
+    /// create Leases cannot stop this operator or make it leave other namespaces.
+    #[arg(long, env = "FORESIGHT_TRUSTED_LEASE_NAMESPACES", value_delimiter = ',')]
+    trusted_lease_namespaces: Vec<String>,
     /// This replica's name in the Lease (default: the host name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -395,6 +401,9 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         renew_deadline: lease_duration * 2 / 3,
         retry_period: lease_duration / 5,
         watch: watch.clone(),
+        trusted: std::iter::once(a.lease_namespace.clone())
+            .chain(a.trusted_lease_namespaces.iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()))
+            .collect(),
     });
     if let Some(l) = &lease
         && !controller::claims::claimed_namespaces(l).is_empty()

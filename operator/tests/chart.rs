@@ -1453,6 +1453,10 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
             "--set",
             "jobPolicy.imageRegistries={registry.example.com/}",
             "--set",
+            "jobPolicy.tolerationKeys={nvidia.com/gpu}",
+            "--set",
+            "jobPolicy.annotationPrefixes={example.com/}",
+            "--set",
             "kueue.enabled=true",
         ],
         Some(cp.kubeconfig.as_path()),
@@ -1490,6 +1494,18 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
             json!({"dataset": {"format": "csv", "path": "/data/x", "volume": {"name": "d", "hostPath": {"path": "/etc"}}}}),
             "dataset.volume may only be",
         ),
+        (
+            json!({"workers": {"replicas": 1, "pod": {"tolerations": [{"key": "team-b/reserved", "operator": "Exists"}]}}}),
+            "workers.pod.tolerations may only tolerate the taint keys nvidia.com/gpu",
+        ),
+        (
+            json!({"parameterServer": {"pod": {"tolerations": [{"operator": "Exists"}]}}}),
+            "parameterServer.pod.tolerations may only tolerate",
+        ),
+        (
+            json!({"workers": {"replicas": 1, "pod": {"annotations": {"k8s.v1.cni.cncf.io/networks": "team-b-net"}}}}),
+            "workers.pod.annotations' keys must start with example.com/",
+        ),
     ] {
         let (ok, err) = create(&jobs, "refused", spec.clone());
         assert!(!ok && err.contains(refusal), "{spec}: {err}");
@@ -1497,6 +1513,7 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
     // What the policy allows, and any job outside the watched namespaces.
     let allowed = json!({"workers": {"replicas": 1, "image": "registry.example.com/team/worker:1",
         "pod": {"serviceAccountName": "trainer", "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}], "annotations": {"example.com/team": "a"},
                 "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
                 "initContainers": [{"name": "fetch", "image": "registry.example.com/team/fetch:1"}]}}});
     let (ok, err) = create(&jobs, "allowed", allowed);

@@ -66,18 +66,22 @@ fn refusal(op: &mut Operator) -> String {
 /// second) writes in `ns` when it watches it: what such an operator's claim looks like the
 /// moment it lands.
 fn older_claim(ns: &str) -> String {
+    let claim = ("foresight.dev/claim-of".to_string(), "elsewhere/omega".to_string());
+    older_lease("foresight-claim.elsewhere.omega", &format!("elsewhere,{ns}"), Some(claim))
+}
+
+/// A marked, live Lease `name` taken in 2026's first second that says it watches `watch`.
+fn older_lease(name: &str, watch: &str, extra: Option<(String, String)>) -> String {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
     use k8s_openapi::jiff::Timestamp;
-    let annotations = [
-        ("foresight.dev/watch-namespaces".to_string(), format!("elsewhere,{ns}")),
-        ("foresight.dev/claim-of".to_string(), "elsewhere/omega".to_string()),
-    ];
+    let annotations =
+        std::iter::once(("foresight.dev/watch-namespaces".to_string(), watch.to_string())).chain(extra);
     let lease = Lease {
         metadata: ObjectMeta {
-            name: Some("foresight-claim.elsewhere.omega".into()),
+            name: Some(name.into()),
             labels: Some([("foresight.dev/operator-lease".to_string(), "true".to_string())].into()),
-            annotations: Some(annotations.into()),
+            annotations: Some(annotations.collect()),
             ..Default::default()
         },
         spec: Some(LeaseSpec {
@@ -212,4 +216,23 @@ fn a_second_operator_over_the_same_namespaces_refuses_and_a_cluster_wide_one_lea
         (!reporters(cp, &shared, "common").is_empty()).then_some(())
     });
     assert_eq!(reporters(cp, &shared, "common"), ["beta"]);
+
+    // A tenant who may create Leases (issue #48): a fake "*" Lease in their namespace, older than
+    // every operator, used to make the platform's operator refuse and exit at its next survey;
+    // a fake list used to take any namespaces from it. Now a Lease outside the operators'
+    // namespaces speaks only for the namespace it lives in.
+    let victim = cp.namespace("victim");
+    cp.kubectl_ok(&["apply", "-n", &other, "-f", "-"], Some(&older_lease("fake-all", "*", None)));
+    let list = format!("{other},{victim}");
+    cp.kubectl_ok(&["apply", "-n", &other, "-f", "-"], Some(&older_lease("fake-list", &list, None)));
+    wait_for("the platform's operator to leave the tenant its own namespace only", LONG, || {
+        (sample(&platform.metrics_text(), "foresight_operator_yielded_namespaces") == Some(3.0)).then_some(())
+    });
+    cp.kubectl_ok(&["apply", "-n", &victim, "-f", "-"], Some(&job("kept", json!({}))));
+    wait_for("the victim's job's events", LONG, || {
+        (!reporters(cp, &victim, "kept").is_empty()).then_some(())
+    });
+    assert_eq!(reporters(cp, &victim, "kept"), ["platform"]);
+    let mut platform = platform;
+    assert!(platform.exited().is_none(), "the platform's operator runs on: {}", platform.log());
 }

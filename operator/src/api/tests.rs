@@ -191,6 +191,13 @@ fn every_rule_names_its_field() {
         ("output.claimName", |s| {
             s.output = Some(OutputSpec { claim_name: Some("-models".into()), ..Default::default() })
         }),
+        ("parameterServer.resources", |s| {
+            let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into());
+            s.parameter_server.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                limits: Some([("memory".into(), q.clone()), ("nvidia.com/gpu".into(), q)].into()),
+                ..Default::default()
+            });
+        }),
         ("output.storage", |s| {
             s.output = Some(OutputSpec { storage: Some("1 Gi".into()), ..Default::default() })
         }),

@@ -247,6 +247,21 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
         "workers.replicas",
         format!("must be in 1..=1024, got {}", w.replicas),
     );
+    // The parameter server uses no device: a GPU (or any extended resource) asked for it would
+    // be held, outside the job's use, for the job's whole life (and, under Kueue, counted to
+    // the job while a suspended job's PS kept it).
+    if let Some(r) = &spec.parameter_server.resources {
+        let asked = r.limits.iter().chain(&r.requests).flat_map(|m| m.keys());
+        let device = asked.filter(|k| !is_ps_resource(k)).cloned().collect::<Vec<_>>();
+        check(
+            device.is_empty(),
+            "parameterServer.resources",
+            format!(
+                "may ask only for cpu, memory, ephemeral-storage and hugepages-*: the parameter server uses no device (got {})",
+                device.join(", ")
+            ),
+        );
+    }
     if let Some(ckpt) = &spec.parameter_server.checkpoint {
         check(
             ckpt.interval_seconds != Some(0),
@@ -462,6 +477,11 @@ fn is_name(s: &str) -> bool {
 /// A TrainingJob's `metadata.name` (the CRD's root rule says the same): a DNS label of at most
 /// [`super::MAX_NAME_LEN`] characters that starts with a letter, since the job's Services and
 /// pods are named after it. The error is the rule's message.
+/// A resource the parameter server's container may ask for.
+fn is_ps_resource(name: &str) -> bool {
+    matches!(name, "cpu" | "memory" | "ephemeral-storage") || name.starts_with("hugepages-")
+}
+
 pub fn validate_name(name: &str) -> Result<(), &'static str> {
     let ok =
         is_dns_name(name, super::MAX_NAME_LEN, false) && name.starts_with(|c: char| c.is_ascii_lowercase());

@@ -149,6 +149,7 @@ mod tests {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(3),
             watch: Watch::parse(watch).unwrap(),
+            trusted: vec!["team-a".into()],
         }
     }
 

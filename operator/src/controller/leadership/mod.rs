@@ -23,6 +23,10 @@ pub struct LeaseConfig {
     pub retry_period: Duration,
     /// What this operator watches, written on the Lease for the others' surveys (`scope`).
     pub watch: Watch,
+    /// The namespaces whose marked Leases may speak for every namespace: the operators'
+    /// namespaces (this Lease's own, `--trusted-lease-namespaces`). Any other marked Lease or
+    /// claim speaks only for the namespace it lives in (`scope::peers`).
+    pub trusted: Vec<String>,
 }
 
 /// The label that marks an operator's Lease.

@@ -10,6 +10,14 @@
 //! - A cluster-wide release yields the namespaces a live namespaced release watches: the more
 //!   specific claim wins, whichever started first, and its other namespaces go on.
 //!
+//! A marked Lease is believed only for what its place vouches for (issue #48: the survey took any
+//! labelled Lease at its word, so a tenant who may create Leases could stop the platform's
+//! operator with a fake `*`, or make it leave any namespace): "every namespace" only from a
+//! Lease in a trusted namespace ([`LeaseConfig::trusted`], the operators' own), a list of
+//! namespaces only for the one the Lease or claim lives in. A namespaced release writes a claim
+//! in each namespace it watches, so its whole list is vouched for; a tenant's fake one can at
+//! most take its own namespace.
+//!
 //! What a release can list bounds what it sees: a cluster-wide release lists Leases in every
 //! namespace (its ClusterRole), a namespaced one in its own namespace and the ones it watches
 //! (a Role in each). So that two namespaced releases installed in different namespaces that
@@ -59,11 +67,12 @@ fn key(lease: &Lease) -> String {
 }
 
 /// The operators behind the marked Leases among `leases` that a holder renewed lately, other
-/// than `own` (each once: a claim stands for the Lease it names), and when `own`'s holder took
-/// it (`now` if it is not among them). A Lease counts as live for twice its duration after its
+/// than `own` (a claim stands for the Lease it names), and when `own`'s holder took it (`now`
+/// if it is not among them). A Lease counts as live for twice its duration after its
 /// renewTime: read on this replica's clock, which may be skewed from the holder's, and a dead
-/// holder only delays a survey's verdict by that much.
-pub fn peers(leases: &[Lease], own: &str, now: Timestamp) -> (Vec<Peer>, Timestamp) {
+/// holder only delays a survey's verdict by that much. Each peer watches what its Leases and
+/// claims vouch for ([`vouched`]): one with none is no peer.
+pub fn peers(leases: &[Lease], own: &str, now: Timestamp, trusted: &[String]) -> (Vec<Peer>, Timestamp) {
     let mut own_since = now;
     let mut found: Vec<Peer> = Vec::new();
     for lease in leases {
@@ -75,21 +84,49 @@ pub fn peers(leases: &[Lease], own: &str, now: Timestamp) -> (Vec<Peer>, Timesta
         }
         let claim_of = lease.metadata.annotations.as_ref().and_then(|a| a.get(CLAIM_OF_ANNOTATION));
         let operator = claim_of.cloned().unwrap_or_else(|| key(lease));
-        if operator == own || found.iter().any(|p| p.lease == operator) {
-            continue;
-        }
         let held = spec.holder_identity.as_deref().is_some_and(|h| !h.is_empty());
         let duration_s = spec.lease_duration_seconds.unwrap_or(15).max(1);
         let ttl = SignedDuration::from_secs(2 * i64::from(duration_s));
         let renewed =
             spec.renew_time.as_ref().is_some_and(|t| t.0.checked_add(ttl).is_ok_and(|end| end >= now));
-        let watch = lease.metadata.annotations.as_ref().and_then(|a| a.get(SCOPE_ANNOTATION));
-        if let (true, true, Some(watch)) = (held, renewed, watch.and_then(|w| Watch::from_annotation(w))) {
-            let lease_duration = Duration::from_secs(duration_s as u64);
-            found.push(Peer { lease: operator, watch, since, lease_duration });
+        let Some(watch) = vouched(lease, claim_of.is_some(), trusted) else { continue };
+        if operator == own || !held || !renewed {
+            continue;
+        }
+        match found.iter_mut().find(|p| p.lease == operator) {
+            Some(Peer { watch: Watch::Namespaces(names), .. }) => {
+                if let Watch::Namespaces(more) = watch {
+                    names.extend(more);
+                    names.sort();
+                    names.dedup();
+                }
+            }
+            Some(_) => {}
+            None => {
+                let lease_duration = Duration::from_secs(duration_s as u64);
+                found.push(Peer { lease: operator, watch, since, lease_duration });
+            }
         }
     }
     (found, own_since)
+}
+
+/// What a marked Lease (or a claim, `is_claim`) is believed to watch: every namespace only when
+/// it is an operator's Lease in a `trusted` namespace; of a list, only the namespace it lives
+/// in. `None`: nothing (unmarked, garbled, or vouching for nothing).
+fn vouched(lease: &Lease, is_claim: bool, trusted: &[String]) -> Option<Watch> {
+    let annotation = lease.metadata.annotations.as_ref()?.get(SCOPE_ANNOTATION)?;
+    let at = lease.metadata.namespace.as_deref().unwrap_or_default();
+    match Watch::from_annotation(annotation)? {
+        Watch::All if !is_claim && trusted.iter().any(|t| t == at) => Some(Watch::All),
+        Watch::All => {
+            tracing::warn!(lease = %key(lease), "ignoring a Lease that says it watches every namespace from outside the operators' namespaces (--trusted-lease-namespaces)");
+            None
+        }
+        Watch::Namespaces(names) => {
+            names.iter().any(|n| n == at).then(|| Watch::Namespaces(vec![at.to_string()]))
+        }
+    }
 }
 
 /// The verdict for an operator watching `own` from Lease `lease`, taken at `since`.
@@ -170,7 +207,7 @@ async fn survey(client: &kube::Client, cfg: &LeaseConfig) -> Result<Vec<Lease>, 
         return marked(client, None).await;
     }
     let mut leases = marked(client, Some(&cfg.namespace)).await?;
-    let (_, since) = peers(&leases, &claims::own_lease(cfg), Timestamp::now());
+    let (_, since) = peers(&leases, &claims::own_lease(cfg), Timestamp::now(), &cfg.trusted);
     claims::stake(client, cfg, since).await;
     for ns in claims::claimed_namespaces(cfg) {
         leases.extend(marked(client, Some(ns)).await?);
@@ -224,7 +261,7 @@ pub async fn check(client: &kube::Client, cfg: &LeaseConfig, yields: &Yields) ->
         }
     };
     let own = claims::own_lease(cfg);
-    let (found, since) = peers(&leases, &own, Timestamp::now());
+    let (found, since) = peers(&leases, &own, Timestamp::now(), &cfg.trusted);
     match judge(&cfg.watch, &own, since, &found) {
         Verdict::Run { yielded } => {
             yields.set(yielded);
@@ -304,6 +341,7 @@ mod tests {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(3),
             watch: Watch::parse(watch).unwrap(),
+            trusted: vec!["team".into()],
         };
         let s = Duration::from_secs;
         assert_eq!(settle(&cfg(""), &[peer("team/t", "team", 100)]), Duration::ZERO);
@@ -342,15 +380,37 @@ mod tests {
     fn only_held_renewed_and_marked_leases_of_others_are_peers() {
         let leases = [
             lease("ops", "me", Some("*"), Some("x"), 1000),
-            lease("ops", "live", Some("team"), Some("y"), 995),
+            lease("team", "live", Some("team"), Some("y"), 995),
             lease("ops", "released", Some("*"), None, 1000),
             lease("ops", "expired", Some("*"), Some("z"), 1000 - 31),
             lease("ops", "unmarked", None, Some("w"), 1000),
             lease("ops", "garbled", Some("Not A Namespace"), Some("v"), 1000),
         ];
-        let (found, since) = peers(&leases, "ops/me", at(1000));
+        let (found, since) = peers(&leases, "ops/me", at(1000), &["ops".into()]);
         assert_eq!(since, at(900));
-        assert_eq!(found, [peer("ops/live", "team", 895)]);
+        assert_eq!(found, [peer("team/live", "team", 895)]);
+    }
+
+    #[test]
+    fn a_lease_is_believed_only_for_what_its_place_vouches_for() {
+        let trusted = ["ops".to_string(), "platform".to_string()];
+        let leases = [
+            // Another release in an operators' namespace: every namespace, believed.
+            lease("platform", "other", Some("*"), Some("x"), 1000),
+            // A tenant's fake "*" (issue #48: it made the platform's operator refuse and exit).
+            lease("tenant", "fake-all", Some("*"), Some("y"), 1000),
+            // A tenant's fake list: only its own namespace is believed, not the victims'.
+            lease("tenant", "fake-list", Some("tenant,victim-a,victim-b"), Some("z"), 1000),
+            // A claim saying "*" is no claim at all.
+            claim_of(lease("ops", "claim-all", Some("*"), Some("w"), 1000), "elsewhere/x"),
+        ];
+        let (found, _) = peers(&leases, "ops/me", at(1000), &trusted);
+        assert_eq!(found, [peer("platform/other", "*", 900), peer("tenant/fake-list", "tenant", 900)]);
+        let Verdict::Run { yielded } = judge(&Watch::All, "ops/me", at(950), &found[1..]) else { panic!() };
+        assert_eq!(yielded.into_keys().collect::<Vec<_>>(), ["tenant"], "the victims' namespaces stay");
+        // The same fake "*" in a trusted namespace would be believed: trust is the platform's.
+        let (found, _) = peers(&leases[1..2], "ops/me", at(1000), &["tenant".into()]);
+        assert_eq!(found, [peer("tenant/fake-all", "*", 900)]);
     }
 
     fn claim_of(mut lease: Lease, of: &str) -> Lease {
@@ -377,8 +437,10 @@ mod tests {
             ),
             claim_of(lease("data", "stale", Some("team-d,data"), Some("w"), 1000 - 31), "team-d/op"),
         ];
-        let (found, _) = peers(&leases, "team-a/me", at(1000));
-        assert_eq!(found, [peer("team-b/op", "team-b,shared", 890), peer("team-c/op", "team-c,data", 898)]);
+        let (found, _) = peers(&leases, "team-a/me", at(1000), &[]);
+        // Each peer watches what its Lease and claims vouch for: team-b its Lease's namespace and
+        // its claim's; team-c only the namespace its one claim seen here lives in.
+        assert_eq!(found, [peer("team-b/op", "team-b,shared", 890), peer("team-c/op", "data", 898)]);
         // The operator that came second over `shared` stops, naming the other's Lease.
         let mine = Watch::parse("team-a,shared").unwrap();
         assert!(
