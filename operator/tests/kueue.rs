@@ -215,6 +215,11 @@ spec:
     remove_worker_pods(cp, &ns, "high");
     wait_phase(cp, &ns, "high", "Suspended");
     wait_for("high's Workload to go", LONG, || workload(cp, &ns, "high").is_none().then_some(()));
+    // Its PS goes too (it holds no model yet): with the quota given back it would run outside
+    // it (issue #48: it stayed at 1 replica).
+    let ps_replicas =
+        |job: &str| cp.get_json(&ns, &format!("deployment/{job}-ps")).map(|d| d["spec"]["replicas"].clone());
+    wait_for("high's PS stopped", LONG, || (ps_replicas("high") == Some(json!(0))).then_some(()));
     wait_for("low's Workload to be admitted", LONG, || {
         workload(cp, &ns, "low").filter(|w| is_true(w, "Admitted"))
     });
@@ -338,6 +343,20 @@ spec:
     wait_for("partial's workers to start again", LONG, || {
         (!worker_job_suspended(cp, &ns, "partial")).then_some(())
     });
+
+    // A labelled job created suspended: no Workload and no pod, its PS's neither (issue #48: its
+    // PS ran at once, outside the quota).
+    let mut asleep: Value = serde_json::from_str(&job(
+        "asleep",
+        json!({"workers": {"replicas": 1}, "runPolicy": {"suspend": true}}),
+    ))
+    .unwrap();
+    asleep["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&asleep.to_string()));
+    wait_phase(cp, &ns, "asleep", "Suspended");
+    let d = wait_for("asleep's PS Deployment", LONG, || cp.get_json(&ns, "deployment/asleep-ps"));
+    assert_eq!(d["spec"]["replicas"], 0, "{d:#}");
+    assert!(workload(cp, &ns, "asleep").is_none());
 
     // A namespace's LocalQueue `default` (Kueue's LocalQueueDefaulting): a job made without the
     // queue label before it existed runs outside Kueue and keeps doing so; one made after gets
