@@ -386,4 +386,21 @@ spec:
     assert_eq!(label("early"), Value::Null, "a running job is not moved into the queue");
     assert!(!worker_job_suspended(cp, &ns, "early"));
     assert!(workload(cp, &ns, "early").is_none());
+
+    // A Workload of the job's name, labelled like the operator's, that is not the job's (anyone
+    // who may create Workloads can make one) does not hold the running unlabelled job (review C8: it was taken for the job's
+    // own, waiting for admission, and the job's workers were suspended).
+    let planted = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": "trainingjob-early", "labels": {"app.kubernetes.io/managed-by": "foresight-operator"}},
+        "spec": {"queueName": "no-such-queue", "podSets": [{"name": "main", "count": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}]}});
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&planted.to_string()));
+    // A pod's change brings the job to a reconcile (an annotation would not: same generation).
+    for p in worker_pods(cp, &ns, "early", 1) {
+        cp.set_pod_phase(&ns, &p, "Running");
+    }
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let st = status(cp, &ns, "early");
+    assert!(!worker_job_suspended(cp, &ns, "early") && st["phase"] != "Queued", "{st:#}");
+    assert_ne!(st["reason"], "Requeuing", "{st:#}");
 }

@@ -131,7 +131,12 @@ pub(crate) async fn default_queue(ctx: &Context, job: &TrainingJob, owner: &Owne
 fn unlabelled(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Admission {
     let was_queued =
         job.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Queued" && c.status == "True");
-    let workload = ctx.caches.workload(&owner.namespace, &workload_name(&owner.name));
+    // Only the job's own Workload counts: a tenant's Workload of that name (any who may create
+    // Workloads can label one `managed-by`) would otherwise hold a running job (review C8).
+    let workload = ctx
+        .caches
+        .workload(&owner.namespace, &workload_name(&owner.name))
+        .filter(|w| crate::controller::observe::ours(w, owner.mark()).is_ok());
     let admitted = workload.as_ref().is_some_and(Workload::is_admitted);
     if (was_queued || workload.is_some()) && !admitted {
         return Admission::Pending(format!(

@@ -5,7 +5,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 
@@ -96,9 +96,15 @@ pub(crate) async fn expire(
         return Ok(Action::requeue(Duration::from_secs_f64(left)));
     }
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    match api.delete(&owner.name, &DeleteParams::background()).await {
+    // By UID: a job deleted and made again under the same name since this one finished is
+    // another job, and is refused (409) rather than deleted.
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some(owner.uid().to_string()), resource_version: None }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&owner.name, &params).await {
         Ok(_) => tracing::info!(ttl, "deleted the finished job (ttlSecondsAfterFinished)"),
-        Err(e) if is_status(&e, 404) => {}
+        Err(e) if is_status(&e, 404) || is_status(&e, 409) => {}
         Err(e) => return Err(e.into()),
     }
     Ok(Action::await_change())
