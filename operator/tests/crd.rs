@@ -827,6 +827,7 @@ fn what_a_running_job_depends_on_cannot_change_and_its_workers_template_only_whi
             json!(2),
             "spec.parameterServer: Invalid value: |parameterServer.replicas cannot change",
         ),
+        ("spec.output", json!({"storage": "1Gi"}), "spec.output: Invalid value: |output cannot change"),
         ("spec.workers.image", json!("worker:2"), template),
         ("spec.workers.gpus", json!(1), template),
         ("spec.workers.nodeSelector", json!({"pool": "gpu"}), template),

@@ -547,6 +547,7 @@ pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(
         "parameterServer",
         "parameterServer.checkpoint.storage cannot change after the job is created",
     );
+    frozen(old.output == new.output, "output", "output cannot change after the job is created");
     frozen(
         old.parameter_server.shards() == new.parameter_server.shards(),
         "parameterServer",
