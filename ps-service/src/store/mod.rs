@@ -214,15 +214,23 @@ struct Shard {
 type PendingSnapshot = Arc<OnceLock<Arc<Snapshot>>>;
 
 /// Runs `f` on `shard` as operation `op`, once every earlier operation has been through it.
+///
+/// The turn passes on even when `f` panics (the panic then goes on up): otherwise every later
+/// push, pull and checkpoint of the shard waited for ever behind it, where the panic fails one
+/// request. The slice `f` was writing may then be half updated, as a push that the shard took
+/// only in part (a bug's cost, once), instead of a parameter server that never answers again.
 fn enter(shard: &Shard, op: u64, mut f: impl FnMut(&Shard, &mut ShardData)) {
     let mut d = shard.data.lock();
     while d.next_op != op {
         shard.turn.wait(&mut d);
     }
-    f(shard, &mut d);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(shard, &mut d)));
     d.next_op += 1;
     drop(d);
     shard.turn.notify_all();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 /// The copy of the model into a snapshot, as the ticket `op` it took ([`Store::pull_copying`]).

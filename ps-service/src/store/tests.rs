@@ -955,3 +955,37 @@ fn a_store_restored_mid_cycle_continues_delayed_nesterov_bit_for_bit() {
     assert_eq!(bits(&restored), bits(&through));
     assert_eq!(restored.checkpoint().state, through.checkpoint().state);
 }
+
+/// A panic in one operation's turn on a shard (a bug) fails that operation only: before, the
+/// shard's turn never passed on, and every later push, pull and checkpoint waited for ever.
+#[test]
+fn a_panic_in_one_turn_passes_the_turn_on() {
+    let shard = Shard {
+        range: 0..2,
+        data: Mutex::new(ShardData {
+            next_op: 0,
+            w: vec![0.0; 2],
+            state: OptimizerState::new(&Hyper::new(Algorithm::Asgd, 0.1), 2),
+        }),
+        turn: Condvar::new(),
+    };
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        enter(&shard, 0, |_, _| panic!("a bug in an update"));
+    }));
+    assert!(panicked.is_err(), "the panic goes on up");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter(&shard, 1, |_, d| d.w[0] = 1.0);
+            tx.send(()).unwrap();
+        });
+        let passed = rx.recv_timeout(std::time::Duration::from_secs(5));
+        if passed.is_err() {
+            // Unblock the waiter so the scope can end, then fail.
+            shard.data.lock().next_op = 1;
+            shard.turn.notify_all();
+        }
+        assert!(passed.is_ok(), "the next operation waited behind the panicked one");
+    });
+    assert_eq!(shard.data.lock().w[0], 1.0);
+}
