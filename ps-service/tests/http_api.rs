@@ -1140,6 +1140,41 @@ async fn an_answer_larger_than_any_ps_sends_fails_the_call_instead_of_filling_me
     server.abort();
 }
 
+/// A redirect is never followed: a tenant's image answering on the PS port cannot send the
+/// operator's calls (with its control token) to another address (issue #48).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_from_a_ps_is_not_followed() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let elsewhere = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { "{}" }
+    });
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}/v1/status", other.local_addr().unwrap());
+    let other_server = tokio::spawn(async move { axum::serve(other, elsewhere).await.unwrap() });
+    let app =
+        axum::Router::new().route(
+            "/v1/status",
+            axum::routing::get(move || {
+                let target = target.clone();
+                async move {
+                    (axum::http::StatusCode::TEMPORARY_REDIRECT, [(axum::http::header::LOCATION, target)])
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let c = PsClient::new(&url, Some(TOKEN.into())).unwrap();
+    let e = c.status().await.unwrap_err();
+    assert!(e.to_string().contains("307"), "{e}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the redirect was followed");
+    server.abort();
+    other_server.abort();
+}
+
 /// A short call (join, status, report, heartbeat, scale) to a stuck PS fails at its deadline as
 /// a transient error, which the worker retries until its own deadline and then names; before,
 /// it waited for ever.

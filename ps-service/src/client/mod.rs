@@ -405,6 +405,9 @@ impl PsClient {
             .http2_max_frame_size(16_777_215)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
+            // The protocol never redirects: a PS (or whatever answers on its port) must not send
+            // the operator's or a worker's calls, and their bearer token, elsewhere.
+            .redirect(reqwest::redirect::Policy::none())
             // A PS that vanished without a reset (a lost node, dropped packets) answers no ping:
             // the connection fails within the ping's interval and timeout and the call is
             // retried, instead of waiting on the kernel's retransmissions for many minutes.
