@@ -1351,9 +1351,12 @@ fn two_operators_elect_one_leader_and_the_standby_takes_over() {
     wait_for("op-b to lead", LONG, || (holder()? == "op-b").then_some(()));
     apply_job(cp, &ns, "second", json!({}));
     wait_for("the new leader to reconcile", LONG, || cp.get_json(&ns, "job/second-workers"));
-    assert!(
-        sample(&b.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}").unwrap() > 0.0
-    );
+    // A reconcile that made the worker Job may still end in a conflict (its status write raced
+    // the job's own update) and be retried: seen once, 2.4 s later.
+    wait_for("a successful reconcile by the new leader", LONG, || {
+        (sample(&b.metrics_text(), "foresight_operator_reconciles_total{result=\"success\"}")? > 0.0)
+            .then_some(())
+    });
 }
 
 /// A leader whose API calls hang (a stuck connection: the proxy in front of the API server
