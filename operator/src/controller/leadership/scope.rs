@@ -89,10 +89,10 @@ pub fn peers(leases: &[Lease], own: &str, now: Timestamp, trusted: &[String]) ->
         let ttl = SignedDuration::from_secs(2 * i64::from(duration_s));
         let renewed =
             spec.renew_time.as_ref().is_some_and(|t| t.0.checked_add(ttl).is_ok_and(|end| end >= now));
-        let Some(watch) = vouched(lease, claim_of.is_some(), trusted) else { continue };
         if operator == own || !held || !renewed {
             continue;
         }
+        let Some(watch) = vouched(lease, claim_of.is_some(), trusted) else { continue };
         match found.iter_mut().find(|p| p.lease == operator) {
             Some(Peer { watch: Watch::Namespaces(names), .. }) => {
                 if let Watch::Namespaces(more) = watch {
