@@ -136,7 +136,7 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
     let table = cp.kubectl_ok(&["get", "tj", "-n", &ns, "-o", "wide"], None);
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row[..2], ["mnist-dcasgd", "4"], "no phase yet: {table}");
-    assert_eq!(row[3], "dc-asgd-a", "{table}");
+    assert!(!table.contains("dc-asgd-a"), "the rule shows once the running PS says it: {table}");
 
     // The status subresource takes what the operator will write, and the columns show it.
     let selector = "foresight.dev/job=mnist-dcasgd,app.kubernetes.io/component=worker";
@@ -147,7 +147,7 @@ fn the_example_applies_and_get_shows_the_printer_columns() {
         "conditions": [{"type": "Running", "status": "True", "reason": "WorkersRunning",
                         "message": "4 of 4 workers running", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
         "workers": {"desired": 4, "ready": 3, "active": 4, "succeeded": 0, "failed": 0, "selector": selector},
-        "parameterServer": {"ready": true},
+        "parameterServer": {"ready": true, "algorithm": "dc-asgd-a"},
         "progress": {"step": 1234, "epoch": 2, "loss": 0.31, "accuracy": 0.91,
                      "stalenessP50": 3.0, "stalenessP99": 7.5},
         "startTime": "2026-01-01T00:00:00Z"
@@ -215,7 +215,8 @@ fn kubectl_explain_describes_the_optimizer() {
         "The update rule the parameter server applies",
         "algorithm",
         "dc-asgd-a",
-        "Cannot change after the job is created",
+        "asgd with localSteps above 1",
+        "whether named or resolved from",
         "lambda0",
         "meanSquareDecay",
         "in [0, 1), dc-asgd-a only",
@@ -875,4 +876,46 @@ fn what_a_running_job_depends_on_cannot_change_and_its_workers_template_only_whi
         None,
     );
     assert_eq!(got, "20 worker:2");
+}
+
+/// A job that names no rule gets dc-asgd-a, or asgd with local steps (the server stores no
+/// default: it depends on `localSteps`), and its rule stays frozen however it was chosen.
+#[test]
+fn an_unnamed_rule_follows_local_steps_and_never_changes() {
+    let cp = control_plane();
+    let ns = cp.namespace("unnamed-rule");
+    let obj = minimal("unnamed");
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(&obj)));
+    let stored =
+        cp.kubectl_ok(&["get", "tj", "unnamed", "-n", &ns, "-o", "jsonpath={.spec.optimizer}"], None);
+    assert_eq!(serde_json::from_str::<Value>(&stored).unwrap(), json!({"pullEvery": 1, "pushEvery": 1}));
+    let apply = |changed: &Value| {
+        let out = cp.kubectl(&["apply", "-n", &ns, "-f", "-"], Some(&yaml(changed)));
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    // Local steps would turn the running dc-asgd-a into asgd: refused, by both checks.
+    let mut local = obj.clone();
+    set(&mut local, "spec.runPolicy.suspend", json!(true));
+    set(&mut local, "spec.optimizer.localSteps", json!(10));
+    let (ok, stderr) = apply(&local);
+    assert!(!ok && stderr.contains("spec.optimizer.algorithm: Invalid value"), "{stderr}");
+    assert!(stderr.contains("name the job's algorithm to change localSteps across 1"), "{stderr}");
+    let old: TrainingJob = serde_json::from_value(obj.clone()).unwrap();
+    let new: TrainingJob = serde_json::from_value(local.clone()).unwrap();
+    let errs = validate_update(&old.spec, &new.spec).unwrap_err();
+    assert_eq!(errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(), ["optimizer.algorithm"]);
+    // Naming the rule it has keeps it.
+    set(&mut local, "spec.optimizer.algorithm", json!("dc-asgd-a"));
+    let (ok, stderr) = apply(&local);
+    assert!(ok, "{stderr}");
+
+    // A λ0 for local steps without a named rule: asgd takes none.
+    let mut lambda = minimal("unnamed-lambda");
+    set(&mut lambda, "spec.optimizer", json!({"localSteps": 10, "lambda0": 2}));
+    let out = cp.kubectl(&["create", "--dry-run=server", "-n", &ns, "-f", "-"], Some(&yaml(&lambda)));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("spec.optimizer.lambda0: Invalid value"), "{stderr}");
+    let job: TrainingJob = serde_json::from_value(lambda).unwrap();
+    assert!(validate(&job.spec).unwrap_err().iter().any(|e| e.field == "optimizer.lambda0"));
 }

@@ -16,7 +16,7 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     push(&mut env, "FORESIGHT_JOB_NAME", job);
     push(&mut env, "FORESIGHT_NAMESPACE", namespace);
     push(&mut env, "FORESIGHT_WORKERS", spec.workers.replicas);
-    push(&mut env, "FORESIGHT_ALGORITHM", o.algorithm.as_str());
+    push(&mut env, "FORESIGHT_ALGORITHM", o.algorithm().as_str());
     push(&mut env, "FORESIGHT_LEARNING_RATE", spec.training.learning_rate);
     if let Some(d) = &spec.training.lr_decay {
         push(&mut env, "FORESIGHT_LR_DECAY_FACTOR", d.factor);

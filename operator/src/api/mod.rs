@@ -2,6 +2,7 @@
 //! environment a job's parameter server and workers receive — the same for the operator's pods
 //! and for `foresight run`'s local processes.
 
+mod algorithm;
 mod env;
 mod pod;
 mod transitions;
@@ -16,6 +17,7 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use algorithm::Algorithm;
 pub use env::{ps_env, worker_env};
 pub use pod::{
     PodSettings, RESERVED_CONTAINERS, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES,
@@ -105,7 +107,7 @@ pub(crate) const NAME_MESSAGE: &str = "metadata.name must be at most 50 characte
     printcolumn = r#"{"name":"Step","type":"integer","description":"Updates applied by the parameter server.","jsonPath":".status.progress.step"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","description":"Why the job is in its phase (the reason of the phase's condition).","jsonPath":".status.reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name":"Algorithm","type":"string","description":"The update rule of the parameter server.","jsonPath":".spec.optimizer.algorithm","priority":1}"#,
+    printcolumn = r#"{"name":"Algorithm","type":"string","description":"The update rule the running parameter server applies.","jsonPath":".status.parameterServer.algorithm","priority":1}"#,
     printcolumn = r#"{"name":"Staleness p99","type":"number","description":"99th percentile of gradient staleness, in model versions.","jsonPath":".status.progress.stalenessP99","priority":1}"#,
     printcolumn = r#"{"name":"Epoch","type":"integer","description":"The epoch the slowest worker is in.","jsonPath":".status.progress.epoch","priority":1}"#,
     printcolumn = r#"{"name":"Loss","type":"number","description":"Latest training loss the workers reported.","jsonPath":".status.progress.loss","priority":1}"#,
@@ -330,36 +332,6 @@ pub struct LrDecay {
     pub milestones: Vec<f64>,
 }
 
-/// The parameter server's update rule: sync (synchronous SGD), asgd, dc-asgd-c (DC-ASGD with a
-/// constant λ) or dc-asgd-a (DC-ASGD with the adaptive λ_t).
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
-pub enum Algorithm {
-    #[serde(rename = "sync")]
-    Sync,
-    #[serde(rename = "asgd")]
-    Asgd,
-    #[serde(rename = "dc-asgd-c")]
-    DcAsgdC,
-    #[default]
-    #[serde(rename = "dc-asgd-a")]
-    DcAsgdA,
-}
-
-impl Algorithm {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sync => "sync",
-            Self::Asgd => "asgd",
-            Self::DcAsgdC => "dc-asgd-c",
-            Self::DcAsgdA => "dc-asgd-a",
-        }
-    }
-
-    pub fn is_delay_compensated(self) -> bool {
-        matches!(self, Self::DcAsgdC | Self::DcAsgdA)
-    }
-}
-
 /// The optimizer that trains a worker's local steps (`optimizer.localSteps`).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 pub enum InnerAlgorithm {
@@ -461,27 +433,28 @@ pub struct AdaptiveLocalStepsSpec {
 /// The update rule the parameter server applies, and how often workers talk to it.
 #[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.adaptiveLocalSteps) || (has(self.localSteps) && self.adaptiveLocalSteps.min <= self.localSteps && self.localSteps <= self.adaptiveLocalSteps.max)").message("adaptiveLocalSteps needs localSteps (where workers start) within [min, max]").field_path(".adaptiveLocalSteps"))]
-#[x_kube(validation = Rule::new("!has(self.lambda0) || self.algorithm in ['dc-asgd-c', 'dc-asgd-a']").message("lambda0 only applies to dc-asgd-c and dc-asgd-a").field_path(".lambda0"))]
-#[x_kube(validation = Rule::new("!has(self.meanSquareDecay) || self.algorithm == 'dc-asgd-a'").message("meanSquareDecay only applies to dc-asgd-a").field_path(".meanSquareDecay"))]
-#[x_kube(validation = Rule::new("!has(self.backupWorkers) || self.algorithm == 'sync'").message("backupWorkers only applies to sync").field_path(".backupWorkers"))]
-#[x_kube(validation = Rule::new("!has(self.syncRoundTimeoutSeconds) || self.algorithm == 'sync'").message("syncRoundTimeoutSeconds only applies to sync").field_path(".syncRoundTimeoutSeconds"))]
+#[x_kube(validation = Rule::new(format!("!has(self.lambda0) || {}", algorithm::cel_in(&["dc-asgd-c", "dc-asgd-a"]))).message("lambda0 only applies to dc-asgd-c and dc-asgd-a (with localSteps above 1 the default algorithm is asgd)").field_path(".lambda0"))]
+#[x_kube(validation = Rule::new(format!("!has(self.meanSquareDecay) || {}", algorithm::cel_in(&["dc-asgd-a"]))).message("meanSquareDecay only applies to dc-asgd-a (with localSteps above 1 the default algorithm is asgd)").field_path(".meanSquareDecay"))]
+#[x_kube(validation = Rule::new("!has(self.backupWorkers) || (has(self.algorithm) && self.algorithm == 'sync')").message("backupWorkers only applies to sync").field_path(".backupWorkers"))]
+#[x_kube(validation = Rule::new("!has(self.syncRoundTimeoutSeconds) || (has(self.algorithm) && self.algorithm == 'sync')").message("syncRoundTimeoutSeconds only applies to sync").field_path(".syncRoundTimeoutSeconds"))]
 #[x_kube(validation = Rule::new("self.pushEvery < 1 || self.pullEvery % self.pushEvery == 0").message("pullEvery must be a multiple of pushEvery: the steps accumulated into one push must all be computed on the model pulled before them").field_path(".pullEvery"))]
-#[x_kube(validation = Rule::new("self.algorithm != 'sync' || self.pullEvery == self.pushEvery").message("under sync pullEvery must equal pushEvery: each round's model is pulled before the next gradient is computed").field_path(".pullEvery"))]
+#[x_kube(validation = Rule::new("!has(self.algorithm) || self.algorithm != 'sync' || self.pullEvery == self.pushEvery").message("under sync pullEvery must equal pushEvery: each round's model is pulled before the next gradient is computed").field_path(".pullEvery"))]
 #[x_kube(validation = Rule::new("!has(self.nesterov) || !self.nesterov || (has(self.momentum) && self.momentum > 0.0)").message("nesterov needs a momentum > 0").field_path(".nesterov"))]
 #[x_kube(validation = Rule::new("!has(self.momentumDelay) || self.momentumDelay == 1 || (has(self.momentum) && self.momentum > 0.0)").message("momentumDelay needs a momentum > 0").field_path(".momentumDelay"))]
-#[x_kube(validation = Rule::new("!has(self.momentumDelay) || self.momentumDelay == 1 || self.algorithm != 'sync'").message("momentumDelay only applies to the asynchronous rules: a sync round already averages the workers' updates").field_path(".momentumDelay"))]
+#[x_kube(validation = Rule::new("!has(self.momentumDelay) || self.momentumDelay == 1 || !has(self.algorithm) || self.algorithm != 'sync'").message("momentumDelay only applies to the asynchronous rules: a sync round already averages the workers' updates").field_path(".momentumDelay"))]
 #[x_kube(validation = Rule::new("!has(self.innerOptimizer) || (has(self.localSteps) && self.localSteps > 1)").message("innerOptimizer trains local steps: it needs localSteps above 1").field_path(".innerOptimizer"))]
-#[x_kube(validation = Rule::new("!has(self.localSteps) || self.localSteps == 1 || self.algorithm != 'dc-asgd-c'").message(validate::LOCAL_STEPS_DC_ASGD_C).field_path(".algorithm"))]
+#[x_kube(validation = Rule::new("!has(self.localSteps) || self.localSteps == 1 || !has(self.algorithm) || self.algorithm != 'dc-asgd-c'").message(validate::LOCAL_STEPS_DC_ASGD_C).field_path(".algorithm"))]
+#[x_kube(validation = Rule::new(format!("{} == {}", algorithm::cel_effective("self"), algorithm::cel_effective("oldSelf"))).message(validate::ALGORITHM_FROZEN).field_path(".algorithm"))]
 #[x_kube(validation = Rule::new("!has(self.localSteps) || self.localSteps == 1 || (self.pullEvery == 1 && self.pushEvery == 1)").message("localSteps replaces pullEvery and pushEvery (a worker pulls and pushes once per localSteps steps): leave them at 1").field_path(".localSteps"))]
 #[serde(rename_all = "camelCase")]
 pub struct OptimizerSpec {
     /// sync (synchronous SGD), asgd, dc-asgd-c (DC-ASGD, constant λ) or dc-asgd-a (DC-ASGD,
-    /// adaptive λ_t; the default). Cannot change after the job is created. With localSteps,
-    /// set asgd or sync: the compensation buys nothing measurable on pseudo-gradients
-    /// (docs/convergence.md), and dc-asgd-c is refused.
-    #[serde(default)]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("algorithm cannot change after the job is created (the parameter server's state and checkpoints belong to it); create a new TrainingJob"))]
-    pub algorithm: Algorithm,
+    /// adaptive λ_t). Absent: dc-asgd-a, or asgd with localSteps above 1 (the compensation
+    /// buys nothing measurable on pseudo-gradients, docs/convergence.md; sync is DiLoCo's
+    /// outer step when the workers are alike). dc-asgd-c is refused with localSteps. The rule
+    /// cannot change after the job is created, whether named or resolved from localSteps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<Algorithm>,
     /// λ0, ≥ 0, dc-asgd-c and dc-asgd-a only: the constant λ of dc-asgd-c (default 0.04), the
     /// scale of λ_t for dc-asgd-a (default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -561,10 +534,17 @@ pub struct OptimizerSpec {
     pub sync_round_timeout_seconds: Option<u32>,
 }
 
+impl OptimizerSpec {
+    /// The rule the parameter server applies: the one named, or the default for `localSteps`.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm.unwrap_or_else(|| Algorithm::default_for(self.local_steps))
+    }
+}
+
 impl Default for OptimizerSpec {
     fn default() -> Self {
         Self {
-            algorithm: Algorithm::default(),
+            algorithm: None,
             lambda0: None,
             mean_square_decay: None,
             max_staleness: None,
@@ -845,6 +825,10 @@ pub struct ParameterServerStatus {
     /// When the running parameter server process started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// The update rule the running parameter server applies (`optimizer.algorithm`, or the
+    /// default for `optimizer.localSteps` when the spec names none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
     /// A sharded parameter server's shards (`parameterServer.replicas`; absent when it is one
     /// process). `ready` is true when every shard's pod is; `restarts` and `incarnation` are
     /// shard 0's, the shard the operator talks to.

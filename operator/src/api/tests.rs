@@ -33,7 +33,7 @@ fn the_cluster_example_parses_and_validates() {
 fn the_example_parses_and_validates() {
     let job = example();
     assert_eq!(job.metadata.name.as_deref(), Some("mnist-dcasgd"));
-    assert_eq!(job.spec.optimizer.algorithm, Algorithm::DcAsgdA);
+    assert_eq!(job.spec.optimizer.algorithm(), Algorithm::DcAsgdA);
     assert_eq!(job.spec.workers.replicas, 4);
     validate(&job.spec).unwrap();
 }
@@ -48,8 +48,12 @@ fn pull_and_push_cadences_that_label_gradients_truly_are_accepted() {
         (Algorithm::Sync, 3, 3),
     ] {
         let mut spec = example().spec;
-        spec.optimizer =
-            OptimizerSpec { algorithm, pull_every: pull, push_every: push, ..Default::default() };
+        spec.optimizer = OptimizerSpec {
+            algorithm: Some(algorithm),
+            pull_every: pull,
+            push_every: push,
+            ..Default::default()
+        };
         validate(&spec).unwrap_or_else(|e| panic!("{algorithm:?} pull {pull} push {push}: {e:?}"));
     }
 }
@@ -63,7 +67,7 @@ fn defaults_fill_what_is_left_out() {
     .unwrap();
     let s = &job.spec;
     assert_eq!((s.training.epochs, s.training.batch_size, s.training.seed), (10, 64, 1));
-    assert_eq!(s.optimizer.algorithm, Algorithm::DcAsgdA);
+    assert_eq!((s.optimizer.algorithm, s.optimizer.algorithm()), (None, Algorithm::DcAsgdA));
     assert_eq!((s.optimizer.pull_every, s.optimizer.push_every), (1, 1));
     validate(s).unwrap();
 }
@@ -92,20 +96,26 @@ fn every_rule_names_its_field() {
         }),
         ("training.lrWarmupEpochs", |s| s.training.lr_warmup_epochs = Some(-1.0)),
         ("optimizer.lambda0", |s| {
-            s.optimizer.algorithm = Algorithm::Asgd;
+            s.optimizer.algorithm = Some(Algorithm::Asgd);
             s.optimizer.mean_square_decay = None;
         }),
         ("optimizer.lambda0", |s| s.optimizer.lambda0 = Some(-1.0)),
+        // Unnamed, the rule of local steps is asgd, which takes no λ0.
+        ("optimizer.lambda0", |s| {
+            (s.optimizer.algorithm, s.optimizer.mean_square_decay) = (None, None);
+            s.optimizer.local_steps = Some(10);
+        }),
         ("optimizer.meanSquareDecay", |s| s.optimizer.mean_square_decay = Some(1.0)),
         ("optimizer.meanSquareDecay", |s| {
-            s.optimizer.algorithm = Algorithm::DcAsgdC;
+            s.optimizer.algorithm = Some(Algorithm::DcAsgdC);
         }),
         ("optimizer.pullEvery", |s| s.optimizer.pull_every = 0),
         ("optimizer.pushEvery", |s| s.optimizer.push_every = 0),
         ("optimizer.pullEvery", |s| (s.optimizer.pull_every, s.optimizer.push_every) = (3, 2)),
         ("optimizer.pullEvery", |s| (s.optimizer.pull_every, s.optimizer.push_every) = (1, 4)),
         ("optimizer.pullEvery", |s| {
-            s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, pull_every: 2, ..Default::default() }
+            s.optimizer =
+                OptimizerSpec { algorithm: Some(Algorithm::Sync), pull_every: 2, ..Default::default() }
         }),
         ("optimizer.momentum", |s| s.optimizer.momentum = Some(1.0)),
         ("optimizer.nesterov", |s| s.optimizer.nesterov = Some(true)),
@@ -113,7 +123,7 @@ fn every_rule_names_its_field() {
         ("optimizer.momentumDelay", |s| s.optimizer.momentum_delay = Some(4)),
         ("optimizer.momentumDelay", |s| {
             s.optimizer = OptimizerSpec {
-                algorithm: Algorithm::Sync,
+                algorithm: Some(Algorithm::Sync),
                 momentum: Some(0.9),
                 momentum_delay: Some(4),
                 ..Default::default()
@@ -151,13 +161,16 @@ fn every_rule_names_its_field() {
         ("optimizer.weightDecay", |s| s.optimizer.weight_decay = Some(-0.1)),
         ("optimizer.backupWorkers", |s| s.optimizer.backup_workers = Some(1)),
         ("optimizer.backupWorkers", |s| {
-            s.optimizer =
-                OptimizerSpec { algorithm: Algorithm::Sync, backup_workers: Some(4), ..Default::default() };
+            s.optimizer = OptimizerSpec {
+                algorithm: Some(Algorithm::Sync),
+                backup_workers: Some(4),
+                ..Default::default()
+            };
             s.workers.replicas = 4;
         }),
         ("optimizer.syncRoundTimeoutSeconds", |s| s.optimizer.sync_round_timeout_seconds = Some(30)),
         ("optimizer.syncRoundTimeoutSeconds", |s| {
-            s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, ..Default::default() };
+            s.optimizer = OptimizerSpec { algorithm: Some(Algorithm::Sync), ..Default::default() };
             s.optimizer.sync_round_timeout_seconds = Some(0);
         }),
         ("workers.replicas", |s| s.workers.replicas = 0),
@@ -177,7 +190,7 @@ fn every_rule_names_its_field() {
         ("output", |s| s.output = Some(OutputSpec::default())),
         ("workers.minReplicas", |s| s.workers.min_replicas = Some(5)),
         ("optimizer.algorithm", |s| {
-            s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, ..Default::default() };
+            s.optimizer = OptimizerSpec { algorithm: Some(Algorithm::Sync), ..Default::default() };
             s.parameter_server.replicas = Some(2);
         }),
         ("optimizer.maxStaleness", |s| {
@@ -185,7 +198,7 @@ fn every_rule_names_its_field() {
             s.parameter_server.replicas = Some(3);
         }),
         ("workers.minReplicas", |s| {
-            s.optimizer = OptimizerSpec { algorithm: Algorithm::Sync, ..Default::default() };
+            s.optimizer = OptimizerSpec { algorithm: Some(Algorithm::Sync), ..Default::default() };
             s.workers.min_replicas = Some(2);
         }),
         ("output.claimName", |s| {
@@ -254,6 +267,10 @@ fn environment_carries_the_job() {
     let ps: std::collections::HashMap<_, _> = ps_env(&spec, "j", "ns").into_iter().collect();
     assert_eq!(ps["FORESIGHT_ALGORITHM"], "dc-asgd-a");
     assert_eq!(ps["FORESIGHT_WORKERS"], "4");
+    let mut local = spec.clone();
+    (local.optimizer.algorithm, local.optimizer.local_steps) = (None, Some(10));
+    let ps_local: std::collections::HashMap<_, _> = ps_env(&local, "j", "ns").into_iter().collect();
+    assert_eq!(ps_local["FORESIGHT_ALGORITHM"], "asgd", "the default rule of local steps");
     assert_eq!(ps["FORESIGHT_LAMBDA0"], "2");
     assert_eq!(ps["FORESIGHT_LR_MILESTONES"], "80,120");
     assert_eq!(ps["FORESIGHT_LR_WARMUP_EPOCHS"], "1.5");
@@ -381,7 +398,7 @@ fn what_a_worker_resumes_from_never_changes_and_its_pod_template_only_while_susp
     assert_eq!(fields(&new), [] as [&str; 0], "scaling and the parameter server's settings may change");
 
     let mut algo = old.clone();
-    algo.optimizer.algorithm = Algorithm::DcAsgdC;
+    algo.optimizer.algorithm = Some(Algorithm::DcAsgdC);
     algo.optimizer.mean_square_decay = None;
     assert_eq!(fields(&algo), ["optimizer.algorithm"]);
     let mut model = old.clone();
@@ -400,6 +417,28 @@ fn what_a_worker_resumes_from_never_changes_and_its_pod_template_only_while_susp
     // Suspending does not unfreeze those.
     seed.run_policy.suspend = Some(true);
     assert_eq!(fields(&seed), ["training"]);
+
+    // Without a named rule, localSteps chooses it: crossing 1 would change the running PS's
+    // rule, unless the job names the one it has.
+    let unnamed = TrainingJobSpec {
+        optimizer: OptimizerSpec {
+            algorithm: None,
+            lambda0: None,
+            mean_square_decay: None,
+            ..old.optimizer.clone()
+        },
+        ..old.clone()
+    };
+    let mut local = unnamed.clone();
+    (local.optimizer.local_steps, local.run_policy.suspend) = (Some(10), Some(true));
+    let fields_from = |old: &TrainingJobSpec, new: &TrainingJobSpec| -> Vec<String> {
+        validate_update(old, new).err().unwrap_or_default().into_iter().map(|e| e.field).collect()
+    };
+    assert_eq!(fields_from(&unnamed, &local), ["optimizer.algorithm"]);
+    local.optimizer.algorithm = Some(Algorithm::DcAsgdA);
+    assert_eq!(fields_from(&unnamed, &local), [] as [&str; 0]);
+    local.optimizer.local_steps = Some(1);
+    assert_eq!(fields_from(&unnamed, &local), [] as [&str; 0], "naming the default changes nothing");
 
     // The workers' pod template: refused while running, allowed while suspended.
     let changes: [fn(&mut TrainingJobSpec); 6] = [

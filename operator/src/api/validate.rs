@@ -15,6 +15,8 @@ use super::{
 pub const SHARDED_SYNC: &str = "sync needs parameterServer.replicas: 1: each shard closes its rounds on its own (arrival order with backupWorkers, its own timeouts and silences), so one worker's step could be averaged into some slices of the model and dropped from others";
 /// Why `dc-asgd-c` does not take local steps.
 pub const LOCAL_STEPS_DC_ASGD_C: &str = "dc-asgd-c does not take localSteps: its constant λ0 is scaled for one gradient, and a pseudo-gradient of H inner steps is about η_in·H times one, so the compensation would be off by that factor; use asgd (docs/convergence.md finds it the safer asynchronous outer step), sync or dc-asgd-a";
+/// Why the rule is frozen, and how a job without `optimizer.algorithm` keeps it.
+pub const ALGORITHM_FROZEN: &str = "algorithm cannot change after the job is created (the parameter server's state and checkpoints belong to it): without optimizer.algorithm, localSteps above 1 means asgd and otherwise dc-asgd-a, so name the job's algorithm to change localSteps across 1; or create a new TrainingJob";
 /// Why `maxStaleness` needs one shard.
 pub const SHARDED_MAX_STALENESS: &str = "maxStaleness needs parameterServer.replicas: 1: each shard judges a push's staleness by its own version, so one shard could refuse a step the others apply";
 
@@ -107,17 +109,17 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     let o = &spec.optimizer;
     if let Some(l) = o.lambda0 {
         check(
-            o.algorithm.is_delay_compensated(),
+            o.algorithm().is_delay_compensated(),
             "optimizer.lambda0",
-            format!("only applies to dc-asgd-c and dc-asgd-a, not {}", o.algorithm.as_str()),
+            format!("only applies to dc-asgd-c and dc-asgd-a, not {}", o.algorithm().as_str()),
         );
         check(l.is_finite() && l >= 0.0, "optimizer.lambda0", format!("must be ≥ 0, got {l}"));
     }
     if let Some(msd) = o.mean_square_decay {
         check(
-            o.algorithm == Algorithm::DcAsgdA,
+            o.algorithm() == Algorithm::DcAsgdA,
             "optimizer.meanSquareDecay",
-            format!("only applies to dc-asgd-a, not {}", o.algorithm.as_str()),
+            format!("only applies to dc-asgd-a, not {}", o.algorithm().as_str()),
         );
         check(
             (0.0..1.0).contains(&msd),
@@ -129,7 +131,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     check(o.push_every >= 1, "optimizer.pushEvery", "must be at least 1".into());
     if o.pull_every >= 1 && o.push_every >= 1 {
         let problem =
-            cadence_problem(o.pull_every.into(), o.push_every.into(), o.algorithm == Algorithm::Sync);
+            cadence_problem(o.pull_every.into(), o.push_every.into(), o.algorithm() == Algorithm::Sync);
         check(problem.is_none(), "optimizer.pullEvery", problem.unwrap_or_default());
     }
     if let Some(mom) = o.momentum {
@@ -147,7 +149,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
                 "needs a momentum > 0".into(),
             );
             check(
-                o.algorithm != Algorithm::Sync,
+                o.algorithm() != Algorithm::Sync,
                 "optimizer.momentumDelay",
                 "only applies to the asynchronous rules: a sync round already averages the workers' updates"
                     .into(),
@@ -157,7 +159,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     if let Some(h) = o.local_steps {
         check(h >= 1, "optimizer.localSteps", "must be at least 1".into());
         check(
-            h <= 1 || o.algorithm != Algorithm::DcAsgdC,
+            h <= 1 || o.algorithm() != Algorithm::DcAsgdC,
             "optimizer.algorithm",
             LOCAL_STEPS_DC_ASGD_C.into(),
         );
@@ -216,8 +218,8 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
         ("optimizer.syncRoundTimeoutSeconds", o.sync_round_timeout_seconds.is_some()),
     ] {
         if set {
-            let why = format!("only applies to sync, not {}", o.algorithm.as_str());
-            check(o.algorithm == Algorithm::Sync, field, why);
+            let why = format!("only applies to sync, not {}", o.algorithm().as_str());
+            check(o.algorithm() == Algorithm::Sync, field, why);
         }
     }
     if let Some(b) = o.backup_workers {
@@ -232,7 +234,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
     }
     let shards = spec.parameter_server.replicas.unwrap_or(1);
     check(
-        o.algorithm != Algorithm::Sync || shards <= 1,
+        o.algorithm() != Algorithm::Sync || shards <= 1,
         "optimizer.algorithm",
         format!("{SHARDED_SYNC} (parameterServer.replicas is {shards})"),
     );
@@ -283,7 +285,7 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             format!("must be in 1..=workers.replicas ({}), got {min}", spec.workers.replicas),
         );
         check(
-            spec.optimizer.algorithm != Algorithm::Sync,
+            spec.optimizer.algorithm() != Algorithm::Sync,
             "workers.minReplicas",
             "workers.minReplicas needs an asynchronous algorithm: every sync round waits for every worker"
                 .into(),
@@ -528,11 +530,7 @@ pub fn validate_update(old: &TrainingJobSpec, new: &TrainingJobSpec) -> Result<(
         }
     };
     frozen(old.model == new.model, "model", "model cannot change after the job is created");
-    frozen(
-        old.optimizer.algorithm == new.optimizer.algorithm,
-        "optimizer.algorithm",
-        "algorithm cannot change after the job is created",
-    );
+    frozen(old.optimizer.algorithm() == new.optimizer.algorithm(), "optimizer.algorithm", ALGORITHM_FROZEN);
     frozen(old.dataset == new.dataset, "dataset", "dataset cannot change after the job is created");
     let (t, u) = (&old.training, &new.training);
     frozen(

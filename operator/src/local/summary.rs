@@ -188,7 +188,7 @@ impl Summary {
         }
         Self {
             job: job.to_string(),
-            algorithm: spec.optimizer.algorithm.as_str().to_string(),
+            algorithm: spec.optimizer.algorithm().as_str().to_string(),
             workers: spec.workers.replicas,
             epochs: spec.training.epochs,
             accuracy: final_model.as_ref().map(|e| e.accuracy),

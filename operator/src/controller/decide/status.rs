@@ -143,6 +143,8 @@ pub struct PsProcess {
     pub started_at: Time,
     /// The checkpoint version it restored at start; `None`: it started without a model.
     pub restored_version: Option<u64>,
+    /// The update rule it applies.
+    pub algorithm: Option<String>,
 }
 
 impl PsProcess {
@@ -564,6 +566,7 @@ fn next_ps_status<'a>(
     };
     new.incarnation = Some(p.incarnation.clone());
     new.started_at = Some(p.started_at.clone());
+    new.algorithm = p.algorithm.clone();
     if restarted {
         new.restarts += 1;
     }

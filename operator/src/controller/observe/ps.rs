@@ -99,6 +99,7 @@ pub(crate) fn ps_process_of(v: &serde_json::Value) -> Option<PsProcess> {
         incarnation: p.get("incarnation")?.as_str()?.to_string(),
         started_at: Time(Timestamp::from_millisecond(started_ms).ok()?),
         restored_version: p.get("restored_version").and_then(serde_json::Value::as_u64),
+        algorithm: v.get("algorithm").and_then(serde_json::Value::as_str).map(str::to_string),
     })
 }
 

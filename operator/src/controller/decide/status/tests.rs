@@ -293,6 +293,7 @@ fn a_new_parameter_server_process_is_a_restart_with_a_condition_and_one_event() 
         incarnation: incarnation.into(),
         started_at: t("2026-01-01T00:00:00Z"),
         restored_version,
+        algorithm: Some("asgd".into()),
     };
     let running = with_workers(|w| {
         w.active = 4;
@@ -305,6 +306,7 @@ fn a_new_parameter_server_process_is_a_restart_with_a_condition_and_one_event() 
     let s1 = step(&TrainingJobStatus::default(), &seen(Some(process("a", None))), "2026-01-01T00:01:00Z");
     let ps = s1.parameter_server.clone().unwrap();
     assert_eq!((ps.restarts, ps.incarnation.as_deref()), (0, Some("a")));
+    assert_eq!(ps.algorithm.as_deref(), Some("asgd"), "the rule the PS says it applies");
     assert!(s1.conditions.iter().all(|c| c.type_ != PS_RESTARTED));
     assert_eq!(ps_restart_event(&TrainingJobStatus::default(), &s1), None);
 
