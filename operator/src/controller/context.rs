@@ -57,6 +57,8 @@ pub struct Context {
     /// Per job (by UID), whether its PS holds the previous token key's control token (a job
     /// created before a key rotation): learnt once, since a job's Secret is written once.
     pub(crate) previous_key: std::sync::Mutex<std::collections::HashMap<String, bool>>,
+    /// Per job, the client of its parameter server.
+    pub(crate) ps_clients: Arc<crate::controller::observe::ps::PsClients>,
     /// Per job, when to retry after failed reconciles.
     pub(crate) backoffs: backoff::Backoffs,
     /// The children as the watches last saw them.

@@ -100,6 +100,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         recorder,
         progress_read: Default::default(),
         previous_key: Default::default(),
+        ps_clients: Default::default(),
         backoffs: Default::default(),
         caches,
         applied: Default::default(),

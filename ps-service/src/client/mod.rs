@@ -345,6 +345,18 @@ pub const FINALIZE_DEADLINE: Duration = Duration::from_secs(600);
 /// reads every job's PS.
 pub const MAX_JSON_ANSWER: usize = 4 << 20;
 
+/// HTTP/2 flow-control windows, in bytes: how much a peer may send before the caller reads.
+#[derive(Clone, Copy)]
+struct Windows {
+    stream: u32,
+    connection: u32,
+}
+
+/// A worker's: a model moves in few round trips.
+const MODEL_WINDOWS: Windows = Windows { stream: 64 << 20, connection: 128 << 20 };
+/// A controller's ([`PsClient::for_control`]): a 263 KB `/v1/status` still takes one round trip.
+const CONTROL_WINDOWS: Windows = Windows { stream: 1 << 20, connection: 1 << 20 };
+
 #[derive(Clone)]
 pub struct PsClient {
     http: reqwest::Client,
@@ -382,6 +394,27 @@ impl PsClient {
     /// `base` is like `https://ps:8080`, whose certificate `tls` trusts (or `http://`, where
     /// `tls` is not used).
     pub fn with_tls(base: &str, token: Option<String>, tls: Option<&ClientTls>) -> Result<Self, ClientError> {
+        Self::build(base, token, tls, MODEL_WINDOWS)
+    }
+
+    /// A client for a controller's calls (status, worker count, finalize), whose answers are
+    /// JSON of at most [`MAX_JSON_ANSWER`]: HTTP/2 windows of [`CONTROL_WINDOWS`], so that
+    /// whatever answers on a PS's port can make the caller hold at most that much unread,
+    /// instead of a model transfer's 64 MiB per call.
+    pub fn for_control(
+        base: &str,
+        token: Option<String>,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, ClientError> {
+        Self::build(base, token, tls, CONTROL_WINDOWS)
+    }
+
+    fn build(
+        base: &str,
+        token: Option<String>,
+        tls: Option<&ClientTls>,
+        windows: Windows,
+    ) -> Result<Self, ClientError> {
         let https = base.starts_with("https://");
         if https && tls.is_none() {
             return Err(ClientError::Config(format!(
@@ -400,8 +433,8 @@ impl PsClient {
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(config)
             .http2_prior_knowledge()
-            .http2_initial_stream_window_size(64 << 20)
-            .http2_initial_connection_window_size(128 << 20)
+            .http2_initial_stream_window_size(windows.stream)
+            .http2_initial_connection_window_size(windows.connection)
             .http2_max_frame_size(16_777_215)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
