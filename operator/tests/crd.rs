@@ -606,6 +606,29 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "workers.pod.volumes",
             "spec.workers.pod.volumes: Invalid value: |the operator's volume names",
         ),
+        // The TLS volumes and the shard label: the API server used to take these, and the
+        // operator then failed the job as InvalidSpec.
+        (
+            &[("spec.workers.pod.volumes", json!([{"name": "ps-ca", "emptyDir": {}}]))],
+            "workers.pod.volumes",
+            "spec.workers.pod.volumes: Invalid value: |ps-tls, ps-ca are the operator's volume names",
+        ),
+        (
+            &[
+                ("spec.workers.pod.volumes", json!([{"name": "certs", "emptyDir": {}}])),
+                (
+                    "spec.workers.pod.volumeMounts",
+                    json!([{"name": "certs", "mountPath": "/etc/foresight/tls"}]),
+                ),
+            ],
+            "workers.pod.volumeMounts",
+            "/etc/foresight/tls, /etc/foresight/ps-ca are mounted by the operator",
+        ),
+        (
+            &[("spec.workers.pod.labels", json!({"foresight.dev/ps-shard": "0"}))],
+            "workers.pod.labels",
+            "spec.workers.pod.labels: Invalid value: |foresight.dev/ps-shard are set by the operator",
+        ),
         (
             &[("spec.workers.pod.volumeMounts", json!([{"name": "cache", "mountPath": "/cache"}]))],
             "workers.pod.volumeMounts",
@@ -620,7 +643,7 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
                 ),
             ],
             "parameterServer.pod.volumeMounts",
-            "/tmp, /checkpoints and /output are mounted by the operator",
+            "/tmp, /checkpoints, /output, /etc/foresight/tls, /etc/foresight/ps-ca are mounted by the operator",
         ),
         (
             &[
@@ -772,6 +795,7 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
         failures.push(format!("the full object was refused: {}", String::from_utf8_lossy(&out.stderr)));
     }
     validate(&serde_json::from_value::<TrainingJob>(full).unwrap().spec).unwrap();
+    println!("{} bad objects, each refused by both", cases.len());
     assert!(
         failures.is_empty(),
         "{} of {} cases failed:\n{}",

@@ -21,6 +21,7 @@ pub use algorithm::Algorithm;
 pub use env::{ps_env, worker_env};
 pub use pod::{
     PodSettings, RESERVED_CONTAINERS, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES,
+    reserved,
 };
 pub(crate) use validate::is_dns_name;
 pub use validate::{ValidationError, validate, validate_name, validate_update};

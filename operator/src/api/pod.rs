@@ -23,24 +23,51 @@ pub const RESERVED_PATHS: [&str; 5] =
 pub const RESERVED_CONTAINERS: [&str; 2] = ["worker", "parameter-server"];
 /// The label keys the operator sets on every pod: its selectors, the Services and the
 /// PodMonitor use them.
-pub const RESERVED_LABELS: [&str; 5] = [
+pub const RESERVED_LABELS: [&str; 6] = [
     "app.kubernetes.io/name",
     "app.kubernetes.io/managed-by",
     "app.kubernetes.io/instance",
     "app.kubernetes.io/component",
     "foresight.dev/job",
+    "foresight.dev/ps-shard",
 ];
+
+/// The messages refusing a reserved name, the same from the CRD's rules and `api::validate`.
+pub mod reserved {
+    use std::sync::LazyLock;
+
+    use super::*;
+
+    pub static LABELS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{} are set by the operator (its selectors and the PodMonitor use them)",
+            RESERVED_LABELS.join(", ")
+        )
+    });
+    pub static VOLUMES: LazyLock<String> =
+        LazyLock::new(|| format!("{} are the operator's volume names", RESERVED_VOLUMES.join(", ")));
+    pub static PATHS: LazyLock<String> =
+        LazyLock::new(|| format!("{} are mounted by the operator", RESERVED_PATHS.join(", ")));
+    pub static CONTAINERS: LazyLock<String> =
+        LazyLock::new(|| format!("{} are the operator's container names", RESERVED_CONTAINERS.join(", ")));
+}
+
+/// `items` as a CEL list of strings.
+fn cel_list(items: &[&str]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
+    format!("[{}]", quoted.join(", "))
+}
 
 /// Settings added to a role's pods. Everything else in the pod (its container, probes,
 /// security context, the operator's variables, volumes and labels) is the operator's.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, KubeSchema, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.env) || self.env.all(e, !e.name.startsWith('FORESIGHT_'))").message("names starting with FORESIGHT_ are set by the operator").field_path(".env"))]
-#[x_kube(validation = Rule::new("!has(self.labels) || ['app.kubernetes.io/name', 'app.kubernetes.io/managed-by', 'app.kubernetes.io/instance', 'app.kubernetes.io/component', 'foresight.dev/job'].all(k, !(k in self.labels))").message("app.kubernetes.io/name, managed-by, instance, component and foresight.dev/job are set by the operator (its selectors use them)").field_path(".labels"))]
-#[x_kube(validation = Rule::new("!has(self.volumes) || self.volumes.all(v, !(v.name in ['tmp', 'dataset', 'checkpoints', 'output']))").message("tmp, dataset, checkpoints and output are the operator's volume names").field_path(".volumes"))]
+#[x_kube(validation = Rule::new(format!("!has(self.labels) || {}.all(k, !(k in self.labels))", cel_list(&RESERVED_LABELS))).message(reserved::LABELS.as_str()).field_path(".labels"))]
+#[x_kube(validation = Rule::new(format!("!has(self.volumes) || self.volumes.all(v, !(v.name in {}))", cel_list(&RESERVED_VOLUMES))).message(reserved::VOLUMES.as_str()).field_path(".volumes"))]
 #[x_kube(validation = Rule::new("!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name))").message("each volume mount must name a volume of this pod block's volumes").field_path(".volumeMounts"))]
-#[x_kube(validation = Rule::new("!has(self.volumeMounts) || self.volumeMounts.all(m, !(m.mountPath in ['/tmp', '/checkpoints', '/output']))").message("/tmp, /checkpoints and /output are mounted by the operator").field_path(".volumeMounts"))]
+#[x_kube(validation = Rule::new(format!("!has(self.volumeMounts) || self.volumeMounts.all(m, !(m.mountPath in {}))", cel_list(&RESERVED_PATHS))).message(reserved::PATHS.as_str()).field_path(".volumeMounts"))]
 #[x_kube(validation = Rule::new("!has(self.initContainers) || self.initContainers.all(c, has(c.image) && size(c.image) > 0)").message("each init container needs an image").field_path(".initContainers"))]
-#[x_kube(validation = Rule::new("!has(self.initContainers) || self.initContainers.all(c, !(c.name in ['worker', 'parameter-server']))").message("worker and parameter-server are the operator's container names").field_path(".initContainers"))]
+#[x_kube(validation = Rule::new(format!("!has(self.initContainers) || self.initContainers.all(c, !(c.name in {}))", cel_list(&RESERVED_CONTAINERS))).message(reserved::CONTAINERS.as_str()).field_path(".initContainers"))]
 #[x_kube(validation = Rule::new("!has(self.initContainers) || self.initContainers.all(c, !has(c.restartPolicy) || c.restartPolicy == 'Always')").message("an init container's restartPolicy may only be Always (a sidecar)").field_path(".initContainers"))]
 #[serde(rename_all = "camelCase")]
 pub struct PodSettings {

@@ -8,7 +8,7 @@ use foresight_ps::wire::shards::MAX_SHARDS;
 
 use super::{
     Algorithm, PodSettings, RESERVED_CONTAINERS, RESERVED_ENV_PREFIX, RESERVED_LABELS, RESERVED_PATHS,
-    RESERVED_VOLUMES, TrainingJobSpec,
+    RESERVED_VOLUMES, TrainingJobSpec, reserved,
 };
 
 /// Why `sync` needs one shard (the conformance matrix found the tear: `make matrix`).
@@ -377,16 +377,12 @@ fn validate_pod(p: &PodSettings, field: &str, ours: &[&str], errs: &mut Vec<Vali
         "names starting with FORESIGHT_ are set by the operator",
     );
     let labels = p.labels.clone().unwrap_or_default();
-    check(
-        RESERVED_LABELS.iter().all(|k| !labels.contains_key(*k)),
-        "labels",
-        "app.kubernetes.io/name, managed-by, instance, component and foresight.dev/job are set by the operator",
-    );
+    check(RESERVED_LABELS.iter().all(|k| !labels.contains_key(*k)), "labels", &reserved::LABELS);
     let volumes = p.volumes.as_deref().unwrap_or_default();
     check(
         volumes.iter().all(|v| !RESERVED_VOLUMES.contains(&v.name.as_str())),
         "volumes",
-        "tmp, dataset, checkpoints and output are the operator's volume names",
+        &reserved::VOLUMES,
     );
     check(volumes.iter().all(|v| v.name.len() <= 63), "volumes", "a volume name is at most 63 bytes");
     let mounts = p.volume_mounts.as_deref().unwrap_or_default();
@@ -403,7 +399,7 @@ fn validate_pod(p: &PodSettings, field: &str, ours: &[&str], errs: &mut Vec<Vali
     check(
         mounts.iter().all(|m| !RESERVED_PATHS.contains(&m.mount_path.as_str())),
         "volumeMounts",
-        "/tmp, /checkpoints and /output are mounted by the operator",
+        &reserved::PATHS,
     );
     for (sub, name) in [
         ("priorityClassName", &p.priority_class_name),
@@ -425,7 +421,7 @@ fn validate_pod(p: &PodSettings, field: &str, ours: &[&str], errs: &mut Vec<Vali
             .iter()
             .all(|c| is_dns_name(&c.name, 63, false) && !RESERVED_CONTAINERS.contains(&c.name.as_str())),
         "initContainers",
-        "each name must be a DNS label other than worker and parameter-server (the operator's)",
+        &format!("each name must be a DNS label; {}", *reserved::CONTAINERS),
     );
     check(
         inits.iter().enumerate().all(|(i, c)| inits[..i].iter().all(|d| d.name != c.name)),

@@ -58,7 +58,7 @@ pub struct Context {
     /// created before a key rotation): learnt once, since a job's Secret is written once.
     pub(crate) previous_key: std::sync::Mutex<std::collections::HashMap<String, bool>>,
     /// Per job, the client of its parameter server.
-    pub(crate) ps_clients: Arc<crate::controller::observe::ps::PsClients>,
+    pub(crate) ps_clients: Arc<crate::controller::observe::ps_clients::PsClients>,
     /// Per job, when to retry after failed reconciles.
     pub(crate) backoffs: backoff::Backoffs,
     /// The children as the watches last saw them.

@@ -23,6 +23,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("decide", &["kueue", "names"]),
     ("desired", &["decide", "kueue", "names"]),
     ("observe::pod_index", &["names"]),
+    ("observe::ps_clients", &[]),
     ("observe::caches", &["observe::pod_index", "kueue", "names"]),
     ("write::applied", &[]),
     ("kueue::flavors", &["kueue", "error"]),
@@ -31,6 +32,7 @@ const RULES: &[(&str, &[&str])] = &[
         "context",
         &[
             "observe::caches",
+            "observe::ps_clients",
             "kueue::flavors",
             "write::applied",
             "reconcile::backoff",

@@ -6,6 +6,7 @@ pub mod children;
 pub mod pod_index;
 pub mod pods;
 pub mod ps;
+pub mod ps_clients;
 
 use kube::{Resource, ResourceExt};
 

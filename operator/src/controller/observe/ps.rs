@@ -1,9 +1,8 @@
 //! Reads from a job's parameter server: its `/v1/status` (progress, process, worker count) and
 //! which control token it accepts.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use foresight_ps::client::{ClientError, ClientTls, PsClient};
 
@@ -16,6 +15,7 @@ use crate::controller::decide::status::PsProcess;
 use crate::controller::desired::children::Owner;
 use crate::controller::desired::ps_tls::{self, created_s};
 use crate::controller::error::Result;
+use crate::controller::observe::ps_clients::PsClients;
 
 impl Context {
     /// How the operator reaches job `owner`'s PS (shard 0, which passes calls on): its URL, and
@@ -51,58 +51,7 @@ pub(crate) struct PsAddr {
 impl PsAddr {
     /// The job's client for calls with `token` (`PsClients`).
     pub(crate) fn client(&self, token: String) -> Result<PsClient, ClientError> {
-        self.clients.get(self, token, Instant::now())
-    }
-}
-
-/// One client per job (by UID) for every call the operator makes to its PS: one HTTP/2
-/// connection per job rather than a new client, TLS setup and connection per call, each with
-/// small windows (`PsClient::for_control`) so that no PS makes the operator hold much unread.
-/// A client is made anew when the job's URL, TLS or token changes; one unused for [`IDLE`]
-/// (a job that ended or was deleted) is dropped when another is made.
-#[derive(Default)]
-pub(crate) struct PsClients(Mutex<ByJob>);
-
-#[derive(Default)]
-struct ByJob {
-    clients: HashMap<String, Cached>,
-    /// Clients made so far.
-    made: u64,
-}
-
-/// Longer than any job's period between two reads of its PS (`--progress-every`, 60 s at most
-/// in practice; a job that is not running is read on each of its reconciles).
-const IDLE: Duration = Duration::from_secs(600);
-
-struct Cached {
-    url: String,
-    tls: bool,
-    token: String,
-    client: PsClient,
-    used: Instant,
-}
-
-impl PsClients {
-    fn get(&self, ps: &PsAddr, token: String, now: Instant) -> Result<PsClient, ClientError> {
-        let mut jobs = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let same = |c: &Cached| c.url == ps.url && c.tls == ps.tls.is_some() && c.token == token;
-        if let Some(c) = jobs.clients.get_mut(&ps.uid).filter(|c| same(c)) {
-            c.used = now;
-            return Ok(c.client.clone());
-        }
-        jobs.clients.retain(|_, c| now.saturating_duration_since(c.used) < IDLE);
-        let client = PsClient::for_control(&ps.url, Some(token.clone()), ps.tls.as_ref())?;
-        let cached =
-            Cached { url: ps.url.clone(), tls: ps.tls.is_some(), token, client: client.clone(), used: now };
-        jobs.clients.insert(ps.uid.clone(), cached);
-        jobs.made += 1;
-        Ok(client)
-    }
-
-    #[cfg(test)]
-    fn counts(&self) -> (usize, u64) {
-        let jobs = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        (jobs.clients.len(), jobs.made)
+        self.clients.get(&self.uid, &self.url, self.tls.as_ref(), token)
     }
 }
 
@@ -169,37 +118,5 @@ pub(crate) fn progress_of(v: &serde_json::Value) -> Progress {
         accuracy: num(&["accuracy"]),
         staleness_p50: num(&["staleness", "p50"]),
         staleness_p99: num(&["staleness", "p99"]),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_job_keeps_one_client_until_it_changes_or_idles() {
-        let clients = Arc::new(PsClients::default());
-        let addr = |uid: &str, url: &str| PsAddr {
-            url: url.into(),
-            tls: None,
-            uid: uid.into(),
-            clients: clients.clone(),
-        };
-        let (a, t0) = (addr("uid-a", "http://a-ps.ns:8080"), Instant::now());
-        clients.get(&a, "t".into(), t0).unwrap();
-        clients.get(&a, "t".into(), t0 + Duration::from_secs(30)).unwrap();
-        assert_eq!(clients.counts(), (1, 1), "the job's second call reuses its client");
-        clients.get(&a, "other".into(), t0 + Duration::from_secs(31)).unwrap();
-        assert_eq!(clients.counts(), (1, 2), "a new token, a new client in the job's place");
-        let b = addr("uid-b", "http://b-ps.ns:8080");
-        clients.get(&b, "t".into(), t0 + Duration::from_secs(40)).unwrap();
-        assert_eq!(clients.counts(), (2, 3));
-        // Long after a's last call (its job gone), making c drops a's client; b's stays in use.
-        clients.get(&b, "t".into(), t0 + IDLE).unwrap();
-        let c = addr("uid-c", "http://c-ps.ns:8080");
-        clients.get(&c, "t".into(), t0 + IDLE + Duration::from_secs(32)).unwrap();
-        assert_eq!(clients.counts(), (2, 4));
-        assert!(clients.get(&addr("uid-d", "ftp://d"), "t".into(), t0).is_err(), "a bad URL makes none");
-        assert_eq!(clients.counts(), (2, 4));
     }
 }

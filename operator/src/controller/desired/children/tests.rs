@@ -386,16 +386,19 @@ fn pod_settings_change_the_template_digests_and_their_absence_does_not() {
 fn the_names_the_api_reserves_are_the_ones_the_operator_uses() {
     let j = job(BASE);
     let o = Owner::new(&j).unwrap();
-    let keys: Vec<String> = labels("mnist", COMPONENT_WORKER).into_keys().collect();
-    let mut reserved: Vec<String> = crate::api::RESERVED_LABELS.iter().map(|k| k.to_string()).collect();
-    reserved.sort();
-    assert_eq!(keys, reserved);
     let mut j2 = job(BASE);
     j2.spec.output = Some(crate::api::OutputSpec { claim_name: Some("m".into()), ..Default::default() });
+    j2.spec.parameter_server.replicas = Some(2);
     let o2 = Owner::new(&j2).unwrap();
-    // With TLS, which adds the certificate's volumes.
+    // With TLS, which adds the certificate's volumes, and a shard, which adds its label.
     let tls = ChildDefaults { ps_tls: true, ..defaults() };
-    let ps = o2.ps_deployment(&tls, 3, 0).spec.template.spec.unwrap();
+    let ps_template = o2.ps_deployment(&tls, 3, 0).spec.template;
+    let shard_labels = ps_template.metadata.and_then(|m| m.labels).unwrap_or_default();
+    let keys: BTreeSet<String> =
+        labels("mnist", COMPONENT_WORKER).into_keys().chain(shard_labels.into_keys()).collect();
+    let reserved: BTreeSet<String> = crate::api::RESERVED_LABELS.iter().map(|k| k.to_string()).collect();
+    assert_eq!(keys, reserved);
+    let ps = ps_template.spec.unwrap();
     let w = o.worker_job(&tls).spec.unwrap().template.spec.unwrap();
     let mut names: Vec<String> = ps
         .volumes
