@@ -1451,7 +1451,9 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
             "--set",
             "jobPolicy.serviceAccounts={trainer}",
             "--set",
-            "jobPolicy.imageRegistries={registry.example.com/}",
+            "jobPolicy.imageRegistries={registry.example.com}",
+            "--set",
+            "jobPolicy.volumeTypes={emptyDir,image}",
             "--set",
             "jobPolicy.tolerationKeys={nvidia.com/gpu}",
             "--set",
@@ -1490,6 +1492,15 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
                 "pod": {"initContainers": [{"name": "fetch", "image": "docker.io/busybox"}]}}}),
             "workers.pod.initContainers' images must come from registry.example.com/",
         ),
+        // The registry's name is not a prefix of another host's.
+        (
+            json!({"workers": {"replicas": 1, "image": "registry.example.com.evil.io/worker:1"}}),
+            "workers.image must come from registry.example.com/",
+        ),
+        (
+            json!({"workers": {"replicas": 1, "pod": {"volumes": [{"name": "m", "image": {"reference": "docker.io/someone/weights:1"}}]}}}),
+            "workers.pod.volumes' images must come from registry.example.com/",
+        ),
         (
             json!({"dataset": {"format": "csv", "path": "/data/x", "volume": {"name": "d", "hostPath": {"path": "/etc"}}}}),
             "dataset.volume may only be",
@@ -1512,7 +1523,8 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
     }
     // What the policy allows, and any job outside the watched namespaces.
     let allowed = json!({"workers": {"replicas": 1, "image": "registry.example.com/team/worker:1",
-        "pod": {"serviceAccountName": "trainer", "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "pod": {"serviceAccountName": "trainer", "volumes": [{"name": "scratch", "emptyDir": {}},
+                    {"name": "weights", "image": {"reference": "registry.example.com/team/weights:1"}}],
                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}], "annotations": {"example.com/team": "a"},
                 "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
                 "initContainers": [{"name": "fetch", "image": "registry.example.com/team/fetch:1"}]}}});

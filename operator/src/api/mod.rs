@@ -680,7 +680,8 @@ pub struct WorkersSpec {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RunPolicy {
-    /// Pod re-creations (and container restarts) allowed before the job fails.
+    /// Failed worker pods allowed before the job fails (default 6), and restarts of a parameter
+    /// server's container (a crash or OOM loop): one more than this fails the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff_limit: Option<u32>,
     /// Fail the job (reason DeadlineExceeded) once it has been active this many seconds, ≥ 1:
