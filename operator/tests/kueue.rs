@@ -358,6 +358,41 @@ spec:
     assert_eq!(d["spec"]["replicas"], 0, "{d:#}");
     assert!(workload(cp, &ns, "asleep").is_none());
 
+    // A PS without checkpoint storage keeps its settings when they change (a restart would lose
+    // the model it holds): Kueue keeps counting it at the size it runs (issue #48: a job that
+    // shrank parameterServer.resources after admission was re-admitted small while the large PS
+    // kept running).
+    let ps_cpu = |cpu: &str| json!({"workers": {"replicas": 1}, "parameterServer": {"resources": {"requests": {"cpu": cpu}}}});
+    let mut big: Value = serde_json::from_str(&job("big", ps_cpu("2"))).unwrap();
+    big["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&big.to_string()));
+    let counted = |w: &Value| {
+        w["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"].clone()
+    };
+    let w = wait_for("big's Workload to be admitted", LONG, || {
+        workload(cp, &ns, "big").filter(|w| is_true(w, "Admitted"))
+    });
+    assert_eq!(counted(&w), "2", "{w:#}");
+    wait_for("big's PS to run", LONG, || (ps_replicas("big") == Some(json!(1))).then_some(()));
+    let mut smaller = big.clone();
+    smaller["spec"]["parameterServer"] = ps_cpu("500m")["parameterServer"].clone();
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", "-"], Some(&smaller.to_string()));
+    wait_for("big's PS change to wait", LONG, || {
+        (condition(&status(cp, &ns, "big"), "SpecApplied")["reason"] == "ChangeDeferred").then_some(())
+    });
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let now = workload(cp, &ns, "big").unwrap();
+    assert_eq!(now["metadata"]["uid"], w["metadata"]["uid"], "not requeued: {now:#}");
+    assert_eq!(counted(&now), "2", "counted at the size that runs: {now:#}");
+    assert!(is_true(&now, "Admitted"), "{now:#}");
+    let st = status(cp, &ns, "big");
+    assert!(
+        !worker_job_suspended(cp, &ns, "big") && st["phase"] != "Queued",
+        "not stopped to be resized: {st:#}"
+    );
+    let d = cp.get_json(&ns, "deployment/big-ps").unwrap();
+    assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"], "2");
+
     // A namespace's LocalQueue `default` (Kueue's LocalQueueDefaulting): a job made without the
     // queue label before it existed runs outside Kueue and keeps doing so; one made after gets
     // the label and queues there.

@@ -279,6 +279,29 @@ impl<'a> Owner<'a> {
         trained && self.checkpoint_storage().is_none()
     }
 
+    /// Whether a PS Deployment's change from `running` to `desired` waits: without
+    /// `checkpoint.storage` the running PS's memory holds the only copy of the model, and a new
+    /// pod template (a learning rate, image or resources) would roll it and lose that. A
+    /// Deployment scaled to 0 (a job Kueue has not admitted yet) has no model to lose.
+    pub fn ps_change_waits(&self, running: &Deployment, desired: &Deployment) -> bool {
+        let hash = |d: &Deployment| d.metadata.annotations.as_ref()?.get(PS_TEMPLATE_HASH).cloned();
+        self.checkpoint_storage().is_none()
+            && hash(running) != hash(desired)
+            && running.spec.replicas != Some(0)
+    }
+
+    /// The desired PS Deployment of `shard` next to the `running` one, if any: started with the
+    /// running one's worker count (see [`Self::ps_deployment`]).
+    pub fn ps_deployment_beside(
+        &self,
+        defaults: &ChildDefaults,
+        running: Option<&Deployment>,
+        shard: usize,
+    ) -> Deployment {
+        let workers = running.and_then(ps_workers_of).unwrap_or(self.job.spec.workers.replicas);
+        self.ps_deployment(defaults, workers, shard)
+    }
+
     /// The PS Deployment; its pod starts with `workers` as the job's worker count. That is the
     /// count the running Deployment was made with, not today's `workers.replicas`: scaling the
     /// job must not roll the PS (it is told the new count over HTTP instead).

@@ -2,6 +2,7 @@
 //! given back its quota after an eviction, released and marked finished, and the priority it
 //! carries.
 
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -50,7 +51,7 @@ pub(crate) async fn admit(
         crate::controller::observe::ours(w, owner.mark())?;
     }
     let sets = kueue::pod_sets(
-        owner.ps_deployment(defaults, job.spec.workers.replicas, 0).spec.template,
+        counted_ps_template(ctx, owner, defaults),
         owner.ps_shards().len(),
         owner.worker_job(defaults).spec.unwrap_or_default().template,
         job.spec.workers.replicas,
@@ -85,6 +86,23 @@ pub(crate) async fn admit(
         a.workers = placement(ctx, w, kueue::PODSET_WORKERS).await?;
     }
     Ok(admission)
+}
+
+/// The PS pod template Kueue is to count: the desired one, with the containers of the running
+/// one while a change of them waits (`Owner::ps_change_waits`: a PS without checkpoint storage
+/// keeps its settings): a job that shrinks `parameterServer.resources` after admission is then
+/// not re-admitted small while the large PS keeps running. Only the containers are taken: the
+/// running pod's placement comes from its admission, which the desired template has not had yet.
+fn counted_ps_template(ctx: &Context, owner: &Owner<'_>, defaults: &ChildDefaults) -> PodTemplateSpec {
+    let running = ctx.caches.deployment(&owner.namespace, &names::ps_shard_name(&owner.name, 0));
+    let desired = owner.ps_deployment_beside(defaults, running.as_ref(), 0);
+    let mut template = desired.spec.template.clone();
+    if let Some(running) = running.filter(|r| owner.ps_change_waits(r, &desired))
+        && let (Some(pod), Some(runs)) = (template.spec.as_mut(), running.spec.template.spec)
+    {
+        (pod.containers, pod.init_containers) = (runs.containers, runs.init_containers);
+    }
+    template
 }
 
 /// The LocalQueue a job without the queue label goes to when its namespace has one of this

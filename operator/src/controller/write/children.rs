@@ -125,24 +125,16 @@ pub(crate) async fn apply_ps_deployment(
     }
     // The worker count the PS started with stays in its template (scaling tells the PS over
     // HTTP, see `tell_ps_workers`), so that a change of workers.replicas never rolls it.
-    let workers = running.as_ref().and_then(children::ps_workers_of).unwrap_or(job.spec.workers.replicas);
-    let desired = owner.ps_deployment(defaults, workers, shard);
-    if owner.checkpoint_storage().is_none() {
-        let hash = |d: &Deployment| d.annotations().get(names::PS_TEMPLATE_HASH).cloned();
-        // A Deployment scaled to 0 (a job Kueue has not admitted yet) has no model to lose.
-        let scaled_to_zero = |d: &Deployment| d.spec.replicas == Some(0);
-        if let Some(running) = &running
-            && hash(running) != hash(&desired)
-            && !scaled_to_zero(running)
-        {
-            let message = "the parameter server's settings changed, but it keeps them: without \
-                           parameterServer.checkpoint.storage its memory holds the only copy of the model, \
-                           and a restart would lose it";
-            publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateParameterServer", message)
-                .await;
-            deferred.push(message.into());
-            return Ok(running.clone());
-        }
+    let desired = owner.ps_deployment_beside(defaults, running.as_ref(), shard);
+    if let Some(running) = &running
+        && owner.ps_change_waits(running, &desired)
+    {
+        let message = "the parameter server's settings changed, but it keeps them: without \
+                       parameterServer.checkpoint.storage its memory holds the only copy of the model, \
+                       and a restart would lose it";
+        publish(ctx, job, EventType::Warning, "SpecChangeNotApplied", "UpdateParameterServer", message).await;
+        deferred.push(message.into());
+        return Ok(running.clone());
     }
     writes::apply(ctx, desired, running, owner.mark()).await
 }
