@@ -710,9 +710,12 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The latest observations of the job's state, one per type (Created, Queued, Running,
-    /// Restarting, Succeeded and Complete, Failed, Suspended), with reason, message and lastTransitionTime.
-    /// `Complete` is `Succeeded` under the name batch Jobs use, so that
-    /// `kubectl wait --for=condition=Complete` works as it does for a Job.
+    /// Restarting, Succeeded and Complete, Failed and Stalled, Suspended, Reconciling, and
+    /// SpecApplied, ParameterServerRestarted, PodsFailing, ReconcileFailed), with reason,
+    /// message and lastTransitionTime. `Complete` is `Succeeded` under the name batch Jobs use,
+    /// so that `kubectl wait --for=condition=Complete` works as it does for a Job; `Stalled`
+    /// (failed) and `Reconciling` (True while Created, Queued or Restarting) are kstatus's, which
+    /// Flux and `kstatus`-based tools read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -26,6 +26,15 @@ pub struct WorkerJob {
     pub complete: bool,
     /// The Job's `Failed` condition (reason, message): backoff limit or deadline.
     pub failed_condition: Option<(String, String)>,
+    /// How the latest failed worker pod ended (`trouble::last_worker_failure`).
+    pub last_failure: Option<String>,
+}
+
+impl WorkerJob {
+    /// "; the last failed worker: pod P, container C: OOMKilled (exit code 137)", or nothing.
+    fn last_failure_note(&self) -> String {
+        self.last_failure.as_ref().map_or(String::new(), |f| format!("; the last failed worker: {f}"))
+    }
 }
 
 /// Where the final model stands once the workers are done.
@@ -195,7 +204,11 @@ pub fn decide(o: &Observed) -> State {
         return State::new(Phase::Created, "Creating", "creating the parameter server and the workers");
     };
     if let Some((reason, message)) = &w.failed_condition {
-        return State::new(Phase::Failed, reason, format!("the worker Job failed: {message}"));
+        return State::new(
+            Phase::Failed,
+            reason,
+            format!("the worker Job failed: {message}{}", w.last_failure_note()),
+        );
     }
     let ended = w.complete && matches!(o.finalize, Finalize::Done { .. } | Finalize::GaveUp(_));
     if let Some(seconds) = o.deadline_exceeded.filter(|_| !ended) {
@@ -301,7 +314,10 @@ pub fn decide(o: &Observed) -> State {
         return State::new(
             Phase::Restarting,
             "WorkerFailed",
-            format!("{failed} worker pod(s) failed so far, replacing them; backoffLimit {limit}"),
+            format!(
+                "{failed} worker pod(s) failed so far, replacing them; backoffLimit {limit}{}",
+                w.last_failure_note()
+            ),
         );
     }
     if w.ready >= needed && !o.ps_ready {
@@ -363,8 +379,10 @@ fn earlier_model(earlier: &Option<String>, place: &ModelPlace) -> String {
 }
 
 /// Each condition type and the phase it is true in. `Complete` is `Succeeded` under the name a
-/// batch Job's terminal condition has.
-const CONDITION_TYPES: [(Phase, &str); 8] = [
+/// batch Job's terminal condition has; `Stalled` is `Failed` under the name kstatus (Flux,
+/// `kubectl wait`'s and Argo CD's conventions) reads as a resource that failed: without it a
+/// failed job counted as reconciled ("Current").
+const CONDITION_TYPES: [(Phase, &str); 9] = [
     (Phase::Created, "Created"),
     (Phase::Queued, "Queued"),
     (Phase::Running, "Running"),
@@ -372,8 +390,13 @@ const CONDITION_TYPES: [(Phase, &str); 8] = [
     (Phase::Succeeded, "Succeeded"),
     (Phase::Succeeded, "Complete"),
     (Phase::Failed, "Failed"),
+    (Phase::Failed, "Stalled"),
     (Phase::Suspended, "Suspended"),
 ];
+
+/// kstatus's condition of a resource still on its way (its phase is Created, Queued or
+/// Restarting): True there, False once the job runs, is suspended or has ended.
+const RECONCILING: &str = "Reconciling";
 
 /// The next status: `state` as phase and conditions (a condition's lastTransitionTime changes
 /// only when its status does), counts, progress, start and completion time.
@@ -409,6 +432,17 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
     } else if let Some(c) = old.conditions.iter().find(|c| c.type_ == PS_RESTARTED) {
         conditions.push(c.clone());
     }
+    let on_its_way = matches!(state.phase, Phase::Created | Phase::Queued | Phase::Restarting);
+    let reconciling = if on_its_way { "True" } else { "False" };
+    conditions.push(condition(
+        old,
+        RECONCILING,
+        reconciling,
+        &state.reason,
+        state.message.clone(),
+        now,
+        o.generation,
+    ));
     conditions.extend(spec_applied(old, o, created, now));
     conditions.extend(pods_failing(old, o, state, now));
     // This reconcile got this far: a failure the condition reported is over.

@@ -123,6 +123,30 @@ pub fn ps_restarts_exhausted(pods: &[&Pod], limit: u32) -> Option<Trouble> {
     ))
 }
 
+/// How the latest failed worker pod of `pods` ended: "pod P, container C: OOMKilled (exit code
+/// 137)". The worker Job only says that pods failed (`BackoffLimitExceeded`); this is why (review
+/// C10: an OOM-killed worker was never named).
+pub fn last_worker_failure(pods: &[&Pod]) -> Option<String> {
+    pods.iter()
+        .filter_map(|p| {
+            let s = p.status.as_ref().filter(|s| s.phase.as_deref() == Some("Failed"))?;
+            let (c, t) = s
+                .container_statuses
+                .iter()
+                .flatten()
+                .filter_map(|c| {
+                    Some((c, c.state.as_ref()?.terminated.as_ref().filter(|t| t.exit_code != 0)?))
+                })
+                .next()?;
+            Some((t.finished_at.clone(), p.metadata.name.clone().unwrap_or_default(), c.name.clone(), t))
+        })
+        .max_by(|a, b| a.0.as_ref().map(|t| t.0).cmp(&b.0.as_ref().map(|t| t.0)))
+        .map(|(_, pod, container, t)| {
+            let reason = t.reason.as_deref().unwrap_or("Error");
+            format!("pod {pod}, container {container}: {reason} (exit code {})", t.exit_code)
+        })
+}
+
 /// A Deployment whose ReplicaSet cannot create its pod (condition `ReplicaFailure`).
 pub fn deployment_trouble(d: &Deployment) -> Option<Trouble> {
     let c = d
@@ -178,6 +202,36 @@ mod tests {
         let t =
             ContainerStateTerminated { reason: Some(reason.into()), exit_code: 137, ..Default::default() };
         ContainerState { terminated: Some(t), ..Default::default() }
+    }
+
+    #[test]
+    fn the_latest_failed_worker_is_named_with_its_reason_and_exit_code() {
+        let failed = |name: &str, reason: &str, code: i32, at: &str| {
+            let mut p = Pod::default();
+            p.metadata.name = Some(name.into());
+            let t = ContainerStateTerminated {
+                reason: Some(reason.into()),
+                exit_code: code,
+                finished_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.parse().unwrap())),
+                ..Default::default()
+            };
+            let state = ContainerState { terminated: Some(t), ..Default::default() };
+            let c = ContainerStatus { name: "worker".into(), state: Some(state), ..Default::default() };
+            p.status = Some(PodStatus {
+                phase: Some("Failed".into()),
+                container_statuses: Some(vec![c]),
+                ..Default::default()
+            });
+            p
+        };
+        let early = failed("job-workers-0-a", "Error", 1, "2026-01-01T00:00:00Z");
+        let late = failed("job-workers-1-b", "OOMKilled", 137, "2026-01-01T00:05:00Z");
+        let running = pod(ContainerState::default(), None);
+        assert_eq!(
+            last_worker_failure(&[&early, &late, &running]).as_deref(),
+            Some("pod job-workers-1-b, container worker: OOMKilled (exit code 137)")
+        );
+        assert_eq!(last_worker_failure(&[&running]), None, "no failed pod, nothing to name");
     }
 
     #[test]

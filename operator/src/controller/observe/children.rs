@@ -84,5 +84,6 @@ pub(crate) fn worker_state(job: &Job) -> WorkerJob {
             .map(|c| {
                 (c.reason.clone().unwrap_or_else(|| "Failed".into()), c.message.clone().unwrap_or_default())
             }),
+        last_failure: None,
     }
 }

@@ -59,6 +59,17 @@ pub(crate) fn ps_restarts_exhausted(ctx: &Context, owner: &Owner<'_>, limit: u32
     trouble::ps_restarts_exhausted(&ps, limit)
 }
 
+/// How the latest failed worker pod of the job ended (`trouble::last_worker_failure`).
+pub(crate) fn last_worker_failure(ctx: &Context, owner: &Owner<'_>) -> Option<String> {
+    let pods = ctx.caches.pods(&owner.namespace, &owner.name);
+    let workers: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.labels().get(names::LABEL_COMPONENT).map(String::as_str) != Some(COMPONENT_PS))
+        .map(|p| p.as_ref())
+        .collect();
+    trouble::last_worker_failure(&workers)
+}
+
 /// How long ago a `FailedCreate` event still tells about the worker Job's pods now.
 const RECENT_EVENT: Duration = Duration::from_secs(300);
 

@@ -181,7 +181,10 @@ async fn observe(
     let PodChildren { ps: ps_deployments, ready_shards, workers, failed_earlier, deferred } = children;
     let shards = job.spec.parameter_server.shards() as u32;
     let ps_ready = ready_shards == shards;
-    let worker_job = WorkerJob { failed_earlier, ..worker_state(&workers) };
+    let mut worker_job = WorkerJob { failed_earlier, ..worker_state(&workers) };
+    if worker_job.failed > 0 {
+        worker_job.last_failure = pods::last_worker_failure(ctx, owner);
+    }
     let placement = pods::placement(ctx, owner).await?;
     let backoff_limit = job.spec.run_policy.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT);
     let (trouble, trouble_bound) = match pods::ps_restarts_exhausted(ctx, owner, backoff_limit) {

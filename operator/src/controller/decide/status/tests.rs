@@ -196,6 +196,32 @@ fn each_observation_leads_to_its_phase() {
 }
 
 #[test]
+fn a_failing_worker_is_named_with_how_it_ended() {
+    let oom = Some("pod mnist-workers-2-x, container worker: OOMKilled (exit code 137)".to_string());
+    let failing = Observed {
+        ps_ready: true,
+        ..with_workers(|w| {
+            (w.active, w.ready, w.failed) = (4, 3, 1);
+            w.last_failure = oom.clone();
+        })
+    };
+    let s = decide(&failing);
+    assert_eq!(
+        s.message,
+        "1 worker pod(s) failed so far, replacing them; backoffLimit 2; the last failed worker: \
+         pod mnist-workers-2-x, container worker: OOMKilled (exit code 137)"
+    );
+    let failed = with_workers(|w| {
+        w.failed_condition =
+            Some(("BackoffLimitExceeded".into(), "Job has reached the specified backoff limit".into()));
+        w.last_failure = oom.clone();
+    });
+    let s = decide(&failed);
+    assert_eq!(s.reason, "BackoffLimitExceeded");
+    assert!(s.message.ends_with("backoff limit; the last failed worker: pod mnist-workers-2-x, container worker: OOMKilled (exit code 137)"), "{}", s.message);
+}
+
+#[test]
 fn condition_times_move_only_when_their_status_changes() {
     let running = Observed {
         ps_ready: true,
@@ -215,8 +241,12 @@ fn condition_times_move_only_when_their_status_changes() {
     let types: Vec<&str> = s1.conditions.iter().map(|c| c.type_.as_str()).collect();
     assert_eq!(
         types,
-        ["Created", "Running", "SpecApplied"],
-        "only conditions that have been true, Running, and SpecApplied once there are children"
+        ["Created", "Running", "Reconciling", "SpecApplied"],
+        "only conditions that have been true, Running, kstatus's Reconciling, and SpecApplied once there are children"
+    );
+    assert_eq!(
+        s1.conditions[2].status, "True",
+        "a job not yet running is still on its way (kstatus: InProgress)"
     );
     assert_eq!(s1.start_time, Some(t("2026-01-01T00:00:00Z")));
     assert_eq!(s1.observed_generation, Some(3));
@@ -226,6 +256,7 @@ fn condition_times_move_only_when_their_status_changes() {
     assert_eq!(c(&s2, "Created").last_transition_time, t("2026-01-01T00:00:00Z"), "still true");
     assert_eq!(c(&s2, "Running").status, "True");
     assert_eq!(c(&s2, "Running").last_transition_time, t("2026-01-01T00:01:00Z"));
+    assert_eq!(c(&s2, "Reconciling").status, "False", "running: kstatus's Current");
     assert_eq!(s2.progress.as_ref().unwrap().step, 5);
     assert_eq!(s2.start_time, s1.start_time, "start time kept");
     assert_eq!(s2.completion_time, None);
@@ -242,6 +273,12 @@ fn condition_times_move_only_when_their_status_changes() {
     assert_eq!(c(&s4, "Running").status, "False");
     assert_eq!(c(&s4, "Running").reason, "DeadlineExceeded");
     assert_eq!(c(&s4, "Failed").status, "True");
+    // kstatus reads Stalled as Failed (before, a failed job was "Current": Flux passed it).
+    assert_eq!(
+        (c(&s4, "Stalled").status.as_str(), c(&s4, "Stalled").reason.as_str()),
+        ("True", "DeadlineExceeded")
+    );
+    assert_eq!(c(&s4, "Reconciling").status, "False");
     assert_eq!(s4.reason.as_deref(), Some("DeadlineExceeded"), "the phase's reason, for the column");
     assert_eq!(s4.completion_time, Some(t("2026-01-01T00:03:00Z")));
     assert!(s4.conditions.iter().all(|c| c.type_ != "Complete"), "never true, not shown");
@@ -256,6 +293,7 @@ fn condition_times_move_only_when_their_status_changes() {
         assert_eq!((c(&s5, ty).status.as_str(), c(&s5, ty).reason.as_str()), ("True", "Completed"), "{ty}");
     }
     assert_eq!(s5.reason.as_deref(), Some("Completed"));
+    assert!(s5.conditions.iter().all(|c| c.type_ != "Stalled"), "never failed, never stalled");
 }
 
 #[test]
