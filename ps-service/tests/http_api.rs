@@ -584,6 +584,44 @@ async fn a_model_pulled_as_bf16_is_the_float32_model_rounded_in_half_the_bytes()
     );
 }
 
+/// One encoded pull body per worker at a time: a second bf16 pull of a worker whose first body is
+/// still being sent waits, then is refused `busy`, and is answered once the first is gone; other
+/// workers are not held (issue #46: encoded pull bodies were outside admission, so a worker
+/// pulling many times at once held one body per pull beyond the memory plan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_has_one_encoded_pull_body_in_flight_at_a_time() {
+    let ps = start(config(Algorithm::Asgd, 2)).await;
+    let c = client(&ps);
+    let l = Layout::new(vec![TensorSpec { name: "w".into(), shape: vec![1 << 20] }]).unwrap();
+    c.register(&l, &vec![0.5; l.len()]).await.unwrap();
+    let url = |w: usize| format!("{}/v1/model?worker={w}&dtype=bf16", ps.url);
+    // A reader that takes nothing: its 64 KiB windows hold the 2 MiB body back in the server.
+    let stalled = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .http2_initial_stream_window_size(65_535)
+        .http2_initial_connection_window_size(65_535)
+        .build()
+        .unwrap();
+    let first = stalled.get(url(0)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let other = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let get = |w: usize| other.get(url(w)).bearer_auth(TOKEN).send();
+
+    let started = std::time::Instant::now();
+    let r = get(0).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert!(started.elapsed() >= Duration::from_millis(1900), "it waited for the first body first");
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["reason"], "busy");
+    let body = get(1).await.unwrap().bytes().await.unwrap();
+    assert_eq!(body.len(), wire::header(&l, wire::WireDtype::Bf16, &BTreeMap::new()).len() + 2 * l.len());
+
+    // The first body given up (its stream reset): worker 0 pulls again.
+    drop(first);
+    let again = get(0).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK, "{:?}", again.text().await);
+}
+
 /// A model pulled as int8 is first the whole F32 model, then the int8 difference from the copy
 /// the worker holds (a quarter of the bytes), which stays close to the PS's model pull after
 /// pull; a copy the PS no longer tracks gets the whole model again, and a malformed `base` is

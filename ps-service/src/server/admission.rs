@@ -4,6 +4,7 @@
 //! others wait for a slot (HTTP/2 flow control holds their bodies back meanwhile) and, after
 //! [`QUEUE_WAIT`], are refused with 503 `busy` and `Retry-After`, which the client honours.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -113,7 +114,50 @@ impl PushSlots {
     }
 }
 
+/// One encoded pull body per worker at a time. A bf16 or int8 pull is encoded into a body of
+/// its own (half or a quarter of the model), which the memory plan counts once per worker; a
+/// worker pulling many times at once (its credential lets only it pull as itself) held one body
+/// per pull. A second pull of the same worker waits while the first body is being sent (it is
+/// released when the body is sent or dropped), and after [`QUEUE_WAIT`] is refused `busy`.
+#[derive(Default)]
+pub struct PullGates(Mutex<HashMap<usize, Arc<Semaphore>>>);
+
+impl PullGates {
+    /// Worker `worker`'s gate, held by its encoded pull's body until that body is gone.
+    pub async fn enter(&self, worker: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+        let gate = self.0.lock().entry(worker).or_insert_with(|| Arc::new(Semaphore::new(1))).clone();
+        match tokio::time::timeout(QUEUE_WAIT, gate.acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(ApiError::pull_in_progress(worker)),
+        }
+    }
+}
+
+/// A body that holds a [`PullGates`] permit while it exists.
+pub struct Gated {
+    pub body: bytes::Bytes,
+    pub _gate: OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for Gated {
+    fn as_ref(&self) -> &[u8] {
+        &self.body
+    }
+}
+
 impl ApiError {
+    fn pull_in_progress(worker: usize) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            format!(
+                "worker {worker}'s previous bf16 or int8 pull is still being sent (one encoded pull body per worker at a time): retry after {RETRY_AFTER_SECONDS}s"
+            ),
+        );
+        e.retry_after = Some(RETRY_AFTER_SECONDS);
+        e
+    }
+
     pub fn busy(slots: usize) -> Self {
         let mut e = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

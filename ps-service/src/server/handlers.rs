@@ -13,6 +13,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router, middleware};
 use serde::Serialize;
 
+use super::admission::Gated;
 use super::body::{Gradient, read_gradient, read_limited};
 use super::credential::Incarnation;
 use super::guarded_body::{BodyGuard, guard_request_body};
@@ -314,11 +315,10 @@ async fn pull(
             Pulled { version, body, len, copy: None, delta_from: None }
         }
         how => {
+            let gate = state.pull_gates.enter(worker).await?;
             let answering = state.clone();
-            let pulled =
-                tokio::task::spawn_blocking(move || answer_pull(&answering, &store, worker, how, look_only))
-                    .await
-                    .expect("pull task panicked")?;
+            let answer = move || answer_pull(&answering, &store, worker, how, look_only, gate);
+            let pulled = tokio::task::spawn_blocking(answer).await.expect("pull task panicked")?;
             state.metrics.pull_seconds.observe(started.elapsed().as_secs_f64());
             pulled
         }
@@ -362,6 +362,7 @@ fn answer_pull(
     worker: usize,
     how: PullAs,
     look_only: bool,
+    gate: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<Pulled, ApiError> {
     let backup_as = if matches!(how, PullAs::Bf16) { BackupAs::Bf16 } else { BackupAs::F32 };
     let snap = if look_only { store.snapshot_now() } else { store.pull_as(worker, backup_as)? };
@@ -369,7 +370,8 @@ fn answer_pull(
     let whole = |snap| bytes::Bytes::from_owner(SnapshotBody(snap));
     let pulled = |body: bytes::Bytes, copy, delta_from| {
         let len = body.len();
-        Pulled { version, body: Body::from(body), len, copy, delta_from }
+        let body = Body::from(bytes::Bytes::from_owner(Gated { body, _gate: gate }));
+        Pulled { version, body, len, copy, delta_from }
     };
     let pool = &state.pull_bodies;
     Ok(match how {

@@ -173,6 +173,8 @@ pub struct AppState {
     grads: crate::pool::Pool<f32>,
     /// Bodies of pulls encoded per request (bf16, int8 differences), lent to hyper while sent.
     pull_bodies: Arc<crate::pool::Pool<u8>>,
+    /// One encoded pull body per worker at a time ([`admission::PullGates`]).
+    pub(crate) pull_gates: admission::PullGates,
     /// Admission control of push bodies, sized once the model is known.
     push_slots: OnceLock<admission::PushSlots>,
     seeding: Mutex<Seeding>,
@@ -312,6 +314,7 @@ impl AppState {
             bodies: crate::pool::Pool::new(8),
             grads: crate::pool::Pool::new(8),
             pull_bodies: Arc::new(crate::pool::Pool::new(8)),
+            pull_gates: Default::default(),
             push_slots: OnceLock::new(),
             seeding: Mutex::new(Seeding::Idle),
             workers: std::sync::atomic::AtomicUsize::new(workers),
