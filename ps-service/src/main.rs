@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use foresight_ps::client::PullDtype;
-use foresight_ps::optimizer::{Algorithm, Combine, Hyper, LrSchedule};
+use foresight_ps::optimizer::{Algorithm, Combine, Hyper, LrSchedule, ParameterGroup};
 use foresight_ps::pace::LocalStepsPolicy;
 use foresight_ps::server::{
     AppState, ConnectionLimits, Listener, PsConfig, SnapshotPolicy, TlsFiles, router, serve,
@@ -88,6 +88,12 @@ struct Args {
     /// --momentum > 0, not sync). The number of workers is the usual choice; 1 steps every update.
     #[arg(long, env = "FORESIGHT_MOMENTUM_DELAY", default_value_t = 1)]
     momentum_delay: u32,
+    /// Parameter groups, as JSON: `[{"names": ["bias$", "norm"], "weightDecay": 0,
+    /// "learningRateScale": 1}]`. A tensor whose name one of a group's regular expressions
+    /// matches (searched anywhere in it) is updated with the group's weight decay (instead of
+    /// --weight-decay) and the learning rate times its scale; the first matching group wins.
+    #[arg(long, env = "FORESIGHT_PARAMETER_GROUPS", value_parser = parse_parameter_groups)]
+    parameter_groups: Option<ParameterGroups>,
     /// Refuse gradients staler than this many versions (bounded staleness).
     #[arg(long, env = "FORESIGHT_MAX_STALENESS")]
     max_staleness: Option<u64>,
@@ -241,6 +247,17 @@ fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     s.parse().map_err(|e: foresight_ps::optimizer::HyperError| e.0)
 }
 
+/// `--parameter-groups`: the JSON the operator and `foresight run` write from
+/// `optimizer.parameterGroups` (validated with the rest of the hyperparameters).
+#[derive(Clone, Debug)]
+struct ParameterGroups(Vec<ParameterGroup>);
+
+fn parse_parameter_groups(s: &str) -> Result<ParameterGroups, String> {
+    serde_json::from_str(s)
+        .map(ParameterGroups)
+        .map_err(|e| format!("not a JSON list of parameter groups: {e}"))
+}
+
 fn parse_combine(s: &str) -> Result<Combine, String> {
     s.parse().map_err(|e: foresight_ps::optimizer::HyperError| e.0)
 }
@@ -263,6 +280,7 @@ impl Args {
         h.momentum = self.momentum;
         h.nesterov = self.nesterov;
         h.momentum_delay = self.momentum_delay;
+        h.parameter_groups = self.parameter_groups.clone().map(|g| g.0).unwrap_or_default();
         h.max_staleness = self.max_staleness;
         h.combine = self.combine;
         h.backup_workers = self.backup_workers;

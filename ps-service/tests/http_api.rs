@@ -584,6 +584,47 @@ async fn a_model_pulled_as_bf16_is_the_float32_model_rounded_in_half_the_bytes()
     );
 }
 
+/// Parameter groups over HTTP: the PS started with `--parameter-groups` (here the config) keeps
+/// the job's weight decay off the bias and says what each group took; a group that matches no
+/// tensor of the model refuses the registration, naming the group (it would leave every tensor
+/// at the job's rates, silently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameter_groups_give_their_tensors_their_rates_and_a_group_that_matches_none_is_refused() {
+    use foresight_ps::optimizer::ParameterGroup;
+    let group = |names: &[&str]| ParameterGroup {
+        names: names.iter().map(|n| n.to_string()).collect(),
+        weight_decay: Some(0.0),
+        learning_rate_scale: None,
+    };
+    let mut cfg = config(Algorithm::Asgd, 1);
+    (cfg.hyper.weight_decay, cfg.hyper.parameter_groups) = (0.5, vec![group(&["bias$"])]);
+    let ps = start(cfg.clone()).await;
+    let (c, l) = (client(&ps), layout());
+    let w0 = init(&l);
+    c.register(&l, &w0).await.unwrap();
+    c.push(PushId::unjoined(0, 0, 1), None, &l, &vec![0.0; l.len()], GradDtype::F32).await.unwrap();
+    let w1 = c.pull(0, None, Duration::ZERO).await.unwrap().unwrap().values;
+    let bias = l.iter().find(|(t, _)| t.name == "fc.bias").unwrap().1;
+    for i in 0..l.len() {
+        let expect = if bias.contains(&i) { w0[i] } else { w0[i] - 0.1 * 0.5 * w0[i] };
+        assert!((w1[i] - expect).abs() < 1e-6, "element {i}: {} vs {expect}", w1[i]);
+    }
+    let status = c.status().await.unwrap();
+    assert_eq!(status["parameter_groups"][0]["parameters"], 10, "{status:#}");
+    assert_eq!(status["parameter_groups"][0]["names"], serde_json::json!(["bias$"]));
+
+    cfg.hyper.parameter_groups = vec![group(&["bias$"]), group(&["^embed"])];
+    let ps = start(cfg).await;
+    let err = client(&ps).register(&l, &w0).await.unwrap_err();
+    assert_eq!(err.reason(), Some("layout_mismatch"), "{err}");
+    assert!(
+        err.is_permanent()
+            && err.to_string().contains("parameter group 1 (names [\"^embed\"]) matches no tensor"),
+        "{err}"
+    );
+    assert!(client(&ps).status().await.unwrap()["registered"] == false, "refused: nothing registered");
+}
+
 /// One encoded pull body per worker at a time: a second bf16 pull of a worker whose first body is
 /// still being sent waits, then is refused `busy`, and is answered once the first is gone; other
 /// workers are not held (issue #46: encoded pull bodies were outside admission, so a worker

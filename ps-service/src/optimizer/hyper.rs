@@ -155,6 +155,9 @@ pub struct Hyper {
     pub backup_workers: usize,
     #[serde(default)]
     pub safeguards: Safeguards,
+    /// Per-tensor weight decay and learning-rate scale (`optimizer.parameterGroups`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parameter_groups: Vec<super::ParameterGroup>,
 }
 
 impl Hyper {
@@ -178,6 +181,7 @@ impl Hyper {
             combine: Combine::Mean,
             backup_workers: 0,
             safeguards: Safeguards::default(),
+            parameter_groups: Vec::new(),
         }
     }
 
@@ -228,7 +232,7 @@ impl Hyper {
         check(self.backup_workers == 0 || self.algorithm == Algorithm::Sync, || {
             format!("backupWorkers only applies to sync, not {}", self.algorithm)
         })?;
-        Ok(())
+        super::groups::validate(&self.parameter_groups)
     }
 }
 

@@ -7,7 +7,8 @@
 //! | `dc-asgd-c` | w ← w − η·(g + λ0·g⊙g⊙(w − w_bak(m)))                               |
 //! | `dc-asgd-a` | same with λ_t = λ0/√(MeanSquare+ε), MeanSquare ← μ·MeanSquare+(1−μ)·g² |
 //!
-//! Weight decay adds wd·w to the step, momentum folds the step through a heavy-ball buffer
+//! Weight decay adds wd·w to the step (a parameter group's own wd, and η times its scale:
+//! [`Rates`]), momentum folds the step through a heavy-ball buffer
 //! (or Nesterov's), at every update or, with a momentum delay, once per N ([`apply_delayed`]).
 //!
 //! Numerical safeguards of the delay-compensated rules ([`Safeguards`], docs/convergence.md):
@@ -17,9 +18,11 @@
 //! compensation below 1e-30 are flushed to 0 and gradients below 1e-15 count g² = 0 (no
 //! subnormals).
 
+mod groups;
 mod hyper;
 pub(crate) mod kernels;
 
+pub use groups::{ParameterGroup, Rates, Segments};
 pub use hyper::{Algorithm, Combine, Hyper, HyperError, LrSchedule, Safeguards};
 
 use kernels::{Pass, Scalars};
@@ -84,18 +87,29 @@ impl UpdateStats {
     }
 }
 
-/// What the store tells a rule about one update.
+/// What the store tells a rule about one update (and the range of elements it applies).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Step {
     pub lr: f32,
     /// MeanSquare updates since it was last zero, this one included (t in dc-asgd-a's bias
     /// correction; ignored by the other rules).
     pub mean_square_updates: u64,
+    /// A parameter group's rates for these elements; `None`: the job's own.
+    pub rates: Option<Rates>,
 }
 
 impl Step {
     pub fn at(lr: f32, mean_square_updates: u64) -> Self {
-        Self { lr, mean_square_updates }
+        Self { lr, mean_square_updates, rates: None }
+    }
+
+    /// This step on elements of a group with `rates`.
+    pub fn with_rates(self, rates: Rates) -> Self {
+        Self { rates: Some(rates), ..self }
+    }
+
+    fn rates(&self, hyper: &Hyper) -> Rates {
+        self.rates.unwrap_or(Rates::plain(hyper.weight_decay))
     }
 }
 
@@ -113,7 +127,8 @@ pub fn apply(
     mean_square: &mut [f32],
     momentum: &mut [f32],
 ) -> UpdateStats {
-    let s = scalars(hyper, step, step.lr, hyper.momentum);
+    let rates = step.rates(hyper);
+    let s = scalars(hyper, step, rates, step.lr * rates.lr_scale, hyper.momentum);
     let mom = if hyper.momentum > 0.0 { Some(momentum) } else { None };
     kernels::run(s, w, g, pass(hyper, backup, mean_square), mom)
 }
@@ -146,7 +161,9 @@ pub fn apply_delayed(
     delayed: Delayed<'_>,
 ) -> UpdateStats {
     let n = hyper.momentum_delay as f32;
-    let s = scalars(hyper, step, step.lr / n, 0.0);
+    let rates = step.rates(hyper);
+    let lr = step.lr * rates.lr_scale;
+    let s = scalars(hyper, step, rates, lr / n, 0.0);
     let stats = kernels::run(s, w, g, pass(hyper, backup, mean_square), None);
     kernels::accumulate(delayed.pending, g);
     if delayed.milestone {
@@ -154,7 +171,7 @@ pub fn apply_delayed(
             w,
             delayed.momentum,
             delayed.pending,
-            step.lr,
+            lr,
             hyper.momentum,
             n,
             hyper.nesterov,
@@ -163,8 +180,9 @@ pub fn apply_delayed(
     stats
 }
 
-/// The kernel's scalars for `hyper` at `step`, stepping by `lr` with momentum `momentum`.
-fn scalars(hyper: &Hyper, step: Step, lr: f32, momentum: f32) -> Scalars {
+/// The kernel's scalars for `hyper` at `step` with `rates`' weight decay, stepping by `lr`
+/// with momentum `momentum`.
+fn scalars(hyper: &Hyper, step: Step, rates: Rates, lr: f32, momentum: f32) -> Scalars {
     let guard = hyper.safeguards;
     // The bias correction λ0/√(ms/b + ε) with b = 1 − μ^t, computed as λ0·√b / √(ms + ε·b): the
     // kernel's per-element work stays what it is without it (b = 1 gives the same bits).
@@ -177,7 +195,7 @@ fn scalars(hyper: &Hyper, step: Step, lr: f32, momentum: f32) -> Scalars {
     };
     Scalars {
         lr,
-        weight_decay: hyper.weight_decay,
+        weight_decay: rates.weight_decay,
         momentum,
         nesterov: hyper.nesterov,
         lambda0: (f64::from(hyper.lambda0) * b.sqrt()) as f32,

@@ -184,6 +184,7 @@ async fn register(
     // Freed, not pooled: the pool's bodies are the K pushes' that the memory plan counts.
     drop(buf);
     let store = built?;
+    unsharded_groups_match(&state, &store)?;
     let (params, tensors) = (store.layout().len(), store.layout().tensors().len());
     if state.store().is_some_and(|s| s.layout() != store.layout()) {
         return Err(ApiError::new(
@@ -203,6 +204,28 @@ async fn register(
     tracing::info!(params, tensors, version, "model registered");
     let body = serde_json::json!({ "version": version, "parameters": params, "tensors": tensors });
     Ok((StatusCode::CREATED, [(VERSION_HEADER, HeaderValue::from(version))], Json(body)).into_response())
+}
+
+/// An unsharded PS refuses a model that one of the job's parameter groups matches no tensor
+/// of: a mistyped pattern would otherwise leave every tensor at the job's rates, silently. (A
+/// shard sees only its slice: a group may match other shards' tensors; `/v1/status` says what
+/// each group took.)
+fn unsharded_groups_match(state: &AppState, store: &Store) -> Result<(), ApiError> {
+    let groups = &store.hyper().parameter_groups;
+    let sharded = !state.config.peers.is_empty() || state.config.shard > 0;
+    let Some(i) = store.group_parameters().iter().position(|&n| n == 0).filter(|_| !sharded) else {
+        return Ok(());
+    };
+    let names: Vec<&str> = store.layout().tensors().iter().take(8).map(|t| t.name.as_str()).collect();
+    Err(ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        reason::LAYOUT_MISMATCH,
+        format!(
+            "parameter group {i} (names {:?}) matches no tensor of the model: the job's optimizer.parameterGroups and the model disagree (its tensors begin {})",
+            groups[i].names,
+            names.join(", ")
+        ),
+    ))
 }
 
 /// `POST /v1/join?worker=M[&step=S]`: a new process becomes worker M. It gets a generation for
@@ -773,6 +796,17 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         body["staleness"] = serde_json::to_value(&st.staleness).expect("plain data");
         body["workers"] = serde_json::to_value(&st.workers).expect("plain data");
         body["memory"] = state.memory_status();
+        let groups = &store.hyper().parameter_groups;
+        if !groups.is_empty() {
+            // Each group and the parameters of this PS's model it took (0: a pattern that
+            // names none of them, or, sharded, only other shards' tensors).
+            let taken = groups.iter().zip(store.group_parameters()).map(|(g, n)| {
+                let mut v = serde_json::to_value(g).expect("plain data");
+                v["parameters"] = (*n).into();
+                v
+            });
+            body["parameter_groups"] = taken.collect::<Vec<_>>().into();
+        }
     }
     Json(body)
 }

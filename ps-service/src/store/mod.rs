@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::optimizer::{self, Algorithm, Hyper, OptimizerState, Step, UpdateStats};
+use crate::optimizer::{self, Algorithm, Hyper, OptimizerState, Segments, Step, UpdateStats};
 use crate::wire::in_place::Expected;
 use crate::wire::{self, Layout, WireDtype};
 
@@ -330,6 +330,8 @@ pub type VersionListener = Box<dyn Fn(u64) + Send + Sync>;
 pub struct Store {
     layout: Layout,
     hyper: Hyper,
+    /// Each element range's weight decay and learning-rate scale (`hyper.parameter_groups`).
+    rates: Segments,
     /// The job's current worker count M (it changes when the job is scaled: [`Store::set_workers`]).
     /// The per-worker tables may be longer: a scale-down keeps the removed workers' entries.
     workers: AtomicUsize,
@@ -497,9 +499,12 @@ impl Store {
             origin: Origin::Kept,
             lineage_from: 0,
         };
+        let names = layout.iter().map(|(t, r)| (wire::shards::tensor_name(&t.name), r));
+        let rates = Segments::resolve(&hyper.parameter_groups, hyper.weight_decay, names);
         Self {
             layout,
             hyper,
+            rates,
             workers: AtomicUsize::new(workers),
             header,
             half_headers,
@@ -512,6 +517,11 @@ impl Store {
             rounds_closed_short: Default::default(),
             snapshot_buffers: Arc::default(),
         }
+    }
+
+    /// The parameters of this store's model each parameter group took, in group order.
+    pub fn group_parameters(&self) -> &[usize] {
+        self.rates.matched()
     }
 
     /// Registers a callback for completed updates (the server wakes long-polling pulls with it).
@@ -1273,22 +1283,29 @@ impl Store {
         let per_group = self.walk_grouped(op, states, |stats, shard, d| {
             let r = shard.range.clone();
             let st = &mut d.state;
-            let s = with_backup(backup, r.clone(), |bak| {
-                let (w, g, ms) = (&mut d.w, &grad[r], &mut st.mean_square);
-                if delay > 1 {
-                    // Versions count updates, so every shard (and a restored PS) agrees on the cycle.
-                    let milestone = version.is_multiple_of(delay);
-                    let delayed = optimizer::Delayed {
-                        momentum: &mut st.momentum,
-                        pending: &mut st.pending,
-                        milestone,
+            let grad = &grad[r.clone()];
+            with_backup(backup, r.clone(), |bak| {
+                // Each part of the chunk with its group's rates (one part without groups).
+                for (p, rates) in self.rates.within(r) {
+                    let step = step.with_rates(rates);
+                    let (w, g, bak) = (&mut d.w[p.clone()], &grad[p.clone()], bak.map(|b| &b[p.clone()]));
+                    let s = if delay > 1 {
+                        // Versions count updates, so every shard (and a restored PS) agrees on the cycle.
+                        let milestone = version.is_multiple_of(delay);
+                        let ms = part(&mut st.mean_square, &p);
+                        let delayed = optimizer::Delayed {
+                            momentum: part(&mut st.momentum, &p),
+                            pending: part(&mut st.pending, &p),
+                            milestone,
+                        };
+                        optimizer::apply_delayed(&self.hyper, step, w, g, bak, ms, delayed)
+                    } else {
+                        let ms = part(&mut st.mean_square, &p);
+                        optimizer::apply(&self.hyper, step, w, g, bak, ms, part(&mut st.momentum, &p))
                     };
-                    optimizer::apply_delayed(&self.hyper, step, w, g, bak, ms, delayed)
-                } else {
-                    optimizer::apply(&self.hyper, step, w, g, bak, ms, &mut st.momentum)
+                    stats.merge(s);
                 }
             });
-            stats.merge(s);
         });
         per_group.into_iter().fold(UpdateStats::default(), |mut all, s| {
             all.merge(s);
@@ -1426,6 +1443,11 @@ fn with_backup<R>(
             f(Some(&rounded[..]))
         }),
     }
+}
+
+/// Range `p` of optimizer state `v`, or `v` itself when the rule keeps none (empty).
+fn part<'a>(v: &'a mut [f32], p: &Range<usize>) -> &'a mut [f32] {
+    if v.is_empty() { v } else { &mut v[p.clone()] }
 }
 
 /// w_bak(m): the snapshot worker m pulled, and how it received it.

@@ -69,6 +69,75 @@ fn dc_asgd_compensates_against_the_model_the_worker_pulled() {
     assert!(o.stats.compensation_ratio() > 0.0);
 }
 
+/// Parameter groups: each tensor is updated with its group's weight decay and learning-rate
+/// scale, also where a tensor is cut by the store's chunks (3 elements here) or is a sharded
+/// PS's piece, under asgd, dc-asgd-c and Delayed Nesterov alike; the job's rates elsewhere.
+#[test]
+fn each_tensor_takes_its_groups_weight_decay_and_rate() {
+    use crate::optimizer::ParameterGroup;
+    let layout = Layout::new(vec![
+        TensorSpec { name: "fc.weight".into(), shape: vec![4] },
+        TensorSpec { name: "fc.bias".into(), shape: vec![2] },
+        TensorSpec { name: "embed.weight[0..3 of 2x5]".into(), shape: vec![3] },
+    ])
+    .unwrap();
+    let init: Vec<f32> = (0..9).map(|i| 1.0 + i as f32 * 0.25).collect();
+    let g: Vec<f32> = (0..9).map(|i| 0.5 - i as f32 * 0.125).collect();
+    let groups = vec![
+        ParameterGroup { names: vec!["bias$".into()], weight_decay: Some(0.0), learning_rate_scale: None },
+        ParameterGroup { names: vec!["^embed".into()], weight_decay: None, learning_rate_scale: Some(0.5) },
+    ];
+    // (lr scale, weight decay) of each element.
+    let rates = |i: usize| match i {
+        0..4 => (1.0f32, 0.1f32),
+        4..6 => (1.0, 0.0),
+        _ => (0.5, 0.1),
+    };
+    for algorithm in [Algorithm::Asgd, Algorithm::DcAsgdC] {
+        let mut hyper = Hyper::new(algorithm, 0.2);
+        (hyper.weight_decay, hyper.parameter_groups) = (0.1, groups.clone());
+        let s = Store::with_shard_len(layout.clone(), init.clone(), hyper.clone(), 1, 3);
+        s.pull(0).unwrap();
+        s.push(push(0, 0, 1), &g).unwrap();
+        let got = s.snapshot_now().params().to_vec();
+        for i in 0..9 {
+            let (scale, wd) = rates(i);
+            // Pulled and pushed at version 0: no compensation (w − w_bak = 0).
+            let expect = init[i] - 0.2 * scale * (g[i] + wd * init[i]);
+            assert!((got[i] - expect).abs() < 1e-6, "{algorithm} element {i}: {} vs {expect}", got[i]);
+        }
+    }
+    // Delayed Nesterov, N = 2: each update its own share η·d/N, the momentum at the second.
+    let mut hyper = Hyper::new(Algorithm::Asgd, 0.2);
+    (hyper.weight_decay, hyper.parameter_groups) = (0.1, groups.clone());
+    (hyper.momentum, hyper.momentum_delay, hyper.nesterov) = (0.5, 2, false);
+    let s = Store::with_shard_len(layout.clone(), init.clone(), hyper, 1, 3);
+    let v = s.pull(0).unwrap().version();
+    s.push(push(0, v, 1), &g).unwrap();
+    let w1 = s.snapshot_now().params().to_vec();
+    for i in 0..9 {
+        let (scale, wd) = rates(i);
+        let expect = init[i] - 0.2 * scale * (g[i] + wd * init[i]) / 2.0;
+        assert!((w1[i] - expect).abs() < 1e-6, "delayed element {i}: {} vs {expect}", w1[i]);
+    }
+    let v = s.pull(0).unwrap().version();
+    s.push(push(0, v, 2), &g).unwrap();
+    let w2 = s.snapshot_now().params().to_vec();
+    for i in 0..9 {
+        let (scale, wd) = rates(i);
+        // Heavy ball: m ← μ·m + Σg/N = g, and w takes η·μ·m_old = 0 from it at the first cycle.
+        let expect = w1[i] - 0.2 * scale * (g[i] + wd * w1[i]) / 2.0;
+        assert!((w2[i] - expect).abs() < 1e-5, "delayed element {i} at the milestone: {} vs {expect}", w2[i]);
+    }
+    assert_eq!(matched_by(&layout, &groups), [2, 3]);
+}
+
+fn matched_by(layout: &Layout, groups: &[crate::optimizer::ParameterGroup]) -> Vec<usize> {
+    let mut hyper = Hyper::new(Algorithm::Asgd, 0.1);
+    hyper.parameter_groups = groups.to_vec();
+    Store::new(layout.clone(), vec![0.0; layout.len()], hyper, 1).group_parameters().to_vec()
+}
+
 /// A worker that overlaps its exchange with its next step computes each gradient on the model it
 /// pulled one pull before: its pushes name that version, and the PS keeps that backup too and
 /// compensates against it. A worker that does not overlap keeps one backup: the older version

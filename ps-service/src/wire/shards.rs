@@ -86,6 +86,11 @@ fn piece_name(name: &str, lo: usize, hi: usize, shape: &[usize]) -> String {
     format!("{name}[{lo}..{hi} of {}]", dims.join("x"))
 }
 
+/// The name of the tensor `name` is, or is a piece of (`<name>[<lo>..<hi> of <dims>]`).
+pub fn tensor_name(name: &str) -> &str {
+    Piece::parse(name).map_or(name, |p| p.name)
+}
+
 /// A piece of a cut tensor, read back from its name.
 #[derive(Debug, PartialEq, Eq)]
 struct Piece<'a> {
