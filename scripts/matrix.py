@@ -14,6 +14,8 @@ Configuration space (LeNet-5 on MNIST-5k, 3 workers, --journal capture):
               package refuses it with sync and with local steps, which python/tests checks, so
               those pairs are not runs)
   every       pushEvery = pullEvery = 1 or 2
+  groups      none; or weightDecay 0.0005 with optimizer.parameterGroups (no weight decay on the
+              biases, fc3 at half the learning rate)
   fault       none; worker-kill (SIGKILL a worker, `foresight run` starts it again); worker-stop
               (SIGSTOP a worker past the silence timeout, then SIGCONT); long-block (Rust workers'
               computation slowed 100× so that one block of 8 or more local steps outlasts the
@@ -73,6 +75,7 @@ SPACE = {
     "pull": ["f32", "int8"],
     "workers": ["rust", "python", "python-overlap"],
     "every": [1, 2],
+    "groups": ["none", "bias-fc3"],
     "fault": ["none", "worker-kill", "worker-stop", "long-block", "shard1-kill", "shard0-kill"],
 }
 WORKERS = 3
@@ -163,6 +166,9 @@ def job_yaml(name, c, epochs):
     if c["every"] > 1:
         opt += [f"pushEvery: {c['every']}", f"pullEvery: {c['every']}"]
     opt += [f"gradientDtype: {c['push']}", f"pullDtype: {c['pull']}"]
+    if c["groups"] == "bias-fc3":
+        opt.append("weightDecay: 0.0005")
+        opt.append('parameterGroups: [{names: ["bias$"], weightDecay: 0}, {names: ["^fc3[.]"], learningRateScale: 0.5}]')
     lr = 0.5 if c["local"] != "1" else 0.05
     workers = f"replicas: {WORKERS}"
     model = "  model: {name: lenet5}\n"

@@ -561,6 +561,16 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
             "spec.optimizer.weightDecay: Invalid value: |must be ≥ 0",
         ),
         (
+            &[("spec.optimizer.parameterGroups", json!([{"names": ["bias$"], "learningRateScale": 0}]))],
+            "optimizer.parameterGroups",
+            "spec.optimizer.parameterGroups[0].learningRateScale: Invalid value: |must be > 0",
+        ),
+        (
+            &[("spec.optimizer.parameterGroups", json!([{"names": [], "weightDecay": 0}]))],
+            "optimizer.parameterGroups",
+            "spec.optimizer.parameterGroups[0].names: Invalid value: |should have at least 1 items",
+        ),
+        (
             &[("spec.workers.replicas", json!(0))],
             "workers.replicas",
             "spec.workers.replicas in body should be greater than or equal to 1",
@@ -758,7 +768,9 @@ fn each_rule_refuses_a_bad_object_naming_the_field() {
         &mut full,
         "spec.optimizer",
         json!({"algorithm": "dc-asgd-a", "lambda0": 0, "meanSquareDecay": 0, "maxStaleness": 0,
-               "momentum": 0, "weightDecay": 0, "pullEvery": 6, "pushEvery": 3}),
+               "momentum": 0, "weightDecay": 0, "pullEvery": 6, "pushEvery": 3,
+               "parameterGroups": [{"names": ["bias$", "norm"], "weightDecay": 0},
+                                   {"names": ["^embed\\."], "learningRateScale": 0.1}]}),
     );
     set(&mut full, "spec.parameterServer.checkpoint", json!({"intervalSeconds": 1, "storage": "1Gi"}));
     set(&mut full, "spec.runPolicy", json!({"backoffLimit": 0, "activeDeadlineSeconds": 1, "suspend": true}));

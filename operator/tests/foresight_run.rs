@@ -290,6 +290,39 @@ fn a_failing_worker_stops_the_run_and_says_which() {
     assert!(stderr.contains("worker") && stderr.contains("lenet5 needs 28×28 or 32×32"), "{stderr}");
 }
 
+/// `optimizer.parameterGroups` reaches the parameter server: a job whose biases take no weight
+/// decay trains, and one whose group names no tensor of the model fails at once, saying which
+/// group and the model's tensor names (the worker's registration is refused: a mistyped pattern
+/// would otherwise leave every tensor at the job's rates, silently).
+#[test]
+fn parameter_groups_reach_the_ps_and_one_that_names_no_tensor_fails_the_run_saying_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |groups: &str, out: &str| {
+        let yaml = job(
+            tmp.path(),
+            &format!(
+                "spec:\n  model: {{name: mlp}}\n  dataset: {{format: csv, path: data/mnist5k}}\n  \
+                 training: {{epochs: 1, batchSize: 32, learningRate: 0.1}}\n  \
+                 optimizer: {{algorithm: asgd, weightDecay: 0.001, parameterGroups: {groups}}}\n  workers: {{replicas: 2}}\n"
+            ),
+        );
+        let out = tmp.path().join(out);
+        let o = foresight(&["run", yaml.to_str().unwrap(), "--out", out.to_str().unwrap(), "--no-progress"]);
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned(), out)
+    };
+    let (code, stderr, out) = run(r#"[{names: ["bias$"], weightDecay: 0}]"#, "good");
+    assert_eq!(code, Some(0), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["accuracy"].as_f64().unwrap() > 0.5, "{summary}");
+
+    let (code, stderr, _) =
+        run(r#"[{names: ["bias$"], weightDecay: 0}, {names: ["^embed"], learningRateScale: 0.1}]"#, "bad");
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("parameter group 1 (names [\"^embed\"]) matches no tensor"), "{stderr}");
+    assert!(stderr.contains("fc1.bias"), "the model's tensor names: {stderr}");
+}
+
 /// Ctrl-C (SIGINT), `kill` (SIGTERM) and a closed terminal (SIGHUP) stop every child, the
 /// parameter server leaves a checkpoint, exit code 130.
 #[test]

@@ -140,8 +140,9 @@ class Optimizer(torch.optim.Optimizer):
     waits for the exchange in flight.
 
     ``torch.compile``'s and ``DataParallel``'s wrappers are seen through: names are the module's
-    own. A learning-rate scheduler on this Optimizer, further parameter groups and sparse
-    gradients are refused with :class:`foresight.ConfigError`.
+    own. A learning-rate scheduler on this Optimizer, further parameter groups (per-group
+    weight decay and rates are the job's ``optimizer.parameterGroups``) and sparse gradients are
+    refused with :class:`foresight.ConfigError`.
     """
 
     def __init__(
@@ -261,12 +262,15 @@ class Optimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Refused after construction: the parameter server trains the model's parameters as
-        registered, with the job's rate for all of them; added parameters would never be
-        trained (per-group rates and weight decay are not in the protocol yet)."""
+        registered; added parameters would never be trained. Per-group weight decay and rates
+        are the job's ``optimizer.parameterGroups`` (tensors chosen by name, applied by the
+        parameter server), or, with local steps, the ``inner=`` optimizer's own groups."""
         if not getattr(self, "_building", True):
             raise foresight.ConfigError(
-                "foresight.torch.Optimizer trains every parameter of the model it was built with, at the job's "
-                "rate; it takes no further parameter groups (per-group rates and weight decay are not supported)"
+                "foresight.torch.Optimizer trains every parameter of the model it was built with; it takes no "
+                "further parameter groups: set per-group weight decay and learning rates in the job's "
+                "optimizer.parameterGroups (e.g. [{names: ['bias$', 'norm'], weightDecay: 0}]), which the "
+                "parameter server applies by tensor name"
             )
         super().add_param_group(param_group)
 

@@ -55,6 +55,10 @@ pub fn ps_env(spec: &TrainingJobSpec, job: &str, namespace: &str) -> Env {
     if let Some(w) = o.weight_decay {
         push(&mut env, "FORESIGHT_WEIGHT_DECAY", w);
     }
+    // The PS reads the same JSON (`foresight-ps --parameter-groups`).
+    if let Some(g) = o.parameter_groups.as_ref().filter(|g| !g.is_empty()) {
+        push(&mut env, "FORESIGHT_PARAMETER_GROUPS", serde_json::to_string(g).expect("plain data"));
+    }
     if let Some(b) = o.backup_workers {
         push(&mut env, "FORESIGHT_BACKUP_WORKERS", b);
     }

@@ -410,6 +410,29 @@ pub struct InnerOptimizerSpec {
     pub weight_decay: Option<f64>,
 }
 
+/// Tensors chosen by name, and the weight decay and learning rate the parameter server updates
+/// them with.
+#[derive(Clone, Debug, Deserialize, Serialize, KubeSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ParameterGroupSpec {
+    /// Regular expressions (Rust's `regex` syntax: as Python's `re` without look-around or
+    /// back-references), each searched anywhere in a tensor's name as `re.search` does (the
+    /// names of the model's `named_parameters()`): `bias$` matches `fc.bias`. 1 to 16, each 1
+    /// to 256 characters.
+    #[schemars(length(min = 1, max = 16))]
+    #[x_kube(validation = Rule::new("self.all(p, size(p) >= 1 && size(p) <= 256)").message("each pattern is 1 to 256 characters"))]
+    pub names: Vec<String>,
+    /// The group's weight decay in place of optimizer.weightDecay, ≥ 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
+    pub weight_decay: Option<f64>,
+    /// The group's learning rate is training.learningRate (with its schedule) times this, > 0
+    /// (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("must be > 0"))]
+    pub learning_rate_scale: Option<f64>,
+}
+
 /// The parameter server chooses each worker's local steps between exchanges, within bounds:
 /// every round lasts long enough that the slowest worker's exchange (a push and a pull) takes
 /// at most `communicationFraction` of it, and each worker fills the round with as many steps
@@ -524,6 +547,13 @@ pub struct OptimizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0.0").message("must be ≥ 0"))]
     pub weight_decay: Option<f64>,
+    /// Per-tensor weight decay and learning rate, as a PyTorch optimizer's param groups: the
+    /// first group one of whose `names` patterns matches a tensor's name gives its rates (at
+    /// most 16 groups). The usual one keeps weight decay off biases and norms:
+    /// `[{names: ["bias$", "norm"], weightDecay: 0}]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub parameter_groups: Option<Vec<ParameterGroupSpec>>,
     /// sync only: each round closes with the first replicas − backupWorkers gradients and the
     /// late ones are dropped (backup workers, Chen et al. 2016); fewer than the replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -562,6 +592,7 @@ impl Default for OptimizerSpec {
             backup_workers: None,
             sync_round_timeout_seconds: None,
             weight_decay: None,
+            parameter_groups: None,
         }
     }
 }

@@ -159,6 +159,11 @@ fn every_rule_names_its_field() {
                 (Some(10), Some(adaptive(2, 100, Some(1.5))))
         }),
         ("optimizer.weightDecay", |s| s.optimizer.weight_decay = Some(-0.1)),
+        ("optimizer.parameterGroups", |s| s.optimizer.parameter_groups = Some(vec![group(&["(bias"])])),
+        ("optimizer.parameterGroups", |s| {
+            s.optimizer.parameter_groups =
+                Some(vec![ParameterGroupSpec { learning_rate_scale: Some(0.0), ..group(&["x"]) }])
+        }),
         ("optimizer.backupWorkers", |s| s.optimizer.backup_workers = Some(1)),
         ("optimizer.backupWorkers", |s| {
             s.optimizer = OptimizerSpec {
@@ -258,6 +263,14 @@ fn inner(learning_rate: f64) -> InnerOptimizerSpec {
     InnerOptimizerSpec { algorithm: InnerAlgorithm::AdamW, learning_rate, weight_decay: None }
 }
 
+fn group(names: &[&str]) -> ParameterGroupSpec {
+    ParameterGroupSpec {
+        names: names.iter().map(|n| n.to_string()).collect(),
+        weight_decay: Some(0.0),
+        learning_rate_scale: None,
+    }
+}
+
 #[test]
 fn environment_carries_the_job() {
     let mut spec = example().spec;
@@ -271,6 +284,11 @@ fn environment_carries_the_job() {
     (local.optimizer.algorithm, local.optimizer.local_steps) = (None, Some(10));
     let ps_local: std::collections::HashMap<_, _> = ps_env(&local, "j", "ns").into_iter().collect();
     assert_eq!(ps_local["FORESIGHT_ALGORITHM"], "asgd", "the default rule of local steps");
+    let mut grouped = spec.clone();
+    grouped.optimizer.parameter_groups = Some(vec![group(&["bias$", "norm"])]);
+    let ps_grouped: std::collections::HashMap<_, _> = ps_env(&grouped, "j", "ns").into_iter().collect();
+    assert_eq!(ps_grouped["FORESIGHT_PARAMETER_GROUPS"], r#"[{"names":["bias$","norm"],"weightDecay":0.0}]"#);
+    assert!(!ps.contains_key("FORESIGHT_PARAMETER_GROUPS"), "none without groups");
     assert_eq!(ps["FORESIGHT_LAMBDA0"], "2");
     assert_eq!(ps["FORESIGHT_LR_MILESTONES"], "80,120");
     assert_eq!(ps["FORESIGHT_LR_WARMUP_EPOCHS"], "1.5");

@@ -127,6 +127,9 @@ pub fn validate(spec: &TrainingJobSpec) -> Result<(), Vec<ValidationError>> {
             format!("must be in [0, 1), got {msd}"),
         );
     }
+    if let Some(problem) = o.parameter_groups.as_deref().and_then(parameter_groups_problem) {
+        check(false, "optimizer.parameterGroups", problem);
+    }
     check(o.pull_every >= 1, "optimizer.pullEvery", "must be at least 1".into());
     check(o.push_every >= 1, "optimizer.pushEvery", "must be at least 1".into());
     if o.pull_every >= 1 && o.push_every >= 1 {
@@ -512,6 +515,14 @@ fn is_positive_quantity(q: &str) -> bool {
             !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
         });
     well_formed && int.bytes().chain(frac.bytes()).any(|b| b != b'0')
+}
+
+/// What the parameter server would refuse in `groups` (a pattern that is not a regular
+/// expression, or the bounds the CRD also checks), as it would say it.
+fn parameter_groups_problem(groups: &[super::ParameterGroupSpec]) -> Option<String> {
+    let as_ps: Vec<foresight_ps::optimizer::ParameterGroup> =
+        serde_json::to_value(groups).and_then(serde_json::from_value).ok()?;
+    foresight_ps::optimizer::validate_parameter_groups(&as_ps).err().map(|e| e.0)
 }
 
 /// Every problem with changing a job's spec from `old` to `new`: `validate(new)` and the CRD's

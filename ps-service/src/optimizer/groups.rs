@@ -19,8 +19,8 @@ pub const MAX_PATTERN_LEN: usize = 256;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ParameterGroup {
-    /// Regular expressions, each searched anywhere in a tensor's name (as Python's
-    /// `re.search`): `bias` matches `fc.bias`, `^embed\.` only names that start so. The piece of
+    /// Regular expressions (the `regex` crate's syntax), each searched anywhere in a tensor's
+    /// name (as Python's `re.search`): `bias` matches `fc.bias`, `^embed\.` only names that start so. The piece of
     /// a tensor that a sharded PS holds goes by the tensor's own name.
     pub names: Vec<String>,
     /// The group's weight decay, in place of the job's.

@@ -22,7 +22,7 @@ mod groups;
 mod hyper;
 pub(crate) mod kernels;
 
-pub use groups::{ParameterGroup, Rates, Segments};
+pub use groups::{ParameterGroup, Rates, Segments, validate as validate_parameter_groups};
 pub use hyper::{Algorithm, Combine, Hyper, HyperError, LrSchedule, Safeguards};
 
 use kernels::{Pass, Scalars};
