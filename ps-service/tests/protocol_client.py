@@ -504,10 +504,13 @@ def run(ps):
     r = ps.request("POST", "/v1/join?worker=1")
     j = r.json() if r.status == 200 else {}
     heartbeat_ms = j.pop("heartbeat_ms", None)
+    algorithm = j.pop("algorithm", None)
     check("POST /v1/join?worker=1 -> generation 1, nothing to resume, version 3",
           r.status == 200 and j == {"generation": 1, "resume_step": 0, "version": 3, "workers": 2}, r.describe())
     check("join: heartbeat_ms, how often to send POST /v1/heartbeat between exchanges, a positive integer",
           isinstance(heartbeat_ms, int) and heartbeat_ms > 0, str(heartbeat_ms))
+    check("join: algorithm, the PS's update rule", algorithm == st.get("algorithm") and algorithm in
+          ("sync", "asgd", "dc-asgd-c", "dc-asgd-a"), str(algorithm))
     r = ps.request("POST", "/v1/heartbeat?worker=1")
     check("POST /v1/heartbeat?worker=1 -> 204", r.status == 204, r.describe())
     refused_push("a push of generation 0 after the join", ps.push(body_f32, worker=1, version=3, seq=1, generation=0),

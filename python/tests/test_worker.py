@@ -157,6 +157,11 @@ def test_overlap_is_refused_where_it_cannot_work(ps_factory, job_env):
     with pytest.raises(foresight.ConfigError, match="FORESIGHT_OVERLAP='2'"):
         foresight.init()
     assert ps.status()["registered"] is False, "nothing was sent"
+    # A worker's environment does not carry the job's rule (the operator and `foresight run` give
+    # it to the PS): the join's answer does, and the overlap is refused all the same, once joined.
+    job_env(ps)
+    with pytest.raises(foresight.ConfigError, match="optimizer.algorithm sync"):
+        foresight.torch.Optimizer(tiny_model(), overlap=True)
 
 
 def test_a_model_pulled_in_bf16_is_the_ps_float32_model_rounded(ps_factory, job_env):

@@ -193,6 +193,8 @@ pub struct Exchange {
     local_steps: u64,
     /// What the next push reports of this worker's pace.
     clock: PaceClock,
+    /// The PS's update rule, as its join answer said (`None` from an older PS).
+    rule: Option<crate::optimizer::Algorithm>,
 }
 
 /// Times this worker's steps and exchanges for the pace its pushes report.
@@ -256,6 +258,7 @@ impl Exchange {
             recycled: Vec::new(),
             local_steps: cadence.push_every,
             clock: PaceClock::default(),
+            rule: joined.algorithm,
         }
     }
 
@@ -306,6 +309,8 @@ impl Exchange {
     /// own version only) and with local steps (a block's pseudo-gradient is taken against the
     /// model pulled at its start).
     pub fn overlap(&mut self, sync: bool) -> Result<(), ClientError> {
+        // The PS's own word on the rule, as the worker's environment may not carry it.
+        let sync = sync || self.rule == Some(crate::optimizer::Algorithm::Sync);
         if sync || self.cadence.kind == Pushes::PseudoGradient {
             return Err(ClientError::Config(
                 "an overlapped exchange needs an asynchronous rule and a gradient every step: not with \

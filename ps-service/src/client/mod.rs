@@ -275,6 +275,9 @@ pub struct Joined {
     /// (absent from a PS older than heartbeats: none are sent).
     #[serde(default)]
     pub heartbeat_ms: Option<u64>,
+    /// The PS's update rule (absent from a PS older than this field).
+    #[serde(default)]
+    pub algorithm: Option<crate::optimizer::Algorithm>,
 }
 
 /// The join's answer as it comes: [`Joined`] and the credential of the process's calls (absent

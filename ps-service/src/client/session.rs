@@ -152,6 +152,7 @@ impl Session {
             version: all.iter().map(|j| j.version).min().unwrap_or(0),
             workers: all.iter().map(|j| j.workers).max().unwrap_or(0),
             heartbeat_ms,
+            algorithm: all.first().and_then(|j| j.algorithm),
         })
     }
 

@@ -261,6 +261,9 @@ async fn join(
         answer["credential"] = c.into();
     }
     answer["heartbeat_ms"] = (state.heartbeat_every().as_millis() as u64).into();
+    // What a worker cannot do under some rules (an overlapped exchange under sync) it learns
+    // here: the job's settings reach the PS, not every worker's environment.
+    answer["algorithm"] = serde_json::to_value(state.config.hyper.algorithm).expect("plain data");
     Ok(Json(answer))
 }
 
