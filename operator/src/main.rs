@@ -160,6 +160,11 @@ struct OperatorArgs {
     /// job fails with that reason; until then it says so in its phase and a Warning event.
     #[arg(long, env = "FORESIGHT_STUCK_PODS_TIMEOUT_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     stuck_pods_timeout_seconds: u64,
+    /// Jobs reconciled at once (per watched scope), ≥ 1. An operator that starts (or takes
+    /// over the Lease) reconciles every job; unbounded, 1,000 jobs meant 1,000 reconciles and
+    /// their API calls at once.
+    #[arg(long, env = "FORESIGHT_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    max_concurrent_reconciles: u16,
     /// Let Kueue admit the jobs labelled kueue.x-k8s.io/queue-name (one Workload per job; Kueue's
     /// kueue.x-k8s.io/v1beta2 API must be served). Without it such jobs wait, saying why.
     #[arg(long, env = "FORESIGHT_KUEUE")]
@@ -429,6 +434,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         progress_every: Duration::from_secs(a.progress_seconds),
         finalize_grace: Duration::from_secs(a.finalize_grace_seconds),
         stuck_pods_timeout: Duration::from_secs(a.stuck_pods_timeout_seconds),
+        max_concurrent_reconciles: a.max_concurrent_reconciles,
         kueue: a.kueue,
         ps_ingress_from: a.ps_network_policy.clone().map(|p| p.0),
         lease,

@@ -163,6 +163,8 @@ const ALL_FEATURES: &[&str] = &[
     "--set",
     "stuckPodsTimeoutSeconds=120",
     "--set",
+    "maxConcurrentReconciles=4",
+    "--set",
     "jobPolicy.enabled=true",
     "--set",
     "networkPolicy.perJob.enabled=true",
@@ -518,6 +520,7 @@ fn all_features_render_the_monitors_dashboards_network_policy_and_pdb() {
     assert_eq!(env["FORESIGHT_PROGRESS_SECONDS"], "5");
     assert_eq!(env["FORESIGHT_FINALIZE_GRACE_SECONDS"], "60");
     assert_eq!(env["FORESIGHT_STUCK_PODS_TIMEOUT_SECONDS"], "120");
+    assert_eq!(env["FORESIGHT_MAX_CONCURRENT_RECONCILES"], "4");
     let pod = &deploy["spec"]["template"]["spec"];
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert!(pod["containers"][0]["args"].as_array().unwrap().contains(&json!("--lease-duration-seconds=30")));

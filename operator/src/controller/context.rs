@@ -35,6 +35,8 @@ pub struct Settings {
     pub finalize_grace: Duration,
     /// How long a job's pods may fail to start or keep failing (`trouble`) before the job fails.
     pub stuck_pods_timeout: Duration,
+    /// Jobs reconciled at once, per watched scope.
+    pub max_concurrent_reconciles: u16,
     /// Whether Kueue admits the jobs labelled for one of its queues (`kueue`).
     pub kueue: bool,
     /// `Some`: each job gets a NetworkPolicy letting only its workers and these peers reach its

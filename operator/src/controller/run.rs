@@ -92,6 +92,7 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         &settings.watch.scopes(),
         settings.kueue,
         settings.ps_ingress_from.is_some(),
+        settings.max_concurrent_reconciles,
     );
     let ctx = Arc::new(Context {
         client: client.clone(),

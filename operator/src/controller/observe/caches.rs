@@ -57,9 +57,12 @@ impl Caches {
         scopes: &[Option<String>],
         kueue: bool,
         network_policies: bool,
+        concurrency: u16,
     ) -> (Self, Vec<Controller<TrainingJob>>) {
-        let (scopes, controllers) =
+        let (scopes, controllers): (_, Vec<_>) =
             scopes.iter().map(|scope| controller_for(client, scope, kueue, network_policies)).unzip();
+        let bounded = kube::runtime::controller::Config::default().concurrency(concurrency);
+        let controllers = controllers.into_iter().map(|c| c.with_config(bounded.clone())).collect();
         (Self { scopes, ready: Default::default() }, controllers)
     }
 
