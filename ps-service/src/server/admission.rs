@@ -147,25 +147,19 @@ impl AsRef<[u8]> for Gated {
 
 impl ApiError {
     fn pull_in_progress(worker: usize) -> Self {
-        let mut e = Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "busy",
-            format!(
-                "worker {worker}'s previous bf16 or int8 pull is still being sent (one encoded pull body per worker at a time): retry after {RETRY_AFTER_SECONDS}s"
-            ),
-        );
-        e.retry_after = Some(RETRY_AFTER_SECONDS);
-        e
+        Self::retry_later(format!(
+            "worker {worker}'s previous bf16 or int8 pull is still being sent (one encoded pull body per worker at a time)"
+        ))
     }
 
     pub fn busy(slots: usize) -> Self {
-        let mut e = Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "busy",
-            format!(
-                "all {slots} push slots are taken (the parameter server's memory limit): retry after {RETRY_AFTER_SECONDS}s"
-            ),
-        );
+        Self::retry_later(format!("all {slots} push slots are taken (the parameter server's memory limit)"))
+    }
+
+    /// 503 `busy` with `Retry-After`, which the client honours before it retries.
+    fn retry_later(why: String) -> Self {
+        let message = format!("{why}: retry after {RETRY_AFTER_SECONDS}s");
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message);
         e.retry_after = Some(RETRY_AFTER_SECONDS);
         e
     }
