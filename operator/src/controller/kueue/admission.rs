@@ -96,8 +96,9 @@ pub(crate) async fn admit(
 fn counted_ps_template(ctx: &Context, owner: &Owner<'_>, defaults: &ChildDefaults) -> PodTemplateSpec {
     let running = ctx.caches.deployment(&owner.namespace, &names::ps_shard_name(&owner.name, 0));
     let desired = owner.ps_deployment_beside(defaults, running.as_ref(), 0);
-    let mut template = desired.spec.template.clone();
-    if let Some(running) = running.filter(|r| owner.ps_change_waits(r, &desired))
+    let running = running.filter(|r| owner.ps_change_waits(r, &desired));
+    let mut template = desired.spec.template;
+    if let Some(running) = running
         && let (Some(pod), Some(runs)) = (template.spec.as_mut(), running.spec.template.spec)
     {
         (pod.containers, pod.init_containers) = (runs.containers, runs.init_containers);
