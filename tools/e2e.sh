@@ -87,6 +87,8 @@ log() {
 }
 fail() {
   log "FAILED: $*"
+  # Said again as the run's last line (finish): CI shows only the tail of a long log.
+  [[ -n $case_name ]] || failure=$*
   exit 1
 }
 
@@ -972,6 +974,7 @@ finish() {
     log "cluster down took $((SECONDS - t))s"
   fi
   ((rc)) || log "PASSED in $((SECONDS - t0))s"
+  ((rc == 0)) || log "FAILED (rc=$rc): ${failure:-see the log above}"
   exit $rc
 }
 trap finish EXIT
