@@ -241,6 +241,9 @@ class Optimizer(torch.optim.Optimizer):
             )
         self.finished = False
         self.overlap = overlap
+        # Where each parameter's gradient sits in _grad, when the gradients are views into it.
+        self._grad_addrs: list[int] | None = None
+        self._grads_into_flat_buffer()
         # Overlapped: the version the last exchange pulled into _flat, not yet loaded.
         self._pulled: int | None = None
         # Set by foresight.transformers' callback: the Trainer always attaches a scheduler.
@@ -378,15 +381,73 @@ class Optimizer(torch.optim.Optimizer):
                 "scheduler to the inner= optimizer"
             )
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As ``torch.optim.Optimizer.zero_grad``, except that gradients which are views into
+        the flat gradient buffer (``_grads_into_flat_buffer``) are zeroed in place and kept."""
+        if self._grads_are_views():
+            self._grad.zero_()
+        else:
+            super().zero_grad(set_to_none=set_to_none)
+
     def _gather(self) -> None:
+        if self._grads_are_views():
+            return  # backward accumulated into _grad itself
         if any(p.grad is not None and p.grad.is_sparse for p in self._params):
             raise foresight.ConfigError(_SPARSE)
+        if self._grad_addrs is not None:
+            self._gather_beside_views()
+            return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
         if self.device.type == "cpu" and all(g.dtype == torch.float32 for g in grads):
             torch.cat([g.reshape(-1) for g in grads], out=self._grad)
         else:
             # One device-side concatenation, then one transfer into the pinned host buffer.
             self._grad.copy_(torch.cat([g.reshape(-1).float() for g in grads]))
+
+    def _gather_beside_views(self) -> None:
+        """Gradients some of which are no longer views into _grad (``model.zero_grad()`` set
+        them to ``None``, and backward made new ones): made views again, each new one copied
+        into its place first (and freed), a missing one zeros."""
+        offset = 0
+        for p in self._params:
+            n = p.numel()
+            if p.grad is None:
+                self._grad[offset : offset + n].zero_()
+            offset += n
+        self._grads_into_flat_buffer()
+
+    def _grads_into_flat_buffer(self) -> None:
+        """Makes each parameter's ``.grad`` a view into _grad, as DDP's
+        ``gradient_as_bucket_view`` does: backward then accumulates straight into the buffer the
+        client pushes, and the model's gradients take no memory of their own (4 bytes per
+        parameter less, and no concatenation per step). A gradient that is not its view yet is
+        copied into place first. Only on the CPU, for contiguous float32
+        parameters, when every step's gradient is pushed as it is: an inner optimizer reads
+        ``.grad`` itself (zeros are not ``None`` to AdamW), and an overlapped exchange reads
+        _grad while the next backward would write it."""
+        cpu_f32 = all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous() for p in self._params)
+        if not cpu_f32 or self._inner is not None or self.overlap:
+            self._grad_addrs = None
+            return
+        addrs, offset = [], 0
+        with torch.no_grad():
+            for p in self._params:
+                n = p.numel()
+                view = self._grad[offset : offset + n].view_as(p)
+                if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad)
+                p.grad = view
+                addrs.append(view.data_ptr())
+                offset += n
+        self._grad_addrs = addrs
+
+    def _grads_are_views(self) -> bool:
+        """Whether every gradient is still its view into _grad (``model.zero_grad()`` sets them
+        to ``None``; a Trainer may have moved the model to a GPU)."""
+        addrs = getattr(self, "_grad_addrs", None)
+        return addrs is not None and all(
+            p.grad is not None and p.grad.data_ptr() == a for p, a in zip(self._params, addrs)
+        )
 
     def _job_inner(self, job: foresight.Job) -> torch.optim.Optimizer:
         """The job's ``optimizer.innerOptimizer`` (AdamW at 0.001 unless it says otherwise)."""

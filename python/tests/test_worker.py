@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 import torch
@@ -107,6 +107,39 @@ def test_a_step_changes_the_model_by_the_rule_exactly(ps_factory, job_env, dtype
         else:
             assert torch.equal(p.detach(), expected), name
         assert not torch.equal(p.detach(), before[name]), name
+
+
+def test_gradients_live_in_the_pushed_buffer_and_stay_exact_whoever_zeroes_them(ps_factory, job_env):
+    """On the CPU the parameters' gradients are views into the buffer the client pushes: they
+    take no memory of their own. What is pushed stays each step's exact gradient when the script
+    zeroes through the module (``model.zero_grad()`` sets them to ``None``) or drops one."""
+    ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
+    job_env(ps)
+    model = tiny_model()
+    opt = foresight.torch.Optimizer(model)
+    flat = opt._grad
+    inside = range(flat.data_ptr(), flat.data_ptr() + 4 * flat.numel())
+
+    def exact_step(zero: Callable[[], None], drop: str | None = None) -> None:
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        x = torch.arange(8, dtype=torch.float32).view(2, 4) / 8
+        loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1]))
+        zero()
+        loss.backward()
+        if drop is not None:
+            dict(model.named_parameters())[drop].grad = None
+        grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        for name, p in model.named_parameters():
+            assert p.grad.data_ptr() in inside, f"{name}'s gradient is not a view into the pushed buffer"
+            assert torch.equal(p.detach(), before[name] - torch.tensor(LR) * grads[name]), name
+
+    exact_step(opt.zero_grad)
+    exact_step(model.zero_grad, drop="2.bias")
+    opt.zero_grad()
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters()), "zeroed in place, kept"
+    exact_step(opt.zero_grad)
+    assert ps.status()["version"] == 3
 
 
 def test_an_overlapped_exchange_computes_on_the_model_one_exchange_older_and_is_compensated_for_it(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::session::{Pushed, Retry};
 use super::{
-    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PushId,
+    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PullHead, PushId,
     encode_gradient_into,
 };
 use crate::pace::PaceReport;
@@ -29,10 +29,10 @@ pub(super) struct Link {
     /// This shard's slice of the model.
     slice: ExpectedModel,
     generation: u64,
-    /// The last slice pulled and kept: what this worker offers a shard that lost its model.
+    /// The last slice pulled and kept: what this worker offers a shard that lost its model,
+    /// and the base of an int8 pull. Pulls are read into the caller's buffer, and copied here
+    /// once they are whole, so that a pull cut short never spoils it.
     copy: Option<Model>,
-    /// The slice kept before `copy`, no longer needed: the next pull is read into it.
-    spare: Vec<f32>,
     /// The `sync` round this worker's last gradient is in, until a pull after it.
     round: Option<u64>,
     /// The slice the next gradient is computed on, as (version, PS process): the one kept last,
@@ -106,7 +106,6 @@ impl Link {
             slice: ExpectedModel::new(layout),
             generation: 0,
             copy: None,
-            spare: Vec::new(),
             round: None,
             computed_on: None,
             feedback: ErrorFeedback::default(),
@@ -197,39 +196,43 @@ impl Link {
         Ok(())
     }
 
-    /// Pulls the slice; after a `sync` push (`after_round`), waits up to `wait` for that round
-    /// to close and answers `None` when it has not. The slice is not kept until [`Self::keep`].
+    /// Pulls the slice into `out` (its length); after a `sync` push (`after_round`), waits up to
+    /// `wait` for that round to close and answers `None` when it has not. The slice is not kept
+    /// until [`Self::keep`].
     pub(super) async fn pull(
         &mut self,
         step: u64,
         after_round: bool,
         wait: Duration,
-    ) -> Result<Option<Model>, ClientError> {
+        out: &mut [f32],
+    ) -> Result<Option<PullHead>, ClientError> {
         let (worker, min_version) = (self.worker, self.round.filter(|_| after_round).map(|v| v + 1));
         let mut rejoined = false;
         loop {
-            // The fields borrowed apart: the slice is read while the retry state changes. The
-            // spare goes to the first try (a failed one drops it; a retry reads into a new one).
-            let (slice, spare) = (&self.slice, Cell::new(std::mem::take(&mut self.spare)));
+            // The fields borrowed apart: the slice is read while the retry state changes. Each
+            // try in turn takes `out` and puts it back for the next.
+            let (slice, out) = (&self.slice, Cell::new(Some(&mut *out)));
             // An int8 pull is the difference from the copy kept last, when the PS still tracks it.
             let base = self.copy.as_ref().and_then(|c| c.copy.map(|tag| Base { tag, values: &c.values }));
             let pulled = self
                 .retry
                 .run(&self.client, "pulling the model", ClientError::is_transient, |c| {
-                    let reuse = spare.take();
-                    async move { c.pull_against(worker, min_version, wait, Some(slice), reuse, base).await }
+                    let out = &out;
+                    async move {
+                        let buffer = out.take().expect("the buffer is put back after each try");
+                        let pulled = c.pull_into(worker, min_version, wait, slice, base, buffer).await;
+                        out.set(Some(buffer));
+                        pulled
+                    }
                 })
                 .await;
             match pulled {
-                Ok(Some(m)) if m.layout != self.slice.layout => {
-                    return Err(ClientError::OtherModel(self.slice.layout.difference(&m.layout)));
-                }
-                Ok(Some(m)) if self.went_back(&m) => {
+                Ok(Some(head)) if self.went_back(&head) => {
                     // Offered once: whether taken or not, this copy is not offered again.
                     self.reseed(step).await?;
                     self.copy = None;
                 }
-                Ok(m) => return Ok(m),
+                Ok(head) => return Ok(head),
                 Err(e) if e.reason() == Some(reason::NOT_REGISTERED) => self.reseed(step).await?,
                 // The shard no longer takes this process's credential (it restarted with another
                 // control token): a join answers a new one, once.
@@ -245,22 +248,30 @@ impl Link {
     /// Whether `pulled` comes from another PS process than this worker's copy and is older:
     /// the PS lost the model and another worker registered its initial weights before this one
     /// could offer its copy (a registered model takes a fresher copy, updates or not).
-    fn went_back(&self, pulled: &Model) -> bool {
+    fn went_back(&self, pulled: &PullHead) -> bool {
         self.copy.as_ref().is_some_and(|copy| {
             let other_process = copy.incarnation.is_some() && pulled.incarnation != copy.incarnation;
             other_process && pulled.version < copy.version
         })
     }
 
-    /// Keeps a pulled slice: the next gradient is computed on it. The slice it replaces
-    /// becomes the buffer the next pull is read into.
-    pub(super) fn keep(&mut self, m: Model) {
+    /// Keeps a pulled slice, `values`: the next gradient is computed on it. It is copied into
+    /// the copy kept before, whose buffer it reuses.
+    pub(super) fn keep(&mut self, head: &PullHead, values: &[f32]) {
         self.round = None;
         if !self.overlaps() {
-            self.computed_on = Some((m.version, m.incarnation));
+            self.computed_on = Some((head.version, head.incarnation));
         }
-        if let Some(old) = self.copy.replace(m) {
-            self.spare = old.values;
+        let (version, incarnation, held, copy) = (head.version, head.incarnation, head.held, head.copy);
+        match &mut self.copy {
+            Some(kept) if kept.values.len() == values.len() => {
+                kept.values.copy_from_slice(values);
+                (kept.version, kept.incarnation, kept.held, kept.copy) = (version, incarnation, held, copy);
+            }
+            _ => {
+                let (layout, values) = (self.slice.layout.clone(), values.to_vec());
+                self.copy = Some(Model { version, incarnation, layout, values, held, copy });
+            }
         }
     }
 

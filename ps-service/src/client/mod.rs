@@ -208,19 +208,59 @@ impl std::str::FromStr for PullDtype {
     }
 }
 
-/// Reads a model body, into place when it is `expected`'s encoding in its dtype; anything else
-/// is collected and decoded as any (F32) model body, which is what a PS that predates
-/// bf16 pulls answers.
+/// What a pull's answer said besides the model: its headers.
+#[derive(Clone, Copy, Debug)]
+pub struct PullHead {
+    pub version: u64,
+    /// The PS process that served it (`x-foresight-incarnation`).
+    pub incarnation: Option<u64>,
+    /// Pulled as int8: the PS's tag for this copy, which the next int8 pull names.
+    pub copy: Option<u64>,
+    /// The body is the difference from the copy with this tag.
+    delta_from: Option<u64>,
+    /// How long the PS held the pull waiting for the version asked for.
+    pub held: Duration,
+}
+
+/// Where a model body went.
+enum Read {
+    /// Into the caller's buffer.
+    InPlace,
+    /// Not the expected encoding: decoded whole, as any (F32) model body.
+    Other(Layout, Vec<f32>),
+}
+
+/// Reads a pull's body into `out` (the expected layout's length): the difference from `base`
+/// when the answer says it is one, otherwise the model itself.
+async fn read_into(
+    resp: reqwest::Response,
+    expected: &ExpectedModel,
+    delta_from: Option<u64>,
+    base: Option<Base<'_>>,
+    out: &mut [f32],
+) -> Result<Read, ClientError> {
+    match delta_from {
+        Some(from) => {
+            let base = base.filter(|b| b.tag == from).ok_or(ClientError::UnknownCopy)?;
+            read_delta(resp, expected, base.values, out).await?;
+            Ok(Read::InPlace)
+        }
+        None => read_model(resp, expected, out).await,
+    }
+}
+
+/// Reads a model body into `out`, in place when it is `expected`'s encoding in its dtype;
+/// anything else is collected and decoded as any (F32) model body, which is what a PS that
+/// predates bf16 pulls answers.
 async fn read_model(
     mut resp: reqwest::Response,
     expected: &ExpectedModel,
-    mut values: Vec<f32>,
-) -> Result<(Layout, Vec<f32>), ClientError> {
+    out: &mut [f32],
+) -> Result<Read, ClientError> {
     // Old contents need no clearing: the direct path writes every value before it succeeds.
-    values.resize(expected.layout.len(), 0.0);
     let mut spill = Vec::new();
     let encoding = [Expected { header: &expected.header, dtype: expected.dtype.wire() }];
-    let mut reader = InPlace::new(&encoding, &mut values, &mut spill);
+    let mut reader = InPlace::new(&encoding, out, &mut spill);
     let mut non_finite = None;
     while let Some(chunk) = resp.chunk().await? {
         let found = reader.feed_checked(&chunk, wire::first_non_finite);
@@ -228,23 +268,23 @@ async fn read_model(
     }
     if !reader.finish() {
         let (layout, values, _) = wire::decode_model(&spill)?;
-        return Ok((layout, values));
+        return Ok(Read::Other(layout, values));
     }
     match non_finite {
-        Some(i) => Err(wire::unusable_at(&expected.layout, &values, i).into()),
-        None => Ok((expected.layout.clone(), values)),
+        Some(i) => Err(wire::unusable_at(&expected.layout, out, i).into()),
+        None => Ok(Read::InPlace),
     }
 }
 
-/// Reads an int8 pull's difference from `base`: the model is `base` plus the decoded body, the
-/// same additions the PS made to its record of this worker's copy, made as the body is widened
-/// (`wire::int8::add_delta`).
+/// Reads an int8 pull's difference from `base` into `out`: the model is `base` plus the
+/// decoded body, the same additions the PS made to its record of this worker's copy, made as
+/// the body is widened (`wire::int8::add_delta`).
 async fn read_delta(
     mut resp: reqwest::Response,
     expected: &ExpectedModel,
     base: &[f32],
-    mut values: Vec<f32>,
-) -> Result<(Layout, Vec<f32>), ClientError> {
+    out: &mut [f32],
+) -> Result<(), ClientError> {
     // Sized once from Content-Length, instead of grown and moved as chunks arrive; at most about
     // the model's int8 body (a byte per value, a scale per chunk and per tensor, a header with
     // the scales' entries), so a wrong Content-Length cannot make it reserve more.
@@ -255,9 +295,8 @@ async fn read_delta(
     while let Some(chunk) = resp.chunk().await? {
         body.extend_from_slice(&chunk);
     }
-    values.resize(expected.layout.len(), 0.0);
-    wire::int8::add_delta(&body, &expected.layout, base, &mut values)?;
-    Ok((expected.layout.clone(), values))
+    wire::int8::add_delta(&body, &expected.layout, base, out)?;
+    Ok(())
 }
 
 /// What the PS hands a worker process that joins (`POST /v1/join`).
@@ -619,16 +658,75 @@ impl PsClient {
         min_version: Option<u64>,
         wait: Duration,
         expected: Option<&ExpectedModel>,
-        reuse: Vec<f32>,
+        mut reuse: Vec<f32>,
         base: Option<Base<'_>>,
     ) -> Result<Option<Model>, ClientError> {
+        let Some((resp, head)) = self.model_response(worker, min_version, wait, expected, base).await? else {
+            return Ok(None);
+        };
+        let (layout, values) = match expected {
+            Some(e) => {
+                reuse.resize(e.layout.len(), 0.0);
+                match read_into(resp, e, head.delta_from, base, &mut reuse).await? {
+                    Read::InPlace => (e.layout.clone(), reuse),
+                    Read::Other(layout, values) => (layout, values),
+                }
+            }
+            None if head.delta_from.is_some() => return Err(ClientError::UnknownCopy),
+            None => {
+                let (layout, values, _) = wire::decode_model(&resp.bytes().await?)?;
+                (layout, values)
+            }
+        };
+        let PullHead { version, incarnation, held, copy, .. } = head;
+        Ok(Some(Model { version, incarnation, layout, values, held, copy }))
+    }
+
+    /// [`Self::pull_against`] straight into the caller's `out` (the expected layout's length):
+    /// no buffer of the client's own is filled and then copied. A model of another layout is
+    /// refused ([`ClientError::OtherModel`]); `out` holds the model only once this succeeded
+    /// (a failed read may have written part of it).
+    pub async fn pull_into(
+        &self,
+        worker: usize,
+        min_version: Option<u64>,
+        wait: Duration,
+        expected: &ExpectedModel,
+        base: Option<Base<'_>>,
+        out: &mut [f32],
+    ) -> Result<Option<PullHead>, ClientError> {
+        assert_eq!(out.len(), expected.layout.len(), "a buffer of the model's length");
+        let Some((resp, head)) = self.model_response(worker, min_version, wait, Some(expected), base).await?
+        else {
+            return Ok(None);
+        };
+        match read_into(resp, expected, head.delta_from, base, out).await? {
+            Read::InPlace => Ok(Some(head)),
+            // An older PS's F32 answer to another dtype: the same model, decoded whole.
+            Read::Other(layout, values) if layout == expected.layout => {
+                out.copy_from_slice(&values);
+                Ok(Some(head))
+            }
+            Read::Other(layout, _) => Err(ClientError::OtherModel(expected.layout.difference(&layout))),
+        }
+    }
+
+    /// Asks for the model and reads the answer's headers; `None` for a `204` (the version asked
+    /// for did not arrive within `wait`).
+    async fn model_response(
+        &self,
+        worker: usize,
+        min_version: Option<u64>,
+        wait: Duration,
+        expected: Option<&ExpectedModel>,
+        base: Option<Base<'_>>,
+    ) -> Result<Option<(reqwest::Response, PullHead)>, ClientError> {
         let mut path = format!("{}?worker={worker}", route::MODEL);
         let dtype = expected.map_or(PullDtype::F32, |e| e.dtype);
         if dtype != PullDtype::F32 {
             path += &format!("&dtype={}", dtype.as_str());
         }
-        let base = base.filter(|_| dtype == PullDtype::Int8);
-        if let Some(b) = base {
+        if let Some(b) = base.filter(|_| dtype == PullDtype::Int8) {
             path += &format!("&base={:016x}", b.tag);
         }
         if let Some(v) = min_version {
@@ -647,22 +745,14 @@ impl PsClient {
         let version = Self::version_of(&resp)?;
         let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
         let hex = |name: &str| header(name).and_then(|v| u64::from_str_radix(v, 16).ok());
-        let (incarnation, copy, delta_from) =
-            (hex(INCARNATION_HEADER), hex(COPY_HEADER), hex(DELTA_FROM_HEADER));
-        let held = Duration::from_millis(header(HELD_HEADER).and_then(|v| v.parse().ok()).unwrap_or(0));
-        let (layout, values) = match (expected, delta_from) {
-            (Some(e), Some(from)) => {
-                let base = base.filter(|b| b.tag == from).ok_or(ClientError::UnknownCopy)?;
-                read_delta(resp, e, base.values, reuse).await?
-            }
-            (None, Some(_)) => return Err(ClientError::UnknownCopy),
-            (Some(e), None) => read_model(resp, e, reuse).await?,
-            (None, None) => {
-                let (layout, values, _) = wire::decode_model(&resp.bytes().await?)?;
-                (layout, values)
-            }
+        let head = PullHead {
+            version,
+            incarnation: hex(INCARNATION_HEADER),
+            copy: hex(COPY_HEADER),
+            delta_from: hex(DELTA_FROM_HEADER),
+            held: Duration::from_millis(header(HELD_HEADER).and_then(|v| v.parse().ok()).unwrap_or(0)),
         };
-        Ok(Some(Model { version, incarnation, layout, values, held, copy }))
+        Ok(Some((resp, head)))
     }
 
     /// Pushes a gradient. Reusing `id` for a retry is safe: the PS applies a (worker,

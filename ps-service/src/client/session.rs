@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use tokio::runtime::Handle;
 
 use super::link::Link;
-use super::{ClientError, GradDtype, Joined, Model, PsClient, PullDtype, PushReply};
+use super::{ClientError, GradDtype, Joined, PsClient, PullDtype, PushReply};
 use crate::pace::PaceReport;
 use crate::wire::Layout;
 use crate::wire::final_model::FinalModel;
@@ -204,8 +204,10 @@ impl Session {
     /// (`after_round`), waits up to `wait` for the rounds to close and answers `None` (keeping
     /// nothing) when one has not.
     ///
-    /// The links keep their slices (a shard that loses its model is offered them), so `out` gets
-    /// a copy: the caller's own buffer (the Python package's flat model), already faulted in.
+    /// Each shard's slice is read straight into `out` (the caller's buffer: the Python package's
+    /// flat model), then copied into the link's kept slice (a shard that loses its model is
+    /// offered it): one model-sized buffer of the client's own, not one more to read into. `out`
+    /// holds the model only when this answers `Some`.
     pub fn pull_into(
         &mut self,
         step: u64,
@@ -214,17 +216,19 @@ impl Session {
         out: &mut [f32],
     ) -> Result<Option<Pulled>, ClientError> {
         assert_eq!(out.len(), self.layout.len(), "a buffer of the model's length");
-        let all = self.rt.block_on(join_all(self.links.iter_mut().map(|l| l.pull(step, after_round, wait))));
-        let Some(slices) = all.into_iter().collect::<Result<Option<Vec<Model>>, _>>()? else {
+        let slices = self.map.split_mut(out);
+        let pulls = self.links.iter_mut().zip(slices).map(|(l, s)| async move {
+            let head = l.pull(step, after_round, wait, s).await?;
+            Ok::<_, ClientError>(head.map(|h| (h, s)))
+        });
+        let all = self.rt.block_on(join_all(pulls));
+        let Some(pulled) = all.into_iter().collect::<Result<Option<Vec<_>>, _>>()? else {
             return Ok(None);
         };
-        let version = slices.iter().map(|m| m.version).min().unwrap_or(0);
-        let held = slices.iter().map(|m| m.held).max().unwrap_or_default();
-        for (i, m) in slices.iter().enumerate() {
-            out[self.map.range(i)].copy_from_slice(&m.values);
-        }
-        for (l, m) in self.links.iter_mut().zip(slices) {
-            l.keep(m);
+        let version = pulled.iter().map(|(h, _)| h.version).min().unwrap_or(0);
+        let held = pulled.iter().map(|(h, _)| h.held).max().unwrap_or_default();
+        for (l, (h, s)) in self.links.iter_mut().zip(pulled) {
+            l.keep(&h, s);
         }
         Ok(Some(Pulled { version, held }))
     }

@@ -57,6 +57,18 @@ impl ShardMap {
         self.ranges[i].clone()
     }
 
+    /// `flat` (the whole model's length) cut into the shards' slices, in shard order.
+    pub fn split_mut<'a>(&self, flat: &'a mut [f32]) -> Vec<&'a mut [f32]> {
+        let mut rest = flat;
+        let mut slices = Vec::with_capacity(self.ranges.len());
+        for r in &self.ranges {
+            let (slice, after) = std::mem::take(&mut rest).split_at_mut(r.len());
+            slices.push(slice);
+            rest = after;
+        }
+        slices
+    }
+
     /// Shard `i`'s layout: what it registers, serves and checkpoints.
     pub fn layout(&self, i: usize) -> &Layout {
         &self.layouts[i]
