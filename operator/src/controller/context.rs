@@ -94,4 +94,14 @@ impl Context {
     pub(crate) fn forget_progress(&self, uid: &str) {
         self.progress_read.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
+
+    /// Forgets what is kept per job for the jobs not in `live` (UIDs): a job deleted while it
+    /// ran is never reconciled again, so nothing else would drop its entries.
+    pub(crate) fn forget_gone(&self, live: &std::collections::HashSet<&str>) {
+        let alive = |uid: &String| live.contains(uid.as_str());
+        self.progress_read.lock().unwrap_or_else(|e| e.into_inner()).retain(|uid, _| alive(uid));
+        self.previous_key.lock().unwrap_or_else(|e| e.into_inner()).retain(|uid, _| alive(uid));
+        self.backoffs.retain(live);
+        self.ps_clients.retain(live);
+    }
 }

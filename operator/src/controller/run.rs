@@ -114,8 +114,14 @@ pub async fn run(config: kube::Config, settings: Settings, metrics_addr: &str) -
         stores.push(controller.store());
         runs.push(controller.run(reconcile, error_policy, ctx.clone()).boxed());
     }
+    let mut pruned = std::time::Instant::now();
     let reconciling = futures_util::stream::select_all(runs).for_each(|result| {
         count_phases(&stores, &metrics, &yields);
+        if pruned.elapsed() >= PRUNE_EVERY {
+            pruned = std::time::Instant::now();
+            let jobs: Vec<_> = stores.iter().flat_map(Store::state).collect();
+            ctx.forget_gone(&jobs.iter().filter_map(|j| j.metadata.uid.as_deref()).collect());
+        }
         if let Err(e) = result {
             tracing::debug!(error = %e, "reconcile loop");
         }
@@ -266,6 +272,10 @@ pub(crate) async fn shutdown_signal() {
 }
 
 /// The jobs this operator manages by phase: those of the namespaces it has not yielded.
+/// How often what the context keeps per job is pruned of the jobs deleted since
+/// (`Context::forget_gone`): an O(jobs) pass, so not on every reconcile as the phase counts are.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub(crate) fn count_phases(stores: &[Store<TrainingJob>], metrics: &Metrics, yields: &scope::Yields) {
     // One read of the yielded set for the whole pass, not a lock and a clone per job.
     let yielded = yields.namespaces();

@@ -1,6 +1,6 @@
 //! One client per job for the operator's calls to its parameter server.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -67,6 +67,11 @@ impl PsClients {
         Ok(client)
     }
 
+    /// Drops the clients of jobs not in `live` (UIDs): deleted jobs' connections close now.
+    pub(crate) fn retain(&self, live: &HashSet<&str>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clients.retain(|uid, _| live.contains(uid.as_str()));
+    }
+
     #[cfg(test)]
     fn counts(&self) -> (usize, u64) {
         let jobs = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -99,5 +104,8 @@ mod tests {
         assert_eq!(get("uid-c", c, "t", IDLE + s(32)).unwrap(), (2, 4));
         assert!(get("uid-d", "ftp://d", "t", IDLE + s(33)).is_err(), "a bad URL makes none");
         assert_eq!(clients.counts(), (2, 4));
+        clients.retain(&HashSet::from(["uid-c"]));
+        assert_eq!(clients.counts(), (1, 4), "a deleted job's client goes at once");
+        assert_eq!(get("uid-c", c, "t", IDLE + s(34)).unwrap(), (1, 4), "a live one's stays");
     }
 }

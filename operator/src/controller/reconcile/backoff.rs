@@ -3,7 +3,7 @@
 //! fixed delay retried a quota refusal or an RBAC denial every few seconds forever, each retry
 //! a burst of API calls; one job's failures never slow another's retries.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -36,6 +36,12 @@ impl Backoffs {
     pub fn reset(&self, uid: &str) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
+
+    /// Drops the schedules of jobs not in `live` (UIDs): a job deleted while its reconciles
+    /// failed is never reconciled again to reset its own.
+    pub fn retain(&self, live: &HashSet<&str>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|uid, _| live.contains(uid.as_str()));
+    }
 }
 
 #[cfg(test)]
@@ -55,5 +61,9 @@ mod tests {
         assert!(b.next("b") <= FIRST_RETRY * 2, "another job starts at the beginning");
         b.reset("a");
         assert!(b.next("a") <= FIRST_RETRY * 2, "a success starts it again");
+        b.next("b");
+        b.retain(&HashSet::from(["a"]));
+        assert!(b.next("b") <= FIRST_RETRY * 2, "a job gone is forgotten");
+        assert!(b.next("a") >= FIRST_RETRY * 2, "a live one keeps its schedule");
     }
 }
