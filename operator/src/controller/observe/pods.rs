@@ -19,55 +19,82 @@ use crate::controller::decide::status::{self, Placement};
 use crate::controller::decide::trouble::{self, Role, Trouble};
 use crate::controller::desired::children::Owner;
 use crate::controller::error::Result;
-use crate::controller::names::{self, COMPONENT_PS};
+
+/// The job's pods, each counted as the job's only when its controller is one of the job's own
+/// children: the worker Job (by UID), or a ReplicaSet of one of the job's PS Deployments (named
+/// `<deployment>-<pod-template-hash>` by the Deployment controller). The job label alone would
+/// let a co-tenant's pod, labelled as another job's PS and stuck, fail that job after the
+/// stuck-pods bound (review C9); a forged owner reference needs the owner's UID, and the garbage
+/// collector deletes a pod whose owner does not exist.
+#[derive(Default)]
+pub(crate) struct JobPods {
+    pub(crate) ps: Vec<Arc<Pod>>,
+    pub(crate) workers: Vec<Arc<Pod>>,
+}
+
+impl JobPods {
+    pub(crate) fn of(ctx: &Context, owner: &Owner<'_>, ps: &[Deployment], workers: &Job) -> Self {
+        Self::sorted(ctx.caches.pods(&owner.namespace, &owner.name), ps, workers)
+    }
+
+    fn sorted(pods: Vec<Arc<Pod>>, ps: &[Deployment], workers: &Job) -> Self {
+        let job_uid = workers.metadata.uid.as_deref();
+        let deployments: Vec<&str> = ps.iter().filter_map(|d| d.metadata.name.as_deref()).collect();
+        let mut sorted = Self::default();
+        for pod in pods {
+            let Some(c) = pod.owner_references().iter().find(|r| r.controller == Some(true)) else {
+                continue;
+            };
+            if c.kind == "Job" && job_uid == Some(c.uid.as_str()) {
+                sorted.workers.push(pod);
+            } else if c.kind == "ReplicaSet" && of_deployment(&c.name, &pod, &deployments) {
+                sorted.ps.push(pod);
+            }
+        }
+        sorted
+    }
+
+    fn refs(pods: &[Arc<Pod>]) -> Vec<&Pod> {
+        pods.iter().map(AsRef::as_ref).collect()
+    }
+}
+
+/// Whether ReplicaSet `replica_set`, the controller of `pod`, is one of `deployments`'.
+fn of_deployment(replica_set: &str, pod: &Pod, deployments: &[&str]) -> bool {
+    let Some(hash) = pod.labels().get("pod-template-hash") else { return false };
+    deployments.iter().any(|d| replica_set.strip_prefix(d).and_then(|r| r.strip_prefix('-')) == Some(hash))
+}
 
 /// The job's pods that cannot start or keep failing (`trouble`): the parameter server's first,
 /// since workers fail for want of it.
 pub(crate) async fn trouble(
     ctx: &Context,
     owner: &Owner<'_>,
+    pods: &JobPods,
     ps: &[Deployment],
     workers: &Job,
 ) -> Result<Option<Trouble>> {
     if let Some(t) = ps.iter().find_map(trouble::deployment_trouble) {
         return Ok(Some(t));
     }
-    let pods = ctx.caches.pods(&owner.namespace, &owner.name);
-    let role = |p: &Pod| match p.labels().get(names::LABEL_COMPONENT).map(String::as_str) {
-        Some(COMPONENT_PS) => Role::ParameterServer,
-        _ => Role::Workers,
-    };
-    let of = |r: Role| pods.iter().filter(|p| role(p) == r).find_map(|p| trouble::pod_trouble(r, p));
-    if let Some(t) = of(Role::ParameterServer) {
+    if let Some(t) = pods.ps.iter().find_map(|p| trouble::pod_trouble(Role::ParameterServer, p)) {
         return Ok(Some(t));
     }
     if let Some(t) = worker_creation_trouble(ctx, owner, workers).await? {
         return Ok(Some(t));
     }
-    Ok(of(Role::Workers))
+    Ok(pods.workers.iter().find_map(|p| trouble::pod_trouble(Role::Workers, p)))
 }
 
 /// The parameter server's pods whose containers restarted more often than `limit`
 /// (`trouble::ps_restarts_exhausted`).
-pub(crate) fn ps_restarts_exhausted(ctx: &Context, owner: &Owner<'_>, limit: u32) -> Option<Trouble> {
-    let pods = ctx.caches.pods(&owner.namespace, &owner.name);
-    let ps: Vec<&Pod> = pods
-        .iter()
-        .filter(|p| p.labels().get(names::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS))
-        .map(|p| p.as_ref())
-        .collect();
-    trouble::ps_restarts_exhausted(&ps, limit)
+pub(crate) fn ps_restarts_exhausted(pods: &JobPods, limit: u32) -> Option<Trouble> {
+    trouble::ps_restarts_exhausted(&JobPods::refs(&pods.ps), limit)
 }
 
 /// How the latest failed worker pod of the job ended (`trouble::last_worker_failure`).
-pub(crate) fn last_worker_failure(ctx: &Context, owner: &Owner<'_>) -> Option<String> {
-    let pods = ctx.caches.pods(&owner.namespace, &owner.name);
-    let workers: Vec<&Pod> = pods
-        .iter()
-        .filter(|p| p.labels().get(names::LABEL_COMPONENT).map(String::as_str) != Some(COMPONENT_PS))
-        .map(|p| p.as_ref())
-        .collect();
-    trouble::last_worker_failure(&workers)
+pub(crate) fn last_worker_failure(pods: &JobPods) -> Option<String> {
+    trouble::last_worker_failure(&JobPods::refs(&pods.workers))
 }
 
 /// How long ago a `FailedCreate` event still tells about the worker Job's pods now.
@@ -113,18 +140,15 @@ pub(crate) fn trouble_older_than(old: &TrainingJobStatus, bound: Duration) -> bo
 
 /// Whether the scheduler placed the job's pods (`status::unschedulable_pod` says what an
 /// unschedulable one means).
-pub(crate) async fn placement(ctx: &Context, owner: &Owner<'_>) -> Result<Placement> {
+pub(crate) async fn placement(ctx: &Context, owner: &Owner<'_>, pods: &JobPods) -> Result<Placement> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let mut waiting = None;
-    for pod in ctx.caches.pods(&owner.namespace, &owner.name) {
-        let Some(message) = unschedulable_condition(&pod) else { continue };
-        let who = if pod.labels().get(names::LABEL_COMPONENT).map(String::as_str) == Some(COMPONENT_PS) {
-            "parameter server"
-        } else {
-            "worker"
-        };
+    let roles =
+        pods.ps.iter().map(|p| (p, "parameter server")).chain(pods.workers.iter().map(|p| (p, "worker")));
+    for (pod, who) in roles {
+        let Some(message) = unschedulable_condition(pod) else { continue };
         let mut unbound = Vec::new();
-        for name in claim_names(&pod) {
+        for name in claim_names(pod) {
             let bound = claims.get_opt(name).await?.and_then(|c| c.status?.phase).as_deref() == Some("Bound");
             if !bound {
                 unbound.push(name);
@@ -203,6 +227,48 @@ mod tests {
             ..Default::default()
         });
         Arc::new(p)
+    }
+
+    fn owned(kind: &str, name: &str, uid: &str, hash: Option<&str>) -> Arc<Pod> {
+        let mut p = Pod::default();
+        p.metadata.name = Some(format!("{name}-pod"));
+        p.metadata.owner_references = Some(vec![OwnerReference {
+            kind: kind.into(),
+            name: name.into(),
+            uid: uid.into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        p.metadata.labels = hash.map(|h| [("pod-template-hash".to_string(), h.to_string())].into());
+        Arc::new(p)
+    }
+
+    #[test]
+    fn a_pod_is_the_jobs_only_when_one_of_its_children_controls_it() {
+        let mut workers = Job::default();
+        workers.metadata.uid = Some("job-uid".into());
+        let mut ps = Deployment::default();
+        ps.metadata.name = Some("j-ps".into());
+        let pods = vec![
+            owned("Job", "j-workers", "job-uid", None),
+            owned("ReplicaSet", "j-ps-5d8f", "rs-uid", Some("5d8f")),
+            // Labelled as the job's (the cache's index), controlled by something else:
+            owned("Job", "j-workers", "another-job", None),
+            owned("ReplicaSet", "j-ps-other-5d8f", "rs2", Some("5d8f")),
+            owned("ReplicaSet", "j-ps-5d8f", "rs-uid", Some("0000")),
+            owned("ReplicaSet", "j-ps-5d8f", "rs-uid", None),
+            owned("StatefulSet", "j-ps", "ss", Some("5d8f")),
+            Arc::new(Pod::default()),
+        ];
+        let sorted = JobPods::sorted(pods, &[ps], &workers);
+        let names = |p: &[Arc<Pod>]| p.iter().map(|p| p.name_any()).collect::<Vec<_>>();
+        assert_eq!(names(&sorted.workers), ["j-workers-pod"]);
+        assert_eq!(sorted.workers[0].owner_references()[0].uid, "job-uid");
+        assert_eq!(names(&sorted.ps), ["j-ps-5d8f-pod"]);
+        assert_eq!(sorted.ps[0].labels()["pod-template-hash"], "5d8f");
+        // Before the worker Job exists, no pod is a worker.
+        let none = JobPods::sorted(vec![owned("Job", "j-workers", "job-uid", None)], &[], &Job::default());
+        assert!(none.workers.is_empty() && none.ps.is_empty());
     }
 
     #[test]

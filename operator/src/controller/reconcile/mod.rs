@@ -181,16 +181,17 @@ async fn observe(
     let PodChildren { ps: ps_deployments, ready_shards, workers, failed_earlier, deferred } = children;
     let shards = job.spec.parameter_server.shards() as u32;
     let ps_ready = ready_shards == shards;
+    let pods = pods::JobPods::of(ctx, owner, &ps_deployments, &workers);
     let mut worker_job = WorkerJob { failed_earlier, ..worker_state(&workers) };
     if worker_job.failed > 0 {
-        worker_job.last_failure = pods::last_worker_failure(ctx, owner);
+        worker_job.last_failure = pods::last_worker_failure(&pods);
     }
-    let placement = pods::placement(ctx, owner).await?;
+    let placement = pods::placement(ctx, owner, &pods).await?;
     let backoff_limit = job.spec.run_policy.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT);
-    let (trouble, trouble_bound) = match pods::ps_restarts_exhausted(ctx, owner, backoff_limit) {
+    let (trouble, trouble_bound) = match pods::ps_restarts_exhausted(&pods, backoff_limit) {
         Some(t) => (Some(t), TroubleBound::RestartsExhausted),
         None => {
-            let t = pods::trouble(ctx, owner, &ps_deployments, &workers).await?;
+            let t = pods::trouble(ctx, owner, &pods, &ps_deployments, &workers).await?;
             let timed_out = t.is_some() && pods::trouble_older_than(old, ctx.settings.stuck_pods_timeout);
             (t, if timed_out { TroubleBound::TimedOut } else { TroubleBound::Within })
         }
