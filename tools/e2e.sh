@@ -1000,13 +1000,19 @@ if kc get crd trainingjobs.foresight.dev >/dev/null 2>&1; then
 fi
 kc -n default delete pvc,pod --all --wait=true >&2
 
+# The worker image takes about 9 GB of disk while it is built (buildah's layer and the archive)
+# and as much on the node while it is imported (4.4 GB after): a CI run once failed on evicted
+# pods with less than that free, so the figure goes in the log before and after, and in the
+# failure.
+free_disk() { df -h --output=avail "${FORESIGHT_CACHE:-$HOME/.cache/foresight}" | tail -n1 | tr -d ' '; }
+log "free disk: $(free_disk) in the image cache's filesystem"
 t=$SECONDS
-mapfile -t built < <(RELEASE_DIR=$release IMAGES="operator ps worker" "$repo/tools/build-images.sh")
-((${#built[@]} == 3)) || fail "build-images.sh built ${#built[@]} images"
-log "images built or found in the cache in $((SECONDS - t))s"
-# The worker image takes about 9 GB on the node while it is imported (4.4 GB after): a CI run
-# once failed on evicted pods with less than that free, so the figure goes in the log first.
-log "free disk: $(df -h --output=avail "${FORESIGHT_CACHE:-$HOME/.cache/foresight}" | tail -n1 | tr -d ' ') in the image cache's filesystem"
+mapfile -t built < <(RELEASE_DIR=$release IMAGES="operator ps worker" "$repo/tools/build-images.sh" \
+  2>"$out/build-images.log")
+cat "$out/build-images.log" >&2
+((${#built[@]} == 3)) || fail "build-images.sh built ${#built[@]} of 3 images, $(free_disk) of disk free now;" \
+  "its last line: $(tail -n 1 "$out/build-images.log")"
+log "images built or found in the cache in $((SECONDS - t))s; free disk: $(free_disk)"
 archive_of() { printf '%s\n' "${built[@]}" | awk -v n="$1" '$1 == n { print $3 }'; }
 t=$SECONDS
 cluster import "$(archive_of operator)" "$(archive_of ps)"
