@@ -300,7 +300,10 @@ fn default_render_is_the_operator_and_nothing_optional() {
     .into();
     assert_eq!(kinds(&objs), expected, "no Secret: the operator keeps the token key");
     find(&objs, "ValidatingAdmissionPolicy", "foresight-trainingjob-author");
-    let off = objects(&template(&["--set", "authorPolicy.enabled=false"]));
+    let warn = find(&objs, "ValidatingAdmissionPolicyBinding", "foresight-model-kept");
+    assert_eq!(warn["spec"]["validationActions"], json!(["Warn"]), "a warning, never a refusal");
+    let off =
+        objects(&template(&["--set", "authorPolicy.enabled=false", "--set", "modelWarning.enabled=false"]));
     assert!(!kinds(&off).contains("ValidatingAdmissionPolicy"));
     // Nothing random: GitOps tools (which cannot `lookup`) see the same manifest every render.
     assert_eq!(template(&[]), template(&[]));
@@ -1690,6 +1693,12 @@ fn a_job_may_name_only_what_its_author_may_use() {
         "env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "mine", "key": "k"}}}]}}});
     let (ok, err) = create(own, Some("tenant"));
     assert!(ok, "{err}");
+    // Without spec.output it passes with a warning that the model goes with the checkpoints
+    // (the chart's modelWarning); with an output, without one.
+    let warned = |err: &str| err.contains("Warning") && err.contains("author-foresight-model-kept");
+    assert!(warned(&err) && err.contains("spec.output is not set"), "{err}");
+    let (ok, err) = create(json!({"output": {"storage": "1Gi"}}), None);
+    assert!(ok && !warned(&err), "{err}");
 
     // Rights granted name by name count: given `get` on team-b-db, the tenant may name it.
     rbac(format!(
