@@ -557,8 +557,12 @@ def test_rust_and_python_workers_train_one_model_together(ps_factory, tmp_path):
         # (a straggler's device is slow, not its link): the Rust worker's work is load, compute
         # and gather; the Python worker's is everything but the exchange, its script included.
         if d["worker"] == 1:
+            # Each step's sleep is asked for as half its work. On 2 cores shared by 5 processes a
+            # sleep ends late by up to a scheduling quantum, which at ~8 ms of work per step came
+            # to 0.64 of the work once. Sleeping half the exchange as well would pass 0.75 of it
+            # whenever the exchange takes half the work or more.
             work = sum(phases[p] for p in ("load", "compute", "gather"))
-            assert 0.45 * work < phases["slowdown"] < 0.6 * work, d
+            assert 0.45 * work < phases["slowdown"] < 0.75 * work, d
         elif d["worker"] == 3:
             work = sum(phases.values()) - phases["slowdown"] - phases["pull"] - phases["push"]
             assert 0.35 * work < phases["slowdown"] < 0.6 * work, d
