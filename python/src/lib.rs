@@ -218,7 +218,16 @@ impl Worker {
         // The wrapper's flat copy of the model, copied so that the call owns what it sends.
         // SAFETY: `layout.len()` values the wrapper holds for this call.
         let init = unsafe { floats(init_addr, layout.len()) }.to_vec();
-        let started = wait(py, move || Session::start(clients, handle, worker, layout, &init, retry))?;
+        let started = match wait(py, move || Session::start(clients, handle, worker, layout, &init, retry)) {
+            Ok(started) => started,
+            Err(interrupted) => {
+                // Ctrl-C during the join, whose call is still waiting on the network: dropping the
+                // runtime would wait for that call's tasks, holding the GIL, so the exception
+                // would not end the process until the PS answered or the deadline passed.
+                runtime.shutdown_background();
+                return Err(interrupted);
+            }
+        };
         let (session, joined) = started.map_err(|e| to_py(py, e))?;
         let mut exchange = Exchange::new(session, &joined, cadence);
         if overlap {
