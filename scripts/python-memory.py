@@ -2,7 +2,8 @@
 """Resident memory of one Python worker (the `foresight` package) at real size, sampled from
 outside the process: a ~100M-parameter float32 MLP on the CPU, every-step f32 pushes and pulls
 against a release `foresight-ps` on loopback, asgd. Prints the worker's VmRSS after joining, its
-median and peak over the training steps, and bytes per parameter; JSON on the last line.
+median over the training steps and its peak, and bytes per parameter; JSON on the last line,
+with the peak of each phase (the join, the first step, the later steps, the finish).
 
     python3 scripts/python-memory.py --bin target/release [--steps 12] [--width 3162 --layers 10]
 
@@ -90,6 +91,7 @@ def main() -> None:
         w = subprocess.Popen([sys.executable, str(script), str(args.width), str(args.layers), str(args.steps)],
                              env=worker_env, stdout=subprocess.PIPE, text=True)  # fmt: skip
         params, joined, samples, peak = 0, None, [], 0
+        peaks: dict[str, int] = {}  # the highest sample in each phase
         os.set_blocking(w.stdout.fileno(), False)
         phase = "start"
         while w.poll() is None:
@@ -104,6 +106,7 @@ def main() -> None:
             r = rss(w.pid)
             if r is not None:
                 peak = max(peak, r)
+                peaks[phase] = max(peaks.get(phase, 0), r)
                 if phase == "joined" and joined is None:
                     joined = r
                 if phase == "training":
@@ -122,6 +125,9 @@ def main() -> None:
         "training_median_bytes_per_param": round(steady / params, 1),
         "peak_bytes_per_param": round(peak / params, 1),
         "samples": len(samples),
+        # start: until the join ended; joined: the first step; training: the steps after it;
+        # done: foresight.finish() and the exit.
+        "peak_bytes_by_phase": peaks,
     }
     gib = 1 << 30
     print(f"{params:,} parameters: joined {joined / gib:.2f} GiB, training median {steady / gib:.2f} GiB "

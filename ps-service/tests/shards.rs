@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use foresight_ps::client::{Cadence, GradDtype, PsClient, StepEnd};
+use foresight_ps::client::{Cadence, GradDtype, LentFloats, PsClient, Retry, Session, StepEnd};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::store::checkpoint;
 use foresight_ps::wire::Layout;
@@ -351,6 +351,96 @@ fn int8_pushes_carry_their_rounding_into_the_next_so_small_values_are_not_lost()
                 (moved - want).abs() <= half_step * 1.01 + 1e-4,
                 "{n} shards, element {i}: moved {moved}, sent {want}"
             );
+        }
+    }
+}
+
+/// A float32 push of a lent gradient (`LentFloats`, the Python package's gradient buffer) sends
+/// the lent bytes as they are after each shard's header: the model moves exactly as with the
+/// same gradient encoded, on one and two shards, though the slice the push was given is zeros
+/// (only the lent bytes carry the gradient), and the lent memory is released when the push
+/// returns.
+#[test]
+fn a_lent_gradient_is_sent_as_it_is_and_released_when_the_push_returns() {
+    for n in [1, 2] {
+        let models: Vec<Vec<u32>> = [false, true]
+            .into_iter()
+            .map(|lend| {
+                let rt = runtime();
+                let shards: Vec<Ps> =
+                    (0..n).map(|_| rt.block_on(start(config(Algorithm::Asgd, 1)))).collect();
+                let urls: Vec<String> = shards.iter().map(|s| s.url.clone()).collect();
+                let cadence = Cadence::new(1, 1, GradDtype::F32).unwrap();
+                let mut w = worker(&rt, &urls, cadence, 0, Duration::from_secs(5));
+                w.pull_if_due().unwrap().expect("the first pull");
+                let g = std::sync::Arc::new(grad(w.layout(), 3));
+                if lend {
+                    // SAFETY: `g` owns its floats and nobody writes them.
+                    let lent = unsafe { LentFloats::new(g.clone(), g.as_ptr(), g.len()) };
+                    let zeros = vec![0.0; g.len()];
+                    assert_eq!(w.end_step_with(&zeros, Some(lent.bytes()), None).unwrap(), StepEnd::Continue);
+                    assert!(
+                        lent.release(Duration::from_secs(5)),
+                        "{n} shards: the lent bytes are still held"
+                    );
+                    assert_eq!(std::sync::Arc::strong_count(&g), 1, "{n} shards: the owner went with them");
+                } else {
+                    assert_eq!(w.end_step_with(&g, None, None).unwrap(), StepEnd::Continue);
+                }
+                w.pull_now().unwrap().values.iter().map(|x| x.to_bits()).collect()
+            })
+            .collect();
+        assert_ne!(
+            models[0],
+            support::init(&support::layout()).iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(models[0], models[1], "{n} shards: the lent push moved the model otherwise");
+    }
+}
+
+/// A parameter group that matches no tensor of the model is refused on a sharded PS too, where
+/// no shard can tell (each sees only its slice): the joining worker adds up what the group took
+/// on every shard and fails with a configuration error naming it; a group whose tensors all lie
+/// on one shard is taken.
+#[test]
+fn a_parameter_group_that_matches_no_tensor_on_any_shard_is_refused_at_the_join() {
+    use foresight_ps::optimizer::ParameterGroup;
+    let group = |names: &[&str]| ParameterGroup {
+        names: names.iter().map(|n| n.to_string()).collect(),
+        weight_decay: Some(0.0),
+        learning_rate_scale: None,
+    };
+    let rt = runtime();
+    for (groups, refused) in
+        [(vec![group(&["bias$"])], false), (vec![group(&["bias$"]), group(&["^embed"])], true)]
+    {
+        // Each shard knows it is one (an unsharded PS refuses the registration itself).
+        let mut c1 = config(Algorithm::Asgd, 1);
+        (c1.shard, c1.hyper.parameter_groups) = (1, groups.clone());
+        let shard1 = rt.block_on(start(c1));
+        let mut c0 = config(Algorithm::Asgd, 1);
+        (c0.peers, c0.hyper.parameter_groups) = (vec![shard1.url.clone()], groups);
+        let shard0 = rt.block_on(start(c0));
+        let urls = [shard0.url.clone(), shard1.url.clone()];
+        let l = layout();
+        let clients = PsClient::for_shards(&urls.join(","), Some(TOKEN.into()), None).unwrap();
+        let started = Session::start(
+            clients,
+            rt.handle().clone(),
+            0,
+            l.clone(),
+            &init(&l),
+            Retry::new(Duration::from_secs(5), 0),
+        );
+        match (started, refused) {
+            (Ok(_), false) => {}
+            (Err(e), true) => assert!(
+                e.is_permanent()
+                    && e.to_string().contains("parameter group 1 (names [\"^embed\"]) matches no tensor of the model on any of the 2"),
+                "{e}"
+            ),
+            (Ok(_), true) => panic!("a group matching nothing was taken"),
+            (Err(e), false) => panic!("{e}"),
         }
     }
 }

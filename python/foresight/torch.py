@@ -241,9 +241,12 @@ class Optimizer(torch.optim.Optimizer):
             )
         self.finished = False
         self.overlap = overlap
-        # Where each parameter's gradient sits in _grad, when the gradients are views into it.
+        # Where each parameter's gradient sits in _grad, and its values in _flat, when they are
+        # views into them.
         self._grad_addrs: list[int] | None = None
         self._grads_into_flat_buffer()
+        self._param_addrs: list[int] | None = None
+        self._params_into_flat_buffer()
         # Overlapped: the version the last exchange pulled into _flat, not yet loaded.
         self._pulled: int | None = None
         # Set by foresight.transformers' callback: the Trainer always attaches a scheduler.
@@ -336,7 +339,7 @@ class Optimizer(torch.optim.Optimizer):
                 else:
                     self._gather()
             with clock.phase("push"):
-                self.finished = self._native.end_step(self._grad.data_ptr(), self._numel, epoch)
+                self.finished = self._native.end_step(self._grad.data_ptr(), self._numel, epoch, self._grad)
             if not self.finished:
                 self._pull()
         if job.report_every and self._native.step % job.report_every == 0 and loss is not None:
@@ -360,7 +363,9 @@ class Optimizer(torch.optim.Optimizer):
             foresight.report(loss=float(loss))  # before the exchange takes the client
         self._flat_is_free()
         with clock.phase("push"):
-            self._native.begin_exchange(self._grad.data_ptr(), self._flat.data_ptr(), self._numel, loaded, epoch)
+            self._native.begin_exchange(
+                self._grad.data_ptr(), self._flat.data_ptr(), self._numel, loaded, epoch, self._grad
+            )
 
     def _end_exchange(self) -> None:
         """Waits for the exchange in flight, if any (counted as push time: the step waits on the
@@ -416,17 +421,22 @@ class Optimizer(torch.optim.Optimizer):
             offset += n
         self._grads_into_flat_buffer()
 
+    def _views_allowed(self) -> bool:
+        """Whether the parameters and their gradients may be views into _flat and _grad: on the
+        CPU, for contiguous float32 parameters, when every step's gradient is pushed as it is and
+        the pulled model is what the next step computes on. An inner optimizer reads ``.grad``
+        itself (zeros are not ``None`` to AdamW) and takes its pseudo-gradient against _flat, and
+        an overlapped exchange writes _flat and reads _grad while the next step computes."""
+        cpu_f32 = all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous() for p in self._params)
+        return cpu_f32 and self._inner is None and not self.overlap
+
     def _grads_into_flat_buffer(self) -> None:
         """Makes each parameter's ``.grad`` a view into _grad, as DDP's
         ``gradient_as_bucket_view`` does: backward then accumulates straight into the buffer the
         client pushes, and the model's gradients take no memory of their own (4 bytes per
         parameter less, and no concatenation per step). A gradient that is not its view yet is
-        copied into place first. Only on the CPU, for contiguous float32
-        parameters, when every step's gradient is pushed as it is: an inner optimizer reads
-        ``.grad`` itself (zeros are not ``None`` to AdamW), and an overlapped exchange reads
-        _grad while the next backward would write it."""
-        cpu_f32 = all(p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous() for p in self._params)
-        if not cpu_f32 or self._inner is not None or self.overlap:
+        copied into place first. Only where ``_views_allowed``."""
+        if not self._views_allowed():
             self._grad_addrs = None
             return
         addrs, offset = [], 0
@@ -440,6 +450,30 @@ class Optimizer(torch.optim.Optimizer):
                 addrs.append(view.data_ptr())
                 offset += n
         self._grad_addrs = addrs
+
+    def _params_into_flat_buffer(self) -> None:
+        """Makes each parameter's values a view into _flat, which holds the model pulled last
+        (as FSDP's flat parameter does): the client pulls straight into the parameters, so there
+        is no copy per pull and the parameters take no memory of their own (4 bytes per parameter
+        less). _flat holds their values when this is called (the initial model, or a pull). Only
+        where ``_views_allowed``."""
+        if not self._views_allowed():
+            self._param_addrs = None
+            return
+        addrs, offset = [], 0
+        with torch.no_grad():
+            for p in self._params:
+                n = p.numel()
+                p.data = self._flat[offset : offset + n].view_as(p)
+                addrs.append(p.data_ptr())
+                offset += n
+        self._param_addrs = addrs
+
+    def _params_are_views(self) -> bool:
+        """Whether every parameter's values are still its view into _flat (``model.to(...)`` or
+        a Trainer replaces them)."""
+        addrs = self._param_addrs
+        return addrs is not None and all(p.data_ptr() == a for p, a in zip(self._params, addrs))
 
     def _grads_are_views(self) -> bool:
         """Whether every gradient is still its view into _grad (``model.zero_grad()`` sets them
@@ -487,6 +521,11 @@ class Optimizer(torch.optim.Optimizer):
                 self._load()
 
     def _load(self) -> None:
+        if self._params_are_views():
+            return  # the client pulled into the parameters themselves
+        if self._views_allowed():
+            self._params_into_flat_buffer()  # _flat holds the pulled model: the views are it
+            return
         flat = self._flat.to(self.device, non_blocking=True)
         if self.device.type == "cuda":
             self._loaded = torch.cuda.Event()

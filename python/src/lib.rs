@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use foresight_ps::client::{
-    Cadence, ClientError, ClientTls, Exchange, GradDtype, PsClient, PullDtype, Retry, Session, StepEnd, shard,
+    Cadence, ClientError, ClientTls, Exchange, GradDtype, LentFloats, PsClient, PullDtype, Retry, Session,
+    StepEnd, shard,
 };
 use foresight_ps::wire::buffers::{self, Buffers};
 use foresight_ps::wire::protocol::Report;
@@ -110,8 +111,7 @@ fn wait_for<T: Send>(py: Python<'_>, rx: &mut Receiver<T>) -> PyResult<T> {
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(PyRuntimeError::new_err("the client's call panicked (its message is on stderr)"));
             }
-        }
-    }
+        }    }
 }
 
 /// # Safety
@@ -119,6 +119,35 @@ fn wait_for<T: Send>(py: Python<'_>, rx: &mut Receiver<T>) -> PyResult<T> {
 /// wrapper passes tensors it owns and does not touch during the call).
 unsafe fn floats<'a>(addr: usize, len: usize) -> &'a mut [f32] {
     unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, len) }
+}
+
+/// The gradient at `addr`, and when `owner` (the tensor whose storage it is) is given, its
+/// bytes lent to the push ([`LentFloats`]): the tensor stays alive for as long as the HTTP
+/// client holds them.
+///
+/// # Safety
+/// As [`floats`]; `owner`, when given, owns the memory at `addr`.
+unsafe fn gradient<'a>(addr: usize, len: usize, owner: Option<Py<PyAny>>) -> (&'a [f32], Option<LentFloats>) {
+    let grad: &[f32] = unsafe { floats(addr, len) };
+    let lent = owner.map(|o| unsafe { LentFloats::new(o, grad.as_ptr(), len) });
+    (grad, lent)
+}
+
+/// How long a push's end waits for the HTTP client to drop the lent gradient's bytes (it does
+/// so at once, or on the refused stream's reset a moment later): the script writes that buffer
+/// again in its next backward.
+const LENT_RELEASED_WITHIN: Duration = Duration::from_secs(1);
+
+fn give_back(lent: Option<LentFloats>) {
+    if let Some(l) = lent
+        && !l.release(LENT_RELEASED_WITHIN)
+    {
+        tracing::warn!(
+            seconds = LENT_RELEASED_WITHIN.as_secs_f64(),
+            "the HTTP client still holds a finished push's gradient bytes: a stream it abandoned may read \
+             the next step's values (harmless: nobody takes that stream's body)"
+        );
+    }
 }
 
 /// The model's layout, checked as the PS will check it (reserved names, sizes): a model the PS
@@ -346,15 +375,26 @@ impl Worker {
     }
 
     /// Ends a step whose gradient is the `len` floats at `addr`: adds it to what is accumulated
-    /// and pushes when a push is due. True when the job was finalized (stop training).
-    #[pyo3(signature = (addr, len, epoch=None))]
-    fn end_step(&self, py: Python<'_>, addr: usize, len: usize, epoch: Option<f64>) -> PyResult<bool> {
+    /// and pushes when a push is due. True when the job was finalized (stop training). `owner`,
+    /// the tensor whose storage they are, lends them to a float32 push as they are (no copy).
+    #[pyo3(signature = (addr, len, epoch=None, owner=None))]
+    fn end_step(
+        &self,
+        py: Python<'_>,
+        addr: usize,
+        len: usize,
+        epoch: Option<f64>,
+        owner: Option<Py<PyAny>>,
+    ) -> PyResult<bool> {
         self.check_len(py, len)?;
         self.steps.fetch_add(1, Ordering::AcqRel); // the step ends whatever the push comes to
         self.call(py, move |s| {
-            // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout).
-            let grad: &[f32] = unsafe { floats(addr, len) };
-            Ok(s.exchange.end_step_with(grad, epoch)? == StepEnd::Finalized)
+            // SAFETY: the wrapper's flat gradient buffer, `len` values (checked against the layout),
+            // `owner`'s storage when it is given.
+            let (grad, lent) = unsafe { gradient(addr, len, owner) };
+            let end = s.exchange.end_step_with(grad, lent.as_ref().map(LentFloats::bytes), epoch);
+            give_back(lent);
+            Ok(end? == StepEnd::Finalized)
         })
     }
 
@@ -364,7 +404,8 @@ impl Worker {
     /// before counts as the one the next gradients are computed on, and the PS's model is pulled
     /// into the floats at `flat_addr` when a pull is due. Neither buffer may be touched until
     /// [`Self::end_exchange`] returned.
-    #[pyo3(signature = (grad_addr, flat_addr, len, loaded, epoch=None))]
+    #[pyo3(signature = (grad_addr, flat_addr, len, loaded, epoch=None, owner=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, not a Rust API
     fn begin_exchange(
         &self,
         py: Python<'_>,
@@ -373,6 +414,7 @@ impl Worker {
         len: usize,
         loaded: bool,
         epoch: Option<f64>,
+        owner: Option<Py<PyAny>>,
     ) -> PyResult<()> {
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
         if in_flight.is_some() {
@@ -384,9 +426,12 @@ impl Worker {
         *in_flight = Some(spawn(move || -> Exchanged {
             let s = &mut Self::lock(&shared);
             // SAFETY: the wrapper's gradient and flat model buffers, `len` values each (checked
-            // against the layout), which it neither reads nor writes until end_exchange.
-            let (grad, flat) = unsafe { (floats(grad_addr, len), floats(flat_addr, len)) };
-            if s.exchange.end_step_with(grad, epoch)? == StepEnd::Finalized {
+            // against the layout), which it neither reads nor writes until end_exchange; the
+            // gradient's is `owner`'s storage when it is given.
+            let ((grad, lent), flat) = unsafe { (gradient(grad_addr, len, owner), floats(flat_addr, len)) };
+            let end = s.exchange.end_step_with(grad, lent.as_ref().map(LentFloats::bytes), epoch);
+            give_back(lent);
+            if end? == StepEnd::Finalized {
                 return Ok((true, None));
             }
             if loaded {

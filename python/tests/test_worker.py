@@ -109,16 +109,21 @@ def test_a_step_changes_the_model_by_the_rule_exactly(ps_factory, job_env, dtype
         assert not torch.equal(p.detach(), before[name]), name
 
 
-def test_gradients_live_in_the_pushed_buffer_and_stay_exact_whoever_zeroes_them(ps_factory, job_env):
-    """On the CPU the parameters' gradients are views into the buffer the client pushes: they
-    take no memory of their own. What is pushed stays each step's exact gradient when the script
-    zeroes through the module (``model.zero_grad()`` sets them to ``None``) or drops one."""
+def test_gradients_and_parameters_live_in_the_clients_buffers_and_stay_exact_whoever_touches_them(
+    ps_factory, job_env
+):
+    """On the CPU the parameters' gradients are views into the buffer the client pushes, and
+    their values views into the buffer it pulls into: neither takes memory of its own. What is
+    pushed stays each step's exact gradient, and what is pulled the parameters' values, when the
+    script zeroes through the module (``model.zero_grad()`` sets them to ``None``), drops a
+    gradient, or replaces a parameter's tensor (``p.data = ...``)."""
     ps = ps_factory(workers=1, algorithm="asgd", learning_rate=LR)
     job_env(ps)
     model = tiny_model()
     opt = foresight.torch.Optimizer(model)
     flat = opt._grad
     inside = range(flat.data_ptr(), flat.data_ptr() + 4 * flat.numel())
+    pulled = range(opt._flat.data_ptr(), opt._flat.data_ptr() + 4 * opt._flat.numel())
 
     def exact_step(zero: Callable[[], None], drop: str | None = None) -> None:
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -132,6 +137,7 @@ def test_gradients_live_in_the_pushed_buffer_and_stay_exact_whoever_zeroes_them(
         opt.step()
         for name, p in model.named_parameters():
             assert p.grad.data_ptr() in inside, f"{name}'s gradient is not a view into the pushed buffer"
+            assert p.data_ptr() in pulled, f"{name} is not a view into the buffer pulled into"
             assert torch.equal(p.detach(), before[name] - torch.tensor(LR) * grads[name]), name
 
     exact_step(opt.zero_grad)
@@ -139,7 +145,11 @@ def test_gradients_live_in_the_pushed_buffer_and_stay_exact_whoever_zeroes_them(
     opt.zero_grad()
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters()), "zeroed in place, kept"
     exact_step(opt.zero_grad)
-    assert ps.status()["version"] == 3
+    weight = dict(model.named_parameters())["0.weight"]
+    weight.data = weight.data.clone()  # the script's own tensor: the next pull still lands in it
+    exact_step(opt.zero_grad)
+    assert ps.status()["version"] == 4
+    assert torch.equal(opt._flat, torch.cat([p.detach().reshape(-1) for _, p in sorted(model.named_parameters())]))
 
 
 def test_an_overlapped_exchange_computes_on_the_model_one_exchange_older_and_is_compensated_for_it(

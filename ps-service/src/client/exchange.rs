@@ -396,7 +396,7 @@ impl Exchange {
             }
             let Some(r) = &self.in_round else { continue };
             // The same push again: its pace was reported the first time.
-            match self.session.push(r.step, r.epoch, &r.grad, self.cadence.dtype, None)? {
+            match self.session.push(r.step, r.epoch, &r.grad, None, self.cadence.dtype, None)? {
                 Pushed::InRound { .. } => {
                     tracing::info!(version = r.version, "still waiting for the sync round")
                 }
@@ -435,7 +435,7 @@ impl Exchange {
             self.grad.iter_mut().for_each(|g| *g /= k);
         }
         let mut accumulated = std::mem::take(&mut self.grad);
-        let end = self.push(&accumulated, self.epoch);
+        let end = self.push(&accumulated, None, self.epoch);
         accumulated.fill(0.0);
         self.grad = accumulated;
         self.unsent = 0;
@@ -447,8 +447,15 @@ impl Exchange {
     /// nothing is accumulated — it is pushed from `grad` as it is: the accumulator is neither
     /// written nor zeroed, so its pages are never touched (4 bytes per parameter of resident
     /// memory and two model-sized passes per step less for the Python package's every-step
-    /// worker). Otherwise it is added to the accumulator.
-    pub fn end_step_with(&mut self, grad: &[f32], epoch: Option<f64>) -> Result<StepEnd, ClientError> {
+    /// worker). Otherwise it is added to the accumulator. `lent`, when the caller lends it
+    /// ([`super::LentFloats`]), is `grad`'s bytes: a float32 push sends them as they are, with no
+    /// model-sized body of its own.
+    pub fn end_step_with(
+        &mut self,
+        grad: &[f32],
+        lent: Option<&bytes::Bytes>,
+        epoch: Option<f64>,
+    ) -> Result<StepEnd, ClientError> {
         assert_eq!(grad.len(), self.grad.len(), "a gradient of the layout's length");
         let whole = self.push_due_after(self.step + 1, self.unsent + 1)
             && (self.cadence.kind == Pushes::PseudoGradient || self.unsent == 0);
@@ -459,18 +466,23 @@ impl Exchange {
         self.step += 1;
         self.unsent += 1;
         self.epoch = epoch;
-        let end = self.push(grad, epoch);
+        let end = self.push(grad, lent, epoch);
         self.unsent = 0;
         end
     }
 
-    fn push(&mut self, grad: &[f32], epoch: Option<f64>) -> Result<StepEnd, ClientError> {
+    fn push(
+        &mut self,
+        grad: &[f32],
+        lent: Option<&bytes::Bytes>,
+        epoch: Option<f64>,
+    ) -> Result<StepEnd, ClientError> {
         if self.version.is_none() {
             return Err(ClientError::NotPulled);
         }
         let pace = self.clock.pace(self.unsent);
         let (pushing, retries) = (Instant::now(), self.session.retries());
-        let pushed = self.session.push(self.step, epoch, grad, self.cadence.dtype, pace)?;
+        let pushed = self.session.push(self.step, epoch, grad, lent, self.cadence.dtype, pace)?;
         self.clock.pushed(pushing.elapsed(), self.session.retries() != retries);
         if let (Some(_), Some(h)) = (self.cadence.local(), self.session.advised_local_steps()) {
             if h != self.local_steps {

@@ -4,19 +4,20 @@
 //! [`super::Session`] runs one link per shard side by side.
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::session::{Pushed, Retry};
 use super::{
-    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PullHead, PushId,
-    encode_gradient_into,
+    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PullHead, PushBody,
+    PushId, encode_gradient_into,
 };
 use crate::pace::PaceReport;
 use crate::pool::{Pool, lend};
 use crate::wire::final_model::FinalModel;
 use crate::wire::protocol::{Report, reason};
-use crate::wire::{self, Layout};
+use crate::wire::{self, Layout, WireDtype};
 
 /// Refusals after which a gradient is dropped and the model pulled again.
 const DROPPED: [&str; 4] =
@@ -276,11 +277,14 @@ impl Link {
     }
 
     /// Pushes this shard's slice of the gradient of `step`, computed on the slice kept last.
+    /// `lent`, when the caller lends it, is `grad`'s bytes: a float32 push sends them as they
+    /// are, after the header, instead of a copy.
     pub(super) async fn push(
         &mut self,
         step: u64,
         epoch: Option<f64>,
         grad: &[f32],
+        lent: Option<bytes::Bytes>,
         dtype: GradDtype,
         pace: Option<PaceReport>,
     ) -> Result<Pushed, ClientError> {
@@ -293,12 +297,17 @@ impl Link {
             seq: step,
         };
         // Encoded once: every retry sends the same bytes.
-        let body = match dtype {
-            GradDtype::Int8 => self.feedback.encode(&self.slice.layout, step, grad),
-            d => lend(
+        let body: PushBody = match (dtype, lent) {
+            (GradDtype::F32, Some(data)) => {
+                let head = wire::header(&self.slice.layout, WireDtype::F32, &BTreeMap::new());
+                PushBody::Lent { head: head.into(), data }
+            }
+            (GradDtype::Int8, _) => self.feedback.encode(&self.slice.layout, step, grad).into(),
+            (d, _) => lend(
                 &self.bodies,
                 encode_gradient_into(&self.slice.layout, grad, d, self.bodies.take_as_is()),
-            ),
+            )
+            .into(),
         };
         let sent = self
             .retry("pushing a gradient", |c| {
@@ -379,6 +388,11 @@ impl Link {
             async move { c.report(&r).await }
         })
         .await
+    }
+
+    /// The shard's `/v1/status`.
+    pub(super) async fn status(&mut self) -> Result<serde_json::Value, ClientError> {
+        self.retry("reading the status", |c| async move { c.status().await }).await
     }
 
     async fn retry<T, F, Fut>(&mut self, what: &str, f: F) -> Result<T, ClientError>

@@ -17,12 +17,14 @@ use crate::wire::protocol::{
 use crate::wire::{self, Layout, WireError};
 
 mod exchange;
+mod lent;
 mod link;
 mod session;
 pub mod shard;
 mod tls;
 
 pub use exchange::{Cadence, Exchange, PushStats, StepEnd, cadence_problem};
+pub use lent::LentFloats;
 pub use link::ErrorFeedback;
 pub use session::{Pulled, Pushed, Retry, Session};
 pub use tls::{ClientTls, install_crypto_provider};
@@ -50,6 +52,70 @@ pub fn encode_gradient_into(layout: &Layout, grad: &[f32], dtype: GradDtype, out
         GradDtype::F32 => wire::encode_f32_into(layout, grad, out),
         GradDtype::Bf16 => wire::encode_bf16_into(layout, grad, out),
         GradDtype::Int8 => wire::int8::encode(layout, &mut grad.to_vec()),
+    }
+}
+
+/// A push's body: encoded whole, or a float32 gradient's safetensors header followed by the
+/// caller's own bytes ([`LentFloats`]), sent as they are, without a copy.
+#[derive(Clone, Debug)]
+pub enum PushBody {
+    Whole(bytes::Bytes),
+    Lent { head: bytes::Bytes, data: bytes::Bytes },
+}
+
+impl PushBody {
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Whole(b) => b.len(),
+            Self::Lent { head, data } => head.len() + data.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn into_request_body(self) -> reqwest::Body {
+        match self {
+            Self::Whole(b) => b.into(),
+            Self::Lent { head, data } => reqwest::Body::wrap(Chunks([head, data].into())),
+        }
+    }
+}
+
+impl From<bytes::Bytes> for PushBody {
+    fn from(b: bytes::Bytes) -> Self {
+        Self::Whole(b)
+    }
+}
+
+impl From<Vec<u8>> for PushBody {
+    fn from(b: Vec<u8>) -> Self {
+        Self::Whole(b.into())
+    }
+}
+
+/// Bytes sent one after the other, their total length known (hyper sends it as the
+/// Content-Length, which the PS's admission reads before the body).
+struct Chunks(std::collections::VecDeque<bytes::Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(http_body::Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.0.iter().map(|b| b.len() as u64).sum())
     }
 }
 
@@ -773,7 +839,7 @@ impl PsClient {
         &self,
         id: PushId,
         epoch: Option<f64>,
-        body: impl Into<bytes::Bytes>,
+        body: impl Into<PushBody>,
     ) -> Result<PushReply, ClientError> {
         self.push_paced(id, epoch, None, body).await
     }
@@ -784,7 +850,7 @@ impl PsClient {
         id: PushId,
         epoch: Option<f64>,
         pace: Option<PaceReport>,
-        body: impl Into<bytes::Bytes>,
+        body: impl Into<PushBody>,
     ) -> Result<PushReply, ClientError> {
         let body = body.into();
         let PushId { worker, generation, version, incarnation, seq } = id;
@@ -804,8 +870,11 @@ impl PsClient {
                 path += &format!("&exchange_ms={}", c * 1e3);
             }
         }
-        let resp =
-            self.transfer(reqwest::Method::POST, &path, body.len(), Duration::ZERO).body(body).send().await?;
+        let resp = self
+            .transfer(reqwest::Method::POST, &path, body.len(), Duration::ZERO)
+            .body(body.into_request_body())
+            .send()
+            .await?;
         Self::json(Self::check(resp).await?).await
     }
 

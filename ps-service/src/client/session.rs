@@ -122,6 +122,7 @@ impl Session {
             .block_on(join_all(s.links.iter_mut().enumerate().map(|(i, l)| l.register(&init[map.range(i)]))));
         let registered = registered.into_iter().collect::<Result<Vec<_>, _>>()?;
         let joined = s.join()?;
+        s.groups_match_some_tensor()?;
         tracing::info!(
             worker,
             registered = registered.iter().any(|&r| r),
@@ -132,6 +133,37 @@ impl Session {
             "joined the job"
         );
         Ok((s, joined))
+    }
+
+    /// On a sharded PS, refuses a job one of whose `optimizer.parameterGroups` matches no
+    /// tensor of the model: each shard sees only its slice, so none can tell (an unsharded PS
+    /// refuses such a registration itself), while this worker holds the whole layout and adds
+    /// up what the group took on every shard (`/v1/status`). A mistyped pattern would otherwise
+    /// leave every tensor at the job's rates, silently.
+    fn groups_match_some_tensor(&mut self) -> Result<(), ClientError> {
+        if self.links.len() < 2 {
+            return Ok(());
+        }
+        let statuses = self.rt.block_on(join_all(self.links.iter_mut().map(Link::status)));
+        let statuses = statuses.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let no_groups = Vec::new();
+        let groups = statuses[0]["parameter_groups"].as_array().unwrap_or(&no_groups);
+        for (i, group) in groups.iter().enumerate() {
+            let taken: u64 =
+                statuses.iter().map(|s| s["parameter_groups"][i]["parameters"].as_u64().unwrap_or(0)).sum();
+            if taken == 0 {
+                let names: Vec<&str> =
+                    self.layout.tensors().iter().take(8).map(|t| t.name.as_str()).collect();
+                return Err(ClientError::Config(format!(
+                    "parameter group {i} (names {}) matches no tensor of the model on any of the {} parameter \
+                     servers: the job's optimizer.parameterGroups and the model disagree (its tensors begin {})",
+                    group["names"],
+                    self.links.len(),
+                    names.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Joins every shard. Shards that disagree on this worker's position (one restored from an
@@ -235,21 +267,26 @@ impl Session {
 
     /// Pushes the gradient of `step` to every shard, each slice computed on the slice last
     /// pulled from it, with the worker's `pace`; `Pushed::combine` says what the step came to.
+    /// `lent`, when the caller lends it ([`super::LentFloats`]), is `grad`'s bytes, which a
+    /// float32 push sends as they are.
     pub fn push(
         &mut self,
         step: u64,
         epoch: Option<f64>,
         grad: &[f32],
+        lent: Option<&bytes::Bytes>,
         dtype: GradDtype,
         pace: Option<PaceReport>,
     ) -> Result<Pushed, ClientError> {
         let map = &self.map;
-        let all = self.rt.block_on(join_all(
-            self.links
-                .iter_mut()
-                .enumerate()
-                .map(|(i, l)| l.push(step, epoch, &grad[map.range(i)], dtype, pace)),
-        ));
+        if let Some(b) = lent {
+            assert_eq!(b.len(), 4 * grad.len(), "the lent bytes are the gradient's");
+        }
+        let all = self.rt.block_on(join_all(self.links.iter_mut().enumerate().map(|(i, l)| {
+            let r = map.range(i);
+            let slice = lent.map(|b| b.slice(4 * r.start..4 * r.end));
+            l.push(step, epoch, &grad[r], slice, dtype, pace)
+        })));
         Ok(Pushed::combine(all.into_iter().collect::<Result<_, _>>()?))
     }
 
