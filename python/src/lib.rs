@@ -104,14 +104,21 @@ fn wait_for<T: Send>(py: Python<'_>, rx: &mut Receiver<T>) -> PyResult<T> {
         // The receiver goes into the GIL-free closure as `&mut` (it is Send, not Sync).
         let r = &mut *rx;
         let got = py.detach(move || r.recv_timeout(TICK));
-        logs::deliver(py);
         match got {
-            Ok(done) => return Ok(done),
-            Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+            Ok(done) => {
+                logs::deliver_then_raise(py);
+                return Ok(done);
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                logs::deliver(py)?;
+                py.check_signals()?
+            }
             Err(RecvTimeoutError::Disconnected) => {
+                logs::deliver_then_raise(py);
                 return Err(PyRuntimeError::new_err("the client's call panicked (its message is on stderr)"));
             }
-        }    }
+        }
+    }
 }
 
 /// # Safety

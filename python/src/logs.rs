@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
+use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
 use pyo3::prelude::*;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -88,12 +89,17 @@ pub fn install() {
     let _ = Registry::default().with(filter).with(Queuing).try_init();
 }
 
-/// Hands the queued events to `logging.getLogger("foresight")`, oldest first.
-pub fn deliver(py: Python<'_>) {
+/// Hands the queued events to `logging.getLogger("foresight")`, oldest first. Python runs a
+/// pending signal's handler between the bytecodes of those calls, so Ctrl-C's
+/// `KeyboardInterrupt` (or the package's SIGTERM handler's `SystemExit`) may be raised inside
+/// them: that is returned, to end the wait, never printed and dropped (the signal would be
+/// lost, and the worker would wait out the network's deadline). A logging handler's own error is
+/// printed, and the training goes on.
+pub fn deliver(py: Python<'_>) -> PyResult<()> {
     let (records, dropped) = {
         let mut q = QUEUED.lock().unwrap_or_else(|e| e.into_inner());
         if q.records.is_empty() && q.dropped == 0 {
-            return;
+            return Ok(());
         }
         (std::mem::take(&mut q.records), std::mem::take(&mut q.dropped))
     };
@@ -110,8 +116,23 @@ pub fn deliver(py: Python<'_>) {
         }
         Ok(())
     })();
-    // A logging handler that raises is the script's to fix; the training goes on.
-    if let Err(e) = logged {
-        e.print(py);
+    match logged {
+        Err(e) if !e.is_instance_of::<PyException>(py) => Err(e),
+        // A logging handler that raises is the script's to fix; the training goes on.
+        Err(e) => {
+            e.print(py);
+            Ok(())
+        }
+        Ok(()) => Ok(()),
     }
+}
+
+/// [`deliver`] where the call's result is in hand and must be returned: a signal's exception
+/// raised while delivering is raised again as the signal itself, which Python handles as soon
+/// as the result is back in its hands.
+pub fn deliver_then_raise(py: Python<'_>) {
+    let Err(e) = deliver(py) else { return };
+    let signal = if e.is_instance_of::<PyKeyboardInterrupt>(py) { libc::SIGINT } else { libc::SIGTERM };
+    // SAFETY: a plain C call; it only marks the signal as pending.
+    unsafe { pyo3::ffi::PyErr_SetInterruptEx(signal) };
 }
