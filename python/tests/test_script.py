@@ -247,7 +247,10 @@ def test_a_signal_ends_a_worker_waiting_on_a_stuck_ps_within_a_second(tmp_path, 
         env.update(SLOW_LOG_HANDLER="1", FORESIGHT_LOG="debug")  # the connection's first records
     script = tmp_path / "worker.py"
     script.write_text(HANGING_WORKER)
-    worker = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as from a terminal: a process started with SIGINT ignored (a non-interactive shell's
+    # `&`, as CI and `nohup make test &` start this suite) keeps ignoring it, Python included.
+    interruptible = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    worker = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)  # fmt: skip
     try:
         assert worker.stdout.readline().strip() == "joining"
         if in_a_log_handler:
