@@ -169,6 +169,12 @@ struct OperatorArgs {
     /// kueue.x-k8s.io/v1beta2 API must be served). Without it such jobs wait, saying why.
     #[arg(long, env = "FORESIGHT_KUEUE")]
     kueue: bool,
+    /// With --kueue, run only jobs queued in Kueue: a job without kueue.x-k8s.io/queue-name (in
+    /// a namespace without a LocalQueue `default`, which is given to it) waits, saying why,
+    /// instead of running outside the quota (Kueue's manageJobsWithoutQueueName). Jobs already
+    /// running when it is turned on keep running.
+    #[arg(long, env = "FORESIGHT_KUEUE_REQUIRED", requires = "kueue")]
+    kueue_required: bool,
     /// Give each job a NetworkPolicy `<job>-ps`: its parameter servers accept connections only
     /// from the job's own workers and from these peers, a JSON list of NetworkPolicyPeers (the
     /// chart's networkPolicy.perJob passes the operator's pods and metricsFrom). `[]`: the
@@ -436,6 +442,7 @@ async fn operator(a: OperatorArgs) -> Result<(), String> {
         stuck_pods_timeout: Duration::from_secs(a.stuck_pods_timeout_seconds),
         max_concurrent_reconciles: a.max_concurrent_reconciles,
         kueue: a.kueue,
+        kueue_required: a.kueue_required,
         ps_ingress_from: a.ps_network_policy.clone().map(|p| p.0),
         lease,
     };

@@ -472,6 +472,14 @@ fn rbac_grants_exactly_the_operator_contract() {
     );
     assert_eq!(env(find(&objs, "Deployment", "foresight"))["FORESIGHT_KUEUE"], "true");
     assert!(!env(deploy).contains_key("FORESIGHT_KUEUE"), "off by default");
+    assert!(!env(find(&objs, "Deployment", "foresight")).contains_key("FORESIGHT_KUEUE_REQUIRED"));
+    let required = |kueue: &str| {
+        let objs =
+            objects(&template(&["--set", &format!("kueue.enabled={kueue}"), "--set", "kueue.required=true"]));
+        env(find(&objs, "Deployment", "foresight")).get("FORESIGHT_KUEUE_REQUIRED").cloned()
+    };
+    assert_eq!(required("true").as_deref(), Some("true"));
+    assert_eq!(required("false"), None, "kueue.required means nothing without kueue.enabled");
 
     // networkPolicy.perJob.enabled: the operator writes one NetworkPolicy per job.
     let objs = objects(&template(&["--set", "networkPolicy.perJob.enabled=true"]));

@@ -438,4 +438,37 @@ spec:
     let st = status(cp, &ns, "early");
     assert!(!worker_job_suspended(cp, &ns, "early") && st["phase"] != "Queued", "{st:#}");
     assert_ne!(st["reason"], "Requeuing", "{st:#}");
+
+    // With --kueue-required (the chart's kueue.required, Kueue's manageJobsWithoutQueueName): in
+    // a namespace without a LocalQueue `default`, a job without the queue label waits, saying
+    // why, with nothing of it running; labelled, it is queued in Kueue like any other.
+    let strict = cp.namespace("kueue-required");
+    let team = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                      "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}});
+    cp.kubectl_ok(&["apply", "-n", &strict, "-f", "-"], Some(&team.to_string()));
+    let _strict_op = Operator::start(
+        cp,
+        &strict,
+        &[
+            "--leader-elect=false",
+            "--kueue",
+            "--kueue-required",
+            "--ps-url",
+            &format!("http://127.0.0.1:{ps_port}"),
+        ],
+    );
+    cp.kubectl_ok(
+        &["apply", "-n", &strict, "-f", "-"],
+        Some(&job("loose", json!({"workers": {"replicas": 1}}))),
+    );
+    let st = assert_queued(cp, &strict, "loose");
+    let message = condition(&st, "Queued")["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        message.contains("no kueue.x-k8s.io/queue-name label") && message.contains("--kueue-required"),
+        "{st:#}"
+    );
+    assert!(workload(cp, &strict, "loose").is_none(), "not in any queue yet");
+    cp.kubectl_ok(&["label", "-n", &strict, "tj", "loose", "kueue.x-k8s.io/queue-name=team"], None);
+    let w = wait_for("loose's Workload once labelled", LONG, || workload(cp, &strict, "loose"));
+    assert_eq!(w["spec"]["queueName"], "team", "{w:#}");
 }

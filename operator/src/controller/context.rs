@@ -39,6 +39,10 @@ pub struct Settings {
     pub max_concurrent_reconciles: u16,
     /// Whether Kueue admits the jobs labelled for one of its queues (`kueue`).
     pub kueue: bool,
+    /// With `kueue`: a job without the queue label (and no LocalQueue `default` in its
+    /// namespace) waits instead of running outside Kueue's quota, as Kueue's own
+    /// `manageJobsWithoutQueueName` holds its integrations' jobs.
+    pub kueue_required: bool,
     /// `Some`: each job gets a NetworkPolicy letting only its workers and these peers reach its
     /// parameter servers (`desired/children/guards.rs`).
     pub ps_ingress_from: Option<Vec<NetworkPolicyPeer>>,

@@ -146,7 +146,9 @@ pub(crate) async fn default_queue(ctx: &Context, job: &TrainingJob, owner: &Owne
 /// A job without the queue label runs at once, unless it was queued and Kueue has not admitted
 /// it: removing the label from a waiting job would start it outside the quota, so it keeps
 /// waiting (a job Kueue admitted keeps running; the label cannot move it out of the quota it
-/// holds). The author can put the label back, or delete the job and make it again.
+/// holds). The author can put the label back, or delete the job and make it again. With
+/// `--kueue-required` no unlabelled job starts; one that ran before it was turned on keeps
+/// running.
 fn unlabelled(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Admission {
     let was_queued =
         job.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Queued" && c.status == "True");
@@ -161,6 +163,18 @@ fn unlabelled(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Admission 
         return Admission::Pending(format!(
             "the {} label was removed while the job waited for Kueue: it keeps waiting rather than run outside the quota; put the label back, or delete the TrainingJob and create it again",
             kueue::QUEUE_LABEL
+        ));
+    }
+    let running = ctx
+        .caches
+        .job(&owner.namespace, &names::workers_name(&owner.name))
+        .is_some_and(|j| !children::is_idle_suspended(&j));
+    if ctx.settings.kueue_required && !running {
+        return Admission::Pending(format!(
+            "no {} label, and this operator runs only jobs queued in Kueue (--kueue-required, the chart's \
+             kueue.required): label the job with a LocalQueue of namespace {}",
+            kueue::QUEUE_LABEL,
+            owner.namespace
         ));
     }
     Admission::NotQueued
