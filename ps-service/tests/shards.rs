@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use foresight_ps::client::{Cadence, GradDtype, LentFloats, PsClient, Retry, Session, StepEnd};
+use foresight_ps::client::{Cadence, Exchange, GradDtype, LentFloats, PsClient, Retry, Session, StepEnd};
 use foresight_ps::optimizer::Algorithm;
 use foresight_ps::store::checkpoint;
 use foresight_ps::wire::Layout;
@@ -442,5 +442,40 @@ fn a_parameter_group_that_matches_no_tensor_on_any_shard_is_refused_at_the_join(
             (Ok(_), true) => panic!("a group matching nothing was taken"),
             (Err(e), false) => panic!("{e}"),
         }
+    }
+}
+
+/// The initial model lent to the registration (`Session::start_lent`, the Python package's flat
+/// model buffer) is sent as it is after each shard's header: the registered model is the lent
+/// bytes' though the slice given beside them is zeros, on one and two shards, and the lent
+/// memory is released once the join returns.
+#[test]
+fn a_lent_initial_model_is_registered_as_it_is_and_released_after_the_join() {
+    for n in [1, 2] {
+        let rt = runtime();
+        let shards: Vec<Ps> = (0..n).map(|_| rt.block_on(start(config(Algorithm::Asgd, 1)))).collect();
+        let urls: Vec<String> = shards.iter().map(|s| s.url.clone()).collect();
+        let l = layout();
+        let w0 = std::sync::Arc::new(init(&l));
+        // SAFETY: `w0` owns its floats and nobody writes them.
+        let lent = unsafe { LentFloats::new(w0.clone(), w0.as_ptr(), w0.len()) };
+        let clients = PsClient::for_shards(&urls.join(","), Some(TOKEN.into()), None).unwrap();
+        let zeros = vec![0.0; l.len()];
+        let retry = Retry::new(Duration::from_secs(5), 0);
+        let (session, joined) = Session::start_lent(
+            clients,
+            rt.handle().clone(),
+            0,
+            l.clone(),
+            &zeros,
+            Some(lent.bytes()),
+            retry,
+        )
+        .unwrap();
+        assert!(lent.release(Duration::from_secs(5)), "{n} shards: the lent bytes are still held");
+        assert_eq!(std::sync::Arc::strong_count(&w0), 1, "{n} shards: the owner went with them");
+        let mut w = Exchange::new(session, &joined, Cadence::new(1, 1, GradDtype::F32).unwrap());
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&w.pull_now().unwrap().values), bits(&w0), "{n} shards: not the lent model");
     }
 }

@@ -218,6 +218,7 @@ class Optimizer(torch.optim.Optimizer):
             [n for n, _ in named],
             [list(p.shape) for _, p in named],
             self._flat.data_ptr(),
+            self._flat,
             job.pull_every,
             job.push_every,
             grad_dtype or job.grad_dtype,

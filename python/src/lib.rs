@@ -200,7 +200,7 @@ struct Worker {
 impl Worker {
     /// Registers the model from the `init_addr` values (when this worker is the first) and joins.
     #[new]
-    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1, ps_ca_file=None, pull_dtype="f32", overlap=false, sync=false))]
+    #[pyo3(signature = (ps_url, token, worker, names, shapes, init_addr, init_owner, pull_every, push_every, grad_dtype, deadline_seconds, seed, local_steps=1, ps_ca_file=None, pull_dtype="f32", overlap=false, sync=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -210,6 +210,7 @@ impl Worker {
         names: Vec<String>,
         shapes: Vec<Vec<usize>>,
         init_addr: usize,
+        init_owner: Py<PyAny>,
         pull_every: u64,
         push_every: u64,
         grad_dtype: &str,
@@ -251,10 +252,19 @@ impl Worker {
         let clients = PsClient::for_shards(ps_url, token, tls.as_ref()).map_err(|e| to_py(py, e))?;
         let retry = Retry::new(Duration::from_secs_f64(deadline_seconds), seed ^ worker as u64);
         let handle = runtime.handle().clone();
-        // The wrapper's flat copy of the model, copied so that the call owns what it sends.
-        // SAFETY: `layout.len()` values the wrapper holds for this call.
-        let init = unsafe { floats(init_addr, layout.len()) }.to_vec();
-        let started = match wait(py, move || Session::start(clients, handle, worker, layout, &init, retry)) {
+        // The wrapper's flat copy of the model, lent to the registration: the call, which may
+        // outlive an interrupted wait, keeps the tensor alive, and nothing writes it until the
+        // first pull (after the join).
+        // SAFETY: `init_owner` owns the `layout.len()` floats at `init_addr`.
+        let init = unsafe { LentFloats::new(init_owner, init_addr as *const f32, layout.len()) };
+        let join = move || {
+            let values: &[f32] = bytemuck::cast_slice(init.bytes());
+            let started =
+                Session::start_lent(clients, handle, worker, layout, values, Some(init.bytes()), retry);
+            give_back(Some(init));
+            started
+        };
+        let started = match wait(py, join) {
             Ok(started) => started,
             Err(interrupted) => {
                 // Ctrl-C during the join, whose call is still waiting on the network: dropping the

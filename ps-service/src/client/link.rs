@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use super::session::{Pushed, Retry};
 use super::{
-    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PullHead, PushBody,
-    PushId, encode_gradient_into,
+    Base, ClientError, ExpectedModel, GradDtype, Joined, Model, PsClient, PullDtype, PullHead, PushId,
+    Upload, encode_gradient_into,
 };
 use crate::pace::PaceReport;
 use crate::pool::{Pool, lend};
@@ -146,11 +146,22 @@ impl Link {
     }
 
     /// Registers this worker's initial slice; false when another worker's came first.
-    pub(super) async fn register(&mut self, init: &[f32]) -> Result<bool, ClientError> {
+    /// Registers this shard's slice `init` of the initial model (`lent`: its bytes, lent by the
+    /// caller and sent as they are); whether this worker's was taken (the first).
+    pub(super) async fn register(
+        &mut self,
+        init: &[f32],
+        lent: Option<bytes::Bytes>,
+    ) -> Result<bool, ClientError> {
         let layout = self.slice.layout.clone();
         self.retry("registering the model", |c| {
-            let l = layout.clone();
-            async move { c.register(&l, init).await }
+            let (l, lent) = (layout.clone(), lent.clone());
+            async move {
+                match lent {
+                    Some(bytes) => c.register_lent(&l, bytes).await,
+                    None => c.register(&l, init).await,
+                }
+            }
         })
         .await
     }
@@ -297,10 +308,10 @@ impl Link {
             seq: step,
         };
         // Encoded once: every retry sends the same bytes.
-        let body: PushBody = match (dtype, lent) {
+        let body: Upload = match (dtype, lent) {
             (GradDtype::F32, Some(data)) => {
                 let head = wire::header(&self.slice.layout, WireDtype::F32, &BTreeMap::new());
-                PushBody::Lent { head: head.into(), data }
+                Upload::Lent { head: head.into(), data }
             }
             (GradDtype::Int8, _) => self.feedback.encode(&self.slice.layout, step, grad).into(),
             (d, _) => lend(

@@ -55,15 +55,16 @@ pub fn encode_gradient_into(layout: &Layout, grad: &[f32], dtype: GradDtype, out
     }
 }
 
-/// A push's body: encoded whole, or a float32 gradient's safetensors header followed by the
-/// caller's own bytes ([`LentFloats`]), sent as they are, without a copy.
+/// A model-sized request body (a push, a registration): encoded whole, or a float32
+/// safetensors header followed by the caller's own bytes ([`LentFloats`]), sent as they are,
+/// without a copy.
 #[derive(Clone, Debug)]
-pub enum PushBody {
+pub enum Upload {
     Whole(bytes::Bytes),
     Lent { head: bytes::Bytes, data: bytes::Bytes },
 }
 
-impl PushBody {
+impl Upload {
     pub fn len(&self) -> usize {
         match self {
             Self::Whole(b) => b.len(),
@@ -83,13 +84,13 @@ impl PushBody {
     }
 }
 
-impl From<bytes::Bytes> for PushBody {
+impl From<bytes::Bytes> for Upload {
     fn from(b: bytes::Bytes) -> Self {
         Self::Whole(b)
     }
 }
 
-impl From<Vec<u8>> for PushBody {
+impl From<Vec<u8>> for Upload {
     fn from(b: Vec<u8>) -> Self {
         Self::Whole(b.into())
     }
@@ -648,7 +649,13 @@ impl PsClient {
 
     /// Registers the model; `Ok(false)` when another worker registered it first.
     pub async fn register(&self, layout: &Layout, values: &[f32]) -> Result<bool, ClientError> {
-        self.put_model(route::MODEL, layout, values).await
+        self.put_model(route::MODEL, wire::encode_f32(layout, values, &Default::default()).into()).await
+    }
+
+    /// [`Self::register`] with the values' bytes lent by the caller ([`LentFloats`]).
+    pub async fn register_lent(&self, layout: &Layout, lent: bytes::Bytes) -> Result<bool, ClientError> {
+        let head = wire::header(layout, wire::WireDtype::F32, &Default::default());
+        self.put_model(route::MODEL, Upload::Lent { head: head.into(), data: lent }).await
     }
 
     /// Offers this worker's copy of the model, of `version`, to a PS that lost its model:
@@ -661,13 +668,16 @@ impl PsClient {
         layout: &Layout,
         values: &[f32],
     ) -> Result<bool, ClientError> {
-        self.put_model(&format!("{}?worker={worker}&version={version}", route::MODEL), layout, values).await
+        let body = wire::encode_f32(layout, values, &Default::default());
+        self.put_model(&format!("{}?worker={worker}&version={version}", route::MODEL), body.into()).await
     }
 
-    async fn put_model(&self, path: &str, layout: &Layout, values: &[f32]) -> Result<bool, ClientError> {
-        let body = wire::encode_f32(layout, values, &Default::default());
-        let resp =
-            self.transfer(reqwest::Method::PUT, path, body.len(), Duration::ZERO).body(body).send().await?;
+    async fn put_model(&self, path: &str, body: Upload) -> Result<bool, ClientError> {
+        let resp = self
+            .transfer(reqwest::Method::PUT, path, body.len(), Duration::ZERO)
+            .body(body.into_request_body())
+            .send()
+            .await?;
         if resp.status() == StatusCode::CONFLICT {
             return Ok(false);
         }
@@ -839,7 +849,7 @@ impl PsClient {
         &self,
         id: PushId,
         epoch: Option<f64>,
-        body: impl Into<PushBody>,
+        body: impl Into<Upload>,
     ) -> Result<PushReply, ClientError> {
         self.push_paced(id, epoch, None, body).await
     }
@@ -850,7 +860,7 @@ impl PsClient {
         id: PushId,
         epoch: Option<f64>,
         pace: Option<PaceReport>,
-        body: impl Into<PushBody>,
+        body: impl Into<Upload>,
     ) -> Result<PushReply, ClientError> {
         let body = body.into();
         let PushId { worker, generation, version, incarnation, seq } = id;

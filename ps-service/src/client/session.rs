@@ -106,6 +106,21 @@ impl Session {
         init: &[f32],
         retry: Retry,
     ) -> Result<(Self, Joined), ClientError> {
+        Self::start_lent(clients, rt, worker, layout, init, None, retry)
+    }
+
+    /// [`Self::start`] with `init`'s bytes lent by the caller ([`super::LentFloats`]): the
+    /// registration sends them as they are after the header, with no model-sized body of its own
+    /// (every joining worker sends the model; the first one's is taken).
+    pub fn start_lent(
+        clients: Vec<PsClient>,
+        rt: Handle,
+        worker: usize,
+        layout: Layout,
+        init: &[f32],
+        lent: Option<&bytes::Bytes>,
+        retry: Retry,
+    ) -> Result<(Self, Joined), ClientError> {
         let n = clients.len();
         let map = ShardMap::new(&layout, n).map_err(|e| {
             ClientError::Config(format!("sharding the model over {n} parameter servers: {e}"))
@@ -117,9 +132,10 @@ impl Session {
             .collect();
         let mut s = Self { rt, layout, map, links, heartbeat: None };
         let map = &s.map;
-        let registered = s
-            .rt
-            .block_on(join_all(s.links.iter_mut().enumerate().map(|(i, l)| l.register(&init[map.range(i)]))));
+        let registered = s.rt.block_on(join_all(s.links.iter_mut().enumerate().map(|(i, l)| {
+            let r = map.range(i);
+            l.register(&init[r.clone()], lent.map(|b| b.slice(4 * r.start..4 * r.end)))
+        })));
         let registered = registered.into_iter().collect::<Result<Vec<_>, _>>()?;
         let joined = s.join()?;
         s.groups_match_some_tensor()?;
