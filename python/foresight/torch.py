@@ -414,13 +414,18 @@ class Optimizer(torch.optim.Optimizer):
         """Gradients some of which are no longer views into _grad (``model.zero_grad()`` set
         them to ``None``, and backward made new ones): made views again, each new one copied
         into its place first (and freed), a missing one zeros."""
+        for p, place in self._places(self._grad):
+            if p.grad is None:
+                place.zero_()
+        self._grads_into_flat_buffer()
+
+    def _places(self, flat: torch.Tensor) -> Iterator[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """Each parameter with its place in ``flat`` (in layout order), shaped as the parameter."""
         offset = 0
         for p in self._params:
             n = p.numel()
-            if p.grad is None:
-                self._grad[offset : offset + n].zero_()
+            yield p, flat[offset : offset + n].view_as(p)
             offset += n
-        self._grads_into_flat_buffer()
 
     def _views_allowed(self) -> bool:
         """Whether the parameters and their gradients may be views into _flat and _grad: on the
@@ -440,16 +445,13 @@ class Optimizer(torch.optim.Optimizer):
         if not self._views_allowed():
             self._grad_addrs = None
             return
-        addrs, offset = [], 0
+        addrs = []
         with torch.no_grad():
-            for p in self._params:
-                n = p.numel()
-                view = self._grad[offset : offset + n].view_as(p)
+            for p, view in self._places(self._grad):
                 if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad)
                 p.grad = view
                 addrs.append(view.data_ptr())
-                offset += n
         self._grad_addrs = addrs
 
     def _params_into_flat_buffer(self) -> None:
@@ -461,13 +463,11 @@ class Optimizer(torch.optim.Optimizer):
         if not self._views_allowed():
             self._param_addrs = None
             return
-        addrs, offset = [], 0
+        addrs = []
         with torch.no_grad():
-            for p in self._params:
-                n = p.numel()
-                p.data = self._flat[offset : offset + n].view_as(p)
+            for p, view in self._places(self._flat):
+                p.data = view
                 addrs.append(p.data_ptr())
-                offset += n
         self._param_addrs = addrs
 
     def _params_are_views(self) -> bool:
@@ -531,12 +531,9 @@ class Optimizer(torch.optim.Optimizer):
         if self.device.type == "cuda":
             self._loaded = torch.cuda.Event()
             self._loaded.record()
-        offset = 0
         with torch.no_grad():
-            for p in self._params:
-                n = p.numel()
-                p.copy_(flat[offset : offset + n].view_as(p))
-                offset += n
+            for p, place in self._places(flat):
+                p.copy_(place)
 
     def load_final(self) -> None:
         """Ends this worker's training: pushes the steps left over since the last push (fewer

@@ -140,9 +140,9 @@ unsafe fn gradient<'a>(addr: usize, len: usize, owner: Option<Py<PyAny>>) -> (&'
     (grad, lent)
 }
 
-/// How long a push's end waits for the HTTP client to drop the lent gradient's bytes (it does
-/// so at once, or on the refused stream's reset a moment later): the script writes that buffer
-/// again in its next backward.
+/// How long a call that lent a buffer (a push's gradient, the join's initial model) waits for
+/// the HTTP client to drop its bytes (it does so at once, or on a refused stream's reset a
+/// moment later): the script writes that buffer again (its next backward, the first pull).
 const LENT_RELEASED_WITHIN: Duration = Duration::from_secs(1);
 
 fn give_back(lent: Option<LentFloats>) {
@@ -151,8 +151,9 @@ fn give_back(lent: Option<LentFloats>) {
     {
         tracing::warn!(
             seconds = LENT_RELEASED_WITHIN.as_secs_f64(),
-            "the HTTP client still holds a finished push's gradient bytes: a stream it abandoned may read \
-             the next step's values (harmless: nobody takes that stream's body)"
+            "the HTTP client still holds the bytes a finished call lent it (a push's gradient, the join's \
+             model): a stream it abandoned may read what the script writes next (harmless: nobody takes \
+             that stream's body)"
         );
     }
 }
