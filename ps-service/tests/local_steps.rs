@@ -204,3 +204,52 @@ fn a_block_longer_than_the_silence_timeout_is_waited_for_not_thrown_away() {
     assert_eq!(store.status().version, 1, "one round, both pseudo-gradients");
     assert!(!store.status().workers[1].silent, "the slow worker was never marked silent");
 }
+
+/// A worker that pushed its block and waits in a pull for its `sync` round to close (the
+/// others' blocks are longer than the silence timeout) is on a live connection: it is never
+/// marked silent. Before, the wait counted as silence; the worker's mark shrank the quorum and
+/// the round closed without the slower worker's block, which was refused `round_closed`
+/// (`make matrix-quick`'s long-block case on a loaded machine).
+#[test]
+fn a_worker_waiting_for_its_round_is_not_marked_silent() {
+    let rt = runtime();
+    let mut cfg = config(Algorithm::Sync, 2);
+    cfg.worker_silence_timeout = Duration::from_millis(300);
+    cfg.sync_round_timeout = Duration::from_millis(300);
+    let ps = rt.block_on(start(cfg));
+    rt.block_on(async {
+        ps.state.spawn_presence_watch();
+        ps.state.spawn_round_watch();
+    });
+    let h = 6;
+    let block = |m: usize, step_time: Duration| {
+        let cadence = Cadence::local_steps(h, GradDtype::F32).unwrap();
+        let mut w = worker(&rt, std::slice::from_ref(&ps.url), cadence, m, Duration::from_secs(30));
+        move || {
+            w.pull_if_due().unwrap().expect("the first pull");
+            for _ in 0..h {
+                std::thread::sleep(step_time);
+                if w.push_due_next() {
+                    w.grad_mut().fill(0.01 * (m + 1) as f32);
+                }
+                assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
+            }
+            // Waits for the round that holds this block.
+            let version = w.pull_if_due().unwrap().expect("the pull after the block").version;
+            (version, w.stats())
+        }
+    };
+    let fast = std::thread::spawn(block(0, Duration::ZERO));
+    let slow = std::thread::spawn(block(1, Duration::from_millis(200))); // 1.2 s
+    let store = ps.state.store().unwrap();
+    let mut marked = false;
+    while !fast.is_finished() {
+        marked |= store.status().workers[0].silent;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ((fast_version, fast), (slow_version, slow)) = (fast.join().unwrap(), slow.join().unwrap());
+    assert!(!marked, "the worker waiting for its round was marked silent");
+    assert_eq!((fast.discarded, slow.discarded), (0, 0), "no block thrown away");
+    assert_eq!(store.rounds_closed_short(), 0);
+    assert_eq!((fast_version, slow_version), (1, 1), "one round, both pseudo-gradients");
+}

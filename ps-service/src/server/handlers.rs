@@ -315,7 +315,7 @@ async fn pull(
     if state.must_offer(worker) {
         return Err(ApiError::lost_model());
     }
-    state.saw(worker).await;
+    let _open = state.saw_waiting(worker).await;
     if !look_only {
         store.overlaps(worker, overlaps)?;
     }

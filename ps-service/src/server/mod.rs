@@ -699,6 +699,15 @@ impl AppState {
         self.saw(worker).await;
     }
 
+    /// A request from `worker` that may stay open for long (a pull's long poll): as
+    /// [`Self::saw`], and the worker is not marked silent while the guard lives. A worker waiting
+    /// for its `sync` round to close has sent its gradient; marking it silent would shrink the
+    /// round's quorum and could close the round without a worker still training.
+    pub(crate) async fn saw_waiting(&self, worker: usize) -> presence::OpenWait<'_> {
+        self.saw(worker).await;
+        self.presence.waiting(worker)
+    }
+
     /// A request from `worker`: it counts in `sync` rounds again if it had fallen silent.
     async fn saw(&self, worker: usize) {
         if self.presence.heard(worker) {

@@ -10,6 +10,10 @@ use parking_lot::Mutex;
 enum Presence {
     /// Last request at this instant (or, before its first, when the PS or the slot started).
     Heard(Instant),
+    /// This many of the worker's requests are open here (a pull waiting for its `sync` round
+    /// or for a newer version): the worker is on the other end of a live connection, however
+    /// long the wait. Heard when the last one ends.
+    Waiting(usize),
     /// Marked silent: nothing heard for the timeout.
     Silent,
 }
@@ -40,9 +44,23 @@ impl Presences {
     /// A request from `worker`; true when it had been marked silent.
     pub fn heard(&self, worker: usize) -> bool {
         let mut table = self.table.lock();
-        table
-            .get_mut(worker)
-            .is_some_and(|slot| std::mem::replace(slot, Presence::Heard(Instant::now())) == Presence::Silent)
+        match table.get_mut(worker) {
+            Some(Presence::Waiting(_)) | None => false,
+            Some(slot) => std::mem::replace(slot, Presence::Heard(Instant::now())) == Presence::Silent,
+        }
+    }
+
+    /// A request from `worker` that stays open (a long poll), heard already: the worker is not
+    /// marked silent until the returned guard is dropped, when the request ends (answered, or
+    /// its connection gone), which counts as heard.
+    pub fn waiting(&self, worker: usize) -> OpenWait<'_> {
+        if let Some(slot) = self.table.lock().get_mut(worker) {
+            *slot = match *slot {
+                Presence::Waiting(n) => Presence::Waiting(n + 1),
+                Presence::Heard(_) | Presence::Silent => Presence::Waiting(1),
+            };
+        }
+        OpenWait { presences: self, worker }
     }
 
     /// Workers below `m` not heard for `timeout` and not marked yet: marked silent now.
@@ -76,7 +94,29 @@ impl Presences {
     /// Workers heard within `window`.
     pub fn heard_within(&self, window: Duration) -> usize {
         let table = self.table.lock();
-        table.iter().filter(|slot| matches!(slot, Presence::Heard(at) if at.elapsed() < window)).count()
+        let live = |slot: &&Presence| match slot {
+            Presence::Heard(at) => at.elapsed() < window,
+            Presence::Waiting(_) => true,
+            Presence::Silent => false,
+        };
+        table.iter().filter(live).count()
+    }
+}
+
+/// One open request of a worker's ([`Presences::waiting`]).
+pub(crate) struct OpenWait<'a> {
+    presences: &'a Presences,
+    worker: usize,
+}
+
+impl Drop for OpenWait<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.presences.table.lock().get_mut(self.worker) {
+            *slot = match *slot {
+                Presence::Waiting(n) if n > 1 => Presence::Waiting(n - 1),
+                _ => Presence::Heard(Instant::now()),
+            };
+        }
     }
 }
 
@@ -100,5 +140,24 @@ mod tests {
         p.grow(5);
         assert!(p.newly_silent(2, Duration::ZERO).contains(&0), "only slots below m");
         assert!(!p.heard(9), "out of range");
+    }
+
+    #[test]
+    fn a_worker_with_a_request_open_is_never_silent_and_is_heard_when_the_last_one_ends() {
+        let p = Presences::new(2);
+        let first = p.waiting(0);
+        let second = p.waiting(0);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(p.newly_silent(2, Duration::from_millis(20)), [1], "worker 0 waits on a request");
+        assert!(!p.heard(0), "a request meanwhile changes nothing");
+        assert_eq!(p.heard_within(Duration::from_millis(20)), 1);
+        drop(first);
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(p.newly_silent(2, Duration::from_millis(20)).is_empty(), "one still open");
+        drop(second);
+        assert!(p.newly_silent(2, Duration::from_millis(20)).is_empty(), "heard as the last ended");
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(p.newly_silent(2, Duration::from_millis(20)), [0], "counted from then");
+        drop(p.waiting(9));
     }
 }
