@@ -1274,6 +1274,8 @@ fn a_running_job_scales_up_and_down_without_restarting_its_parameter_server() {
     assert!(events(cp, &ns, "grow").iter().any(|e| e.1 == "WorkersScaled"));
 }
 
+/// An operator killed mid-job (SIGKILL) and started again takes the job over: no duplicate
+/// child, the same Job, token and pods, and no child written again (review M6).
 #[test]
 fn an_operator_restarted_mid_job_converges_without_duplicates() {
     let cp = control_plane();
@@ -1299,6 +1301,10 @@ fn an_operator_restarted_mid_job_converges_without_duplicates() {
     reconciles(1.0);
     cp.kubectl_ok(&["annotate", "-n", &ns, "tj", "steady", "example.com/touched=1"], None);
     reconciles(2.0);
+    // Every child carries the intent it was written with, which the new process's is: it writes
+    // none of them again (before, one server-side apply per child on a restart or a failover).
+    let patches = sample(&op.metrics_text(), "foresight_operator_api_requests_total{verb=\"patch\"}");
+    assert_eq!(patches, Some(0.0), "the new operator applied children that held its intent already");
     let selector = "foresight.dev/job=steady";
     for kind in ["deployments", "services", "secrets", "jobs"] {
         assert_eq!(cp.names(&ns, kind, selector).len(), 1, "one {kind}");

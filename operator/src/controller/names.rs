@@ -46,6 +46,10 @@ pub const PS_TEMPLATE_HASH: &str = "foresight.dev/ps-template-hash";
 /// suspension (see [`worker_job_update`]).
 pub const WORKER_TEMPLATE_HASH: &str = "foresight.dev/worker-template-hash";
 
+/// Annotation of every child the operator applies: a digest of what it wrote, so that a new
+/// operator process leaves a child that already holds its intent alone (see `write::applied`).
+pub const INTENT: &str = "foresight.dev/intent";
+
 /// A short digest (16 hex digits of SHA-256) for an annotation.
 pub fn digest(bytes: &[u8]) -> String {
     ring::digest::digest(&ring::digest::SHA256, bytes).as_ref()[..8]

@@ -14,7 +14,7 @@ use super::applied::{Fingerprint, Key};
 use crate::controller::context::Context;
 use crate::controller::desired::ownership::Mark;
 use crate::controller::error::{Error, Result, is_status};
-use crate::controller::names::MANAGER;
+use crate::controller::names::{self, MANAGER};
 
 /// A namespaced object the operator writes.
 pub(crate) trait Child:
@@ -39,12 +39,14 @@ impl<K> Child for K where
 /// caches hold under its name (`seen`; `None`: none of the operator's labelled objects).
 /// Returns the object as the API server has it. Sends nothing when `seen` is what the last
 /// write of the same intent returned (`applied`).
-pub(crate) async fn apply<K: Child>(ctx: &Context, obj: K, seen: Option<K>, mark: Mark<'_>) -> Result<K> {
+pub(crate) async fn apply<K: Child>(ctx: &Context, mut obj: K, seen: Option<K>, mark: Mark<'_>) -> Result<K> {
     let api: Api<K> =
         Api::namespaced(ctx.client.clone(), obj.meta().namespace.as_deref().unwrap_or_default());
     let name = obj.meta().name.clone().ok_or(Error::Incomplete)?;
     let key = key_of(&obj);
     let intent = serde_json::to_vec(&obj).expect("Kubernetes objects serialize");
+    let digest = names::digest(&intent);
+    obj.meta_mut().annotations.get_or_insert_default().insert(names::INTENT.into(), digest.clone());
     let seen = match seen {
         Some(seen) => seen,
         None => match api
@@ -61,7 +63,8 @@ pub(crate) async fn apply<K: Child>(ctx: &Context, obj: K, seen: Option<K>, mark
         },
     };
     let uid = crate::controller::observe::ours(&seen, mark)?;
-    if ctx.applied.holds(&key, result_of(&seen, &intent)) {
+    let carries_intent = seen.annotations().get(names::INTENT) == Some(&digest);
+    if ctx.applied.current(&key, result_of(&seen, &intent), carries_intent) {
         return Ok(seen);
     }
     let mut value = serde_json::to_value(&obj).expect("Kubernetes objects serialize");
