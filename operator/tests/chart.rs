@@ -1566,6 +1566,23 @@ fn the_job_policy_refuses_what_the_platform_team_did_not_allow() {
         None,
     );
     assert!(unlabel(&elsewhere).status.success(), "outside the watched namespaces the policy is not bound");
+    // A label the operator gave (status.defaultedQueue) may go: a `kubectl replace` of the
+    // author's manifest, which never had it, drops it, and the operator puts it back (review P8).
+    let manifest = job("defaulted", json!({"workers": {"replicas": 1}}));
+    let mut labelled: Value = serde_json::from_str(&manifest).unwrap();
+    labelled["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "default"});
+    cp.kubectl_ok(&["create", "-n", &jobs, "-f", "-"], Some(&labelled.to_string()));
+    let replace = || cp.kubectl(&["replace", "-n", &jobs, "-f", "-"], Some(&manifest));
+    let out = replace();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("label cannot be removed"), "not the operator's: {err}");
+    let defaulted = r#"{"status": {"defaultedQueue": "default"}}"#;
+    cp.kubectl_ok(
+        &["patch", "-n", &jobs, "tj", "defaulted", "--subresource=status", "--type=merge", "-p", defaulted],
+        None,
+    );
+    let out = replace();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     helm_ok(&["uninstall", "policy", "--namespace", &ns], Some(cp.kubeconfig.as_path()));
 }
 

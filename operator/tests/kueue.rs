@@ -417,6 +417,21 @@ spec:
     assert_eq!(w["spec"]["queueName"], "default", "{w:#}");
     let defaulted = events(cp, &ns, "late").into_iter().find(|e| e.1 == "QueueDefaulted");
     assert!(defaulted.as_ref().is_some_and(|e| e.2.contains("LocalQueue default")), "{defaulted:?}");
+    assert_eq!(status(cp, &ns, "late")["defaultedQueue"], "default");
+    // The author's manifest, replaced as it is (`kubectl replace`, a GitOps replace), drops the
+    // label it never had: the operator puts it back, and the job stays in its Workload (P8).
+    cp.kubectl_ok(
+        &["replace", "-n", &ns, "-f", "-"],
+        Some(&job("late", json!({"workers": {"replicas": 1}}))),
+    );
+    wait_for("late's label put back", LONG, || (label("late") == "default").then_some(()));
+    let restored = events(cp, &ns, "late").into_iter().find(|e| e.1 == "QueueLabelRestored");
+    assert!(restored.as_ref().is_some_and(|e| e.2.contains("LocalQueue default")), "{restored:?}");
+    assert_eq!(
+        workload(cp, &ns, "late").unwrap()["metadata"]["uid"],
+        w["metadata"]["uid"],
+        "the same Workload"
+    );
     std::thread::sleep(std::time::Duration::from_secs(2));
     assert_eq!(label("early"), Value::Null, "a running job is not moved into the queue");
     assert!(!worker_job_suspended(cp, &ns, "early"));

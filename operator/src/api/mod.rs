@@ -777,6 +777,12 @@ pub struct TrainingJobStatus {
     /// job it already runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_images: Option<DefaultImages>,
+    /// The LocalQueue the operator put the job in because it had no `kueue.x-k8s.io/queue-name`
+    /// label (its namespace's LocalQueue `default`, as Kueue does for its own jobs). A replace
+    /// of the job without the label (`kubectl replace`, a GitOps tool's replace) may drop the
+    /// label the author never wrote: the operator puts it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaulted_queue: Option<String>,
 }
 
 /// Images for the roles whose spec names none.

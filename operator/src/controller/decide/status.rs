@@ -492,6 +492,7 @@ pub fn next_status(old: &TrainingJobStatus, o: &Observed, state: &State, now: &T
         start_time: old.start_time.clone().or_else(|| created.then(|| now.clone())),
         completion_time: old.completion_time.clone().or_else(|| state.is_finished().then(|| now.clone())),
         default_images: o.default_images.clone().or_else(|| old.default_images.clone()),
+        defaulted_queue: old.defaulted_queue.clone(),
     }
 }
 

@@ -16,7 +16,7 @@ use crate::controller::context::Context;
 use crate::controller::desired::children::{self, ChildDefaults, Owner};
 use crate::controller::error::{Result, is_status};
 use crate::controller::names::{self, MANAGER};
-use crate::controller::write::job::publish;
+use crate::controller::write::job::{publish, status_patch};
 use crate::controller::write::writes;
 
 /// The name of a job's Workload.
@@ -113,34 +113,60 @@ pub const DEFAULT_QUEUE: &str = "default";
 /// With `--kueue`, a new job without the queue label in a namespace that has a LocalQueue named
 /// `default` gets the label, as Kueue's own webhook gives it to the jobs of its integrations
 /// (`LocalQueueDefaulting`): on the job's first reconcile only, before any of its pods exist, so
-/// that a default queue made later never stops a job already running. Returns whether it
-/// labelled the job (the watch then brings the labelled job back).
+/// that a default queue made later never stops a job already running. The status records it
+/// (`defaultedQueue`), first: a replace of the job without the label (which the chart's policy
+/// lets through for that label alone) gets it back. Returns whether it labelled the job (the
+/// watch then brings the labelled job back).
 pub(crate) async fn default_queue(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Result<bool> {
-    let first = job.status.as_ref().and_then(|s| s.phase).is_none();
-    if !ctx.settings.kueue || !first || job.labels().contains_key(kueue::QUEUE_LABEL) {
+    if !ctx.settings.kueue || job.labels().contains_key(kueue::QUEUE_LABEL) {
         return Ok(false);
     }
+    let api = Api::<TrainingJob>::namespaced(ctx.client.clone(), &owner.namespace);
+    let defaulted = job.status.as_ref().and_then(|s| s.defaulted_queue.clone());
+    let put_back = defaulted.is_some();
+    let (labelled, queue) = match defaulted {
+        Some(queue) => (job.clone(), queue),
+        None if job.status.as_ref().and_then(|s| s.phase).is_none()
+            && has_default_queue(ctx, owner).await? =>
+        {
+            let mut status = job.status.clone().unwrap_or_default();
+            status.defaulted_queue = Some(DEFAULT_QUEUE.into());
+            let patch = Patch::Apply(status_patch(job, &status));
+            (
+                api.patch_status(&owner.name, &PatchParams::apply(MANAGER).force(), &patch).await?,
+                DEFAULT_QUEUE.into(),
+            )
+        }
+        None => return Ok(false),
+    };
+    // Conditional on the job as read: a label the author set meanwhile is not written over.
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": labelled.resource_version(),
+        "labels": {kueue::QUEUE_LABEL: queue},
+    }});
+    let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+    api.patch(&owner.name, &params, &Patch::Merge(patch)).await?;
+    // Two reasons: the events recorder counts a repeated reason into the first event's series.
+    let (reason, message) = if put_back {
+        let why = "the job was written again without the label the operator gave it: put back";
+        ("QueueLabelRestored", format!("{why} (LocalQueue {queue})"))
+    } else {
+        let why = "queued in the namespace's LocalQueue";
+        (
+            "QueueDefaulted",
+            format!("no {} label: {why} {queue}, as Kueue does for its own jobs", kueue::QUEUE_LABEL),
+        )
+    };
+    publish(ctx, job, EventType::Normal, reason, "Admit", &message).await;
+    Ok(true)
+}
+
+/// Whether the job's namespace has a LocalQueue named `default`.
+async fn has_default_queue(ctx: &Context, owner: &Owner<'_>) -> Result<bool> {
     let gvk = kube::core::GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "LocalQueue");
     let queues: Api<kube::core::DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &owner.namespace, &kube::core::ApiResource::from_gvk(&gvk));
-    if queues.get_opt(DEFAULT_QUEUE).await?.is_none() {
-        return Ok(false);
-    }
-    // Conditional on the job as read: a label the author set meanwhile is not written over.
-    let patch = serde_json::json!({"metadata": {
-        "resourceVersion": job.resource_version(),
-        "labels": {kueue::QUEUE_LABEL: DEFAULT_QUEUE},
-    }});
-    let params = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
-    Api::<TrainingJob>::namespaced(ctx.client.clone(), &owner.namespace)
-        .patch(&owner.name, &params, &Patch::Merge(patch))
-        .await?;
-    let message = format!(
-        "no {} label: queued in the namespace's LocalQueue {DEFAULT_QUEUE}, as Kueue does for its own jobs",
-        kueue::QUEUE_LABEL
-    );
-    publish(ctx, job, EventType::Normal, "QueueDefaulted", "Admit", &message).await;
-    Ok(true)
+    Ok(queues.get_opt(DEFAULT_QUEUE).await?.is_some())
 }
 
 /// A job without the queue label runs at once, unless it was queued and Kueue has not admitted
