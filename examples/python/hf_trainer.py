@@ -47,8 +47,9 @@ def evaluate(model, dataset):
     loss = right = count = 0.0
     with torch.no_grad():
         for batch in torch.utils.data.DataLoader(dataset, batch_size=256):
-            logits = model(input_ids=batch["input_ids"]).logits[:, :-1].flatten(0, 1)
-            target = batch["input_ids"][:, 1:].flatten()
+            ids = batch["input_ids"].to(model.device)  # where the Trainer put the model
+            logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1)
+            target = ids[:, 1:].flatten()
             loss += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
             right += (logits.argmax(1) == target).sum().item()
             count += target.numel()
@@ -94,8 +95,8 @@ def main():
     loss, accuracy = evaluate(model, held_out)
     params = sum(p.numel() for p in model.parameters())
     print(
-        f"worker {job.worker}: {params} parameters; the final model's held-out loss {loss:.3f} nats/byte "
-        f"= {loss / math.log(2):.3f} bits/byte, next byte right {accuracy:.1%}"
+        f"worker {job.worker}: {params} parameters on {model.device}; the final model's held-out loss "
+        f"{loss:.3f} nats/byte = {loss / math.log(2):.3f} bits/byte, next byte right {accuracy:.1%}"
     )
 
 

@@ -25,8 +25,7 @@ import foresight.torch  # foresight
 
 def load(path):
     with gzip.open(os.path.join(path, "mnist_5k.csv.gz"), "rt") as f:
-        rows = torch.from_numpy(np.fromstring(f.read().replace("\n", ","), dtype=np.float32, sep=","))
-    rows = rows.view(-1, 785)
+        rows = torch.from_numpy(np.loadtxt(f, delimiter=",", dtype=np.float32))
     x, y = rows[:, :784].view(-1, 1, 28, 28) / 255.0, rows[:, 784].long()
     train, test = foresight.split(len(y))  # foresight: the job's held-out split
     return (x[train], y[train]), (x[test], y[test])

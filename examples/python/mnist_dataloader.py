@@ -25,6 +25,8 @@ import foresight  # foresight
 import foresight.data  # foresight
 import foresight.torch  # foresight
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 class Net(nn.Module):
     def __init__(self):
@@ -42,8 +44,7 @@ class Net(nn.Module):
 def load(path):
     """MNIST-5k (a gzip CSV: 784 pixels 0-255, then the label): the job's (train, held-out) split."""
     with gzip.open(os.path.join(path, "mnist_5k.csv.gz"), "rt") as f:
-        rows = torch.from_numpy(np.fromstring(f.read().replace("\n", ","), dtype=np.float32, sep=","))
-    rows = rows.view(-1, 785)
+        rows = torch.from_numpy(np.loadtxt(f, delimiter=",", dtype=np.float32))
     x, y = rows[:, :784].view(-1, 1, 28, 28) / 255.0, rows[:, 784].long()
     train, test = foresight.split(len(y))  # foresight: the job's held-out split
     return TensorDataset(x[train], y[train]), (x[test], y[test])
@@ -52,6 +53,8 @@ def load(path):
 @torch.no_grad()
 def evaluate(model, x, y):
     model.eval()
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
     logits = model(x)
     model.train()
     return F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).float().mean().item()
@@ -63,10 +66,11 @@ def main():
     train, (test_x, test_y) = load(os.environ["FORESIGHT_DATASET_PATH"])
     sampler = foresight.data.Sampler(train, batch_size=job.batch_size)  # foresight: this worker's shard
     loader = DataLoader(train, batch_size=job.batch_size, sampler=sampler)
-    model = Net()
+    model = Net().to(DEVICE)
     opt = foresight.torch.Optimizer(model)  # foresight: replaces torch.optim.SGD(...)
     for epoch in range(job.epochs):
         for x, y in loader:
+            x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -74,7 +78,7 @@ def main():
         held_out_loss, accuracy = evaluate(model, test_x, test_y)
         foresight.report(loss=held_out_loss, accuracy=accuracy, epoch=epoch + 1)  # foresight
     done = foresight.finish(evaluate=lambda: evaluate(model, test_x, test_y))  # foresight: the PS's model
-    print(f"worker {job.worker}: final model held-out accuracy {done['test_accuracy']:.4f}")
+    print(f"worker {job.worker}: final model held-out accuracy {done['test_accuracy']:.4f} (on {DEVICE})")
 
 
 if __name__ == "__main__":
