@@ -24,6 +24,7 @@ use crate::exit::permanent;
 use crate::inner::{Inner, InnerConfig};
 use crate::metrics::WorkerMetrics;
 use crate::model::{Model, ModelSpec};
+use crate::slowdown::Slowdown;
 
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -45,7 +46,7 @@ pub struct TrainConfig {
     /// Give up when the PS has been unreachable this long.
     pub ps_deadline: Duration,
     pub report_every: u64,
-    /// Sleep (factor − 1) × step time after each step: a straggler for experiments.
+    /// A device this many times slower: a straggler for experiments ([`Slowdown`]).
     pub slowdown: f64,
 }
 
@@ -257,6 +258,7 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
     let mut window = Window { since: Instant::now(), samples: 0 };
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(cfg.worker as u64 * 7919));
     let mut clock = PhaseClock::start(metrics);
+    let mut slowdown = Slowdown::new(cfg.slowdown);
     'epochs: for epoch in 0..cfg.epochs as u64 {
         // Every epoch's order is drawn, resumed ones included, so that the generator is where
         // the earlier process had it.
@@ -304,11 +306,14 @@ pub fn run(cfg: &TrainConfig, rt: &tokio::runtime::Runtime, metrics: &WorkerMetr
             if end == StepEnd::Finalized {
                 break 'epochs;
             }
-            if cfg.slowdown > 1.0 {
-                std::thread::sleep(work.mul_f64(cfg.slowdown - 1.0));
+            let mut step_time = network + work;
+            if let Some(slow) = &mut slowdown {
+                let extra = slow.extra(work);
+                std::thread::sleep(extra);
                 clock.end(Phase::Slowdown);
+                step_time += extra;
             }
-            let step_time = network.as_secs_f64() + work.as_secs_f64() * cfg.slowdown.max(1.0);
+            let step_time = step_time.as_secs_f64();
             metrics.step(step_time, xs.size()[0] as u64, loss);
             window.samples += xs.size()[0] as usize;
             if ps.step().is_multiple_of(cfg.report_every) {
