@@ -3,7 +3,7 @@
 //! step's alone: over a run the same time as stretching each step (as the DDP comparison's hook
 //! does), but a moment's stall of the host (a context switch, a page fault) is spread over the
 //! window instead of multiplied by F in one step. At F = 100 (the conformance matrix's long-block
-//! case) a 30 ms stall made one 3 s step, longer than the PS's silence timeout there.
+//! case) a 30 ms stall would make one step of about 3 s, the PS's silence timeout there.
 
 use std::collections::VecDeque;
 use std::time::Duration;
