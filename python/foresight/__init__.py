@@ -162,8 +162,7 @@ class Job:
     #: Intra-op threads for torch (``foresight run`` shares the cores among its workers).
     torch_threads: int = 0
     #: ``$FORESIGHT_SLOWDOWN`` (``foresight run --slow-worker W=F``): after each step the worker
-    #: sleeps (F − 1) × its steps' own time (the mean of the last 15), a straggler for
-    #: experiments, as the Rust worker does.
+    #: sleeps (F − 1) × the step's time, a straggler for experiments, as the Rust worker does.
     slowdown: float = 1.0
     #: ``$FORESIGHT_ALGORITHM``: the parameter server's update rule (``sync`` waits for rounds).
     algorithm: str = "dc-asgd-a"

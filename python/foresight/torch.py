@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
@@ -72,8 +71,6 @@ class PhaseClock:
         self.step_began = self._mark
         # Pull and push seconds when it began: a slowdown stretches the rest of the step.
         self._network_at_step = 0.0
-        # The last steps' own work, whose mean a slowdown stretches.
-        self._recent_work: deque[float] = deque(maxlen=15)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -96,16 +93,14 @@ class PhaseClock:
         return self.seconds["pull"] + self.seconds["push"]
 
     def slow_down(self, factor: float) -> None:
-        """At the end of a step: with ``factor`` above 1, sleeps (factor − 1) × the mean of the
-        last 15 steps' own work (the script's part included, the pull and push left out: a
-        straggler is a slower device, not a slower link or a longer wait for a round), as the
-        Rust worker's ``--slowdown`` does: over a run, each step stretched, but a moment's stall
-        of the host is not multiplied by the factor in one step. Then the next step begins."""
+        """At the end of a step: with ``factor`` above 1, sleeps (factor − 1) × the step's own
+        work (the script's part included, the pull and push left out: a straggler is a slower
+        device, not a slower link or a longer wait for a round), as the Rust worker's
+        ``--slowdown`` does. Then the next step begins."""
         if factor > 1.0:
             work = time.perf_counter() - self.step_began - (self._network() - self._network_at_step)
-            self._recent_work.append(max(work, 0.0))
             with self.phase("slowdown"):
-                time.sleep(sum(self._recent_work) / len(self._recent_work) * (factor - 1.0))
+                time.sleep(max(work, 0.0) * (factor - 1.0))
         self.step_began = time.perf_counter()
         self._network_at_step = self._network()
 

@@ -106,8 +106,8 @@ struct Args {
     #[arg(long, env = "FORESIGHT_REPORT_EVERY", default_value_t = 20)]
     report_every: u64,
     /// Slow this worker's computation down by this factor (straggler experiments): each step's
-    /// own work (load, compute, gather) is stretched to the factor times the mean of the last 15
-    /// steps' work, its pulls and pushes are not.
+    /// own work (load, compute, gather) is stretched by the factor (a stall of the host only up to
+    /// twice the median of the last 15 steps' work), its pulls and pushes are not.
     #[arg(long, env = "FORESIGHT_SLOWDOWN", default_value_t = 1.0)]
     slowdown: f64,
     /// libtorch intra-op threads (0: libtorch's default).
