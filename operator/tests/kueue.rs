@@ -476,7 +476,12 @@ spec:
         &["apply", "-n", &strict, "-f", "-"],
         Some(&job("loose", json!({"workers": {"replicas": 1}}))),
     );
-    let st = assert_queued(cp, &strict, "loose");
+    assert_queued(cp, &strict, "loose");
+    // A later reconcile (woken by an edit) still says why: the Queued condition this rule wrote
+    // is not a label removed while the job waited (it read so before, at the next reconcile).
+    cp.kubectl_ok(&["annotate", "-n", &strict, "tj", "loose", "example.com/touched=1"], None);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let st = status(cp, &strict, "loose");
     let message = condition(&st, "Queued")["message"].as_str().unwrap_or_default().to_string();
     assert!(
         message.contains("no kueue.x-k8s.io/queue-name label") && message.contains("--kueue-required"),

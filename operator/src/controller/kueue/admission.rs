@@ -176,6 +176,20 @@ async fn has_default_queue(ctx: &Context, owner: &Owner<'_>) -> Result<bool> {
 /// `--kueue-required` no unlabelled job starts; one that ran before it was turned on keeps
 /// running.
 fn unlabelled(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Admission {
+    // First: the job's own `Queued` condition, written by this rule, would otherwise read as a
+    // label removed while the job waited, at its next reconcile.
+    let running = ctx
+        .caches
+        .job(&owner.namespace, &names::workers_name(&owner.name))
+        .is_some_and(|j| !children::is_idle_suspended(&j));
+    if ctx.settings.kueue_required && !running {
+        return Admission::Pending(format!(
+            "no {} label, and this operator runs only jobs queued in Kueue (--kueue-required, the chart's \
+             kueue.required): label the job with a LocalQueue of namespace {}",
+            kueue::QUEUE_LABEL,
+            owner.namespace
+        ));
+    }
     let was_queued =
         job.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "Queued" && c.status == "True");
     // Only the job's own Workload counts: a tenant's Workload of that name (any who may create
@@ -189,18 +203,6 @@ fn unlabelled(ctx: &Context, job: &TrainingJob, owner: &Owner<'_>) -> Admission 
         return Admission::Pending(format!(
             "the {} label was removed while the job waited for Kueue: it keeps waiting rather than run outside the quota; put the label back, or delete the TrainingJob and create it again",
             kueue::QUEUE_LABEL
-        ));
-    }
-    let running = ctx
-        .caches
-        .job(&owner.namespace, &names::workers_name(&owner.name))
-        .is_some_and(|j| !children::is_idle_suspended(&j));
-    if ctx.settings.kueue_required && !running {
-        return Admission::Pending(format!(
-            "no {} label, and this operator runs only jobs queued in Kueue (--kueue-required, the chart's \
-             kueue.required): label the job with a LocalQueue of namespace {}",
-            kueue::QUEUE_LABEL,
-            owner.namespace
         ));
     }
     Admission::NotQueued
