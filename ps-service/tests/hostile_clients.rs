@@ -313,3 +313,59 @@ async fn connections_beyond_the_cap_wait_for_one_to_close() {
         assert!(Instant::now() < deadline, "no connection was served after the two closed");
     }
 }
+
+/// A worker moving a model-sized body slower than the silence timeout (a 1B-parameter model over
+/// a slow link takes minutes) is on a live connection: it is not marked silent while its
+/// download or its upload lasts, and is once it has been quiet for the timeout after it. Before,
+/// only the start of a request counted: the worker was marked silent mid-transfer, which frees
+/// its int8 copy and pace and takes it out of `sync` rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_moving_a_model_slower_than_the_silence_timeout_is_not_marked_silent() {
+    let mut cfg = config(Algorithm::Asgd, 1);
+    cfg.worker_silence_timeout = Duration::from_millis(300);
+    let ps = start(cfg).await;
+    let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
+    let l = layout_of(16 << 20);
+    c.register(&l, &vec![0.5; l.len()]).await.unwrap();
+    ps.state.spawn_presence_watch();
+    let store = ps.state.store().unwrap().clone();
+    let silent = move || store.status().workers[0].silent;
+    let slowly = Duration::from_millis(1200);
+
+    // A download read in small pieces for 1.2 s (flow control holds the PS back meanwhile).
+    let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let mut r = http.get(format!("{}/v1/model?worker=0", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
+    let (began, mut marked, mut bytes) = (Instant::now(), false, 0);
+    while let Some(piece) = r.chunk().await.unwrap() {
+        bytes += piece.len();
+        marked |= silent();
+        if began.elapsed() < slowly {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(began.elapsed() >= slowly && bytes > 16 << 20, "{bytes} bytes in {:?}", began.elapsed());
+    assert!(!marked, "marked silent while its model was on the way");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(silent(), "quiet for the timeout after the download: silent");
+
+    // Half an upload, a pause as long, then the rest.
+    let check = silent.clone();
+    let marked = tokio::task::spawn_blocking(move || {
+        let mut s = partial_push(&ps, 4_000_100, 2_000_000);
+        let (began, mut marked) = (Instant::now(), false);
+        while began.elapsed() < slowly {
+            std::thread::sleep(Duration::from_millis(20));
+            marked |= check();
+        }
+        s.write_all(&vec![0u8; 2_000_100]).unwrap();
+        // Its answer (a refusal: zeros are no gradient) ends the request.
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let n = s.read(&mut [0u8; 4096]).expect("an answer");
+        assert!(n > 0, "the PS closed the connection without an answer");
+        drop(ps);
+        marked
+    })
+    .await
+    .unwrap();
+    assert!(!marked, "marked silent while its gradient was on the way");
+}

@@ -315,7 +315,7 @@ async fn pull(
     if state.must_offer(worker) {
         return Err(ApiError::lost_model());
     }
-    let _open = state.saw_waiting(worker).await;
+    let open = state.saw_open(worker).await;
     if !look_only {
         store.overlaps(worker, overlaps)?;
     }
@@ -364,7 +364,7 @@ async fn pull(
     if let Some(from) = pulled.delta_from {
         headers.insert(DELTA_FROM_HEADER, tag_value(from));
     }
-    Ok((headers, pulled.body).into_response())
+    Ok((headers, open.until_sent(pulled.body)).into_response())
 }
 
 /// A pull's answer.
@@ -532,7 +532,8 @@ async fn push_inner(
     if state.must_offer(worker) {
         return Err(refused(ApiError::lost_model()));
     }
-    state.saw(worker).await;
+    // Open through the wait for a push slot and the upload.
+    let _open = state.saw_open(worker).await;
     if state.seeding() {
         return Err(refused(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -12,6 +12,7 @@ mod guarded_body;
 mod handlers;
 mod liveness;
 pub mod metrics;
+mod open_request;
 mod peers;
 mod presence;
 mod replicas;
@@ -699,13 +700,15 @@ impl AppState {
         self.saw(worker).await;
     }
 
-    /// A request from `worker` that may stay open for long (a pull's long poll): as
-    /// [`Self::saw`], and the worker is not marked silent while the guard lives. A worker waiting
-    /// for its `sync` round to close has sent its gradient; marking it silent would shrink the
-    /// round's quorum and could close the round without a worker still training.
-    pub(crate) async fn saw_waiting(&self, worker: usize) -> presence::OpenWait<'_> {
+    /// A request from `worker` that may stay open for long (a pull's long poll, a model-sized
+    /// upload or download): as [`Self::saw`], and the worker is not marked silent while the
+    /// guard lives. A worker waiting for its `sync` round to close has sent its gradient, and one
+    /// moving a 1B-parameter model over a slow link is busy for minutes: marking either silent
+    /// would shrink a round's quorum (closing it without a worker still training) and free the
+    /// worker's int8 copy and pace.
+    pub(crate) async fn saw_open(self: &Arc<Self>, worker: usize) -> open_request::OpenRequest {
         self.saw(worker).await;
-        self.presence.waiting(worker)
+        open_request::OpenRequest::begin(self.clone(), worker)
     }
 
     /// A request from `worker`: it counts in `sync` rounds again if it had fallen silent.

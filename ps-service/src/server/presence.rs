@@ -50,17 +50,26 @@ impl Presences {
         }
     }
 
-    /// A request from `worker` that stays open (a long poll), heard already: the worker is not
-    /// marked silent until the returned guard is dropped, when the request ends (answered, or
-    /// its connection gone), which counts as heard.
-    pub fn waiting(&self, worker: usize) -> OpenWait<'_> {
+    /// A request from `worker` that stays open (a long poll, a model-sized upload or
+    /// download), heard already: the worker is not marked silent until [`Self::end_wait`].
+    pub fn begin_wait(&self, worker: usize) {
         if let Some(slot) = self.table.lock().get_mut(worker) {
             *slot = match *slot {
                 Presence::Waiting(n) => Presence::Waiting(n + 1),
                 Presence::Heard(_) | Presence::Silent => Presence::Waiting(1),
             };
         }
-        OpenWait { presences: self, worker }
+    }
+
+    /// One of `worker`'s open requests ended (answered, or its connection gone): heard now,
+    /// once the last one has.
+    pub fn end_wait(&self, worker: usize) {
+        if let Some(slot) = self.table.lock().get_mut(worker) {
+            *slot = match *slot {
+                Presence::Waiting(n) if n > 1 => Presence::Waiting(n - 1),
+                _ => Presence::Heard(Instant::now()),
+            };
+        }
     }
 
     /// Workers below `m` not heard for `timeout` and not marked yet: marked silent now.
@@ -103,23 +112,6 @@ impl Presences {
     }
 }
 
-/// One open request of a worker's ([`Presences::waiting`]).
-pub(crate) struct OpenWait<'a> {
-    presences: &'a Presences,
-    worker: usize,
-}
-
-impl Drop for OpenWait<'_> {
-    fn drop(&mut self) {
-        if let Some(slot) = self.presences.table.lock().get_mut(self.worker) {
-            *slot = match *slot {
-                Presence::Waiting(n) if n > 1 => Presence::Waiting(n - 1),
-                _ => Presence::Heard(Instant::now()),
-            };
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,19 +137,20 @@ mod tests {
     #[test]
     fn a_worker_with_a_request_open_is_never_silent_and_is_heard_when_the_last_one_ends() {
         let p = Presences::new(2);
-        let first = p.waiting(0);
-        let second = p.waiting(0);
+        p.begin_wait(0);
+        p.begin_wait(0);
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(p.newly_silent(2, Duration::from_millis(20)), [1], "worker 0 waits on a request");
         assert!(!p.heard(0), "a request meanwhile changes nothing");
         assert_eq!(p.heard_within(Duration::from_millis(20)), 1);
-        drop(first);
+        p.end_wait(0);
         std::thread::sleep(Duration::from_millis(30));
         assert!(p.newly_silent(2, Duration::from_millis(20)).is_empty(), "one still open");
-        drop(second);
+        p.end_wait(0);
         assert!(p.newly_silent(2, Duration::from_millis(20)).is_empty(), "heard as the last ended");
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(p.newly_silent(2, Duration::from_millis(20)), [0], "counted from then");
-        drop(p.waiting(9));
+        p.begin_wait(9);
+        p.end_wait(9);
     }
 }
