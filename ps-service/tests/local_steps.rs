@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use foresight_ps::client::{Cadence, GradDtype, StepEnd};
+use foresight_ps::client::{Cadence, GradDtype, PushStats, StepEnd};
 use foresight_ps::optimizer::Algorithm;
 use support::*;
 
@@ -161,6 +161,46 @@ fn a_gradient_window_cut_short_by_the_end_is_pushed_as_the_mean_of_its_own_steps
     assert!(worst < 1e-6, "the last push was not the 7th step's own gradient: off by {worst}");
 }
 
+/// A `sync` PS of 2 workers whose silence and round timeouts are both `timeout`, its watches on.
+fn sync_ps(rt: &tokio::runtime::Runtime, timeout: Duration) -> Ps {
+    let mut cfg = config(Algorithm::Sync, 2);
+    cfg.worker_silence_timeout = timeout;
+    cfg.sync_round_timeout = timeout;
+    let ps = rt.block_on(start(cfg));
+    rt.block_on(async {
+        ps.state.spawn_presence_watch();
+        ps.state.spawn_round_watch();
+    });
+    ps
+}
+
+/// Worker `m` joined now; run by the returned closure: a block of 6 local steps of `step_time`
+/// each, its pseudo-gradient 0.01·(m + 1), then, with `pull_after`, the pull that waits for the
+/// round holding that block (its version).
+fn block_of(
+    rt: &tokio::runtime::Runtime,
+    ps: &Ps,
+    m: usize,
+    step_time: Duration,
+    pull_after: bool,
+) -> impl FnOnce() -> (Option<u64>, PushStats) + Send + 'static {
+    let h = 6;
+    let cadence = Cadence::local_steps(h, GradDtype::F32).unwrap();
+    let mut w = worker(rt, std::slice::from_ref(&ps.url), cadence, m, Duration::from_secs(30));
+    move || {
+        w.pull_if_due().unwrap().expect("the first pull");
+        for _ in 0..h {
+            std::thread::sleep(step_time);
+            if w.push_due_next() {
+                w.grad_mut().fill(0.01 * (m + 1) as f32);
+            }
+            assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
+        }
+        let version = pull_after.then(|| w.pull_if_due().unwrap().expect("the pull after the block").version);
+        (version, w.stats())
+    }
+}
+
 /// `sync` over blocks of local steps longer than the silence and round timeouts (0.4 s here; a
 /// block of H steps on a real model often takes minutes): the slower worker's heartbeats,
 /// sent from its loop between exchanges, keep it counted, so the round waits for its
@@ -169,35 +209,14 @@ fn a_gradient_window_cut_short_by_the_end_is_pushed_as_the_mean_of_its_own_steps
 #[test]
 fn a_block_longer_than_the_silence_timeout_is_waited_for_not_thrown_away() {
     let rt = runtime();
-    let mut cfg = config(Algorithm::Sync, 2);
-    cfg.worker_silence_timeout = Duration::from_millis(400);
-    cfg.sync_round_timeout = Duration::from_millis(400);
-    let ps = rt.block_on(start(cfg));
-    rt.block_on(async {
-        ps.state.spawn_presence_watch();
-        ps.state.spawn_round_watch();
-    });
-    let h = 6;
-    let block = |m: usize, step_time: Duration| {
-        let cadence = Cadence::local_steps(h, GradDtype::F32).unwrap();
-        let mut w = worker(&rt, std::slice::from_ref(&ps.url), cadence, m, Duration::from_secs(30));
-        move || {
-            w.pull_if_due().unwrap().expect("the first pull");
-            for _ in 0..h {
-                std::thread::sleep(step_time);
-                if w.push_due_next() {
-                    w.grad_mut().fill(0.01 * (m + 1) as f32);
-                }
-                assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
-            }
-            w.stats()
-        }
-    };
-    let fast = block(0, Duration::ZERO);
-    let slow = block(1, Duration::from_millis(150)); // 0.9 s, a heartbeat every step
-    let fast = std::thread::spawn(fast);
-    let slow = std::thread::spawn(slow);
-    let (fast, slow) = (fast.join().unwrap(), slow.join().unwrap());
+    let ps = sync_ps(&rt, Duration::from_millis(400));
+    // Both joined before either trains. The slow block: 0.9 s, a heartbeat every step.
+    let (fast, slow) = (
+        block_of(&rt, &ps, 0, Duration::ZERO, false),
+        block_of(&rt, &ps, 1, Duration::from_millis(150), false),
+    );
+    let (fast, slow) = (std::thread::spawn(fast), std::thread::spawn(slow));
+    let ((_, fast), (_, slow)) = (fast.join().unwrap(), slow.join().unwrap());
     let store = ps.state.store().unwrap();
     assert_eq!((fast.discarded, slow.discarded), (0, 0), "no block thrown away");
     assert_eq!(store.rounds_closed_short(), 0);
@@ -213,34 +232,13 @@ fn a_block_longer_than_the_silence_timeout_is_waited_for_not_thrown_away() {
 #[test]
 fn a_worker_waiting_for_its_round_is_not_marked_silent() {
     let rt = runtime();
-    let mut cfg = config(Algorithm::Sync, 2);
-    cfg.worker_silence_timeout = Duration::from_millis(300);
-    cfg.sync_round_timeout = Duration::from_millis(300);
-    let ps = rt.block_on(start(cfg));
-    rt.block_on(async {
-        ps.state.spawn_presence_watch();
-        ps.state.spawn_round_watch();
-    });
-    let h = 6;
-    let block = |m: usize, step_time: Duration| {
-        let cadence = Cadence::local_steps(h, GradDtype::F32).unwrap();
-        let mut w = worker(&rt, std::slice::from_ref(&ps.url), cadence, m, Duration::from_secs(30));
-        move || {
-            w.pull_if_due().unwrap().expect("the first pull");
-            for _ in 0..h {
-                std::thread::sleep(step_time);
-                if w.push_due_next() {
-                    w.grad_mut().fill(0.01 * (m + 1) as f32);
-                }
-                assert_eq!(w.end_step(None).unwrap(), StepEnd::Continue);
-            }
-            // Waits for the round that holds this block.
-            let version = w.pull_if_due().unwrap().expect("the pull after the block").version;
-            (version, w.stats())
-        }
-    };
-    let fast = std::thread::spawn(block(0, Duration::ZERO));
-    let slow = std::thread::spawn(block(1, Duration::from_millis(200))); // 1.2 s
+    let ps = sync_ps(&rt, Duration::from_millis(300));
+    // Both joined before either trains. The slow block: 1.2 s.
+    let (fast, slow) = (
+        block_of(&rt, &ps, 0, Duration::ZERO, true),
+        block_of(&rt, &ps, 1, Duration::from_millis(200), true),
+    );
+    let (fast, slow) = (std::thread::spawn(fast), std::thread::spawn(slow));
     let store = ps.state.store().unwrap();
     let mut marked = false;
     while !fast.is_finished() {
@@ -251,5 +249,5 @@ fn a_worker_waiting_for_its_round_is_not_marked_silent() {
     assert!(!marked, "the worker waiting for its round was marked silent");
     assert_eq!((fast.discarded, slow.discarded), (0, 0), "no block thrown away");
     assert_eq!(store.rounds_closed_short(), 0);
-    assert_eq!((fast_version, slow_version), (1, 1), "one round, both pseudo-gradients");
+    assert_eq!((fast_version, slow_version), (Some(1), Some(1)), "one round, both pseudo-gradients");
 }
