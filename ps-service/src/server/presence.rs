@@ -10,9 +10,9 @@ use parking_lot::Mutex;
 enum Presence {
     /// Last request at this instant (or, before its first, when the PS or the slot started).
     Heard(Instant),
-    /// This many of the worker's requests are open here (a pull waiting for its `sync` round
-    /// or for a newer version): the worker is on the other end of a live connection, however
-    /// long the wait. Heard when the last one ends.
+    /// This many of the worker's requests are open here (a pull waiting for its `sync` round or
+    /// for a newer version, a model-sized upload or download): the worker is on the other end of
+    /// a live connection, however long it lasts. Heard when the last one ends.
     Waiting(usize),
     /// Marked silent: nothing heard for the timeout.
     Silent,
