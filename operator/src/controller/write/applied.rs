@@ -62,14 +62,7 @@ impl Fingerprint {
 impl Applied {
     /// Whether the last write recorded for `key` had this fingerprint.
     pub(crate) fn holds(&self, key: &Key, fingerprint: Fingerprint) -> bool {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        match entries.get_mut(key) {
-            Some(e) if e.fingerprint == fingerprint => {
-                e.used = Instant::now();
-                true
-            }
-            _ => false,
-        }
+        self.current(key, fingerprint, false)
     }
 
     /// Whether child `key`, seen with `fingerprint`, needs no write: its last recorded write
