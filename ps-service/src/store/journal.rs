@@ -90,6 +90,11 @@ pub enum Entry {
         momentum_step: bool,
         /// Fewer contributions than workers still training (timeout, silence).
         short: bool,
+        /// What the round's sum was divided by (`Combine::Mean`): its whole size, M − b, when
+        /// it closed with fewer ([`crate::optimizer::mean_over`]). Absent in journals written
+        /// before it was recorded, which divided by the contributions.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mean_over: Option<usize>,
     },
     /// A push refused: nothing changed.
     Refused {

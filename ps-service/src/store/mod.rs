@@ -1196,7 +1196,9 @@ impl Store {
         if short {
             self.rounds_closed_short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        optimizer::finish_combined(&self.hyper, &mut round.sum, round.count);
+        let full = self.round_members(round).saturating_sub(self.hyper.backup_workers).max(1);
+        let mean_over = optimizer::mean_over(round.count, full);
+        optimizer::finish_combined(&self.hyper, &mut round.sum, mean_over);
         let (op, version, lr) = {
             let mut seq = self.seq.lock();
             let (op, version) = issue_update(&mut seq);
@@ -1209,7 +1211,14 @@ impl Store {
             let workers = round.contributed.iter().enumerate().filter(|(_, c)| c.is_some()).map(|(i, _)| i);
             let momentum_step = self.momentum_steps_at(version);
             self.record(
-                || Entry::Round { version, workers: workers.collect(), lr, momentum_step, short },
+                || Entry::Round {
+                    version,
+                    workers: workers.collect(),
+                    lr,
+                    momentum_step,
+                    short,
+                    mean_over: Some(mean_over),
+                },
                 None,
             );
             (op, version, lr)
@@ -1245,16 +1254,16 @@ impl Store {
         Ok(())
     }
 
-    /// Re-applies a journal's `sync` round: `sum` holds its `count` contributions summed in
-    /// the journal's order (it is combined in place).
+    /// Re-applies a journal's `sync` round: `sum` holds its contributions summed in the
+    /// journal's order (it is combined in place, divided by `mean_over`).
     pub fn apply_recorded_round(
         &self,
         version: u64,
         lr: f32,
         sum: &mut [f32],
-        count: usize,
+        mean_over: usize,
     ) -> Result<(), u64> {
-        optimizer::finish_combined(&self.hyper, sum, count);
+        optimizer::finish_combined(&self.hyper, sum, mean_over);
         let op = self.next_update(version)?;
         self.apply_op(op, version, Step::at(lr, 0), sum, None);
         Ok(())

@@ -641,16 +641,70 @@ fn backup_workers_close_a_round_with_the_first_m_minus_b_gradients() {
     assert_eq!(s.checkpoint().worker_seqs, [Some(1), None, Some(1)]);
 }
 
+/// A round closed with k of its whole M − b gradients steps k/(M − b) as far as a whole round
+/// (its mean counts the missing gradients as zero), whatever closed it; a whole round, backup
+/// workers' rounds included, is the mean of what it holds, and `combine: sum` is the sum.
+#[test]
+fn a_round_closed_short_steps_as_far_as_its_share_of_a_whole_round() {
+    // 4 workers, 1 backup: a whole round is 3 gradients.
+    let mut hyper = Hyper::new(Algorithm::Sync, 1.0);
+    hyper.backup_workers = 1;
+    let s = Store::with_shard_len(layout(1), vec![0.0], hyper.clone(), 4, 1);
+    let generations: Vec<u64> = (0..4).map(|m| s.join(m, None).unwrap().generation).collect();
+    let step = |s: &Store| {
+        let before = s.snapshot_now().params()[0];
+        move |s: &Store| before - s.snapshot_now().params()[0]
+    };
+    // Whole: the first 3 of 4, each 6.
+    let moved = step(&s);
+    for m in 0..3 {
+        s.push(push(m, 0, 1), &[6.0]).unwrap();
+    }
+    assert_eq!(moved(&s), 6.0);
+    // The round timeout closes a round of 2: 12 over 3.
+    let moved = step(&s);
+    s.push(push(0, 1, 2), &[6.0]).unwrap();
+    s.push(push(1, 1, 2), &[6.0]).unwrap();
+    s.close_round(1).expect("closed");
+    assert_eq!(moved(&s), 4.0);
+    // The other three silent: a round of 1 closes at once, and steps a third.
+    s.set_silent(1, true);
+    s.set_silent(2, true);
+    let moved = step(&s);
+    s.push(push(0, 2, 3), &[6.0]).unwrap();
+    assert_eq!(s.set_silent(3, true).map(|o| o.version), Some(3));
+    assert_eq!(moved(&s), 2.0);
+    // Workers that finished their steps: the last one training alone steps a third too.
+    for (m, generation) in generations.iter().enumerate().skip(1) {
+        s.set_silent(m, false);
+        s.leave(m, *generation).unwrap();
+    }
+    let moved = step(&s);
+    assert!(s.push(push(0, 3, 4), &[6.0]).unwrap().applied);
+    assert_eq!(moved(&s), 2.0);
+    // Scaled down to 2 workers (a whole round of 1): a round of one is whole.
+    let s = Store::with_shard_len(layout(1), vec![0.0], hyper.clone(), 4, 1);
+    s.set_workers(2);
+    assert!(s.push(push(1, 0, 1), &[6.0]).unwrap().applied);
+    assert_eq!(s.snapshot_now().params(), &[-6.0]);
+    // combine: sum adds what came.
+    hyper.combine = Combine::Sum;
+    let s = Store::with_shard_len(layout(1), vec![0.0], hyper, 4, 1);
+    s.push(push(0, 0, 1), &[6.0]).unwrap();
+    s.close_round(0).expect("closed");
+    assert_eq!(s.snapshot_now().params(), &[-6.0]);
+}
+
 #[test]
 fn an_open_round_can_be_closed_with_the_gradients_it_has() {
     let s = store(Algorithm::Sync, 1.0, vec![0.0; 2], 3, 1);
     assert_eq!(s.close_round(0), None, "an empty round is left alone");
-    s.push(push(1, 0, 4), &[2.0, 4.0]).unwrap();
+    s.push(push(1, 0, 4), &[3.0, 6.0]).unwrap();
     assert_eq!(s.sync_round(), Some((0, 1)));
     assert_eq!(s.close_round(7), None, "only the round of the version named");
     let o = s.close_round(0).expect("closed");
     assert_eq!((o.version, s.version()), (1, 1));
-    assert_eq!(s.snapshot_now().params(), &[-2.0, -4.0]);
+    assert_eq!(s.snapshot_now().params(), &[-1.0, -2.0], "one gradient of three: a third of the step");
     assert_eq!(s.sync_round(), Some((1, 0)));
     assert_eq!(s.rounds_closed_short(), 1);
     assert_eq!(store(Algorithm::Asgd, 1.0, vec![0.0; 2], 3, 1).sync_round(), None);
@@ -783,11 +837,15 @@ fn a_sync_round_closes_once_it_holds_every_still_training_workers_gradient() {
     s.leave(0, generations[0]).unwrap();
     let o = s.push(push(2, 0, 1), &[1.0, 1.0]).unwrap();
     assert!(!o.applied, "3 workers still train: the round waits for 2 of them");
-    s.push(push(3, 0, 1), &[3.0, 3.0]).unwrap();
+    s.push(push(3, 0, 1), &[5.0, 5.0]).unwrap();
     let o =
         s.leave(1, generations[1]).unwrap().expect("the round holds both still-training workers' gradients");
     assert_eq!(o.version, 1);
-    assert_eq!(s.snapshot_now().params(), &[-1.0, -1.0], "the mean of 1 and 3, at learning rate 0.5");
+    assert_eq!(
+        s.snapshot_now().params(),
+        &[-1.0, -1.0],
+        "1 and 5 over a whole round's 3 (M − b), at learning rate 0.5"
+    );
     assert_eq!(s.rounds_closed_short(), 0, "no still-training worker was missing");
     // The next round needs only workers 2 and 3.
     s.push(push(2, 1, 2), &[1.0, 1.0]).unwrap();
