@@ -559,7 +559,8 @@ pub struct OptimizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_workers: Option<u32>,
     /// sync only: a round that has had no new gradient for this many seconds closes with the
-    /// ones it has, so that a dead or stuck worker never stops the job (default 120), ≥ 1.
+    /// ones it has, so that a dead or stuck worker never stops the job (default 120), ≥ 1. A
+    /// round closed with fewer than replicas − backupWorkers gradients steps that much less.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub sync_round_timeout_seconds: Option<u32>,
