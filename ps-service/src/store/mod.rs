@@ -1069,11 +1069,15 @@ impl Store {
         self.rounds_closed_short.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Gradients that close a `sync` round: M minus the backup workers, but no more than the
-    /// workers that can still contribute to it, at least one.
+    /// Gradients that close a `sync` round: a whole round's, but no more than the workers that
+    /// can still contribute to it, at least one.
     fn round_quorum(&self, round: &SyncRound) -> usize {
-        let m = self.round_members(round);
-        m.saturating_sub(self.hyper.backup_workers).min(self.round_contributors(round)).max(1)
+        self.whole_round(round).min(self.round_contributors(round)).max(1)
+    }
+
+    /// The gradients of a whole round: M minus the backup workers, at least one.
+    fn whole_round(&self, round: &SyncRound) -> usize {
+        self.round_members(round).saturating_sub(self.hyper.backup_workers).max(1)
     }
 
     /// The workers the round counts: M when it got its first gradient, or fewer since.
@@ -1196,8 +1200,7 @@ impl Store {
         if short {
             self.rounds_closed_short.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let full = self.round_members(round).saturating_sub(self.hyper.backup_workers).max(1);
-        let mean_over = optimizer::mean_over(round.count, full);
+        let mean_over = optimizer::mean_over(round.count, self.whole_round(round));
         optimizer::finish_combined(&self.hyper, &mut round.sum, mean_over);
         let (op, version, lr) = {
             let mut seq = self.seq.lock();
