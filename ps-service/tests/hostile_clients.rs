@@ -318,7 +318,9 @@ async fn connections_beyond_the_cap_wait_for_one_to_close() {
 /// a slow link takes minutes) is on a live connection: it is not marked silent while its
 /// download or its upload lasts, and is once it has been quiet for the timeout after it. Before,
 /// only the start of a request counted: the worker was marked silent mid-transfer, which frees
-/// its int8 copy and pace and takes it out of `sync` rounds.
+/// its int8 copy and pace and takes it out of `sync` rounds. Then a body handed to HTTP/2 whole
+/// (an int8 pull's, or an f32 snapshot copied before the answer began) ended the request as soon
+/// as it was buffered, and the worker was marked silent while it downloaded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_moving_a_model_slower_than_the_silence_timeout_is_not_marked_silent() {
     let mut cfg = config(Algorithm::Asgd, 1);
@@ -327,26 +329,32 @@ async fn a_worker_moving_a_model_slower_than_the_silence_timeout_is_not_marked_s
     let c = PsClient::new(&ps.url, Some(TOKEN.into())).unwrap();
     let l = layout_of(16 << 20);
     c.register(&l, &vec![0.5; l.len()]).await.unwrap();
+    // Heard now, however long the registration took: the watch starts with the worker live.
+    c.join(0, None).await.unwrap();
     ps.state.spawn_presence_watch();
     let store = ps.state.store().unwrap().clone();
     let silent = move || store.status().workers[0].silent;
     let slowly = Duration::from_millis(1200);
 
-    // A download read in small pieces for 1.2 s (flow control holds the PS back meanwhile).
+    // Downloads read in small pieces for 1.2 s (flow control holds the PS back meanwhile).
     let http = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
-    let mut r = http.get(format!("{}/v1/model?worker=0", ps.url)).bearer_auth(TOKEN).send().await.unwrap();
-    let (began, mut marked, mut bytes) = (Instant::now(), false, 0);
-    while let Some(piece) = r.chunk().await.unwrap() {
-        bytes += piece.len();
-        marked |= silent();
-        if began.elapsed() < slowly {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    for (pull, size) in [("", 16 << 20), ("&dtype=int8", 4 << 20)] {
+        let url = format!("{}/v1/model?worker=0{pull}", ps.url);
+        let mut r = http.get(url).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{pull}");
+        let (began, mut marked, mut bytes) = (Instant::now(), false, 0);
+        while let Some(piece) = r.chunk().await.unwrap() {
+            bytes += piece.len();
+            marked |= silent();
+            if began.elapsed() < slowly {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
+        assert!(began.elapsed() >= slowly && bytes > size, "{pull}: {bytes} bytes in {:?}", began.elapsed());
+        assert!(!marked, "{pull}: marked silent while its model was on the way");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(silent(), "{pull}: quiet for the timeout after the download: silent");
     }
-    assert!(began.elapsed() >= slowly && bytes > 16 << 20, "{bytes} bytes in {:?}", began.elapsed());
-    assert!(!marked, "marked silent while its model was on the way");
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(silent(), "quiet for the timeout after the download: silent");
 
     // Half an upload, a pause as long, then the rest.
     let check = silent.clone();
