@@ -144,10 +144,21 @@ fn kill_shard_1_mid_run(checkpoints_on: bool) -> u64 {
 
     // (No version before the first worker registered.)
     let version = |i: usize| status(&rt, &urls[i])["version"].as_u64().unwrap_or(0);
+    // On a timeout, what each shard says (once seen after 60 s of a run that takes 5).
+    let states = || {
+        let ask =
+            |url: &String| rt.block_on(async { PsClient::new(url, Some(TOKEN.into()))?.status().await });
+        urls.iter().map(|u| ask(u).map_or_else(|e| e.to_string(), |s| s.to_string())).collect::<Vec<_>>()
+    };
     let until = |what: &str, f: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !f() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            let written = checkpoints_on.then(|| checkpoints(&dir.path().join("shard-1")));
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; shard 1's checkpoints {written:?}; the shards: {:#?}",
+                states()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     };
