@@ -98,7 +98,7 @@ matrix-quick: setup
 	$(CARGO) build --locked -p foresight-ps -p foresight-operator -p foresight-worker --bins
 	python3 scripts/matrix.py --quick --bin target/debug --out $(OUT)/matrix-quick
 
-chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (about 45 min here; ARGS=...)
+chaos: build ## Scripted failures against foresight run vs a failure-free run, rewrites docs/reliability.md (22–43 min here; ARGS=...)
 	python3 scripts/chaos.py --out $(OUT)/chaos --doc docs/reliability.md $(ARGS)
 
 # h2spec is built from Go modules into ~/.cache/foresight (tools/build-h2spec.sh). Declared .PHONY

@@ -7,7 +7,8 @@ Scenarios (one job: LeNet-5 on MNIST-5k, 4 workers, dc-asgd-a; the PS checkpoint
 - baseline: no failure (run first and again last, so the noise of this machine is visible);
 - worker-kills: SIGKILL one of the 4 workers (seeded choice) every --kill-every seconds; `foresight
   run` starts it again, as the worker Job would, and it resumes where its predecessor stopped;
-- ps-kill-storage: SIGKILL the parameter server once, half-way; it restarts from its newest checkpoint;
+- ps-kill-storage: SIGKILL the parameter server once, half-way; it restarts from its newest checkpoint
+  (or a rejoining worker's copy, when that is fresher);
 - ps-kill-no-storage: the same, but its checkpoints are taken away first (a PS whose emptyDir died
   with its node): it restarts empty and is re-seeded from the freshest copy a worker holds;
 - slow-worker: worker 1 runs 3x slower (`--slow-worker 1=3`).
@@ -21,7 +22,8 @@ Measured per run, from the run's own outputs:
   is evaluated afterwards; the first one at or above --target, by its time;
 - per failure: for a worker, the seconds from SIGKILL until its replacement joined the PS (the PS
   log's "worker joined"); for the PS, the version before the kill, the version it restarted at
-  (restored or re-seeded, from its log) and the updates lost between them.
+  (restored, re-seeded, or restored then replaced by a fresher copy, from its log) and the
+  updates lost.
 
 Usage: scripts/chaos.py [--epochs 200] [--kill-every 30] [--seed 1] [--target 0.97]
                         [--out out/chaos] [--doc docs/reliability.md]
@@ -233,7 +235,12 @@ def failure_costs(out, events):
             # Offers replace one another while the PS holds for every worker's copy: the last
             # (freshest) one taken is the model it continued from.
             seeds = [int(f["version"]) for t, msg, f in after if msg.startswith("model seeded")]
-            if restored is not None:
+            if restored is not None and seeds and max(seeds) > restored:
+                # A rejoining worker's copy fresher than the checkpoint replaces it before any
+                # update is applied: the updates since the checkpoint that it holds are kept.
+                ev["restarted_at"] = max(seeds)
+                ev["how"] = f"restored checkpoint at v{restored}, then took a worker's fresher copy"
+            elif restored is not None:
                 ev["restarted_at"], ev["how"] = restored, "restored checkpoint"
             elif seeds:
                 ev["restarted_at"], ev["how"] = max(seeds), "re-seeded from a worker's copy"
@@ -312,6 +319,11 @@ def main():
     args.worker = Path(args.bin) / "foresight-worker"
     if args.render_only:
         saved = json.loads((Path(args.out) / "results.json").read_text())
+        for r in saved["results"]:
+            # The recovery read again from the run's PS log, where it is still there.
+            run_out = Path(args.out) / r["name"]
+            if (run_out / "logs/ps.log").exists():
+                failure_costs(run_out, r["events"])
         report = render(args, saved["results"], saved["minutes"])
         print(report)
         if args.doc:
@@ -343,11 +355,21 @@ def main():
 
 
 def write_doc(path, report):
-    """Writes `report`, keeping the conformance matrix's section that `make matrix` wrote there."""
-    kept = re.search(r"## Where features meet.*?<!-- matrix:end -->\n", path.read_text(), re.S) if path.exists() else None
-    if kept:
-        report = report.replace("## Hostile clients", kept.group(0) + "\n## Hostile clients", 1)
-    path.write_text(report)
+    """Writes `report` over the doc's sections that `make chaos` measures, keeping the rest as it
+    is: the conformance matrix's section (`make matrix` writes it) and every section after it
+    (the hostile-client rows, each a test of `make test`)."""
+    rest = ""
+    if path.exists():
+        old = path.read_text()
+        at = old.find("## Where features meet")
+        rest = "" if at < 0 else "\n" + old[at:]
+    path.write_text(report + rest)
+
+
+def shown(path):
+    """`path` relative to the repository when it is inside it (the doc names no machine's paths)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
 def seconds(x):
@@ -404,7 +426,7 @@ def render(args, results, minutes):
         rows="\n".join(rows), costs="\n".join(costs) or "| – | | | | |", minutes=minutes, drift=drift,
         machine=f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}",
         date=dt.date.today().isoformat(), repeats=args.repeats, baselines=len(baselines),
-        half=args.epochs // 2, three_quarters=args.epochs * 3 // 4, total=total, bin=args.bin,
+        half=args.epochs // 2, three_quarters=args.epochs * 3 // 4, total=total, bin=shown(args.bin),
     )
 
 
@@ -426,7 +448,8 @@ drift falls on all of them alike:
   `foresight run` starts it again, as the worker Job would, and it resumes from the PS's record
   of its step;
 - **ps-kill-storage**: SIGKILL the parameter server half-way (by the round's baseline duration);
-  it restarts from its newest checkpoint;
+  it restarts from its newest checkpoint, and takes a rejoining worker's copy instead when that
+  copy is fresher (before any update is applied to the checkpoint's model);
 - **ps-kill-no-storage**: the same, with its checkpoints taken away just before the kill (a PS
   whose emptyDir died with its node): it restarts empty and is re-seeded from the freshest model a
   worker holds;
@@ -469,79 +492,16 @@ minus the final model's version (exact: each step is one update, and no step is 
 
 - Targets (issue #10): one of 4 workers killed every 30 s → goodput ≥ 0.85 and final accuracy
   within 1 pp of the failure-free run; PS SIGKILL with storage → at most one checkpoint interval
-  of updates lost; without storage → at most the updates since the freshest worker copy (with
-  `pullEvery: 1` every worker pulls before each step, so that is a few updates).
+  of updates lost (a few, when a rejoining worker's copy is fresher than the checkpoint); without
+  storage → at most the updates since the freshest worker copy (with `pullEvery: 1` every worker
+  pulls before each step, so that is a few updates).
 - The job's total work is fixed by its epochs, so a slow worker's shard is finished by that worker
   alone at its own pace after the others are done: asynchronous training does not wait for it,
   but cannot finish its data faster either.
-- This machine (2 cores) was shared with other work while this ran; the baselines bound the noise.
+- The machine may be shared with other work while this runs; the baselines bound the noise.
 
 Rerun: `make chaos` (about {minutes:.0f} minutes here; `ARGS="--epochs 20 --repeats 1"` for a
 shorter one).
-## Hostile clients, full disks, restarts: what the PS does (tests)
-
-Not measured by `make chaos`: each row is a test in `make test` that does it for real (sockets,
-curl, signals, a tmpfs) and fails if the PS does otherwise.
-
-| case | what was done | what held | test |
-|---|---|---|---|
-| refusal before the body is read | 10 pushes without a token at 1 KB, 300 KB and 5 MB, by curl 7.88 (h2c) and by our client | every one got its `401 unauthorized` (before the PS drained refused bodies, curl got "HTTP/2 stream error", exit 92, for 10 of 10 at 5 MB) | `hostile_clients::a_refusal_sent_before_the_body_is_read_reaches_curl_and_our_client` |
-| a push paused mid-body | half of a 4 MB body, then silence (`--body-idle-timeout` 1 s) | `408 body_stalled` within 5 s, the model unchanged, the same worker's next push applied | `hostile_clients::a_stalled_upload_is_refused_and_changes_nothing` |
-| slowloris request head | an HTTP/1.1 head that never ends (header timeout 1 s) | the connection closed within 5 s | `hostile_clients::a_request_head_that_never_ends_is_cut_off` |
-| a silent HTTP/2 peer | preface and SETTINGS, then no PING answered (interval and timeout 1 s) | a PING sent, the connection closed within 8 s | `hostile_clients::an_http2_peer_that_never_answers_a_ping_is_dropped` |
-| a TLS handshake that never starts | a TCP connection to the TLS port, nothing sent (timeout 1 s) | closed within 5 s, nothing sent back | `hostile_clients::a_tls_handshake_that_never_starts_is_cut_off` |
-| more connections than the cap | `--max-connections 2`, two idle connections held | a third waited (not served within 1 s); served once the two closed | `hostile_clients::connections_beyond_the_cap_wait_for_one_to_close` |
-| a worker's token on control calls | `PUT /v1/workers` and `POST /v1/finalize` with the workers' token, the PS holding a control token | `403 forbidden`, nothing changed; the control token did both | `http_api::only_the_control_token_finalizes_or_rescales_the_job` |
-| a full checkpoint volume | a 1 MiB tmpfs filled to the last byte under a running PS | periodic checkpoints and finalize failed with "No space left on device"; the PS kept serving (status, pushes); the last good checkpoint intact, no partial file; after space came back finalize wrote the model | `process::a_full_checkpoint_volume_fails_the_write_and_loses_nothing` |
-| corrupt and stale checkpoint files | a torn newest file; a higher-version file of an earlier run; `keepCheckpoints` 1 and 2 | the torn file set aside as `.corrupt`, the one before restored; every new checkpoint is the newest and the stale one is pruned | `checkpoint::tests::files_of_higher_versions_and_corrupt_ones_never_crowd_out_new_checkpoints` |
-| a scaled job's PS restarted | `PUT /v1/workers?count=3` on a PS started with `--workers 2`, SIGTERM, the same command line again | the restored PS expects 3 workers; worker 2 joins and trains | `process::a_restart_keeps_the_worker_count_the_job_was_scaled_to` |
-| a version near u64::MAX | offers at 2^53 and u64::MAX; a checkpoint at u64::MAX | `400` and "above the largest" respectively: no counter can wrap | `http_api::other_endpoints_validate_their_input`, `checkpoint::tests::a_version_no_model_can_reach_is_refused` |
-| a stopped `sync` worker | 2 workers, `syncRoundTimeoutSeconds` 3600, silence timeout 2 s; worker 1 SIGSTOPped after 10 rounds, then SIGCONT | 20 rounds closed without it (it shows `silent` in `/v1/status`); awake, it pushed again and the job finished; the property test drives pauses, kills, restarts, finishes and timeouts at every point of a round: an open round always misses a worker that can still send | `fault_tolerance::a_sync_round_never_waits_forever_for_a_stuck_worker`, `store::tests::a_sync_round_only_ever_waits_for_a_worker_that_can_still_send` |
-| a new worker registers first after the PS lost its model | a worker trained to v20; the PS SIGKILLed and started empty; a new process registered its initial weights and applied 3 updates; then the first worker's next step | that worker's pull came from another process at a lower version, so it offered its copy (v19), which replaced the registered model (`reseeds` 1), and its step made v20; the new process's gradient on v3 got `pull_required`, nothing changed (before: training went on from the initial weights at v3) | `process::a_copy_fresher_than_a_model_registered_after_a_loss_replaces_it`, `store::tests::a_registered_model_takes_a_fresher_copy_even_after_updates` |
-
-### Fuzzing (`make fuzz`, `make fuzz-short`)
-
-cargo-fuzz (libFuzzer, nightly, AddressSanitizer) on what reads bytes from outside the process:
-the gradient and model bodies, `POST /v1/gradients` through the router, the checkpoint reader
-(restored, checkpointed again and read back) and the TrainingJob parser with the operator's
-validation (`fuzz/README.md`). The checkpoint target found one bug: a model with a tensor named
-`optimizer.mean_square.<x>` or `optimizer.momentum.<x>`, or a name longer than 490 bytes, was
-accepted, and every checkpoint of it then panicked; model layouts now refuse such names, and the
-inputs are tests (`ps-service/tests/fuzz_regressions.rs`). `make fuzz` at b012203, 5 min a target
-(the helper's run on a quiet machine): gradient_body 4.5 M executions, model_body 6.3 M,
-push_request 26 k (each run builds a fresh PS), checkpoint 3.6 M, trainingjob 0.45 M (its binary
-built at 15:25), no crash. That run also found a model of more than 33,333 tensors accepted, whose
-checkpoint (model and state in one layout, at most 100,000 tensors) panicked; models are now
-refused above 33,333 tensors (`wire::MAX_MODEL_TENSORS`), and a checkpoint whose epoch is not in
-[0, 1e9] or whose per-worker lists are longer than the worker limit is refused. A first build of
-the four targets took 16 min at one cargo job with other builds running (35 min with the
-operator's `trainingjob`), so the fuzz run is not part of `make test`.
-
-### HTTP/2 conformance (h2spec)
-
-`make h2spec` (`scripts/h2spec.sh`) runs [h2spec](https://github.com/summerwind/h2spec) 2.2.1
-against `foresight-ps` on loopback, over h2c (prior knowledge) and over TLS (h2 by ALPN, a
-self-signed certificate): `h2spec -h 127.0.0.1 -p PORT -P /readyz`, then the same with `-t -k`.
-It fails when h2c passes fewer than 141 of the 145 cases or TLS fewer than 142. h2spec is built from Go modules
-into `~/.cache/foresight` by `tools/build-h2spec.sh` (module `v2.2.1+incompatible`: the later
-tags' go.mod lacks the `/v2` suffix, so Go cannot select them): 80 s and 105 s cold here (empty
-Go build and module caches; about 70 s of CPU, most of it the standard library; other builds
-were running), 7 s with a warm Go build cache, 0.06 s when cached. A run takes about 12 s (each
-mode ~5 s, mostly h2spec's 2 s timeout on failing cases). The path is `/readyz` because its
-5-byte body lets `http2/6.9.2/2` run (h2spec skips it under 5 bytes; `/healthz` answers "ok").
-
-Measured here on the debug build: **h2c 142 passed, 3 failed** in 9 of 10 runs, 141 and 4 in the
-other; **TLS 143 passed, 2 failed** in 4 of 5 runs, 142 and 3 in the other (the intermittent
-case below); before a connection whose TLS handshake chose h2 was served HTTP/2 only, 142 in 9 of
-10. `--strict` adds one
-case (`http2/5.4.1/2`, GOAWAY after an invalid PING), which passes. The failures:
-
-| case | what h2spec saw | whose |
-|---|---|---|
-| `http2/3.5/2` invalid connection preface | the PS answered `HTTP/1.1 400 Bad Request` and closed the connection (in 5 ms); h2spec parsed those bytes as a frame header and reported "unexpected EOF" instead of "connection closed" | ours, by design on h2c (one port serves HTTP/1.1 and h2c: hyper-util's auto builder takes anything that is not the preface for HTTP/1.1); over TLS it passes now: a connection whose ALPN chose h2 is served HTTP/2 only (`server/serve.rs`) |
-| `http2/4.2/2` DATA frame larger than SETTINGS_MAX_FRAME_SIZE | the PS advertises 16,777,215 (2^24−1, the maximum, for large gradients); h2spec's frame of that + 1 cannot be encoded in 24 bits, so it was never sent, and the PS answered the POST with its 405 | h2spec's expectation: it cannot test a peer that advertises the maximum |
-| `http2/4.2/3` HEADERS frame larger than SETTINGS_MAX_FRAME_SIZE | h2spec sent a 17,583-byte HEADERS frame (larger than the default 16,384, far below our limit); the PS answered it, `431` (the header list exceeds h2's 16 KiB) | h2spec's expectation: it assumes the default frame size for HEADERS |
-| `http2/6.9.1/3` WINDOW_UPDATEs pushing a stream window above 2^31−1 (sometimes: run alone 30 times, it failed 9 times over h2c and 5 over TLS) | the 5-byte response with END_STREAM, no RST_STREAM: when the response is already sent, h2 0.4.20 ignores a WINDOW_UPDATE on that stream (`prioritize.rs`: "We can't send any data"), so the overflow is only caught when the updates arrive first | the HTTP/2 library (h2), and h2spec's timing: it expects the server to be still sending |
 """
 
 if __name__ == "__main__":
