@@ -153,12 +153,13 @@ fn kill_shard_1_mid_run(checkpoints_on: bool) -> u64 {
     let until = |what: &str, f: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !f() {
-            let written = checkpoints_on.then(|| checkpoints(&dir.path().join("shard-1")));
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; shard 1's checkpoints {written:?}; the shards: {:#?}",
-                states()
-            );
+            if Instant::now() >= deadline {
+                let written = checkpoints_on.then(|| checkpoints(&dir.path().join("shard-1")));
+                panic!(
+                    "timed out waiting for {what}; shard 1's checkpoints {written:?}; the shards: {:#?}",
+                    states()
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     };
