@@ -107,7 +107,8 @@ struct Args {
     report_every: u64,
     /// Slow this worker's computation down by this factor (straggler experiments): each step's
     /// own work (load, compute, gather) is stretched by the factor (a stall of the host only up to
-    /// twice the median of the last 15 steps' work), its pulls and pushes are not.
+    /// twice the pace: the lower quartile of the last 15 steps' work, the fastest step before
+    /// 15), its pulls and pushes are not.
     #[arg(long, env = "FORESIGHT_SLOWDOWN", default_value_t = 1.0)]
     slowdown: f64,
     /// libtorch intra-op threads (0: libtorch's default).

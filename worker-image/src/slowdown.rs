@@ -1,15 +1,21 @@
 //! A straggler for experiments (`--slowdown F`): a device F times slower than this one. After
-//! each step the worker sleeps (F − 1) times the step's own work, capped at twice the median of
-//! the last steps' work: a moment's stall of the host (a context switch, a page fault) is not
-//! the device's pace, and multiplied by F it made one step as long as F stalls. At F = 100 (the
-//! conformance matrix's long-block case) a 30 ms stall would make a step of about 3 s, the PS's
-//! silence timeout there. Otherwise each step is stretched as before (and as the DDP
-//! comparison's hook stretches its own); the first step, whose work is the median, included.
+//! each step the worker sleeps (F − 1) times the step's own work, capped at twice the device's
+//! pace: a moment's stall of the host (a context switch, a page fault) is not the device's pace,
+//! and multiplied by F it made one step as long as F stalls. At F = 100 (the conformance
+//! matrix's long-block case) a 30 ms stall would make a step of about 3 s, the PS's silence
+//! timeout there. Otherwise each step is stretched as it is (as the DDP comparison's hook
+//! stretches its own); the first step, whose work is the pace, included.
+//!
+//! The pace is the lower quartile of the last `WINDOW` steps' work, and until that many have
+//! been seen the fastest so far. Stalls only ever make a step slower, and a cold start
+//! (libtorch's first calls, pages faulted in) makes several of the first steps slow at once: a
+//! median of the first few could be a cold step itself, and twice that, times F, a step longer
+//! than the timeout right after the worker's first push.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// Steps whose median sets the device's pace.
+/// Steps whose work sets the device's pace.
 const WINDOW: usize = 15;
 
 pub struct Slowdown {
@@ -31,7 +37,8 @@ impl Slowdown {
         self.recent.push_back(work);
         let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
         sorted.sort_unstable();
-        work.min(2 * sorted[sorted.len() / 2]).mul_f64(self.factor - 1.0)
+        let pace = if sorted.len() < WINDOW { sorted[0] } else { sorted[WINDOW / 4] };
+        work.min(2 * pace).mul_f64(self.factor - 1.0)
     }
 }
 
@@ -45,14 +52,24 @@ mod tests {
         let mut s = Slowdown::new(100.0).unwrap();
         let ms = Duration::from_millis;
         assert_eq!(s.extra(ms(50)), ms(4950), "the first step, as it is");
+        assert_eq!(s.extra(ms(40)), ms(3960), "up to twice the fastest so far");
+        for _ in 0..7 {
+            s.extra(ms(40));
+        }
+        assert_eq!(s.extra(ms(7)), ms(693), "a step at the pace");
+        assert_eq!(s.extra(ms(30)), ms(1386), "a cold step among many: twice the fastest");
         for _ in 0..WINDOW {
             s.extra(ms(7));
         }
         assert_eq!(s.extra(ms(9)), ms(891), "a step as it is");
-        assert_eq!(s.extra(ms(40)), ms(1386), "a stall: twice the median");
+        assert_eq!(s.extra(ms(40)), ms(1386), "a stall: twice the pace");
         for _ in 0..WINDOW {
             s.extra(ms(20));
         }
         assert_eq!(s.extra(ms(20)), ms(1980), "the pace itself changed");
+        for _ in 0..8 {
+            s.extra(ms(60));
+        }
+        assert_eq!(s.extra(ms(60)), ms(3960), "still twice the pace while most of the window stalls");
     }
 }
