@@ -358,13 +358,21 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     // Errors end the process with one readable line (no backtrace, whatever RUST_BACKTRACE says).
-    if let Err(e) = run(Args::parse()).await {
+    if let Err(e) = start() {
         eprintln!("foresight-ps: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn start() -> anyhow::Result<()> {
+    // First, before the runtime's threads and the code they page in: a container too small to
+    // start in would otherwise be OOM-killed, or run on unkilled without answering its probes.
+    foresight_ps::server::check_memory_limit(foresight_ps::server::cgroup_memory_limit())
+        .map_err(anyhow::Error::msg)?;
+    let args = Args::parse();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(args))
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {

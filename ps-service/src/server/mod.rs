@@ -37,7 +37,7 @@ use crate::wire::final_model::FinalModel;
 use crate::wire::protocol::{PullDtype, Report};
 use crate::wire::{Layout, shards};
 
-pub use admission::cgroup_memory_limit;
+pub use admission::{cgroup_memory_limit, check_memory_limit};
 pub use error::ApiError;
 pub use handlers::router;
 pub use serve::{ConnectionLimits, Listener, TlsFiles, serve};
