@@ -498,18 +498,21 @@ case_badpath() {
   wait_for 120 "PS of $name gone after Failed" gone $ns deploy/$name-ps
 }
 
-# A parameter server that can never run (6 Mi of memory, less than the 16 MiB it needs to start
-# before any model) fails the job once its container has restarted more often than backoffLimit,
-# with the exit's reason. It refuses the limit at start, naming it: left to run, it was OOM-killed
-# at every start on earlier runs, and on one ran for 6 minutes unkilled, its probes timing out. Before the restart count, each moment it ran
-# between two crashes reset the stuck-pods clock, and the job stayed Restarting for good. Its
-# workers wait for a node (8 GPUs), so only the PS decides.
-# ps_said NS JOB: sets `said` to the last line its PS pod's previous container wrote, once there is one.
+# ps_said NS JOB: sets `said` to the last line its PS pod's previous container wrote, once there
+# is one.
 ps_said() {
   local pod
   pod=$(pods_of "$1" "$2" parameter-server | head -1)
   [[ -n $pod ]] && said=$(kc -n "$1" logs "$pod" --previous 2>/dev/null | tail -1) && [[ -n $said ]]
 }
+
+# A parameter server that can never run (6 Mi of memory, less than the 16 MiB it needs to start
+# before any model) fails the job once its container has restarted more often than backoffLimit,
+# with the exit's reason. It refuses the limit at start, naming it: left to run, it was
+# OOM-killed at every start on earlier runs, and on one ran for 6 minutes unkilled, its probes
+# timing out. Before the restart count, each moment it ran between two crashes reset the
+# stuck-pods clock, and the job stayed Restarting for good. Its workers wait for a node (8 GPUs),
+# so only the PS decides.
 case_ps_memory() {
   local ns=e2e-ps-memory name=ps-memory
   kc create namespace $ns
